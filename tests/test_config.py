@@ -1,0 +1,61 @@
+import dataclasses
+import json
+
+import pytest
+
+from workbench import ModelConfig, presets
+from workbench.config import override
+
+
+def test_json_round_trip_keeps_every_field():
+    cfg = presets.tiny(
+        activation="swish", norm_first=True, positions="sinusoidal_t2t", position_offset=2,
+        tie_embeddings="none", src_vocab=50, tgt_vocab=70, output_bias=True, layer_norm_eps=1e-6,
+        decoder_start_id=2, emb_norm=True, attn_dropout=0.2, enc_layers=3, dec_layers=1,
+    )
+    again = ModelConfig.from_json(cfg.to_json())
+    assert again == cfg
+    assert json.loads(again.to_json()) == json.loads(cfg.to_json())
+
+
+def test_json_ints_for_floats_round_trip():
+    cfg = ModelConfig.from_dict({**presets.tiny().to_dict(), "dropout": 0})
+    assert isinstance(cfg.dropout, float) and ModelConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
+        (dict(tie_embeddings="all", src_vocab=10, tgt_vocab=12), "shared vocabulary"),
+        (dict(activation="tanh"), "activation"),
+        (dict(dropout=1.5), "dropout (1.5)"),
+        (dict(pad_id=500), "pad_id (500)"),
+        (dict(enc_layers="2"), "enc_layers"),
+    ],
+)
+def test_invalid_configs_name_the_values(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(presets.tiny(), **changes)
+
+
+def test_unknown_keys_are_an_error():
+    data = presets.tiny().to_dict() | {"n_layers": 3}
+    with pytest.raises(ValueError, match="unknown ModelConfig keys \\['n_layers'\\]"):
+        ModelConfig.from_dict(data)
+
+
+def test_presets_match_the_paper():
+    base, big = presets.base(), presets.big()
+    assert (base.d_model, base.d_ff, base.n_heads, base.enc_layers, base.dropout) == (512, 2048, 8, 6, 0.1)
+    assert (big.d_model, big.d_ff, big.n_heads, big.enc_layers, big.dropout) == (1024, 4096, 16, 6, 0.3)
+    assert not base.norm_first and base.positions == "sinusoidal"
+
+
+def test_override_parses_types_and_rejects_unknown_keys():
+    cfg = override(presets.tiny(), ["--model.dropout=0.3", "--model.norm_first=True", "--train.lr=2"], "model")
+    assert cfg.dropout == 0.3 and cfg.norm_first is True
+    with pytest.raises(ValueError, match="unknown key 'dropuot'"):
+        override(presets.tiny(), ["--dropuot=0.3"])
+    with pytest.raises(ValueError, match="activation"):
+        override(presets.tiny(), ["--activation=tanh"])

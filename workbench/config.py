@@ -1,0 +1,240 @@
+"""Typed, frozen configurations saved next to the weights.
+
+`ModelConfig` covers what published encoder-decoder checkpoints differ in (positional-encoding
+layout, norm placement, tying, biases, special ids), so importers only translate weights and
+values: the model itself has no `if source == "marian"` branches.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+Activation = Literal["relu", "gelu", "swish", "silu", "gelu_tanh"]
+PositionKind = Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_t2t", "learned", "none"]
+Tying = Literal["none", "decoder", "all"]
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    src_vocab: int
+    """Source vocabulary size (rows of the encoder embedding)."""
+    tgt_vocab: int
+    """Target vocabulary size (decoder embedding rows and output logits)."""
+    d_model: int = 512
+    """Width of the residual stream."""
+    n_heads: int = 8
+    """Attention heads in every attention block; d_model must divide evenly."""
+    d_ff: int = 2048
+    """Hidden width of the position-wise feed-forward network."""
+    enc_layers: int = 6
+    """Encoder depth."""
+    dec_layers: int = 6
+    """Decoder depth (may differ from the encoder's)."""
+    dropout: float = 0.1
+    """Residual dropout: on each sub-layer's output before it is added (the paper's P_drop)."""
+    emb_dropout: float | None = None
+    """Dropout on embeddings + positions; None means the same as `dropout` (the paper)."""
+    attn_dropout: float = 0.0
+    """Dropout on attention probabilities (fairseq's --attention-dropout)."""
+    act_dropout: float = 0.0
+    """Dropout after the feed-forward activation (fairseq's --activation-dropout)."""
+    activation: Activation = "relu"
+    """Feed-forward non-linearity; "swish" and "silu" are the same function."""
+    norm_first: bool = False
+    """False: post-norm as in the paper, x = LN(x + f(x)); True: pre-norm, x = x + f(LN(x))."""
+    enc_final_norm: bool | None = None
+    """Layer norm after the last encoder layer; None means "when norm_first" (the usual pairing)."""
+    dec_final_norm: bool | None = None
+    """Layer norm after the last decoder layer; None means "when norm_first"."""
+    emb_norm: bool = False
+    """Layer norm on the embedding sum before the first layer (BART's layernorm_embedding)."""
+    layer_norm_eps: float = 1e-5
+    """Epsilon of every layer norm (PyTorch/fairseq 1e-5; OpenNMT-py 1e-6)."""
+    positions: PositionKind = "sinusoidal"
+    """sinusoidal: interleaved sin/cos with the paper's frequencies; sinusoidal_halves: [sin | cos]
+    halves with the paper's frequencies (HF Marian); sinusoidal_t2t: [sin | cos] halves with
+    tensor2tensor's log(10000)/(d/2 - 1) spacing (fairseq, FSMT); learned: a trained table."""
+    position_offset: int = 0
+    """Index of the first real position (fairseq and FSMT start at padding_idx + 1 = 2)."""
+    max_positions: int = 1024
+    """Longest sequence the position table covers (without the offset)."""
+    scale_embedding: bool = True
+    """Multiply token embeddings by sqrt(d_model) (the paper, section 3.4)."""
+    tie_embeddings: Tying = "decoder"
+    """none; decoder: target embedding = output projection; all: source embedding too
+    (needs one shared vocabulary)."""
+    bias: bool = True
+    """Bias on attention and feed-forward projections."""
+    output_bias: bool = False
+    """Bias on the output projection (Marian's final_logits_bias, OpenNMT's generator bias)."""
+    pad_id: int = 0
+    """Padding id in both vocabularies; its embedding row stays zero at initialisation."""
+    bos_id: int = 1
+    eos_id: int = 2
+    unk_id: int = 3
+    decoder_start_id: int | None = None
+    """First decoder input; None means bos_id (fairseq and FSMT use eos, Marian uses pad)."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in ("src_vocab", "tgt_vocab", "d_model", "n_heads", "d_ff", "max_positions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        for name in ("enc_layers", "dec_layers", "position_offset"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        for name in ("dropout", "attn_dropout", "act_dropout", "emb_dropout"):
+            p = getattr(self, name)
+            if p is not None and not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} ({p}) must be in [0, 1)")
+        if self.tie_embeddings == "all" and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                f"tie_embeddings='all' needs one shared vocabulary, "
+                f"but src_vocab ({self.src_vocab}) != tgt_vocab ({self.tgt_vocab})"
+            )
+        if self.positions.startswith("sinusoidal") and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        ids = {k: getattr(self, k) for k in ("pad_id", "bos_id", "eos_id", "unk_id", "decoder_start_id")}
+        for k, v in ids.items():
+            if v is not None and not 0 <= v < min(self.src_vocab, self.tgt_vocab):
+                raise ValueError(f"{k} ({v}) is outside the vocabularies ({self.src_vocab}, {self.tgt_vocab})")
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def shared_vocab(self) -> bool:
+        return self.src_vocab == self.tgt_vocab
+
+    @property
+    def start_id(self) -> int:
+        return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
+
+    @property
+    def has_enc_final_norm(self) -> bool:
+        return self.norm_first if self.enc_final_norm is None else self.enc_final_norm
+
+    @property
+    def has_dec_final_norm(self) -> bool:
+        return self.norm_first if self.dec_final_norm is None else self.dec_final_norm
+
+    @property
+    def embedding_dropout(self) -> float:
+        return self.dropout if self.emb_dropout is None else self.emb_dropout
+
+    # -- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        return from_dict(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        return from_dict(cls, json.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------------- generic helpers
+
+
+def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+    """Build a config dataclass from plain data; unknown keys are an error, not silence."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(known)}")
+    return cls(**data)
+
+
+def override(cfg: C, args: list[str], prefix: str = "") -> C:
+    """Apply minGPT-style `--key=value` (or `--prefix.key=value`) overrides to a frozen config.
+
+    Values are parsed with `ast.literal_eval` (falling back to the raw string) and checked
+    against the field's annotation; unknown keys raise with the list of valid ones.
+    """
+    names = {f.name: f for f in fields(cfg)}  # type: ignore[arg-type]
+    changes: dict[str, Any] = {}
+    for arg in args:
+        if not arg.startswith("--") or "=" not in arg:
+            raise ValueError(f"override {arg!r} must look like --key=value")
+        key, raw = arg[2:].split("=", 1)
+        if prefix:
+            if not key.startswith(prefix + "."):
+                continue
+            key = key[len(prefix) + 1 :]
+        if key not in names:
+            raise ValueError(f"unknown key {key!r} for {type(cfg).__name__}; valid keys: {sorted(names)}")
+        try:
+            value: Any = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        changes[key] = value
+    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]
+
+
+def _check_types(cfg: Any) -> None:
+    """Reject values that do not fit the annotations (JSON and CLI input are untyped)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        expected = hints[f.name]
+        if not _fits(value, expected):
+            raise ValueError(f"{type(cfg).__name__}.{f.name} = {value!r} does not fit {_show(expected)}")
+        # JSON gives ints for floats; normalise so round trips compare equal
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(cfg, f.name, float(value))
+
+
+def _fits(value: Any, expected: Any) -> bool:
+    origin = get_origin(expected)
+    if origin is Literal:
+        return value in get_args(expected)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in get_args(expected))
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is str:
+        return isinstance(value, str)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _show(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))

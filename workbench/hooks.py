@@ -1,0 +1,152 @@
+"""Hook points and call-scoped hooks.
+
+A `HookPoint` is an identity module placed where an intermediate tensor is born; its name is
+its path in `named_modules()` (TransformerLens's scheme), so keys and code cannot drift.
+
+Hooks are *not* registered on modules. `hooks(model, {...})` sets a `ContextVar` holding
+{hook point: [functions]} for the duration of a `with` block. Context variables are per thread
+and per asyncio task, so one model can serve many browser sessions while each session's
+ablations stay its own (TransformerLens's module-registered hooks are global state by its own
+docstring). A process-wide count of active contexts is the fast path: while it is zero a hook
+point is one integer test, and `torch.compile` sees a plain global.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import difflib
+import fnmatch
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Union
+
+import torch
+from torch import nn
+
+HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
+"""TransformerLens's signature: fn(tensor, hook) -> replacement tensor, or None to keep it."""
+
+NameFilter = Union[str, Iterable[str], Callable[[str], bool], None]
+
+_ACTIVE: contextvars.ContextVar[dict[HookPoint, tuple[HookFn, ...]] | None] = contextvars.ContextVar(
+    "workbench_hooks", default=None
+)
+_ACTIVE_COUNT = 0  # number of open hook contexts in the process; 0 = nothing can listen
+_COUNT_LOCK = threading.Lock()
+
+
+class HookPoint(nn.Module):
+    """Identity at a named place in the forward pass; active hooks may read or replace the tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "<unnamed>"  # set by `name_hook_points` from the owning model's module paths
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _ACTIVE_COUNT == 0:
+            return x
+        active = _ACTIVE.get()
+        if not active:
+            return x
+        fns = active.get(self)
+        if fns is None:
+            return x
+        for fn in fns:
+            out = fn(x, self)
+            if out is not None:
+                if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+                    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                    raise ValueError(f"hook on {self.name} must return None or a tensor of shape "
+                                     f"{tuple(x.shape)}, got {got}")
+                x = out
+        return x
+
+    # Skip nn.Module.__call__'s hook machinery: these run hundreds of times per forward.
+    __call__ = forward
+
+    def is_active(self) -> bool:
+        """True when a hook in the current context listens here (lets attention pick its path)."""
+        if _ACTIVE_COUNT == 0:
+            return False
+        active = _ACTIVE.get()
+        return bool(active) and self in active
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+def name_hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Give every HookPoint its module path as name; return them in module order."""
+    points = {}
+    for name, module in model.named_modules():
+        if isinstance(module, HookPoint):
+            module.name = name
+            points[name] = module
+    return points
+
+
+def select_names(names: Iterable[str], spec: NameFilter) -> list[str]:
+    """Names matching an exact name, a glob pattern, a list of those, or a predicate.
+
+    A pattern or exact name that matches nothing raises KeyError with the closest names,
+    so a typo never silently captures or edits nothing.
+    """
+    names = list(names)
+    if spec is None:
+        return names
+    if callable(spec):
+        return [n for n in names if spec(n)]
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = fnmatch.filter(names, pattern) if _is_glob(pattern) else [pattern] if pattern in names else []
+        if not hits:
+            raise KeyError(_missing(pattern, names))
+        chosen.update(hits)
+    return [n for n in names if n in chosen]
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _missing(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    hint = f"; closest: {close}" if close else f"; {len(names)} names exist, e.g. {names[:3]}"
+    return f"no hook point matches {name!r}{hint}"
+
+
+@contextlib.contextmanager
+def hooks(
+    points: Mapping[str, HookPoint],
+    spec: Mapping[str, HookFn | Iterable[HookFn]] | Iterable[tuple[str, HookFn]],
+) -> Iterator[None]:
+    """Activate hooks for the duration of the block, in this thread/task only.
+
+    `spec` maps names or glob patterns to one function or a list; contexts nest, and an inner
+    context's functions run after the outer ones at the same point. Hooks are removed in
+    `finally`, so an exception inside the block never leaves one behind.
+    """
+    global _ACTIVE_COUNT
+    items = spec.items() if isinstance(spec, Mapping) else spec
+    merged: dict[HookPoint, tuple[HookFn, ...]] = dict(_ACTIVE.get() or {})
+    for pattern, fns in items:
+        fn_list = (fns,) if callable(fns) else tuple(fns)
+        for name in select_names(points, pattern):
+            point = points[name]
+            merged[point] = merged.get(point, ()) + fn_list
+    token = _ACTIVE.set(merged)
+    with _COUNT_LOCK:
+        _ACTIVE_COUNT += 1
+    try:
+        yield
+    finally:
+        with _COUNT_LOCK:
+            _ACTIVE_COUNT -= 1
+        _ACTIVE.reset(token)
+
+
+def active_hook_count() -> int:
+    """Hook points listening in the current context (0 outside any `hooks` block)."""
+    return len(_ACTIVE.get() or {})

@@ -1,0 +1,117 @@
+"""Feed-forward network and the encoder/decoder layers, one explicit residual line per sub-layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import KVCache, MultiHeadAttention
+from .config import ModelConfig
+from .hooks import HookPoint
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "swish": F.silu,
+    "silu": F.silu,
+}
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.activation = ACTIVATIONS[cfg.activation]
+        self.act_dropout = nn.Dropout(cfg.act_dropout)
+        self.hook_hidden = HookPoint()  # (B, L, F): after the activation
+        self.hook_out = HookPoint()  # (B, L, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.hook_hidden(self.activation(self.up_proj(x)))
+        return self.hook_out(self.down_proj(self.act_dropout(hidden)))
+
+
+def _attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, bias=cfg.bias, dropout=cfg.attn_dropout)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = _attention(cfg)
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_resid_in = HookPoint()  # (B, S, D)
+        self.hook_norm_self_attn = HookPoint()  # (B, S, D): the self-attention norm's output
+        self.hook_resid_self_attn = HookPoint()  # (B, S, D): after self-attention has written
+        self.hook_norm_ffn = HookPoint()  # (B, S, D)
+        self.hook_resid_ffn = HookPoint()  # (B, S, D): the layer's output
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.hook_resid_in(x)
+        if self.norm_first:
+            h = self.hook_norm_self_attn(self.self_attn_norm(x))
+            x = self.hook_resid_self_attn(x + self.dropout(self.self_attn(h, mask=mask)[0]))
+            h = self.hook_norm_ffn(self.ffn_norm(x))
+            x = self.hook_resid_ffn(x + self.dropout(self.ffn(h)))
+        else:
+            x = x + self.dropout(self.self_attn(x, mask=mask)[0])
+            x = self.hook_resid_self_attn(self.hook_norm_self_attn(self.self_attn_norm(x)))
+            x = x + self.dropout(self.ffn(x))
+            x = self.hook_resid_ffn(self.hook_norm_ffn(self.ffn_norm(x)))
+        return x
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = _attention(cfg)
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.cross_attn = _attention(cfg)
+        self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_resid_in = HookPoint()  # (B, T, D)
+        self.hook_norm_self_attn = HookPoint()  # (B, T, D)
+        self.hook_resid_self_attn = HookPoint()  # (B, T, D)
+        self.hook_norm_cross_attn = HookPoint()  # (B, T, D)
+        self.hook_resid_cross_attn = HookPoint()  # (B, T, D)
+        self.hook_norm_ffn = HookPoint()  # (B, T, D)
+        self.hook_resid_ffn = HookPoint()  # (B, T, D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        cross_kv: KVCache,
+        src_mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """`cross_kv`: the memory's keys/values for this layer; `cache`: earlier self-attention K/V."""
+        x = self.hook_resid_in(x)
+        if self.norm_first:
+            h = self.hook_norm_self_attn(self.self_attn_norm(x))
+            a, cache = self.self_attn(h, causal=True, cache=cache)
+            x = self.hook_resid_self_attn(x + self.dropout(a))
+            h = self.hook_norm_cross_attn(self.cross_attn_norm(x))
+            x = self.hook_resid_cross_attn(x + self.dropout(self.cross_attn(h, static_kv=cross_kv, mask=src_mask)[0]))
+            h = self.hook_norm_ffn(self.ffn_norm(x))
+            x = self.hook_resid_ffn(x + self.dropout(self.ffn(h)))
+        else:
+            a, cache = self.self_attn(x, causal=True, cache=cache)
+            x = x + self.dropout(a)
+            x = self.hook_resid_self_attn(self.hook_norm_self_attn(self.self_attn_norm(x)))
+            x = x + self.dropout(self.cross_attn(x, static_kv=cross_kv, mask=src_mask)[0])
+            x = self.hook_resid_cross_attn(self.hook_norm_cross_attn(self.cross_attn_norm(x)))
+            x = x + self.dropout(self.ffn(x))
+            x = self.hook_resid_ffn(self.hook_norm_ffn(self.ffn_norm(x)))
+        assert cache is not None
+        return x, cache
