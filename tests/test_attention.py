@@ -1,0 +1,98 @@
+"""The fused (SDPA) and explicit paths must agree, and probabilities must be real distributions."""
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import make_batch, make_model
+
+from workbench import presets
+
+
+def _explicit(model, src, tgt):
+    """Force the explicit path everywhere by listening to every hook_probs."""
+    with model.hooks({"*.hook_probs": lambda x, hook: None}):
+        return model(src, tgt)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_fused_and_explicit_paths_agree_fp32(norm_first):
+    cfg = presets.tiny(vocab=50, norm_first=norm_first)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    torch.testing.assert_close(model(src, tgt), _explicit(model, src, tgt), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_and_explicit_paths_agree_bf16():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg).to(torch.bfloat16)
+    src, tgt = make_batch(cfg)
+    fused, explicit = model(src, tgt).float(), _explicit(model, src, tgt).float()
+    torch.testing.assert_close(fused, explicit, rtol=0.05, atol=0.05)
+
+
+def test_paths_agree_in_training_mode_gradients():
+    """With dropout off, gradients through both paths match."""
+    cfg = presets.tiny(vocab=50, dropout=0.0)
+    model = make_model(cfg).train()
+    src, tgt = make_batch(cfg)
+    model(src, tgt).square().mean().backward()
+    fused = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    _explicit(model, src, tgt).square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, fused[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_probabilities_sum_to_one_and_are_zero_on_padded_and_future_keys():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    _, trace = model.run_with_cache(src, tgt)
+    src_pad = src == cfg.pad_id  # (B, S)
+    tgt_real = tgt != cfg.pad_id
+    for name in trace.names("*.hook_probs"):
+        probs = trace[name]
+        torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs[..., 0]))
+        if ".self_attn" in name and name.startswith("dec"):
+            future = torch.triu(torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool), 1)
+            assert (probs[:, :, future] == 0).all(), name
+            # right padding: for every real query, padded keys lie in the future and get exactly 0
+            pad_keys = ~tgt_real[:, None, None, :] & tgt_real[:, None, :, None]
+            assert (probs.masked_select(pad_keys.expand_as(probs)) == 0).all(), name
+        else:
+            assert (probs.masked_select(src_pad[:, None, None, :].expand_as(probs)) == 0).all(), name
+            assert src_pad.any()
+
+
+def test_padding_does_not_change_real_positions():
+    """Extra pads on the source and target leave the logits at real positions unchanged."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=2, pad=False)
+    padded_src = torch.cat([src, torch.full((2, 4), cfg.pad_id)], 1)
+    padded_tgt = torch.cat([tgt, torch.full((2, 3), cfg.pad_id)], 1)
+    for run in (lambda s, t: model(s, t), lambda s, t: _explicit(model, s, t)):
+        torch.testing.assert_close(run(padded_src, padded_tgt)[:, : tgt.size(1)], run(src, tgt), rtol=1e-5, atol=1e-5)
+
+
+def test_scores_hook_sees_scaled_logits():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, pad=False)
+    _, trace = model.run_with_cache(src, tgt, names="enc.0.self_attn.hook_*")
+    q, k = trace["enc.0.self_attn.hook_q"], trace["enc.0.self_attn.hook_k"]
+    expected = q @ k.transpose(-1, -2) / cfg.d_head**0.5
+    torch.testing.assert_close(trace["enc.0.self_attn.hook_scores"], expected)
+    torch.testing.assert_close(trace["enc.0.self_attn.hook_probs"], expected.softmax(-1))
+
+
+def test_attention_dropout_applies_on_both_paths():
+    cfg = dataclasses.replace(presets.tiny(vocab=50), attn_dropout=0.5, dropout=0.0)
+    model = make_model(cfg).train()
+    src, tgt = make_batch(cfg)
+    torch.manual_seed(0)
+    a = model(src, tgt)
+    torch.manual_seed(1)
+    b = model(src, tgt)
+    assert not torch.allclose(a, b)

@@ -1,0 +1,139 @@
+"""Hook points: documented names, scoping to a block/thread, edits, no leaks after exceptions."""
+
+import threading
+
+import pytest
+import torch
+from conftest import make_batch, make_model
+
+from workbench import hooks as hooks_module
+from workbench import presets
+
+ATTN = ["hook_q", "hook_k", "hook_v", "hook_scores", "hook_probs", "hook_context", "hook_out"]
+
+
+def documented_names(enc_layers: int, dec_layers: int) -> set[str]:
+    """The scheme in the README's table, written out independently of the code."""
+    names = {"hook_src_tok", "hook_src_pos", "hook_src_embed", "hook_memory",
+             "hook_tgt_tok", "hook_tgt_pos", "hook_tgt_embed", "hook_dec_out", "hook_logits"}
+    for i in range(enc_layers):
+        names |= {f"enc.{i}.self_attn.{a}" for a in ATTN}
+        names |= {f"enc.{i}.ffn.hook_hidden", f"enc.{i}.ffn.hook_out"}
+        names |= {f"enc.{i}.hook_{r}" for r in
+                  ("resid_in", "norm_self_attn", "resid_self_attn", "norm_ffn", "resid_ffn")}
+    for j in range(dec_layers):
+        names |= {f"dec.{j}.{block}.{a}" for block in ("self_attn", "cross_attn") for a in ATTN}
+        names |= {f"dec.{j}.ffn.hook_hidden", f"dec.{j}.ffn.hook_out"}
+        names |= {f"dec.{j}.hook_{r}" for r in ("resid_in", "norm_self_attn", "resid_self_attn", "norm_cross_attn",
+                                                "resid_cross_attn", "norm_ffn", "resid_ffn")}
+    return names
+
+
+def test_names_are_the_documented_set_for_unequal_depths():
+    model = make_model(presets.tiny(vocab=50, enc_layers=3, dec_layers=1))
+    assert set(model.hook_names()) == documented_names(3, 1)
+    assert all(model.hook_points[n].name == n for n in model.hook_names())
+
+
+def test_glob_list_and_predicate_filters():
+    model = make_model(presets.tiny(vocab=50))
+    assert model.hook_names("dec.*.cross_attn.hook_probs") == ["dec.0.cross_attn.hook_probs", "dec.1.cross_attn.hook_probs"]
+    assert set(model.hook_names(["hook_logits", "enc.1.ffn.*"])) == {"hook_logits", "enc.1.ffn.hook_hidden",
+                                                                     "enc.1.ffn.hook_out"}
+    assert len(model.hook_names(lambda n: n.endswith("hook_probs"))) == 2 + 2 * 2
+
+
+def test_unknown_name_suggests_close_ones():
+    model = make_model(presets.tiny(vocab=50))
+    with pytest.raises(KeyError, match="enc.0.self_attn.hook_probs"):
+        model.hook_names("enc.0.self_attn.hook_prob")
+    with pytest.raises(KeyError):
+        with model.hooks({"dec.7.*": lambda x, h: None}):
+            pass
+
+
+def test_edit_hook_changes_logits_and_only_inside_the_block(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+    before = tiny_model(src, tgt)
+    with tiny_model.hooks({"dec.1.hook_resid_ffn": lambda x, h: torch.zeros_like(x)}):
+        edited = tiny_model(src, tgt)
+    after = tiny_model(src, tgt)
+    assert not torch.allclose(before, edited)
+    torch.testing.assert_close(before, after)
+
+
+def test_hooks_are_gone_after_an_exception(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+    seen = []
+
+    def boom(x, hook):
+        seen.append(hook.name)
+        raise RuntimeError("inside the traced forward")
+
+    with pytest.raises(RuntimeError, match="inside the traced forward"):
+        with tiny_model.capture("*"):
+            with tiny_model.hooks({"enc.1.ffn.hook_out": boom}):
+                tiny_model(src, tgt)
+    assert seen == ["enc.1.ffn.hook_out"]
+    assert hooks_module.active_hook_count() == 0 and hooks_module._ACTIVE_COUNT == 0
+    tiny_model(src, tgt)  # no hook fires any more
+    assert seen == ["enc.1.ffn.hook_out"]
+
+
+def test_hook_must_return_tensor_of_same_shape(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+    with pytest.raises(ValueError, match="hook on hook_memory must return None or a tensor of shape"):
+        with tiny_model.hooks({"hook_memory": lambda x, h: x[:, :1]}):
+            tiny_model(src, tgt)
+
+
+def test_nested_contexts_compose_in_order(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+    order = []
+    with tiny_model.hooks({"hook_logits": lambda x, h: order.append("outer")}):
+        with tiny_model.hooks({"hook_logits": lambda x, h: order.append("inner")}):
+            tiny_model(src, tgt)
+        tiny_model(src, tgt)
+    assert order == ["outer", "inner", "outer"]
+
+
+def test_threads_do_not_see_each_others_hooks(tiny_model, tiny_config):
+    """One model shared by many sessions: an ablation in one thread never reaches another."""
+    src, tgt = make_batch(tiny_config)
+    clean = tiny_model(src, tgt)
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def edited():
+        with tiny_model.hooks({"hook_memory": lambda x, h: torch.zeros_like(x)}):
+            barrier.wait()
+            results["edited"] = tiny_model(src, tgt)
+            barrier.wait()
+
+    def plain():
+        barrier.wait()  # runs while the other thread's hooks are active
+        results["plain"] = tiny_model(src, tgt)
+        barrier.wait()
+
+    threads = [threading.Thread(target=edited), threading.Thread(target=plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.testing.assert_close(results["plain"], clean)
+    assert not torch.allclose(results["edited"], clean)
+
+
+def test_a_trace_changes_neither_outputs_nor_gradients(tiny_config):
+    model = make_model(presets.tiny(vocab=50, dropout=0.0)).train()
+    src, tgt = make_batch(tiny_config)
+    plain = model(src, tgt)
+    plain.logsumexp(-1).mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    traced, trace = model.run_with_cache(src, tgt, names="*")
+    traced.logsumexp(-1).mean().backward()
+    torch.testing.assert_close(traced, plain, rtol=1e-5, atol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert len(trace) == len(model.hook_names()) and not any(t.requires_grad for t in trace.values())

@@ -1,0 +1,153 @@
+"""Model wiring follows the config: norms, positions, tying; incremental decoding equals full decoding."""
+
+import math
+
+import pytest
+import torch
+from conftest import make_batch, make_model
+
+from workbench import presets
+from workbench.embedding import sinusoidal_positions
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_norm_placement_is_what_the_config_says(norm_first):
+    cfg = presets.tiny(vocab=50, norm_first=norm_first)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    _, trace = model.run_with_cache(src, tgt, names=["enc.0.hook_resid_in", "enc.0.hook_resid_ffn",
+                                                    "dec.1.hook_resid_in", "dec.1.hook_resid_ffn", "hook_src_embed"])
+    layer, x = model.enc[0], trace["enc.0.hook_resid_in"]
+    mask = (src != cfg.pad_id)[:, None, None, :]
+    attn = lambda h: layer.self_attn(h, mask=mask)[0]  # noqa: E731
+    if norm_first:  # x + f(LN(x))
+        h = x + attn(layer.self_attn_norm(x))
+        expected = h + layer.ffn(layer.ffn_norm(h))
+    else:  # LN(x + f(x)), the paper
+        h = layer.self_attn_norm(x + attn(x))
+        expected = layer.ffn_norm(h + layer.ffn(h))
+    torch.testing.assert_close(trace["enc.0.hook_resid_ffn"], expected)
+    torch.testing.assert_close(trace["enc.0.hook_resid_in"], trace["hook_src_embed"])
+    assert (model.enc_norm is not None) == norm_first and (model.dec_norm is not None) == norm_first
+
+
+def test_final_norms_can_be_set_independently():
+    model = make_model(presets.tiny(vocab=50, norm_first=True, enc_final_norm=False, dec_final_norm=True))
+    assert model.enc_norm is None and model.dec_norm is not None
+
+
+def test_paper_positions_match_the_formula():
+    d, table = 16, sinusoidal_positions(50, 16)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_halves_and_t2t_positions_match_their_formulas():
+    d, half = 16, 8
+    halves = sinusoidal_positions(20, d, "sinusoidal_halves")
+    t2t = sinusoidal_positions(20, d, "sinusoidal_t2t", offset=2)
+    for pos in (0, 3, 19):
+        for i in range(half):
+            paper = pos / 10000 ** (2 * i / d)
+            assert halves[pos, i].item() == pytest.approx(math.sin(paper), abs=1e-6)
+            assert halves[pos, half + i].item() == pytest.approx(math.cos(paper), abs=1e-6)
+            t2t_angle = (pos + 2) * math.exp(-i * math.log(10000) / (half - 1))
+            assert t2t[pos, i].item() == pytest.approx(math.sin(t2t_angle), abs=1e-5)
+            assert t2t[pos, half + i].item() == pytest.approx(math.cos(t2t_angle), abs=1e-5)
+
+
+def test_model_adds_positions_with_offset_and_scale():
+    cfg = presets.tiny(vocab=50, positions="sinusoidal_t2t", position_offset=2)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    _, trace = model.run_with_cache(src, tgt, names=["hook_src_tok", "hook_src_pos", "hook_src_embed"])
+    expected_pos = sinusoidal_positions(src.size(1) + 2, cfg.d_model, "sinusoidal_t2t")[2:]
+    torch.testing.assert_close(trace["hook_src_pos"][0], expected_pos)
+    torch.testing.assert_close(trace["hook_src_tok"], model.src_embed(src) * math.sqrt(cfg.d_model))
+    torch.testing.assert_close(trace["hook_src_embed"], trace["hook_src_tok"] + trace["hook_src_pos"])
+
+
+def test_learned_positions_are_parameters():
+    model = make_model(presets.tiny(vocab=50, positions="learned"))
+    assert "positions.weight" in dict(model.named_parameters())
+
+
+@pytest.mark.parametrize("tie, shared", [("none", 0), ("decoder", 1), ("all", 2)])
+def test_weight_tying(tie, shared):
+    vocab = dict(src_vocab=50, tgt_vocab=50 if tie == "all" else 60)
+    model = make_model(presets.tiny(tie_embeddings=tie, **vocab))
+    ptr = lambda m: m.weight.data_ptr()  # noqa: E731
+    same_out = ptr(model.output_proj) == ptr(model.tgt_embed)
+    same_src = ptr(model.src_embed) == ptr(model.tgt_embed)
+    assert int(same_out) + int(same_src) == shared
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_kv_cache_decoding_equals_full_decoding_token_by_token(norm_first):
+    cfg = presets.tiny(vocab=50, norm_first=norm_first, enc_layers=3, dec_layers=2)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=3, tgt_len=8, pad=True)
+    tgt = tgt.clone()
+    tgt[1, -2:] = 7  # no target padding in incremental decoding
+    encoded = model.encode(src)
+    full = model.decode(tgt, encoded)[0]
+    cache = model.start_cache(encoded)
+    for t in range(tgt.size(1)):
+        step_logits, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
+        torch.testing.assert_close(step_logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+    assert cache.length == tgt.size(1)
+
+
+def test_kv_cache_prefill_then_steps_and_reorder():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=2, tgt_len=7, pad=False)
+    encoded = model.encode(src)
+    full = model.decode(tgt, encoded)[0]
+    _, cache = model.decode(tgt[:, :4], encoded, model.start_cache(encoded))  # prefill 4 tokens at once
+    order = torch.tensor([1, 0])
+    logits, _ = model.decode(tgt[order, 4:], encoded.index_select(order), cache.index_select(order))
+    torch.testing.assert_close(logits, full[order, 4:], rtol=1e-5, atol=1e-5)
+
+
+def test_cached_steps_capture_attention_matching_the_full_pass():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=2, tgt_len=5, pad=False)
+    _, trace = model.run_with_cache(src, tgt)
+    encoded = model.encode(src)
+    cache = model.start_cache(encoded)
+    with model.capture("dec.*.hook_probs") as store:
+        for t in range(tgt.size(1)):
+            _, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
+    for layer in range(cfg.dec_layers):
+        steps = store[f"dec.{layer}.self_attn.hook_probs"]
+        for t, probs in enumerate(steps):  # (B, H, 1, t + 1)
+            torch.testing.assert_close(probs[:, :, 0], trace.attention("dec_self", layer)[:, :, t, : t + 1])
+        cross = torch.cat(store[f"dec.{layer}.cross_attn.hook_probs"], dim=2)
+        torch.testing.assert_close(cross, trace.attention("cross", layer))
+
+
+def test_bad_ids_and_lengths_give_clear_errors(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+    with pytest.raises(ValueError, match=r"source ids must lie in \[0, 50\)"):
+        tiny_model(src + 100, tgt)
+    with pytest.raises(ValueError, match="empty"):
+        tiny_model(src[:, :0], tgt)
+    with pytest.raises(ValueError, match="must be \\(batch, length\\)"):
+        tiny_model(src[0], tgt)
+    long = torch.full((1, tiny_config.max_positions + 1), 5)
+    with pytest.raises(ValueError, match="longer than max_positions"):
+        tiny_model(long, tgt[:1])
+
+
+def test_param_count_of_base_preset_matches_the_paper():
+    """Table 3 lists 65M parameters for the base model (37k shared vocabulary)."""
+    with torch.device("meta"):
+        from workbench import Transformer
+
+        model = Transformer(presets.base())
+    assert 60e6 < model.num_parameters() < 66e6
