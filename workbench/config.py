@@ -238,3 +238,62 @@ def _show(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
     return getattr(tp, "__name__", str(tp))
+
+
+# ---------------------------------------------------------------------------- decoding
+
+LengthPenaltyKind = Literal["gnmt", "average", "none"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    """How to search for a translation; the defaults are fairseq-generate's."""
+
+    beam: int = 5
+    """Beam size; 1 is greedy search (and gives exactly greedy's output)."""
+    length_penalty: LengthPenaltyKind = "average"
+    """Final-score normalisation: average = log p / len^alpha (fairseq --lenpen, HF length_penalty);
+    gnmt = log p / ((5 + len) / 6)^alpha (Wu et al. 2016; Marian, OpenNMT, CTranslate2); none = log p."""
+    alpha: float = 1.0
+    """Exponent of the length penalty (0 turns either kind off)."""
+    max_len_a: float = 0.0
+    """Output length limit a * |src| + b (fairseq's --max-len-a/--max-len-b); |src| counts the EOS."""
+    max_len_b: int = 200
+    """See max_len_a."""
+    max_len: int | None = None
+    """Absolute limit on generated tokens (before EOS); the model's max_positions - 1 always applies."""
+    min_len: int = 0
+    """EOS is forbidden until this many tokens were generated (a shorter length limit still wins)."""
+    no_repeat_ngram: int = 0
+    """Forbid repeating any n-gram of this size within an output (0: off)."""
+    n_best: int = 1
+    """Hypotheses returned per sentence, best first (at most `beam`)."""
+    batch_tokens: int = 4096
+    """Text API: sentences are grouped (by length) so a batch holds about this many source tokens × beam."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.beam < 1:
+            raise ValueError(f"beam ({self.beam}) must be at least 1")
+        if not 1 <= self.n_best <= self.beam:
+            raise ValueError(f"n_best ({self.n_best}) must be between 1 and beam ({self.beam})")
+        if self.alpha < 0:
+            raise ValueError(f"alpha ({self.alpha}) must not be negative")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ValueError(f"max_len_a ({self.max_len_a}) and max_len_b ({self.max_len_b}) must not be negative")
+        if self.max_len is not None and self.max_len < 0:
+            raise ValueError(f"max_len ({self.max_len}) must not be negative")
+        for name in ("min_len", "no_repeat_ngram"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
+        if self.max_len is not None and self.min_len > self.max_len:
+            raise ValueError(f"min_len ({self.min_len}) is larger than max_len ({self.max_len})")
+        if self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens ({self.batch_tokens}) must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DecodeConfig:
+        return from_dict(cls, data)
