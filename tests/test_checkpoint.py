@@ -1,0 +1,156 @@
+import json
+
+import pytest
+import torch
+from conftest import make_batch, make_model
+
+from workbench import presets
+from workbench.checkpoint import (
+    CheckpointError,
+    is_checkpoint,
+    load_checkpoint,
+    read_pointer,
+    save_checkpoint,
+    write_pointer,
+)
+from workbench.tokenizer import SentencePieceTokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return SentencePieceTokenizer.train(sentences=["ein kleiner Test", "a small test"] * 10, vocab_size=60,
+                                        byte_fallback=False)
+
+
+@pytest.mark.parametrize("tie", ["none", "decoder", "all"])
+def test_round_trip_gives_identical_logits(tmp_path, tie, tok):
+    cfg = presets.tiny(vocab=60, tie_embeddings=tie)
+    model = make_model(cfg, seed=3)
+    path = save_checkpoint(tmp_path / "ck", model, src_tokenizer=tok, tgt_tokenizer=tok,
+                           meta={"src_lang": "de", "tgt_lang": "en"}, train_log=[{"step": 1, "loss": 2.5}])
+    assert is_checkpoint(path)
+    ck = load_checkpoint(path)
+    src, tgt = make_batch(cfg)
+    assert torch.equal(ck.model(src, tgt), model(src, tgt))
+    assert ck.config == cfg and not ck.model.training
+    assert ck.meta["src_lang"] == "de" and ck.meta["format_version"] == 1
+    assert ck.train_log == [{"step": 1, "loss": 2.5}]
+    assert ck.src_tokenizer is ck.tgt_tokenizer and ck.src_tokenizer.encode("test") == tok.encode("test")
+    stored = json.loads((path / "meta.json").read_text())["files"]
+    n_tied = {"none": 0, "decoder": 1, "all": 2}[tie]
+    assert len(set(model.state_dict())) - n_tied == _n_tensors(path / "model.safetensors")
+    assert "model.safetensors" in stored
+    if tie != "none":
+        assert ck.model.output_proj.weight is ck.model.tgt_embed.weight
+
+
+def _n_tensors(file):
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        return len(list(f.keys()))
+
+
+def test_half_precision_storage_loads_as_float32(tmp_path):
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    save_checkpoint(tmp_path / "ck", model, dtype=torch.bfloat16)
+    ck = load_checkpoint(tmp_path / "ck")
+    w = ck.model.enc[0].ffn.up_proj.weight
+    assert w.dtype == torch.float32
+    assert torch.equal(w, model.enc[0].ffn.up_proj.weight.to(torch.bfloat16).float())
+
+
+def test_train_state_round_trip(tmp_path):
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    opt = torch.optim.Adam(model.parameters())
+    src, tgt = make_batch(cfg)
+    model(src, tgt).sum().backward()
+    opt.step()
+    state = {"optimizer": opt.state_dict(), "step": 7, "rng": torch.get_rng_state(), "pos": (1, [2, 3])}
+    save_checkpoint(tmp_path / "ck", model, train_state=state)
+    back = load_checkpoint(tmp_path / "ck", with_train_state=True).train_state
+    assert back["step"] == 7 and back["pos"] == (1, [2, 3])
+    assert torch.equal(back["rng"], state["rng"])
+    opt2 = torch.optim.Adam(make_model(cfg).parameters())
+    opt2.load_state_dict(back["optimizer"])
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(opt2.state_dict()["state"][0][k], v)
+    assert load_checkpoint(tmp_path / "ck").train_state is None
+
+
+def test_truncated_weights_are_detected(tmp_path):
+    path = save_checkpoint(tmp_path / "ck", make_model(presets.tiny(vocab=50)))
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors has .* bytes .* truncated"):
+        load_checkpoint(path)
+    # without the size record the safetensors reader itself must refuse it
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["files"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors"):
+        load_checkpoint(path)
+
+
+def test_pickle_and_mismatched_shapes_are_refused(tmp_path):
+    model = make_model(presets.tiny(vocab=50))
+    path = save_checkpoint(tmp_path / "ck", model)
+    (path / "meta.json").unlink()
+    torch.save(model.state_dict(), path / "model.safetensors")  # a pickle under the right name
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        load_checkpoint(path)
+    path = save_checkpoint(tmp_path / "ck2", model)
+    cfg_file = path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["d_ff"] = 128
+    cfg_file.write_text(json.dumps(cfg))
+    (path / "meta.json").unlink()
+    shape_msg = r"'enc.0.ffn.up_proj.weight' has shape \(64, 32\), the config needs \(128, 32\)"
+    with pytest.raises(CheckpointError, match=shape_msg):
+        load_checkpoint(path)
+    cfg["bogus"] = 1
+    cfg_file.write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="config.json.*bogus"):
+        load_checkpoint(path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_checkpoint(tmp_path / "ck", make_model(presets.tiny(vocab=50)))
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["dec.1.cross_attn.k_proj.bias"]
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "meta.json").unlink()
+    with pytest.raises(CheckpointError, match="dec.1.cross_attn.k_proj.bias"):
+        load_checkpoint(path)
+
+
+def test_overwrite_is_atomic_and_leaves_no_temporaries(tmp_path, monkeypatch):
+    cfg = presets.tiny(vocab=50)
+    first = make_model(cfg, seed=1)
+    save_checkpoint(tmp_path / "ck", first)
+    # a failure mid-write (here: an unstorable train_state) keeps the previous checkpoint intact
+    with pytest.raises(TypeError, match="cannot store"):
+        save_checkpoint(tmp_path / "ck", make_model(cfg, seed=2), train_state={"x": object()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    src, tgt = make_batch(cfg)
+    assert torch.equal(load_checkpoint(tmp_path / "ck").model(src, tgt), first(src, tgt))
+    second = make_model(cfg, seed=2)
+    save_checkpoint(tmp_path / "ck", second)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert torch.equal(load_checkpoint(tmp_path / "ck").model(src, tgt), second(src, tgt))
+
+
+def test_run_directory_pointer(tmp_path):
+    model = make_model(presets.tiny(vocab=50))
+    save_checkpoint(tmp_path / "step_0000010", model)
+    assert not is_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="no config.json and no 'latest' pointer"):
+        load_checkpoint(tmp_path)
+    write_pointer(tmp_path, "latest", "step_0000010")
+    assert read_pointer(tmp_path) == tmp_path / "step_0000010"
+    assert is_checkpoint(tmp_path)
+    assert load_checkpoint(tmp_path).path == tmp_path / "step_0000010"
