@@ -1,0 +1,107 @@
+"""Adds the workbench Transformer as a peer of ../shared/bench/peers.py, built to the same spec.
+
+peers.py's header: "give it a name in PEERS, build it in Peer.__init__, and answer train_logits /
+plain_forward / capture_forward / decoders". We subclass its Peer instead of editing it, so the
+peers' own code and figures stay untouched and every peer runs in the same process and run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_DIR = Path(os.environ.get("WORKBENCH_BENCH", ROOT.parent / "shared" / "bench"))
+
+
+def load_peers():
+    if not (PEERS_DIR / "peers.py").is_file():
+        raise SystemExit(f"peers.py not found in {PEERS_DIR}; set WORKBENCH_BENCH to the folder holding it")
+    sys.path.insert(0, str(PEERS_DIR))
+    import peers
+
+    return peers
+
+
+def workbench_config(peers, cfg: dict):
+    """The peers' architecture in workbench terms: post-norm, interleaved sinusoids, one shared
+    embedding for source, target and output, dropout 0.1 everywhere peers apply it."""
+    from workbench.config import ModelConfig
+
+    return ModelConfig(
+        src_vocab=cfg["vocab"], tgt_vocab=cfg["vocab"], d_model=cfg["d_model"], n_heads=cfg["heads"],
+        d_ff=cfg["d_ff"], enc_layers=cfg["enc_layers"], dec_layers=cfg["dec_layers"],
+        dropout=peers.DROPOUT, attn_dropout=peers.DROPOUT, act_dropout=peers.DROPOUT,
+        max_positions=peers.MAX_POS, tie_embeddings="all", norm_first=False,
+        pad_id=peers.PAD, bos_id=peers.BOS, eos_id=peers.EOS, unk_id=3,
+    )
+
+
+def install(peers) -> None:
+    """Register the `workbench` peer (plain, and `workbench-traced`: the same model inside a
+    hook context that listens to nothing relevant, to measure the cost of an active context)."""
+    from workbench.model import Transformer
+
+    base = peers.Peer
+
+    class Peer(base):
+        def __init__(self, name, cfg, dev, seed):
+            if not name.startswith("workbench"):
+                super().__init__(name, cfg, dev, seed)
+                return
+            self.name, self.cfg, self.dev = name, cfg, dev
+            torch.manual_seed(seed)
+            self.model = Transformer(workbench_config(peers, cfg))
+            self.model.check_inputs = False  # the trainer's setting: no host sync per step
+            self.model.to(dev)
+            self.fwd_module = self.model
+
+        def train_logits(self, src, tgt_in):
+            if not self.name.startswith("workbench"):
+                return super().train_logits(src, tgt_in)
+            return self.fwd_module(src, tgt_in)
+
+        def plain_forward(self, src, tgt_in):
+            if not self.name.startswith("workbench"):
+                return super().plain_forward(src, tgt_in)
+            return self.model(src, tgt_in)
+
+        def capture_forward(self, src, tgt_in):
+            if not self.name.startswith("workbench"):
+                return super().capture_forward(src, tgt_in)
+            logits, trace = self.model.run_with_cache(src, tgt_in, names="*.hook_probs")
+            m = self.model.cfg
+            return logits, {
+                "enc_self": [trace.attention("enc_self", i) for i in range(m.enc_layers)],
+                "dec_self": [trace.attention("dec_self", i) for i in range(m.dec_layers)],
+                "cross": [trace.attention("cross", i) for i in range(m.dec_layers)],
+            }
+
+        def decoders(self, beam, steps):
+            if not self.name.startswith("workbench"):
+                return super().decoders(beam, steps)
+            return {"": lambda s, k, n: peers.beam_search(WorkbenchBeamAdapter(self.model), s, k, n)[0]}
+
+    class WorkbenchBeamAdapter:
+        """peers.beam_search's adapter protocol over the workbench KV cache."""
+
+        def __init__(self, model):
+            self.m = model
+
+        def start(self, src, K):
+            index = torch.arange(src.size(0), device=src.device).repeat_interleave(K)
+            self.encoded = self.m.encode(src).index_select(index)
+            self.cache = self.m.start_cache(self.encoded)
+
+        def step(self, ys):
+            logits, self.cache = self.m.decode(ys[:, -1:], self.encoded, self.cache)
+            return logits[:, -1]
+
+        def reorder(self, sel):
+            self.cache = self.cache.index_select(sel)
+
+    peers.Peer = Peer
+    peers.PEERS[:0] = ["workbench"]

@@ -1,0 +1,24 @@
+"""The `workbench` command line: discoverable hook names, clear errors."""
+
+import subprocess
+import sys
+
+from workbench.cli import main
+
+
+def test_info_lists_hook_points_by_glob(capsys):
+    assert main(["info", "tiny", "--hooks", "dec.1.cross_attn.hook_*"]) == 0
+    out = capsys.readouterr().out
+    assert '"d_model": 32' in out
+    assert "dec.1.cross_attn.hook_probs" in out and "enc.0.self_attn.hook_probs" not in out
+
+
+def test_info_on_a_missing_path_is_one_clear_line(capsys, tmp_path):
+    assert main(["info", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "neither a preset" in err and "Traceback" not in err
+
+
+def test_console_script_runs_as_module():
+    out = subprocess.run([sys.executable, "-m", "workbench.cli", "--help"], capture_output=True, text=True, check=True)
+    assert "info" in out.stdout
