@@ -1,0 +1,484 @@
+"""Batched greedy and beam search over the model's KV cache, with optional whole-generation traces.
+
+    gen = beam_search(model, src, beam=5, length_penalty="gnmt", alpha=0.6, n_best=3)
+    gen.hypotheses[0][0].tokens        # best output of sentence 0 (ends with EOS)
+    gen = greedy(model, src, trace=True)
+    gen.traces[0]["dec.1.cross_attn.hook_probs"]   # (1, H, T, S): every step, every head
+
+Design (fairseq's search, written with fixed-shape tensors so an accelerator needs no per-step
+host sync):
+- Each step ranks the 2K best continuations of a sentence's K live beams. EOS candidates among
+  the top K are *finished* (scored with the length penalty) and merged into a pool of the K best
+  finished hypotheses; the K best non-EOS candidates stay alive.
+- A sentence is done once K hypotheses finished (fairseq's stopping rule: "early stopping when
+  all beams end"), or when it reached its length limit (EOS is forced there, so every output
+  ends with EOS and every hypothesis is scored the same way).
+- Done sentences are dropped from the batch at check points (every step on CPU where a check is
+  free; every few steps on CUDA, which is the only host sync of the loop).
+- Beam size 1 is exactly greedy: the top candidate is either EOS (finished, sentence done) or the
+  single survivor.
+
+Traces: while tracing, every `*.hook_probs` is captured during generation itself (the explicit
+attention path), and each sentence's final hypothesis is assembled by walking its beam ancestry
+back through the per-step captures. A trace is therefore what the search actually computed,
+and the tests check it equals a teacher-forced `run_with_cache` over the produced output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import DecodeConfig, LengthPenaltyKind
+from .model import DecoderCache, Transformer
+from .trace import Trace
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    """Generated ids (no start token), ending with EOS."""
+    score: float
+    """Log-probability divided by the length penalty: what hypotheses are ranked by."""
+    log_prob: float
+    """Sum of token log-probabilities, EOS included."""
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class BeamStep:
+    """One step of beam search, for replaying the search (all tensors on CPU, rows = live sentences).
+
+    Candidate c of sentence row i extends live beam `cand_beam[i, c]` with `cand_token[i, c]` to
+    total log-probability `cand_score[i, c]`; `cand_finished` marks EOS candidates that entered the
+    finished pool; `survivors[i, j]` is the candidate that became live beam j of the next step.
+    """
+
+    step: int
+    sentences: torch.Tensor  # (b,) indices into the input batch
+    cand_beam: torch.Tensor  # (b, 2K)
+    cand_token: torch.Tensor  # (b, 2K)
+    cand_score: torch.Tensor  # (b, 2K)
+    cand_finished: torch.Tensor  # (b, 2K) bool
+    survivors: torch.Tensor  # (b, K) positions into the candidates
+    alive_scores: torch.Tensor  # (b, K) log-probabilities of the next step's live beams
+
+
+@dataclass
+class Generation:
+    hypotheses: list[list[Hypothesis]]
+    """Per input sentence, the n best hypotheses, best first."""
+    steps: list[BeamStep] | None = None
+    """Per-step beam state when `record_steps=True`."""
+    traces: list[Trace] | None = None
+    """Per sentence, attention of its best hypothesis (source without padding) when `trace=True`."""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> list[Hypothesis]:
+        return [h[0] for h in self.hypotheses]
+
+    def tokens(self, pad_id: int = 0) -> torch.Tensor:
+        """Best outputs as one right-padded (B, T) tensor."""
+        width = max(h.length for h in self.best)
+        out = torch.full((len(self.best), width), pad_id, dtype=torch.long)
+        for i, h in enumerate(self.best):
+            out[i, : h.length] = torch.tensor(h.tokens, dtype=torch.long)
+        return out
+
+
+# ---------------------------------------------------------------------------- scoring and limits
+
+
+def penalty_divisor(lengths: torch.Tensor | int, kind: LengthPenaltyKind = "average", alpha: float = 1.0):
+    """Divisor of the summed log-probability (lengths count the EOS).
+
+    average: len^alpha (fairseq `--lenpen`, Hugging Face `length_penalty`; alpha=1 is the plain mean);
+    gnmt: ((5 + len) / 6)^alpha (Wu et al. 2016, eq. 14; Marian `--normalize`, OpenNMT, CTranslate2).
+    """
+    if kind == "none" or alpha == 0:
+        return lengths * 0 + 1.0 if isinstance(lengths, torch.Tensor) else 1.0
+    if kind == "average":
+        return lengths**alpha
+    if kind == "gnmt":
+        return ((5.0 + lengths) / 6.0) ** alpha
+    raise ValueError(f"length_penalty must be 'gnmt', 'average' or 'none', got {kind!r}")
+
+
+def normalized_score(log_prob: float, length: int, kind: LengthPenaltyKind = "average", alpha: float = 1.0) -> float:
+    return float(log_prob / penalty_divisor(float(length), kind, alpha))
+
+
+def length_limits(
+    model: Transformer, src: torch.Tensor, *, max_len_a: float, max_len_b: int, max_len: int | None
+) -> torch.Tensor:
+    """(B,) most tokens each sentence may generate before its EOS: min(a·|src| + b, max_len, positions - 1)."""
+    src_len = (src != model.cfg.pad_id).sum(1)
+    limit = (max_len_a * src_len.double()).floor().long() + max_len_b
+    cap = model.cfg.max_positions - 1  # the decoder reads start + limit tokens
+    if max_len is not None:
+        cap = min(cap, max_len)
+    return limit.clamp(max=cap)
+
+
+def _constrain(
+    logp: torch.Tensor, generated: torch.Tensor, step: int, limits: torch.Tensor, *, eos: int, pad: int,
+    min_len: int, no_repeat_ngram: int,
+) -> torch.Tensor:
+    """Apply bans to (N, V) log-probabilities of rows that generated `generated` (N, step) so far."""
+    eos_logp = logp[:, eos].clone()  # what a forced EOS costs, even where min_len bans it
+    logp[:, pad] = NEG_INF
+    if step < min_len:
+        logp[:, eos] = NEG_INF
+    if no_repeat_ngram and step >= no_repeat_ngram - 1:
+        n = no_repeat_ngram
+        if n == 1:
+            banned = generated
+        else:
+            grams = generated.unfold(1, n, 1)  # (N, M, n)
+            prefix = generated[:, step - n + 1 :]  # (N, n-1): the n-gram being completed
+            hit = (grams[:, :, :-1] == prefix[:, None, :]).all(-1)  # (N, M)
+            banned = torch.where(hit, grams[:, :, -1], torch.full_like(grams[:, :, -1], pad))
+        if banned.numel():
+            logp.scatter_(1, banned, NEG_INF)
+    # at the limit only EOS remains; EOS wins over min_len there
+    forced = (step >= limits)[:, None]
+    eos_only = torch.full_like(logp, NEG_INF)
+    eos_only[:, eos] = eos_logp
+    return torch.where(forced, eos_only, logp)
+
+
+def _check_every(device: torch.device, check_every: int | None) -> int:
+    if check_every is not None:
+        if check_every < 1:
+            raise ValueError(f"check_every ({check_every}) must be at least 1")
+        return check_every
+    return 1 if device.type == "cpu" else 4
+
+
+# ---------------------------------------------------------------------------- trace assembly
+
+
+class _Recorder:
+    """Per-step attention captures plus the row map between steps, to walk a hypothesis back."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self.parents: list[torch.Tensor | None] = []  # parents[s][row at s+1] = row at s (None = same)
+
+    def __enter__(self) -> _Recorder:
+        self._ctx = self.model.capture("*.hook_probs")
+        self.store = self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ctx.__exit__(*exc)
+
+    def link(self, parent: torch.Tensor | None) -> None:
+        self.parents.append(parent)
+
+    def assemble(self, src: torch.Tensor, sentence: int, tokens: list[int], last_step: int, last_row: int) -> Trace:
+        cfg = self.model.cfg
+        src_len = int((src[sentence] != cfg.pad_id).sum())
+        rows = [last_row]
+        for s in range(last_step - 1, -1, -1):
+            parent = self.parents[s]
+            rows.append(rows[-1] if parent is None else int(parent[rows[-1]]))
+        rows.reverse()  # rows[s]: the batch row that fed decoder position s
+        steps = last_step + 1
+        tensors: dict[str, torch.Tensor] = {}
+        for name, calls in self.store.items():
+            if name.startswith("enc."):
+                tensors[name] = calls[0][sentence : sentence + 1, :, :src_len, :src_len].cpu()
+            elif ".self_attn." in name:
+                probs = calls[0].new_zeros(1, calls[0].size(1), steps, steps)
+                for s in range(steps):
+                    probs[0, :, s, : s + 1] = calls[s][rows[s], :, 0, : s + 1]
+                tensors[name] = probs.cpu()
+            else:  # cross-attention
+                tensors[name] = torch.stack([calls[s][rows[s], :, 0, :src_len] for s in range(steps)], 1)[None].cpu()
+        tgt = torch.tensor([[cfg.start_id, *tokens[:-1]]], dtype=torch.long)
+        return Trace(tensors, src=src[sentence : sentence + 1, :src_len].cpu(), tgt=tgt)
+
+
+# ---------------------------------------------------------------------------- greedy
+
+
+@torch.no_grad()  # not inference_mode: traces and ids must be usable with autograd later
+def greedy(
+    model: Transformer,
+    src: torch.Tensor,
+    *,
+    max_len_a: float = 0.0,
+    max_len_b: int = 200,
+    max_len: int | None = None,
+    min_len: int = 0,
+    no_repeat_ngram: int = 0,
+    length_penalty: LengthPenaltyKind = "average",
+    alpha: float = 1.0,
+    trace: bool = False,
+    check_every: int | None = None,
+) -> Generation:
+    """Arg-max decoding of a (B, S) source batch; scores are normalised as beam search's are."""
+    _check_model(model, src)
+    cfg = model.cfg
+    eos, pad = cfg.eos_id, cfg.pad_id
+    batch = src.size(0)
+    every = _check_every(src.device, check_every)
+    limits = length_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_len=max_len)
+    horizon = int(limits.max())  # one host sync before the loop
+    results: list[list[Hypothesis] | None] = [None] * batch
+    finals: dict[int, tuple[int, int]] = {}  # sentence -> (last step, row) for traces
+
+    recorder = _Recorder(model) if trace else None
+    with recorder if recorder is not None else _nullcontext():
+        encoded = model.encode(src)
+        cache = model.start_cache(encoded)
+        sent = torch.arange(batch, device=src.device)
+        tokens = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
+        scores = torch.zeros(batch, device=src.device)
+        ended_at = torch.full((batch,), -1, dtype=torch.long, device=src.device)
+        for step in range(horizon + 1):
+            logits, cache = model.decode(tokens[:, -1:], encoded, cache)
+            logp = logits[:, -1].float().log_softmax(-1)
+            logp = _constrain(logp, tokens[:, 1:], step, limits, eos=eos, pad=pad, min_len=min_len,
+                              no_repeat_ngram=no_repeat_ngram)
+            best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
+            running = ended_at < 0
+            tok = torch.where(running[:, None], tok, torch.full_like(tok, pad))
+            scores = scores + torch.where(running, best[:, 0], torch.zeros_like(scores))
+            ended_at = torch.where(running & (tok[:, 0] == eos), torch.full_like(ended_at, step), ended_at)
+            tokens = torch.cat([tokens, tok], dim=1)
+            last = step == horizon
+            if not last and (step + 1) % every:
+                if recorder is not None:
+                    recorder.link(None)
+                continue
+            done = ended_at >= 0
+            if bool(done.all()) or last:
+                _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, length_penalty, alpha)
+                break
+            if bool(done.any()):
+                _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, length_penalty, alpha)
+                keep = (~done).nonzero()[:, 0]
+                sent, tokens, scores, ended_at = sent[keep], tokens[keep], scores[keep], ended_at[keep]
+                limits = limits[keep]
+                encoded = encoded.index_select(keep)
+                cache = cache.index_select(keep)
+                if recorder is not None:
+                    recorder.link(keep)
+            elif recorder is not None:
+                recorder.link(None)
+        traces = None
+        if recorder is not None:
+            traces = [recorder.assemble(src, i, results[i][0].tokens, *finals[i]) for i in range(batch)]
+    return Generation(_complete(results), traces=traces, meta={"search": "greedy"})
+
+
+def _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, kind, alpha) -> None:
+    idx = done.nonzero()[:, 0].tolist()
+    if not idx:
+        return
+    rows_tokens = tokens[:, 1:].cpu()
+    ends = ended_at.cpu()
+    raw = scores.cpu()
+    for r in idx:
+        n = int(ends[r]) + 1
+        toks = rows_tokens[r, :n].tolist()
+        # float32 division, exactly as beam search normalises (beam 1 == greedy, scores included)
+        score = float(raw[r] / length_penalty_value(n, kind, alpha))
+        results[int(sent[r])] = [Hypothesis(toks, score, float(raw[r]))]
+        finals[int(sent[r])] = (n - 1, r)
+
+
+def _complete(results: list) -> list[list[Hypothesis]]:
+    missing = [i for i, r in enumerate(results) if r is None]
+    if missing:  # the length limit forces EOS, so this is a bug, not bad input
+        raise RuntimeError(f"decoding ended without a hypothesis for sentences {missing[:10]}")
+    return results
+
+
+def _check_model(model: Transformer, src: torch.Tensor) -> None:
+    if model.training:
+        raise ValueError("the model is in training mode (dropout would randomise the search); call model.eval()")
+    if src.dim() != 2 or src.size(0) == 0 or src.size(1) == 0:
+        raise ValueError(f"src must be a non-empty (batch, length) id tensor, got shape {tuple(src.shape)}")
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+# ---------------------------------------------------------------------------- beam search
+
+
+@torch.no_grad()  # not inference_mode: traces and ids must be usable with autograd later
+def beam_search(
+    model: Transformer,
+    src: torch.Tensor,
+    *,
+    beam: int = 5,
+    length_penalty: LengthPenaltyKind = "average",
+    alpha: float = 1.0,
+    max_len_a: float = 0.0,
+    max_len_b: int = 200,
+    max_len: int | None = None,
+    min_len: int = 0,
+    no_repeat_ngram: int = 0,
+    n_best: int = 1,
+    record_steps: bool = False,
+    trace: bool = False,
+    check_every: int | None = None,
+) -> Generation:
+    """Beam search over a (B, S) source batch; see the module docstring for the search rules."""
+    if beam < 1 or not 1 <= n_best <= beam:
+        raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
+    _check_model(model, src)
+    cfg = model.cfg
+    eos, pad = cfg.eos_id, cfg.pad_id
+    dev = src.device
+    batch, K = src.size(0), beam
+    every = _check_every(dev, check_every)
+    limits = length_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_len=max_len)
+    horizon = int(limits.max())
+    width = horizon + 1  # generated tokens incl. EOS
+    results: list[list[Hypothesis] | None] = [None] * batch
+    finals: dict[int, tuple[int, int]] = {}
+    steps: list[BeamStep] | None = [] if record_steps else None
+
+    recorder = _Recorder(model) if trace else None
+    with recorder if recorder is not None else _nullcontext():
+        encoded = model.encode(src)
+        cache = model.start_cache(encoded)
+        expand = torch.arange(batch, device=dev).repeat_interleave(K)
+        encoded = encoded.index_select(expand)
+        cache = cache.index_select(expand)
+        limits_rows = limits.repeat_interleave(K)
+
+        sent = torch.arange(batch, device=dev)
+        alive = torch.full((batch * K, 1), cfg.start_id, dtype=torch.long, device=dev)
+        alive_score = torch.full((batch, K), NEG_INF, device=dev)
+        alive_score[:, 0] = 0.0  # the first step expands one beam only
+        fin_score = torch.full((batch, K), NEG_INF, device=dev)
+        fin_raw = torch.full((batch, K), NEG_INF, device=dev)
+        fin_tok = torch.full((batch, K, width), pad, dtype=torch.long, device=dev)
+        fin_len = torch.zeros((batch, K), dtype=torch.long, device=dev)
+        fin_row = torch.zeros((batch, K), dtype=torch.long, device=dev)  # row that fed the last step
+        done = torch.zeros(batch, dtype=torch.bool, device=dev)
+
+        for step in range(horizon + 1):
+            b = sent.size(0)
+            logits, cache = model.decode(alive[:, -1:], encoded, cache)
+            logp = logits[:, -1].float().log_softmax(-1)
+            logp = _constrain(logp, alive[:, 1:], step, limits_rows, eos=eos, pad=pad, min_len=min_len,
+                              no_repeat_ngram=no_repeat_ngram)
+            vocab = logp.size(-1)
+            cand = (alive_score.view(-1, 1) + logp).view(b, K * vocab)
+            top_score, top_idx = cand.topk(min(2 * K, K * vocab), dim=-1)  # (b, 2K)
+            cand_beam = top_idx // vocab
+            cand_tok = top_idx % vocab
+            is_eos = cand_tok == eos
+            base = (torch.arange(b, device=dev) * K)[:, None]
+
+            # finished pool: EOS among the top K candidates of sentences still searching
+            new_fin = is_eos[:, :K] & ~done[:, None]
+            new_raw = top_score[:, :K]
+            new_norm = (new_raw / length_penalty_value(step + 1, length_penalty, alpha)).masked_fill(~new_fin, NEG_INF)
+            new_rows = base + cand_beam[:, :K]  # (b, K)
+            new_tok = torch.full((b, K, width), pad, dtype=torch.long, device=dev)
+            new_tok[:, :, :step] = alive[:, 1:].index_select(0, new_rows.view(-1)).view(b, K, step)
+            new_tok[:, :, step] = eos
+            pool = torch.cat([fin_score, new_norm], 1)
+            fin_score, pick = pool.topk(K, dim=-1)
+            fin_raw = torch.cat([fin_raw, new_raw], 1).gather(1, pick)
+            fin_len = torch.cat([fin_len, torch.full_like(fin_len, step + 1)], 1).gather(1, pick)
+            fin_row = torch.cat([fin_row, new_rows], 1).gather(1, pick)
+            fin_tok = torch.cat([fin_tok, new_tok], 1).gather(1, pick[:, :, None].expand(b, K, width))
+            done = done | (fin_score > NEG_INF).all(1) | (step >= limits)
+
+            # live beams: the K best non-EOS candidates
+            survivors_score, survivors = top_score.masked_fill(is_eos, NEG_INF).topk(K, dim=-1)
+            alive_score = survivors_score
+            parent = (base + cand_beam.gather(1, survivors)).view(-1)
+            alive = torch.cat([alive.index_select(0, parent), cand_tok.gather(1, survivors).view(-1, 1)], 1)
+            if steps is not None:
+                steps.append(BeamStep(step, sent.cpu(), cand_beam.cpu(), cand_tok.cpu(), top_score.cpu(),
+                                      torch.cat([new_fin, torch.zeros_like(new_fin)], 1)[:, : top_score.size(1)].cpu(),
+                                      survivors.cpu(), alive_score.cpu()))
+
+            last = step == horizon
+            check = last or (step + 1) % every == 0
+            all_done = check and (last or bool(done.all()))
+            if check and (all_done or bool(done.any())):
+                _collect_beam(results, finals, sent, done, fin_score, fin_raw, fin_tok, fin_len, fin_row, n_best)
+            if all_done:
+                break
+            if check and bool(done.any()):
+                keep = (~done).nonzero()[:, 0]
+                rows = (keep[:, None] * K + torch.arange(K, device=dev)).view(-1)
+                sent, done, limits = sent[keep], done[keep], limits[keep]
+                alive_score, fin_score, fin_raw = alive_score[keep], fin_score[keep], fin_raw[keep]
+                fin_tok, fin_len = fin_tok[keep], fin_len[keep]
+                # rows of finished hypotheses refer to this step's rows; they stay valid for traces
+                fin_row = fin_row[keep]
+                alive, limits_rows = alive[rows], limits_rows[rows]
+                parent = parent[rows]
+                encoded = encoded.index_select(rows)
+                cross = [kv.index_select(rows) for kv in cache.cross_kv]
+                cache = DecoderCache(cache.self_kv, cross)
+            # the self-attention K/V follow their beams; cross K/V are the same within a sentence
+            cache = DecoderCache([None if kv is None else kv.index_select(parent) for kv in cache.self_kv],
+                                 cache.cross_kv)
+            if recorder is not None:
+                recorder.link(parent)
+
+        traces = None
+        if recorder is not None:
+            traces = [recorder.assemble(src, i, results[i][0].tokens, *finals[i]) for i in range(batch)]
+    return Generation(_complete(results), steps=steps, traces=traces,
+                      meta={"search": "beam", "beam": beam, "length_penalty": length_penalty, "alpha": alpha})
+
+
+def length_penalty_value(length: int, kind: LengthPenaltyKind, alpha: float) -> float:
+    return float(penalty_divisor(float(length), kind, alpha))
+
+
+def _collect_beam(results, finals, sent, done, fin_score, fin_raw, fin_tok, fin_len, fin_row, n_best) -> None:
+    idx = done.nonzero()[:, 0].tolist()
+    scores, raws, toks, lens = fin_score.cpu(), fin_raw.cpu(), fin_tok.cpu(), fin_len.cpu()
+    for r in idx:
+        s = int(sent[r])
+        if results[s] is not None:
+            continue
+        hyps = []
+        for j in range(n_best):
+            if scores[r, j] == NEG_INF:
+                break
+            n = int(lens[r, j])
+            hyps.append(Hypothesis(toks[r, j, :n].tolist(), float(scores[r, j]), float(raws[r, j])))
+        results[s] = hyps
+        finals[s] = (int(lens[r, 0]) - 1, int(fin_row[r, 0]))
+
+
+# ---------------------------------------------------------------------------- one entry point
+
+
+def generate(model: Transformer, src: torch.Tensor, cfg: DecodeConfig | None = None, **options) -> Generation:
+    """Greedy when cfg.beam == 1, else beam search; `options` (trace, record_steps, check_every) pass through."""
+    cfg = cfg or DecodeConfig()
+    limits = dict(max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, max_len=cfg.max_len, min_len=cfg.min_len,
+                  no_repeat_ngram=cfg.no_repeat_ngram, length_penalty=cfg.length_penalty, alpha=cfg.alpha)
+    if cfg.beam == 1 and not options.get("record_steps"):
+        options.pop("record_steps", None)
+        return greedy(model, src, **limits, **options)
+    return beam_search(model, src, beam=cfg.beam, n_best=cfg.n_best, **limits, **options)
