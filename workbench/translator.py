@@ -1,0 +1,257 @@
+"""Text in, text out: a model with its tokenizers and decoding defaults.
+
+    tm = workbench.load("runs/multi30k")              # a checkpoint directory
+    tm.translate(["Ein Hund läuft.", ""])             # -> ["A dog is running.", ""]
+    r = tm.translate(["Ein Hund läuft."], beam=5, n_best=3, return_traces=True)[0]
+    r.text, r.score, r.pieces, r.n_best, r.trace["dec.2.cross_attn.hook_probs"]
+
+Input policy (chosen to match Marian and CTranslate2, which keep one output line per input line):
+- empty and whitespace-only inputs give "" without running the model, in place;
+- a source longer than the model's max_positions is cut to fit (EOS kept) with a warning naming
+  the sentence, never an error and never an unbounded allocation;
+- anything the tokenizer accepts is translated (control characters, emoji, RTL, CJK); outputs
+  never contain a line break, so line-oriented tools keep their line count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import DecodeConfig
+from .decoding import Generation, generate
+from .model import Transformer
+from .tokenizer import Tokenizer
+from .trace import Trace
+
+_LINE_BREAKS = str.maketrans({"\n": " ", "\r": " ", "\v": " ", "\f": " ", "\x1c": " ", "\x1d": " ", "\x1e": " ",
+                              "\x85": " ", "\u2028": " ", "\u2029": " "})
+
+
+@dataclass
+class Translation:
+    """One sentence's result when tokens, scores or traces are requested."""
+
+    source: str
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    """Output ids, ending with EOS (empty for an empty source)."""
+    pieces: list[str] = field(default_factory=list)
+    """One display string per output id."""
+    source_tokens: list[int] = field(default_factory=list)
+    """Source ids fed to the encoder (after truncation, with EOS when the model expects it)."""
+    score: float | None = None
+    """Length-normalised log-probability (what beam search ranks by); None for an empty source."""
+    log_prob: float | None = None
+    n_best: list[tuple[str, float]] = field(default_factory=list)
+    """(text, score) of the n best hypotheses, best first."""
+    trace: Trace | None = None
+    """Attention over the whole generation (enc self, dec self, cross; every layer and head)."""
+    truncated: bool = False
+
+
+class TranslationModel:
+    """A `Transformer` plus source/target tokenizers and decoding defaults (`DecodeConfig`)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer | None = None,
+        *,
+        decode: DecodeConfig | None = None,
+        append_eos: bool = True,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.src_tokenizer = src_tokenizer
+        self.tgt_tokenizer = tgt_tokenizer or src_tokenizer
+        self.decode_config = decode or DecodeConfig()
+        self.append_eos = append_eos
+        self.meta = dict(meta or {})
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, *, device: torch.device | str = "cpu", decode: DecodeConfig | None = None
+    ) -> TranslationModel:
+        """Load a checkpoint; its meta["generation"] (set by importers) supplies the decoding defaults."""
+        from .checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(path, device=device)
+        if ckpt.src_tokenizer is None:
+            raise ValueError(f"checkpoint {ckpt.path} has no tokenizer, so it cannot translate text")
+        generation = dict(ckpt.meta.get("generation") or {})
+        append_eos = bool(generation.pop("append_eos", True))
+        if decode is None:
+            decode = decode_config_from_meta(generation)
+        return cls(ckpt.model, ckpt.src_tokenizer, ckpt.tgt_tokenizer, decode=decode, append_eos=append_eos,
+                   meta={"path": str(ckpt.path), **ckpt.meta})
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # -- configuration --------------------------------------------------------------------------
+    def config_with(self, **overrides: Any) -> DecodeConfig:
+        """The default DecodeConfig with some fields changed (None values are ignored)."""
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        known = {f.name for f in dataclasses.fields(DecodeConfig)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"unknown decoding options {unknown}; valid: {sorted(known)}")
+        return dataclasses.replace(self.decode_config, **changes)
+
+    # -- text -> ids ----------------------------------------------------------------------------
+    def encode_source(self, text: str, *, where: str = "a sentence") -> tuple[list[int], bool]:
+        """Source ids for one sentence (EOS appended when the model expects it) and whether it was cut."""
+        if not text.strip():
+            return [], False
+        ids = self.src_tokenizer.encode(text)
+        if not ids:
+            return [], False
+        room = self.model.cfg.max_positions - (1 if self.append_eos else 0)
+        truncated = len(ids) > room
+        if truncated:
+            warnings.warn(
+                f"{where} has {len(ids)} source tokens; truncated to {room} to fit the model's "
+                f"max_positions ({self.model.cfg.max_positions})",
+                stacklevel=3,
+            )
+            ids = ids[:room]
+        return ids + ([self.model.cfg.eos_id] if self.append_eos else []), truncated
+
+    # -- translation ----------------------------------------------------------------------------
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        *,
+        return_tokens: bool = False,
+        return_scores: bool = False,
+        return_traces: bool = False,
+        **options: Any,
+    ) -> list[str] | list[Translation]:
+        """Translate sentences; `options` override DecodeConfig fields (beam=, n_best=, alpha=, ...).
+
+        Returns one string per input, or `Translation` objects when any return_* flag is set.
+        A single string is accepted and treated as a list of one.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        cfg = self.config_with(**options)
+        rich = return_tokens or return_scores or return_traces
+        results = self._translate(list(texts), cfg, traces=return_traces)
+        return results if rich else [r.text for r in results]
+
+    def trace(self, text: str, **options: Any) -> Translation:
+        """One sentence with its whole-generation attention trace (token strings in trace.meta)."""
+        return self.translate([text], return_traces=True, **options)[0]  # type: ignore[return-value]
+
+    def translate_lines(self, lines: Iterable[str], *, chunk: int = 512, **options: Any) -> Iterator[str]:
+        """Stream: one output line per input line, in order, holding at most `chunk` lines at a time.
+
+        Warnings name input lines counting from 1 (as editors and `sed -n` do).
+        """
+        if chunk < 1:
+            raise ValueError(f"chunk ({chunk}) must be at least 1")
+        cfg = self.config_with(**options)
+        buffer: list[str] = []
+        offset = 1
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= chunk:
+                yield from self._texts(buffer, cfg, offset)
+                offset += len(buffer)
+                buffer = []
+        if buffer:
+            yield from self._texts(buffer, cfg, offset)
+
+    def _texts(self, lines: list[str], cfg: DecodeConfig, first_line: int) -> Iterator[str]:
+        yield from (r.text for r in self._translate(lines, cfg, traces=False, first_index=first_line, label="line"))
+
+    def _translate(
+        self, texts: list[str], cfg: DecodeConfig, *, traces: bool, first_index: int = 0, label: str = "sentence"
+    ) -> list[Translation]:
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"{label} {first_index + i} is {type(t).__name__}, not str")
+        encoded = [self.encode_source(t, where=f"{label} {first_index + i}") for i, t in enumerate(texts)]
+        results = [Translation(source=t, text="", source_tokens=ids, truncated=cut)
+                   for t, (ids, cut) in zip(texts, encoded)]
+        todo = sorted((i for i, (ids, _) in enumerate(encoded) if ids), key=lambda i: len(encoded[i][0]))
+        for batch in _batches(todo, [len(ids) for ids, _ in encoded], cfg.batch_tokens):
+            src = _pad([encoded[i][0] for i in batch], self.model.cfg.pad_id, self.device)
+            gen = generate(self.model, src, cfg, trace=traces)
+            self._fill(results, batch, gen)
+        return results
+
+    def _fill(self, results: list[Translation], batch: list[int], gen: Generation) -> None:
+        tok = self.tgt_tokenizer
+        for j, i in enumerate(batch):
+            hyps = gen.hypotheses[j]
+            r = results[i]
+            best = hyps[0]
+            r.tokens, r.score, r.log_prob = best.tokens, best.score, best.log_prob
+            r.text = self.detokenize(best.tokens)
+            r.pieces = tok.pieces(best.tokens)
+            r.n_best = [(self.detokenize(h.tokens), h.score) for h in hyps]
+            if gen.traces is not None:
+                t = gen.traces[j]
+                t.meta.update(src_tokens=self.src_tokenizer.pieces(t.src[0].tolist()),
+                              tgt_tokens=tok.pieces(t.tgt[0].tolist()), out_tokens=r.pieces,
+                              source=r.source, translation=r.text, score=r.score)
+                r.trace = t
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text for output ids; line breaks become spaces so one input line gives one output line."""
+        return self.tgt_tokenizer.decode(list(ids)).translate(_LINE_BREAKS)
+
+    def __repr__(self) -> str:
+        return f"TranslationModel({self.meta.get('path', 'in memory')}, {self.decode_config})"
+
+
+def decode_config_from_meta(generation: dict[str, Any]) -> DecodeConfig:
+    """DecodeConfig from a checkpoint's meta["generation"] (importers' defaults); unknown keys are an error."""
+    values = dict(generation)
+    values.pop("append_eos", None)
+    lp = values.pop("length_penalty", None)
+    if isinstance(lp, dict):
+        if "kind" in lp:
+            values["length_penalty"] = lp["kind"]
+        if "alpha" in lp:
+            values["alpha"] = float(lp["alpha"])
+    elif lp is not None:
+        values["length_penalty"] = lp
+    return DecodeConfig.from_dict(values)
+
+
+def load(path: str | Path, *, device: torch.device | str = "cpu", **decode: Any) -> TranslationModel:
+    """A checkpoint as a `TranslationModel`; keyword arguments override its decoding defaults."""
+    tm = TranslationModel.from_checkpoint(path, device=device)
+    if decode:
+        tm.decode_config = tm.config_with(**decode)
+    return tm
+
+
+def _batches(order: list[int], lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
+    """Consecutive groups of `order` (sorted by length) whose padded size stays within batch_tokens."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) + 1) * max(lengths[i], lengths[batch[-1]]) > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out.to(device)
