@@ -1,0 +1,84 @@
+"""`workbench translate`: one output line per input line, in order, streamed in chunks.
+
+Invalid UTF-8 policy: by default a line that is not valid UTF-8 stops the run with an error
+naming the line and byte offset (nothing is silently altered); `--errors replace` substitutes
+U+FFFD for the bad bytes and warns once per line instead (sacrebleu and Marian read input the
+same strict way by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import BinaryIO
+
+DECODE_FLAGS = ("beam", "n_best", "length_penalty", "alpha", "max_len_a", "max_len_b", "max_len", "min_len",
+                "no_repeat_ngram", "batch_tokens")
+
+
+def add_decode_arguments(p: argparse.ArgumentParser) -> None:
+    """Decoding options shared with `workbench evaluate`; unset ones keep the checkpoint's defaults."""
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint (or run) directory")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--beam", type=int, default=None, metavar="N", help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", dest="length_penalty", choices=["average", "gnmt", "none"], default=None)
+    p.add_argument("--alpha", type=float, default=None, help="length-penalty exponent")
+    p.add_argument("--max-len-a", dest="max_len_a", type=float, default=None)
+    p.add_argument("--max-len-b", dest="max_len_b", type=int, default=None)
+    p.add_argument("--max-len", dest="max_len", type=int, default=None, help="absolute output length limit")
+    p.add_argument("--min-len", dest="min_len", type=int, default=None)
+    p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int, default=None)
+    p.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None, metavar="K",
+                   help="source tokens per batch, padding included")
+    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                   help="invalid UTF-8 input: stop with the line number (strict) or replace and warn")
+
+
+def decode_options(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in DECODE_FLAGS if getattr(args, k, None) is not None}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_decode_arguments(p)
+    p.add_argument("--input", "-i", default="-", metavar="FILE", help="input file (default: stdin)")
+    p.add_argument("--output", "-o", default="-", metavar="FILE", help="output file (default: stdout)")
+    p.add_argument("--chunk", type=int, default=512, help="lines held in memory at once (sorted within a chunk)")
+
+
+def read_lines(stream: BinaryIO, *, errors: str = "strict", name: str = "input") -> Iterator[str]:
+    """Decode a byte stream line by line (\\n, with an optional \\r before it), naming bad lines."""
+    for number, raw in enumerate(stream, start=1):
+        raw = raw.rstrip(b"\n")
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = f"{name} line {number} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+            if errors == "strict":
+                raise ValueError(f"{where}; fix the file or pass --errors replace") from None
+            warnings.warn(f"{where}; replaced with U+FFFD", stacklevel=2)
+            yield raw.decode("utf-8", errors="replace")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .translator import load
+
+    tm = load(args.checkpoint, device=args.device)
+    options = decode_options(args)
+    tm.decode_config = tm.config_with(**options)  # validate before reading any input
+    source = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
+    sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+    try:
+        lines = read_lines(source, errors=args.errors, name=args.input if args.input != "-" else "stdin")
+        for text in tm.translate_lines(lines, chunk=args.chunk):
+            sink.write(text + "\n")
+        sink.flush()
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
+        if sink is not sys.stdout:
+            sink.close()
+    return 0
