@@ -1,0 +1,177 @@
+"""Attention heatmaps drawn as one Bokeh `image` (4 bytes a cell, flat cost from 32 to 512+ tokens).
+
+Measured in /work/shared/panel-browser-recipe.md: `image` repaints in one frame at 512x512, where one
+`rect` per cell takes ~0.8 s a frame and 5 MB over the wire. Masked cells are NaN in the array and
+drawn in the mapper's `nan_color`; hover names the query token, the key token and the weight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from bokeh.models import (
+    AdaptiveTicker,
+    ColorBar,
+    ColumnDataSource,
+    CustomJSHover,
+    HoverTool,
+    LinearColorMapper,
+    Range1d,
+)
+from bokeh.plotting import figure
+
+from ..trace import AttentionKind, Trace
+from .select import Attention, Heads, select_attention
+
+MASKED_COLOR = "#c8c8c8"  # light grey: cells the model could not attend to (padding, causal future)
+IMAGE_NAME = "attention_image"  # renderer name, so an app can swap `data_source.data` without a rebuild
+HIGHLIGHT_NAME = "attention_highlight"
+PALETTE = "Viridis256"
+DIVERGING = "RdBu11"
+
+
+def downsample(values: np.ndarray, max_size: int) -> tuple[np.ndarray, int]:
+    """Block-average so no side exceeds max_size; returns (array, factor). NaN cells are skipped."""
+    factor = max(1, math.ceil(max(values.shape) / max_size))
+    if factor == 1:
+        return values, 1
+    lq, lk = values.shape
+    pq, pk = -lq % factor, -lk % factor
+    padded = np.pad(values, ((0, pq), (0, pk)), constant_values=np.nan)
+    blocks = padded.reshape((lq + pq) // factor, factor, (lk + pk) // factor, factor)
+    with np.errstate(invalid="ignore"), _no_mean_warning():
+        return np.nanmean(blocks, axis=(1, 3)).astype(np.float32), factor
+
+
+def image_data(values: np.ndarray, masked: np.ndarray | None, max_size: int = 1024) -> tuple[dict, int]:
+    """The ColumnDataSource dict of a heatmap: float32 image with NaN where masked, in token coordinates."""
+    img = np.array(values, dtype=np.float32)
+    if masked is not None:
+        img[masked] = np.nan
+    img, factor = downsample(img, max_size)
+    lq, lk = values.shape
+    return {"image": [img], "x": [-0.5], "y": [-0.5], "dw": [lk], "dh": [lq]}, factor
+
+
+def token_axis_js(tokens: Sequence[str]) -> CustomJSHover:
+    """Hover formatter: a data coordinate -> 'token (index)'."""
+    return CustomJSHover(
+        args={"tokens": list(tokens)},
+        code="const i = Math.round(value); return (i >= 0 && i < tokens.length) ? tokens[i] + ' (' + i + ')' : '';",
+    )
+
+
+def weight_js(digits: int = 4) -> CustomJSHover:
+    """Hover formatter for a cell value: NaN reads 'masked'. (A new model per figure: Bokeh models live in one doc.)"""
+    return CustomJSHover(code=f"return (value === null || isNaN(value)) ? 'masked' : value.toFixed({digits});")
+
+
+def label_axes(fig, queries: Sequence[str], keys: Sequence[str], max_label: int = 16) -> None:
+    """Token names as tick labels; integer ticks only, so zooming in reveals every token."""
+    short = lambda t: t if len(t) <= max_label else t[: max_label - 1] + "…"
+    fig.xaxis.ticker = AdaptiveTicker(mantissas=[1, 2, 5], min_interval=1, desired_num_ticks=min(len(keys), 60))
+    fig.yaxis.ticker = AdaptiveTicker(mantissas=[1, 2, 5], min_interval=1, desired_num_ticks=min(len(queries), 60))
+    fig.xaxis.major_label_overrides = {i: short(t) for i, t in enumerate(keys)}
+    fig.yaxis.major_label_overrides = {i: short(t) for i, t in enumerate(queries)}
+    fig.xaxis.major_label_orientation = math.pi / 2
+    fig.xaxis.axis_label, fig.yaxis.axis_label = "key", "query"
+
+
+def matrix_figure(
+    values: np.ndarray,
+    queries: Sequence[str],
+    keys: Sequence[str],
+    *,
+    masked: np.ndarray | None = None,
+    title: str = "",
+    palette: str | Sequence[str] = PALETTE,
+    low: float = 0.0,
+    high: float | None = None,
+    width: int | None = None,
+    height: int | None = None,
+    max_size: int = 1024,
+    highlight: int | None = None,
+    colorbar: bool = True,
+    value_label: str = "weight",
+):
+    """A (Lq, Lk) matrix as a Bokeh image with token axes, token hover and masked cells in grey."""
+    values = np.asarray(values)
+    lq, lk = values.shape
+    if (lq, lk) != (len(queries), len(keys)):
+        raise ValueError(f"matrix is {lq}x{lk} but {len(queries)} query and {len(keys)} key tokens were given")
+    data, factor = image_data(values, masked, max_size)
+    if high is None:
+        finite = values[~masked] if masked is not None and (~masked).any() else values
+        high = float(np.nanmax(finite)) if finite.size else 1.0
+        high = high if high > low else low + 1.0
+    cell = max(2, min(18, 640 // max(lq, lk, 1)))
+    width = width or max(380, min(900, lk * cell + 150))
+    height = height or max(220, min(900, lq * cell + 110))
+    if factor > 1:
+        title = f"{title} [downsampled x{factor}: block means]"
+    fig = figure(
+        title=title, width=width, height=height, x_range=Range1d(-0.5, lk - 0.5, bounds=(-0.5, lk - 0.5)),
+        y_range=Range1d(lq - 0.5, -0.5, bounds=(-0.5, lq - 0.5)), tools="pan,wheel_zoom,box_zoom,reset,save",
+        toolbar_location="above",
+    )
+    fig.title.text_font_size = "11px"
+    mapper = LinearColorMapper(palette=palette, low=low, high=high, nan_color=MASKED_COLOR)
+    renderer = fig.image(source=ColumnDataSource(data), image="image", x="x", y="y", dw="dw", dh="dh",
+                         color_mapper=mapper, name=IMAGE_NAME)
+    fig.add_tools(HoverTool(
+        renderers=[renderer],
+        tooltips=[("query", "$y{custom}"), ("key", "$x{custom}"), (value_label, "@image{custom}")],
+        formatters={"$y": token_axis_js(queries), "$x": token_axis_js(keys), "@image": weight_js()},
+    ))
+    label_axes(fig, queries, keys)
+    fig.grid.visible = False
+    rows = [] if highlight is None else [highlight]
+    fig.quad(source=ColumnDataSource({"top": [r - 0.5 for r in rows], "bottom": [r + 0.5 for r in rows],
+                                      "left": [-0.5] * len(rows), "right": [lk - 0.5] * len(rows)}),
+             top="top", bottom="bottom", left="left", right="right", fill_alpha=0, line_color="#ff2d55",
+             line_width=2, name=HIGHLIGHT_NAME)
+    if colorbar:
+        fig.add_layout(ColorBar(color_mapper=mapper, width=10, title=value_label), "right")
+    return fig
+
+
+def heatmap(att: Attention, *, highlight: int | None = None, **kw):
+    """Draw a selected `Attention` (its head mean: one head, chosen heads or all)."""
+    kw.setdefault("title", att.describe())
+    return matrix_figure(att.mean, att.queries, att.keys, masked=att.masked, highlight=highlight, **kw)
+
+
+def attention_heatmap(
+    trace: Trace,
+    kind: AttentionKind,
+    layer: int,
+    heads: Heads = None,
+    *,
+    batch: int = 0,
+    words: bool = False,
+    highlight: int | None = None,
+    select: dict | None = None,
+    **kw,
+):
+    """Heatmap of one block: `heads` is a head, a list of heads (averaged) or None (all, averaged).
+
+    `select` passes token strings, trim and pad_id to `select_attention`; the rest goes to `matrix_figure`.
+    """
+    att = select_attention(trace, kind, layer, heads, batch=batch, words=words, **(select or {}))
+    return heatmap(att, highlight=highlight, **kw)
+
+
+class _no_mean_warning:
+    """np.nanmean warns on all-NaN blocks (fully masked); those blocks are meant to stay NaN."""
+
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
