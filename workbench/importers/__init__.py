@@ -1,0 +1,1 @@
+"""Importers for published translation checkpoints: Marian/opus-mt, FSMT, fairseq, OpenNMT-py."""
