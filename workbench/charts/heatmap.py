@@ -20,6 +20,7 @@ from bokeh.models import (
     LinearColorMapper,
     Range1d,
 )
+from bokeh.palettes import RdBu11, interp_palette
 from bokeh.plotting import figure
 
 from ..trace import AttentionKind, Trace
@@ -29,7 +30,7 @@ MASKED_COLOR = "#c8c8c8"  # light grey: cells the model could not attend to (pad
 IMAGE_NAME = "attention_image"  # renderer name, so an app can swap `data_source.data` without a rebuild
 HIGHLIGHT_NAME = "attention_highlight"
 PALETTE = "Viridis256"
-DIVERGING = "RdBu11"
+DIVERGING = tuple(interp_palette(RdBu11[::-1], 255))  # smooth blue (negative) -> white -> red (positive)
 
 
 def downsample(values: np.ndarray, max_size: int) -> tuple[np.ndarray, int]:
@@ -71,8 +72,9 @@ def weight_js(digits: int = 4) -> CustomJSHover:
 def label_axes(fig, queries: Sequence[str], keys: Sequence[str], max_label: int = 16) -> None:
     """Token names as tick labels; integer ticks only, so zooming in reveals every token."""
     short = lambda t: t if len(t) <= max_label else t[: max_label - 1] + "…"
-    fig.xaxis.ticker = AdaptiveTicker(mantissas=[1, 2, 5], min_interval=1, desired_num_ticks=min(len(keys), 60))
-    fig.yaxis.ticker = AdaptiveTicker(mantissas=[1, 2, 5], min_interval=1, desired_num_ticks=min(len(queries), 60))
+    nx, ny = max(2, (fig.width or 600) // 16), max(2, (fig.height or 600) // 16)  # ~16 px a label
+    fig.xaxis.ticker = AdaptiveTicker(mantissas=[1, 2, 5], min_interval=1, desired_num_ticks=min(len(keys), nx))
+    fig.yaxis.ticker = AdaptiveTicker(mantissas=[1, 2, 5], min_interval=1, desired_num_ticks=min(len(queries), ny))
     fig.xaxis.major_label_overrides = {i: short(t) for i, t in enumerate(keys)}
     fig.yaxis.major_label_overrides = {i: short(t) for i, t in enumerate(queries)}
     fig.xaxis.major_label_orientation = math.pi / 2

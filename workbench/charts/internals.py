@@ -1,0 +1,231 @@
+"""The Annotated Transformer's figures, interactive: positional encodings, label smoothing, learning-rate
+schedules, training curves and the masks of a padded batch.
+
+Formulas are imported, never re-derived here: positions from `workbench.embedding`, schedules from
+`workbench.schedule`, the smoothed target from `workbench.loss`, masks from `workbench.masks`. Matrices are
+Bokeh images (a 512x512 position table is 262k cells, past Altair's 5000-row limit); curves are Altair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import torch
+from bokeh.layouts import column, row
+from bokeh.models import HoverTool
+from bokeh.plotting import figure
+
+from ..config import ModelConfig
+from ..embedding import sinusoidal_positions
+from .heatmap import DIVERGING, matrix_figure
+
+SINUSOIDAL = ("sinusoidal", "sinusoidal_halves", "sinusoidal_t2t")
+
+
+# -- positional encodings -------------------------------------------------------------------------
+def position_table(kind: str, length: int, d_model: int, *, offset: int = 0, model=None) -> np.ndarray:
+    """(length, d_model) position vectors of one kind; "learned" reads them from `model.positions.weight`."""
+    if kind in SINUSOIDAL:
+        return sinusoidal_positions(length, d_model, kind, offset).numpy()
+    if kind == "learned":
+        if model is None:
+            raise ValueError("learned positions live in the weights: pass model= to draw them")
+        weight = model.positions.weight.detach().float().cpu()
+        if offset + length > weight.size(0):
+            raise ValueError(f"{length} positions from offset {offset} exceed the {weight.size(0)} learned ones")
+        return weight[offset: offset + length].numpy()
+    raise ValueError(f"no position table for kind {kind!r}; known: {SINUSOIDAL + ('learned',)}")
+
+
+def position_similarity(table: np.ndarray) -> np.ndarray:
+    """(L, L) cosine similarity between position vectors (why nearby positions look alike)."""
+    norm = table / np.maximum(np.linalg.norm(table, axis=1, keepdims=True), 1e-12)
+    return (norm @ norm.T).astype(np.float32)
+
+
+def positional_encoding_view(
+    cfg: ModelConfig | None = None,
+    *,
+    kinds: Sequence[str] | None = None,
+    length: int = 100,
+    d_model: int | None = None,
+    dims: Sequence[int] = (4, 5, 6, 7),
+    model=None,
+):
+    """Per kind: the (position x dimension) matrix, chosen dimensions as curves over positions (the
+    Annotated Transformer's figure) and position-to-position cosine similarity.
+
+    kinds default: the config's own kind first, then the other sinusoidal layouts for comparison.
+    """
+    d_model = d_model or (cfg.d_model if cfg is not None else 512)
+    offset = cfg.position_offset if cfg is not None else 0
+    if kinds is None:
+        own = [cfg.positions] if cfg is not None and cfg.positions not in ("none",) else []
+        own = [k for k in own if k != "learned" or model is not None]
+        kinds = own + [k for k in SINUSOIDAL if k not in own]
+    bad = [d for d in dims if not 0 <= d < d_model]
+    if bad:
+        raise ValueError(f"dims {bad} out of range for d_model={d_model}")
+    rows = []
+    for kind in kinds:
+        table = position_table(kind, length, d_model, offset=offset, model=model)
+        pos = [str(p) for p in range(offset, offset + length)]
+        mat = matrix_figure(table, pos, [f"d{i}" for i in range(d_model)], low=-1.0, high=1.0, palette=DIVERGING,
+                            title=f"{kind}: position x dimension", value_label="value", width=420, height=360)
+        mat.xaxis.axis_label, mat.yaxis.axis_label = "dimension", "position"
+        curves = figure(title=f"{kind}: dimensions over positions", width=420, height=360,
+                        tools="pan,wheel_zoom,reset,save", x_axis_label="position", y_axis_label="value")
+        from bokeh.palettes import Category10_10
+
+        for c, d in enumerate(dims):
+            curves.line(np.arange(offset, offset + length), table[:, d], legend_label=f"dim {d}",
+                        color=Category10_10[c % 10], line_width=2)
+        curves.legend.click_policy = "hide"
+        curves.add_tools(HoverTool(tooltips=[("position", "$x{0}"), ("value", "$y{0.000}")]))
+        sim = matrix_figure(position_similarity(table), pos, pos, low=-1.0, high=1.0, palette=DIVERGING,
+                            title=f"{kind}: cosine similarity of positions", value_label="cosine", width=420,
+                            height=360)
+        sim.xaxis.axis_label, sim.yaxis.axis_label = "position", "position"
+        rows.append(row(mat, curves, sim))
+    return column(*rows)
+
+
+# -- label smoothing ------------------------------------------------------------------------------
+def label_smoothing_data(vocab: int, smoothing: float, target: int = 2, ignore_index: int = 0,
+                         points: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The smoothed target row, and the loss against it as the model's confidence p in the gold class
+    grows (the rest spread evenly): smoothing makes p -> 1 costlier, its minimum sits below 1."""
+    from ..loss import smoothed_distribution
+
+    if not 0 <= target < vocab or target == ignore_index:
+        raise ValueError(f"target {target} must be in [0, {vocab}) and differ from ignore_index {ignore_index}")
+    dist = smoothed_distribution(torch.tensor([target]), vocab, smoothing, ignore_index)[0].double()
+    bars = pd.DataFrame({"token": np.arange(vocab), "probability": dist.numpy(),
+                         "kind": np.where(np.arange(vocab) == target, "gold", "other")})
+    p = torch.linspace(0.02, 0.9999, points, dtype=torch.float64)
+    pred = ((1 - p) / (vocab - 1))[:, None].expand(points, vocab).clone()
+    pred[:, target] = p
+    rows = []
+    for s, t in (("smoothed", dist), ("one-hot", smoothed_distribution(torch.tensor([target]), vocab, 0.0,
+                                                                        ignore_index)[0].double())):
+        loss = -(t[None, :] * pred.log()).sum(-1)  # cross-entropy against the target distribution
+        rows.append(pd.DataFrame({"confidence": p.numpy(), "loss": loss.numpy(), "target": s}))
+    return bars, pd.concat(rows, ignore_index=True)
+
+
+def label_smoothing_chart(vocab: int = 10, smoothing: float = 0.1, target: int = 2, ignore_index: int = 0):
+    """Altair: the smoothed target distribution (bars) beside loss versus confidence (smoothed vs one-hot)."""
+    bars, curve = label_smoothing_data(vocab, smoothing, target, ignore_index)
+    left = alt.Chart(bars, title=f"target distribution (smoothing {smoothing}, vocab {vocab})").mark_bar().encode(
+        x=alt.X("token:O"), y=alt.Y("probability:Q"), color=alt.Color("kind:N", legend=None),
+        tooltip=["token", alt.Tooltip("probability:Q", format=".4f")])
+    right = alt.Chart(curve, title="loss vs confidence in the gold token").mark_line().encode(
+        x="confidence:Q", y="loss:Q", color="target:N",
+        tooltip=[alt.Tooltip("confidence:Q", format=".3f"), alt.Tooltip("loss:Q", format=".3f"), "target:N"])
+    return alt.hconcat(left, right.interactive())
+
+
+# -- learning-rate schedules ----------------------------------------------------------------------
+def lr_schedule_data(
+    schedules: Mapping[str, Mapping] | None = None,
+    *,
+    steps: int = 20000,
+    log: Sequence[Mapping] | None = None,
+    points: int = 400,
+) -> pd.DataFrame:
+    """Long table (step, lr, schedule) of named schedules plus a logged LR. `schedules` maps a label to
+    make_schedule keywords, e.g. {"noam d512 w4000": {"name": "noam", "d_model": 512, "warmup": 4000}}."""
+    from ..schedule import make_schedule
+
+    if schedules is None:
+        schedules = {
+            "noam (d=512, warmup=4000)": {"name": "noam", "d_model": 512, "warmup": 4000, "factor": 1.0},
+            "inverse_sqrt (peak 7e-4, warmup 4000)": {"name": "inverse_sqrt", "peak_lr": 7e-4, "warmup": 4000},
+            "cosine (peak 7e-4, warmup 4000)": {"name": "warmup_cosine", "peak_lr": 7e-4, "warmup": 4000,
+                                               "total": steps},
+        }
+    grid = np.unique(np.linspace(0, steps, points).astype(int))
+    frames = []
+    for label, kw in schedules.items():
+        kw = dict(kw)
+        fn = make_schedule(kw.pop("name"), **kw)
+        frames.append(pd.DataFrame({"step": grid, "lr": [fn(int(s)) for s in grid], "schedule": label}))
+    if log:
+        logged = [(r["step"], r["lr"]) for r in log if "lr" in r and "step" in r]
+        if not logged:
+            raise ValueError("the training log has no rows with both 'step' and 'lr'")
+        s, lr = zip(*logged)
+        frames.append(pd.DataFrame({"step": s, "lr": lr, "schedule": "logged (checkpoint)"}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def lr_schedule_chart(schedules: Mapping[str, Mapping] | None = None, *, steps: int = 20000,
+                      log: Sequence[Mapping] | None = None):
+    """Altair: several schedules (and a checkpoint's logged LR) on one chart; legend click isolates one."""
+    data = lr_schedule_data(schedules, steps=steps, log=log)
+    pick = alt.selection_point(fields=["schedule"], bind="legend")
+    return alt.Chart(data, title="learning-rate schedules").mark_line().encode(
+        x="step:Q", y=alt.Y("lr:Q", title="learning rate"), color="schedule:N",
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+        tooltip=["schedule:N", "step:Q", alt.Tooltip("lr:Q", format=".3e")],
+    ).add_params(pick).properties(width=560, height=300).interactive()
+
+
+# -- training curves ------------------------------------------------------------------------------
+def training_curves_data(log: Sequence[Mapping], metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Long table (step, metric, value) from a checkpoint's log rows; rows without a metric are skipped."""
+    if not log:
+        raise ValueError("the training log is empty")
+    frame = pd.DataFrame(list(log))
+    if "step" not in frame:
+        raise ValueError(f"training log rows need a 'step' key; keys: {sorted(frame.columns)}")
+    default = ["loss", "val_loss", "val_bleu", "lr", "grad_norm", "tokens_per_s"]
+    metrics = [m for m in (metrics or default) if m in frame]
+    if not metrics:
+        raise ValueError(f"none of the metrics {list(metrics or default)} is in the log; keys: {sorted(frame.columns)}")
+    long = frame.melt(id_vars=["step"], value_vars=metrics, var_name="metric", value_name="value")
+    return long.dropna(subset=["value"]).reset_index(drop=True)
+
+
+def training_curves_chart(log: Sequence[Mapping], metrics: Sequence[str] | None = None):
+    """Altair: one small chart per metric (own y scale), shared step axis, brushing zooms them all."""
+    data = training_curves_data(log, metrics)
+    brush = alt.selection_interval(encodings=["x"], bind="scales")
+    base = alt.Chart(data).mark_line(point=alt.OverlayMarkDef(size=12)).encode(
+        x="step:Q", y=alt.Y("value:Q", title=None), color=alt.Color("metric:N", legend=None),
+        tooltip=["metric:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
+    ).properties(width=260, height=160).add_params(brush)
+    return base.facet(facet="metric:N", columns=3).resolve_scale(y="independent")
+
+
+# -- masks ----------------------------------------------------------------------------------------
+def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: int = 0):
+    """The masks of a padded batch, from `workbench.masks`: source padding for the whole batch (B x S),
+    decoder causal (T x T) and cross-attention padding for one sentence (T x S). 1 = may attend."""
+    from ..masks import causal_mask, padding_mask
+
+    if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
+        raise ValueError(f"src and tgt must be (B, S) and (B, T) with the same B, got {tuple(src.shape)}, "
+                         f"{tuple(tgt.shape)}")
+    bsz, s = src.shape
+    t = tgt.size(1)
+    pad = padding_mask(src, pad_id)
+    keep = torch.ones(bsz, s, dtype=torch.bool) if pad is None else pad[:, 0, 0, :].cpu()
+    causal = causal_mask(t).cpu()
+    cross = keep[batch][None, :].expand(t, s)
+    rows_b = [f"sentence {b}" for b in range(bsz)]
+    src_tok, tgt_tok = [str(int(i)) for i in src[batch]], [str(int(i)) for i in tgt[batch]]
+    common = {"low": 0.0, "high": 1.0, "palette": ["#f3f3f3", "#2b6cb0"], "value_label": "may attend",
+              "colorbar": False}
+    figs = [
+        matrix_figure(keep.float().numpy(), rows_b, [str(i) for i in range(s)], title="source padding mask (batch)",
+                      **common),
+        matrix_figure(causal.float().numpy(), tgt_tok, tgt_tok, title=f"decoder causal mask (sentence {batch})",
+                      **common),
+        matrix_figure(cross.float().numpy(), tgt_tok, src_tok, title=f"cross-attention padding (sentence {batch})",
+                      **common),
+    ]
+    return row(*figs)
