@@ -137,3 +137,23 @@ def test_a_trace_changes_neither_outputs_nor_gradients(tiny_config):
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
     assert len(trace) == len(model.hook_names()) and not any(t.requires_grad for t in trace.values())
+
+
+@pytest.mark.slow
+def test_torch_compile_full_graph_without_hooks_and_correct_with_them(tiny_config):
+    """The no-hook path compiles as one graph; with hooks active the compiled model falls back to
+    eager hook calls (graph breaks) and gives the same edited result."""
+    model = make_model(tiny_config)
+    model.check_inputs = False
+    src, tgt = make_batch(tiny_config)
+    torch._dynamo.reset()
+    full = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(full(src, tgt), model(src, tgt), rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(model)
+    compiled(src, tgt)
+    edit = {"enc.0.self_attn.hook_context": lambda x, h: x * 0, "dec.1.cross_attn.hook_probs": lambda x, h: None}
+    with model.hooks(edit):
+        expected = model(src, tgt)
+        got = compiled(src, tgt)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(expected, model(src, tgt))

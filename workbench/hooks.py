@@ -46,34 +46,42 @@ class HookPoint(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _ACTIVE_COUNT == 0:
             return x
-        active = _ACTIVE.get()
-        if not active:
-            return x
-        fns = active.get(self)
-        if fns is None:
-            return x
-        for fn in fns:
-            out = fn(x, self)
-            if out is not None:
-                if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-                    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                    raise ValueError(f"hook on {self.name} must return None or a tensor of shape "
-                                     f"{tuple(x.shape)}, got {got}")
-                x = out
-        return x
+        return _run_hooks(self, x)
 
     # Skip nn.Module.__call__'s hook machinery: these run hundreds of times per forward.
     __call__ = forward
 
     def is_active(self) -> bool:
         """True when a hook in the current context listens here (lets attention pick its path)."""
-        if _ACTIVE_COUNT == 0:
-            return False
-        active = _ACTIVE.get()
-        return bool(active) and self in active
+        return _ACTIVE_COUNT != 0 and _listens(self)
 
     def extra_repr(self) -> str:
         return self.name
+
+
+# Under torch.compile the no-hook path is one guarded integer test; these two run eagerly (a graph
+# break) only while some context is open, since dynamo cannot trace ContextVar lookups.
+@torch.compiler.disable
+def _run_hooks(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
+    active = _ACTIVE.get()
+    fns = active.get(point) if active else None
+    if fns is None:
+        return x
+    for fn in fns:
+        out = fn(x, point)
+        if out is not None:
+            if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise ValueError(f"hook on {point.name} must return None or a tensor of shape "
+                                 f"{tuple(x.shape)}, got {got}")
+            x = out
+    return x
+
+
+@torch.compiler.disable
+def _listens(point: HookPoint) -> bool:
+    active = _ACTIVE.get()
+    return bool(active) and point in active
 
 
 def name_hook_points(model: nn.Module) -> dict[str, HookPoint]:

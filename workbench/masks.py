@@ -14,9 +14,13 @@ import torch
 
 
 def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor | None:
-    """(B, 1, 1, L) bool, True on real tokens; None when the batch has no padding."""
+    """(B, 1, 1, L) bool, True on real tokens; None when a CPU batch has no padding.
+
+    Asking "is there any padding?" reads a value back from the device, so on accelerators and
+    under torch.compile the mask is always returned (no host sync, no graph break).
+    """
     keep = tokens != pad_id
-    if bool(keep.all()):
+    if tokens.device.type == "cpu" and not torch.compiler.is_compiling() and bool(keep.all()):
         return None
     return keep[:, None, None, :]
 
