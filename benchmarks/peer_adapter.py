@@ -40,9 +40,32 @@ def workbench_config(peers, cfg: dict):
     )
 
 
+def _cpu_peak_memory(peers) -> None:
+    """peers.py reports peak memory on CUDA only; on Linux CPUs use the process's peak resident set
+    (VmHWM), which writing "5" to /proc/self/clear_refs resets, so each measurement gets its own peak."""
+    clear, status = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+    if not (clear.exists() and status.exists()):
+        return
+    reset_cuda, peak_cuda = peers.reset_mem, peers.peak_mem_gib
+
+    def reset_mem(dev):
+        reset_cuda(dev)
+        if dev.type == "cpu":
+            clear.write_text("5")
+
+    def peak_mem_gib(dev):
+        if dev.type != "cpu":
+            return peak_cuda(dev)
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB -> GiB
+        return None
+
+    peers.reset_mem, peers.peak_mem_gib = reset_mem, peak_mem_gib
+
+
 def install(peers) -> None:
-    """Register the `workbench` peer (plain, and `workbench-traced`: the same model inside a
-    hook context that listens to nothing relevant, to measure the cost of an active context)."""
+    """Register the `workbench` peer and CPU peak-memory reporting."""
     from workbench.model import Transformer
 
     base = peers.Peer
@@ -105,3 +128,4 @@ def install(peers) -> None:
 
     peers.Peer = Peer
     peers.PEERS[:0] = ["workbench"]
+    _cpu_peak_memory(peers)
