@@ -4,28 +4,32 @@
     fig = attention_heatmap(trace, "cross", layer=5, heads=[0, 3], words=True)
     save_html(fig, "cross.html")          # one offline file
 
-Submodules import Bokeh/Altair lazily from here, so `import workbench` stays light.
+`import workbench` does not import this package, so the model side never pays for Bokeh/Altair.
+Some functions share their module's name (head_view, model_view): the names below are the functions.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
+from .compare import align, compare_attention, compare_traces, difference
+from .export import external_references, save_html, save_image, to_html
+from .head_view import head_view, head_view_figure, line_data
+from .heatmap import attention_heatmap, heatmap, matrix_figure
+from .internals import (
+    label_smoothing_chart,
+    lr_schedule_chart,
+    mask_view,
+    position_table,
+    positional_encoding_view,
+    training_curves_chart,
+)
+from .model_view import model_view, model_view_figure
+from .select import Attention, combined_attention, select_attention, to_words
+from .tokens import WordGroups, merge_attention, word_groups
 
-_EXPORTS = {
-    "word_groups": "tokens", "merge_attention": "tokens", "WordGroups": "tokens",
-    "Attention": "select", "select_attention": "select", "combined_attention": "select", "to_words": "select",
-    "attention_heatmap": "heatmap", "heatmap": "heatmap", "matrix_figure": "heatmap",
-    "head_view": "head_view", "head_view_figure": "head_view",
-    "model_view": "model_view", "model_view_figure": "model_view",
-    "compare_attention": "compare", "compare_traces": "compare",
-    "positional_encoding_view": "internals", "label_smoothing_chart": "internals", "lr_schedule_chart": "internals",
-    "training_curves_chart": "internals", "mask_view": "internals",
-    "save_html": "export", "save_image": "export", "to_html": "export", "external_references": "export",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "Attention", "WordGroups", "align", "attention_heatmap", "combined_attention", "compare_attention",
+    "compare_traces", "difference", "external_references", "head_view", "head_view_figure", "heatmap",
+    "label_smoothing_chart", "line_data", "lr_schedule_chart", "mask_view", "matrix_figure", "merge_attention",
+    "model_view", "model_view_figure", "position_table", "positional_encoding_view", "save_html", "save_image",
+    "select_attention", "to_html", "to_words", "training_curves_chart", "word_groups",
+]

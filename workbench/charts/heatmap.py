@@ -30,7 +30,7 @@ MASKED_COLOR = "#c8c8c8"  # light grey: cells the model could not attend to (pad
 IMAGE_NAME = "attention_image"  # renderer name, so an app can swap `data_source.data` without a rebuild
 HIGHLIGHT_NAME = "attention_highlight"
 PALETTE = "Viridis256"
-DIVERGING = tuple(interp_palette(RdBu11[::-1], 255))  # smooth blue (negative) -> white -> red (positive)
+DIVERGING = tuple(interp_palette(RdBu11, 255))  # smooth blue (negative) -> white -> red (positive)
 
 
 def downsample(values: np.ndarray, max_size: int) -> tuple[np.ndarray, int]:
