@@ -136,7 +136,7 @@ def _constrain(
     logp[:, pad] = NEG_INF
     if step < min_len:
         logp[:, eos] = NEG_INF
-    if no_repeat_ngram and step >= no_repeat_ngram - 1:
+    if no_repeat_ngram and step >= no_repeat_ngram:  # at least one whole n-gram exists
         n = no_repeat_ngram
         if n == 1:
             banned = generated
