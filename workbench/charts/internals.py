@@ -140,12 +140,14 @@ def lr_schedule_data(
     make_schedule keywords, e.g. {"noam d512 w4000": {"name": "noam", "d_model": 512, "warmup": 4000}}."""
     from ..schedule import make_schedule
 
-    if schedules is None:
+    if schedules is None:  # the paper's base model, and its fairseq / modern equivalents at the same peak
+        w = max(1, min(4000, steps // 5))
+        peak = 512**-0.5 * w**-0.5
         schedules = {
-            "noam (d=512, warmup=4000)": {"name": "noam", "d_model": 512, "warmup": 4000, "factor": 1.0},
-            "inverse_sqrt (peak 7e-4, warmup 4000)": {"name": "inverse_sqrt", "peak_lr": 7e-4, "warmup": 4000},
-            "cosine (peak 7e-4, warmup 4000)": {"name": "warmup_cosine", "peak_lr": 7e-4, "warmup": 4000,
-                                               "total": steps},
+            f"noam (d=512, warmup={w})": {"name": "noam", "d_model": 512, "warmup": w, "factor": 1.0},
+            f"inverse_sqrt (peak {peak:.1e}, warmup {w})": {"name": "inverse_sqrt", "peak_lr": peak, "warmup": w},
+            f"cosine (peak {peak:.1e}, warmup {w})": {"name": "warmup_cosine", "peak_lr": peak, "warmup": w,
+                                                     "total": steps},
         }
     grid = np.unique(np.linspace(0, steps, points).astype(int))
     frames = []
