@@ -1,0 +1,86 @@
+"""Scores equal sacrebleu called directly on the written hypotheses; several references; bad sizes refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sacrebleu
+import torch
+from test_translator import build_translation_model
+
+from workbench.cli import main
+from workbench.evaluate import evaluate, score
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    from conftest import SHARED_DATA
+
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"shared data not found at {SHARED_DATA}; set WORKBENCH_DATA")
+    src = (SHARED_DATA / "multi30k" / "val.de").read_text(encoding="utf-8").splitlines()[:12]
+    ref = (SHARED_DATA / "multi30k" / "val.en").read_text(encoding="utf-8").splitlines()[:12]
+    return build_translation_model(SHARED_DATA, max_positions=160), src, ref
+
+
+def test_score_equals_sacrebleu():
+    hyps = ["A dog runs on the grass.", "Two men are talking.", ""]
+    refs = [["A dog is running on grass.", "Two men talk.", "A cat."],
+            ["The dog runs across the lawn.", "Two guys are talking.", "Nothing."]]
+    s = score(hyps, refs)
+    assert s.bleu == sacrebleu.corpus_bleu(hyps, refs).score
+    assert s.chrf == sacrebleu.corpus_chrf(hyps, refs).score
+    assert s.bleu != score(hyps, refs[:1]).bleu  # the second reference set is used
+    assert s.bleu_signature.startswith("nrefs:2|") and "tok:13a" in s.bleu_signature
+    with pytest.raises(ValueError, match="reference set 2 has 2 lines"):
+        score(hyps, [refs[0], refs[1][:2]])
+
+
+def test_cli_evaluate_agrees_with_sacrebleu_and_the_api(data, tmp_path, capsys):
+    from workbench.checkpoint import save_checkpoint
+
+    tm, src, ref = data
+    save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
+    (tmp_path / "src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (tmp_path / "ref1").write_text("\n".join(ref) + "\n", encoding="utf-8")
+    (tmp_path / "ref2").write_text("\n".join(src) + "\n", encoding="utf-8")  # a second (odd) reference set
+    hyp_file = tmp_path / "hyp"
+    rc = main(["evaluate", "--checkpoint", str(tmp_path / "ck"), "--src", str(tmp_path / "src"),
+               "--ref", str(tmp_path / "ref1"), "--ref", str(tmp_path / "ref2"), "--beam", "2",
+               "--max-len-a", "1", "--max-len-b", "3", "--hyp-out", str(hyp_file), "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    hyps = hyp_file.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hyps) == len(src)
+    direct_bleu = sacrebleu.corpus_bleu(hyps, [ref, src])
+    assert printed["bleu"] == pytest.approx(direct_bleu.score, abs=1e-9)
+    assert printed["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [ref, src]).score, abs=1e-9)
+    assert printed["references"] == 2 and printed["sentences"] == len(src)
+    api = evaluate(tm, src, [ref, src], beam=2, max_len_a=1.0, max_len_b=3)
+    assert api.hypotheses == hyps and api.bleu == printed["bleu"] and api.chrf == printed["chrf"]
+
+    rc = main(["evaluate", "--checkpoint", str(tmp_path / "ck"), "--src", str(tmp_path / "src"),
+               "--ref", str(tmp_path / "ref1"), "--beam", "1", "--max-len-b", "2"])
+    text = capsys.readouterr().out
+    assert rc == 0 and text.startswith("BLEU = ") and "nrefs:1|" in text and "chrF = " in text
+
+
+def test_cli_evaluate_refuses_mismatched_references(data, tmp_path, capsys):
+    from workbench.checkpoint import save_checkpoint
+
+    tm, src, ref = data
+    save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
+    (tmp_path / "src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("\n".join(ref[:-1]) + "\n", encoding="utf-8")
+    rc = main(["evaluate", "--checkpoint", str(tmp_path / "ck"), "--src", str(tmp_path / "src"),
+               "--ref", str(tmp_path / "ref")])
+    assert rc == 2 and f"has {len(src) - 1} lines but" in capsys.readouterr().err
