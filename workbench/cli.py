@@ -13,6 +13,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
     "info": ("workbench.cli_info", "show a model preset or checkpoint config and its hook points"),
+    "train": ("workbench.train", "train a model from a TOML/JSON config (--key=value overrides; torchrun for DDP)"),
+    "average": ("workbench.average", "average the weights of several checkpoints (e.g. --last 5 RUN_DIR)"),
     "translate": ("workbench.cli_translate", "translate text line by line (stdin or a file) with a checkpoint"),
     "evaluate": ("workbench.evaluate", "translate a test set and print sacrebleu BLEU and chrF with signatures"),
 }

@@ -1,0 +1,160 @@
+"""The trainer: the copy task learns; interrupted/resumed runs equal uninterrupted ones; bad runs stop clearly."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from workbench.checkpoint import load_checkpoint, read_pointer
+from workbench.cli import main as cli_main
+from workbench.config import TrainConfig
+from workbench.train import Trainer, TrainingDiverged, parse_overrides
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two shared CPU cores: one thread per test avoids oversubscription (much faster here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def copy_cfg(tmp_path, **changes) -> TrainConfig:
+    cfg = TrainConfig(
+        dataset="copy", preset="tiny", copy_vocab=11, copy_len=8, copy_pairs=600, max_tokens=270,
+        schedule="inverse_sqrt", lr=3e-3, warmup=30, label_smoothing=0.0, max_steps=8, log_every=1, eval_every=0,
+        bleu=False,
+        best_metric="valid_loss", out_dir=str(tmp_path / "run"), model={"dropout": 0.1}, device="cpu",
+    )
+    return dataclasses.replace(cfg, **changes)
+
+
+def test_copy_task_learns(tmp_path):
+    cfg = copy_cfg(tmp_path, copy_pairs=2000, max_tokens=450, max_steps=250, log_every=50, eval_every=250,
+                   lr=5e-3, warmup=40, model={"dropout": 0.0})
+    trainer = Trainer(cfg, progress="none").fit()
+    valid = [r for r in trainer.log if r["kind"] == "valid"][-1]
+    assert valid["valid_nll"] < 0.3, valid
+    # the second path: greedy decoding actually copies the (held-out) sequences
+    sources = trainer.valid_data.src[:32]
+    outputs = trainer.translate_ids(sources)
+    exact = sum(out[:-1] == src for out, src in zip(outputs, sources)) / len(sources)
+    assert exact > 0.8
+    train = [r for r in trainer.log if r["kind"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"] / 3
+
+
+def _params(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
+    ref = Trainer(copy_cfg(tmp_path, out_dir=str(tmp_path / "ref")), progress="none").fit()
+
+    class StopAt:
+        """A progress view that raises KeyboardInterrupt once, like Ctrl-C in a notebook."""
+
+        def __init__(self, at):
+            self.at = at
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+        def step(self, step, record):
+            if step == self.at:
+                self.at = None
+                raise KeyboardInterrupt
+
+    cut = Trainer(copy_cfg(tmp_path, out_dir=str(tmp_path / "cut")), progress="none")
+    cut.progress = StopAt(3)
+    cut.fit()
+    assert cut.interrupted and cut.step == 3
+    assert read_pointer(tmp_path / "cut").name == "step_0000003"
+    # a new process: resume from the directory, continue to the same end
+    again = Trainer(copy_cfg(tmp_path, out_dir=str(tmp_path / "cut")), progress="none")
+    assert again.step == 3
+    again.fit()
+    losses = lambda t: [r["loss"] for r in t.log if r["kind"] == "train"]
+    assert losses(again)[3:] == losses(ref)[3:]  # next-step losses identical, not just close
+    for (k, a), b in zip(_params(again.model).items(), _params(ref.model).values()):
+        assert torch.equal(a, b), k
+    # the same object continues too (notebook: Ctrl-C, then .fit() again)
+    cut.fit()
+    assert losses(cut)[3:] == losses(ref)[3:]
+
+
+def test_checkpoint_carries_log_config_and_opens(tmp_path):
+    cfg = copy_cfg(tmp_path, max_steps=6, eval_every=3, keep_last=1)
+    trainer = Trainer(cfg, progress="none").fit()
+    ck = load_checkpoint(tmp_path / "run")
+    assert ck.path.name == "step_0000006"
+    kinds = [r["kind"] for r in ck.train_log]
+    assert kinds.count("train") == 6 and kinds.count("valid") == 2
+    lrs = [r["lr"] for r in ck.train_log if r["kind"] == "train"]
+    assert lrs == [trainer.schedule(s) for s in range(1, 7)]  # the real LR curve
+    assert ck.meta["train_config"]["max_steps"] == 6
+    src = torch.tensor([[5, 6, 7, 2]])
+    assert torch.equal(ck.model(src, src), trainer.model.eval()(src, src))
+    names = sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("step_"))
+    best = read_pointer(tmp_path / "run", "best").name
+    assert set(names) == {"step_0000006", best}  # keep_last=1 plus the best
+
+
+def test_nan_stops_with_clear_message_and_keeps_last_good(tmp_path):
+    trainer = Trainer(copy_cfg(tmp_path, save_every=2), progress="none")
+    trainer.fit(steps=2)
+    with torch.no_grad():
+        trainer.model.enc[0].ffn.up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(TrainingDiverged, match=r"at step 3 is not finite.*Last good checkpoint: .*step_0000002"):
+        trainer.fit(steps=2)
+    ck = load_checkpoint(tmp_path / "run")
+    assert ck.path.name == "step_0000002"
+    assert all(torch.isfinite(p).all() for p in ck.model.parameters())
+
+
+def test_config_errors_come_before_any_data_is_read(tmp_path):
+    missing = [str(tmp_path / "nope.de"), str(tmp_path / "nope.en")]
+    cfg = TrainConfig(dataset="files", train_files=missing, max_steps=1, model={"n_heads": 7})
+    with pytest.raises(ValueError, match=r"d_model \(256\) must be divisible by n_heads \(7\)"):
+        Trainer(cfg, progress="none")
+    with pytest.raises(ValueError, match="unknown preset"):
+        Trainer(dataclasses.replace(cfg, preset="huge", model={}), progress="none")
+    with pytest.raises(ValueError, match="never end"):
+        TrainConfig(max_steps=0)
+    with pytest.raises(ValueError, match="unknown key 'lrate'"):
+        parse_overrides(TrainConfig(max_steps=1), ["--lrate=1"])
+    with pytest.raises(FileNotFoundError, match="nope.de"):  # only a valid config gets as far as the files
+        Trainer(dataclasses.replace(cfg, model={}), progress="none")
+
+
+def test_cli_train_with_overrides_and_average(tmp_path, capsys):
+    cfg_file = tmp_path / "copy.json"
+    cfg = copy_cfg(tmp_path, max_steps=4, eval_every=2, keep_last=5)
+    cfg_file.write_text(json.dumps({k: v for k, v in cfg.to_dict().items() if k != "model"} | {"model": {}}))
+    rc = cli_main(["train", str(cfg_file), "--max_steps=6", "--model.dropout=0.0", "--train.log_every=2"])
+    assert rc == 0
+    ck = load_checkpoint(tmp_path / "run")
+    assert ck.path.name == "step_0000006" and ck.config.dropout == 0.0
+    assert ck.meta["train_config"]["log_every"] == 2
+    out = capsys.readouterr().out
+    assert "6/6" in out and "validation @ step 6" in out
+    rc = cli_main(["average", str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path / "avg")])
+    assert rc == 0
+    avg = load_checkpoint(tmp_path / "avg").model.state_dict()
+    a = load_checkpoint(tmp_path / "run" / "step_0000004").model.state_dict()
+    b = load_checkpoint(tmp_path / "run" / "step_0000006").model.state_dict()
+    for k in avg:
+        assert torch.allclose(avg[k], (a[k] + b[k]) / 2, atol=1e-7), k
+    assert cli_main(["train", str(cfg_file), "--max_steps=0"]) == 2  # config error: one line, exit 2
+    assert "never end" in capsys.readouterr().err
+
+
+def test_lr_schedule_used_matches_formula(tmp_path):
+    cfg = copy_cfg(tmp_path, schedule="noam", lr=2.0, warmup=4, max_steps=6, eval_every=6)
+    trainer = Trainer(cfg, progress="none").fit()
+    lrs = [r["lr"] for r in trainer.log if r["kind"] == "train"]
+    expected = [2.0 * 32**-0.5 * min(s**-0.5, s * 4**-1.5) for s in range(1, 7)]
+    assert all(math.isclose(a, b) for a, b in zip(lrs, expected))
