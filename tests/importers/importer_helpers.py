@@ -78,3 +78,54 @@ def fsmt_to_fairseq(sd: dict[str, torch.Tensor], *, fused: bool, old_norms: bool
     out["encoder.embed_positions._float_tensor"] = torch.zeros(1)
     out["decoder.embed_positions._float_tensor"] = torch.zeros(1)
     return out
+
+
+SENTENCES = [
+    "the cat sat on the mat .", "a dog runs in the park", "we translate news every day",
+    "attention is all you need", "the quick brown fox jumps over the lazy dog", "hello world , hello again",
+    "models read sentences and write sentences", "small tests keep the build fast",
+]
+
+
+def train_spm(vocab_size: int = 40, seed_sentences: list[str] | None = None) -> bytes:
+    """A tiny unigram sentencepiece model, trained in memory (about a tenth of a second)."""
+    import io
+
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter((seed_sentences or SENTENCES) * 4), model_writer=buf, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
+        minloglevel=2, hard_vocab_limit=False,
+    )
+    return buf.getvalue()
+
+
+def marian_vocab(proto: bytes, lang_codes: tuple[str, ...] = (">>de<<", ">>fr<<")) -> dict[str, int]:
+    """opus-mt's vocab.json layout: </s> 0, <unk> 1, language codes, pieces, <pad> last."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(proto)
+    tokens = ["</s>", "<unk>", *lang_codes]
+    tokens += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.id_to_piece(i) not in tokens]
+    tokens.append("<pad>")
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def write_marian_dir(directory, *, seed: int = 0, **changes):
+    """An opus-mt-style directory (config.json, model.safetensors, source/target.spm, vocab.json)
+    for a random MarianMTModel whose vocabulary is the tiny sentencepiece model's."""
+    import json
+
+    proto = train_spm()
+    vocab = marian_vocab(proto)
+    v = len(vocab)
+    model = marian_model(seed, vocab_size=v, decoder_vocab_size=v, pad_token_id=v - 1, decoder_start_token_id=v - 1,
+                         share_encoder_decoder_embeddings=True, tie_word_embeddings=True, **changes)
+    model.save_pretrained(directory)
+    for name in ("source.spm", "target.spm"):
+        (directory / name).write_bytes(proto)
+    (directory / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    return model

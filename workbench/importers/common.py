@@ -358,7 +358,9 @@ def check_table(
     """
     got = sd[key].float()
     n = min(got.size(0), expected.size(0))
-    if got.shape[1:] != expected.shape[1:] or not torch.allclose(got[start:n], expected[start:n], atol=1e-4):
+    # 1e-3: tables built in float32 drift by ~1e-4 at position 5000 (sin of a large float32 angle);
+    # a different layout or frequency differs by O(1)
+    if got.shape[1:] != expected.shape[1:] or not torch.allclose(got[start:n], expected[start:n], atol=1e-3):
         raise ConversionError(f"{key!r} is not the {what} table our config computes; positions would differ")
     return f"fixed sinusoidal table, recomputed as {what} (checked equal)"
 

@@ -1,0 +1,112 @@
+"""Hugging Face MarianMTModel -> workbench: same encoder output, logits, greedy and beam outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from importer_helpers import marian_model, padded_batch, write_marian_dir
+
+from workbench.decoding import beam_search, greedy
+from workbench.importers.marian import convert_marian, import_marian
+
+pytest.importorskip("transformers", reason="the parity reference is transformers' MarianMTModel")
+
+VARIANTS = {
+    # deliberately odd: separate vocabularies of different odd sizes, untied output, 3+2 layers
+    "separate_untied": {},
+    "separate_tied": {"tie_word_embeddings": True},
+    # opus-mt's usual layout: one shared vocabulary, everything tied
+    "shared_tied": {"share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "vocab_size": 47},
+    "relu_unscaled": {"activation_function": "relu", "scale_embedding": False},
+}
+
+
+def _convert(hf):
+    return convert_marian(hf.state_dict(), hf.config.to_dict())
+
+
+def _batch(hf):
+    c = hf.config
+    return padded_batch(src_vocab=c.vocab_size, tgt_vocab=c.decoder_vocab_size, pad=c.pad_token_id,
+                        eos=c.eos_token_id, start=c.decoder_start_token_id, low=1)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_encoder_output_and_logits_match_transformers(variant):
+    hf = marian_model(seed=3, **VARIANTS[variant])
+    model, report = _convert(hf)
+    src, tgt = _batch(hf)
+    mask = src != hf.config.pad_token_id
+    with torch.no_grad():
+        ref_memory = hf.get_encoder()(input_ids=src, attention_mask=mask.long()).last_hidden_state
+        ref = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+        memory = model.encode(src).memory
+        logits = model(src, tgt)
+    torch.testing.assert_close(memory[mask], ref_memory[mask], rtol=0, atol=1e-5)
+    real = tgt != hf.config.pad_token_id
+    torch.testing.assert_close(logits[real], ref[real], rtol=0, atol=1e-5)
+    assert report.converted["output_proj.bias"] == "flatten(final_logits_bias)"
+
+
+def _eos_prone(hf, boost: float):
+    """Make EOS likely enough that every hypothesis ends well before the length limit, so both
+    searches stop by their own rules (HF forces EOS at max_length with score 0; we do not)."""
+    with torch.no_grad():
+        hf.final_logits_bias[0, hf.config.eos_token_id] += boost
+    return hf
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_greedy_and_beam_outputs_match_generate(beam):
+    hf = _eos_prone(marian_model(seed=5, **VARIANTS["shared_tied"]), boost=3.0)
+    model, _ = _convert(hf)
+    src, _ = _batch(hf)
+    src = torch.cat([src, src.flip(0)])  # 6 sentences
+    mask = src != hf.config.pad_token_id
+    max_new = 20
+    with torch.no_grad():
+        ref = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, do_sample=False,
+                          max_new_tokens=max_new, length_penalty=1.0, early_stopping=True, num_return_sequences=1)
+    if beam == 1:
+        ours = greedy(model, src, max_len=max_new)
+    else:
+        ours = beam_search(model, src, beam=beam, length_penalty="average", alpha=1.0, max_len=max_new)
+    for i, hyp in enumerate(ours.best):
+        expected = ref[i, 1:].tolist()  # drop the decoder start token
+        expected = expected[: expected.index(hf.config.eos_token_id) + 1]
+        assert len(expected) < max_new, "the test needs searches that end by EOS"
+        assert hyp.tokens == expected, f"sentence {i}"
+
+
+def test_tokenizer_matches_marian_tokenizer(tmp_path):
+    from transformers import MarianTokenizer
+
+    write_marian_dir(tmp_path)
+    imported = import_marian(tmp_path)
+    ref = MarianTokenizer(str(tmp_path / "source.spm"), str(tmp_path / "target.spm"), str(tmp_path / "vocab.json"))
+    for text in ["the cat sat on the mat .", ">>fr<< hello world", "unseen wörds zzz", ">>de<< a dog"]:
+        expected = ref(text).input_ids
+        assert imported.src_tokenizer.encode(text) + [imported.model.cfg.eos_id] == expected, text
+        assert imported.tgt_tokenizer.decode(expected) == ref.decode(expected, skip_special_tokens=True).replace(
+            ">>fr<< ", "").replace(">>de<< ", ""), text
+
+
+def test_import_save_load_translate_identical(tmp_path):
+    from workbench.checkpoint import load_checkpoint
+
+    hf = write_marian_dir(tmp_path / "opus")
+    _eos_prone(hf, 0.0)
+    imported = import_marian(tmp_path / "opus")
+    out = imported.save(tmp_path / "ckpt")
+    ck = load_checkpoint(out)
+    assert ck.meta["source_format"] == "marian"
+    assert ck.meta["generation"]["append_eos"] is True
+    for name, tensor in imported.model.state_dict().items():
+        assert torch.equal(tensor, ck.model.state_dict()[name]), name
+    text = "the cat sat on the mat ."
+    ids = torch.tensor([ck.src_tokenizer.encode(text) + [ck.config.eos_id]])
+    assert ids.tolist() == [imported.src_tokenizer.encode(text) + [imported.model.cfg.eos_id]]
+    a = beam_search(imported.model, ids, beam=3, max_len=8).best[0].tokens
+    b = beam_search(ck.model, ids, beam=3, max_len=8).best[0].tokens
+    assert a == b
+    assert ck.tgt_tokenizer.decode(b) == imported.tgt_tokenizer.decode(a)
