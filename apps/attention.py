@@ -1,22 +1,17 @@
-"""Placeholder for the dashboard (`panel serve apps/attention.py`).
+"""The Attention Workbench dashboard: `panel serve apps/attention.py [--args --checkpoints DIR...]`.
 
-The attention app is being built (views and app issues); until then this page says so and
-lists what the installed workbench can already do, so the README's app command never breaks.
+Thin on purpose: the per-process model cache and checkpoint discovery live in `workbench.ui.loader`,
+the per-session store in `workbench.ui.session`, the views in `workbench.ui.views`.
 """
+
+import sys
 
 import panel as pn
 
-import workbench
-from workbench import presets
+from workbench.ui import Workbench
+from workbench.ui.loader import parse_args
+from workbench.ui.workbench_app import TITLE
 
-pn.extension()
+pn.extension("vega", notifications=False)
 
-model = workbench.Transformer(presets.tiny())
-pn.Column(
-    "# Attention Workbench",
-    f"**Version {workbench.__version__}.** The attention dashboard is not built yet: this placeholder "
-    "page stands in for it. The core library is ready: a Transformer with "
-    f"{len(model.hook_names())} named hook points in its tiny preset, traces and interventions.",
-    pn.pane.Markdown("Hook points of the tiny preset, e.g.:\n\n" + "\n".join(
-        f"- `{n}`" for n in model.hook_names("dec.0.cross_attn.*")), css_classes=["hook-list"]),
-).servable(title="Attention Workbench")
+Workbench(checkpoints=parse_args(sys.argv[1:])).servable(title=TITLE)

@@ -1,0 +1,125 @@
+"""What is per process: checkpoint discovery, the cached models, and the worker threads.
+
+A model is loaded once per process (`pn.cache`) and shared read-only by every session: the
+sessions never mutate it, and interventions are call-scoped hooks (a ContextVar set inside the
+worker thread), so one user's ablation never reaches another user's forward pass.
+
+Checkpoint paths come only from `discover()`: `checkpoints/` beside the repository plus the
+directories given on the command line (`panel serve apps/attention.py --args --checkpoints DIR...`).
+The URL carries a checkpoint's *label*, which is looked up in that list, never a path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import panel as pn
+
+from ..checkpoint import LATEST, is_checkpoint
+from ..translator import TranslationModel
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DIR = ROOT / "checkpoints"
+MAX_DEPTH = 3  # how deep below a listed directory checkpoints are looked for
+
+# Model work runs here, off the event loop. Two workers: the machine this targets has 2 cores, and
+# torch already uses intra-op threads; more workers would only queue inside torch.
+EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_WORKERS", "2")),
+                              thread_name_prefix="workbench-ui")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One checkpoint the picker offers: a short unique label and its directory."""
+
+    label: str
+    path: Path
+
+
+def parse_args(argv: Sequence[str]) -> list[Path]:
+    """Checkpoint directories from the app's `--args` (unknown arguments are ignored, not fatal)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--checkpoints", nargs="*", default=[])
+    args, _ = parser.parse_known_args(list(argv))
+    return [Path(p) for p in args.checkpoints]
+
+
+def discover(dirs: Sequence[str | Path] = (), *, default: Path | None = DEFAULT_DIR) -> tuple[list[Entry], list[str]]:
+    """(entries, problems): every checkpoint under `default` and `dirs`; problems name missing directories.
+
+    A listed directory may itself be a checkpoint, a run directory (with a `latest` pointer), or hold
+    either up to MAX_DEPTH levels down. Run directories are listed once (their latest checkpoint) plus
+    each step_* snapshot inside them, so early and final snapshots can be compared.
+    """
+    roots = ([default] if default is not None else []) + [Path(d) for d in dirs]
+    found: list[Path] = []
+    problems: list[str] = []
+    for root in roots:
+        if not root.is_dir():
+            if root != default or dirs:  # a missing default is normal before the first checkpoint ships
+                problems.append(f"checkpoint directory {root} does not exist")
+            continue
+        found.extend(_walk(root.resolve(), 0))
+    unique = list(dict.fromkeys(found))
+    return _label(unique), problems
+
+
+def _walk(path: Path, depth: int) -> list[Path]:
+    out = []
+    if is_checkpoint(path) or (path / "config.json").is_file():
+        # A directory with config.json but broken weights is still listed: loading it gives a clear message.
+        out.append(path)
+        if not (path / LATEST).is_file():
+            return out
+    if depth >= MAX_DEPTH:
+        return out
+    try:
+        children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return out
+    for child in children:
+        out.extend(_walk(child, depth + 1))
+    return out
+
+
+def _label(paths: list[Path]) -> list[Entry]:
+    """Shortest unique trailing path parts as labels (`multi30k`, `run1/step_0001000`)."""
+    entries = []
+    for p in paths:
+        parts = 1
+        while parts < len(p.parts) and sum(q.parts[-parts:] == p.parts[-parts:] for q in paths) > 1:
+            parts += 1
+        entries.append(Entry("/".join(p.parts[-parts:]), p))
+    return entries
+
+
+def default_entry(entries: Sequence[Entry]) -> Entry | None:
+    """The shipped default: a checkpoint named in `checkpoints/DEFAULT` if present, else the first listed."""
+    marker = DEFAULT_DIR / "DEFAULT"
+    if marker.is_file():
+        wanted = marker.read_text(encoding="utf-8").strip()
+        for e in entries:
+            if e.label == wanted or e.path.name == wanted:
+                return e
+    return entries[0] if entries else None
+
+
+@pn.cache(max_items=4)
+def load_model(path: str) -> TranslationModel:
+    """A checkpoint as a TranslationModel, once per process (keyed by its resolved path)."""
+    tm = TranslationModel.from_checkpoint(path)
+    tm.model.requires_grad_(False)
+    return tm
+
+
+@pn.cache(max_items=8)
+def load_train_log(path: str) -> list[dict]:
+    """The checkpoint's training log (train_log.jsonl), without loading its weights again."""
+    from ..checkpoint import _read_log, resolve_checkpoint
+
+    return _read_log(resolve_checkpoint(path) / "train_log.jsonl")
