@@ -129,7 +129,7 @@ def length_limits(
 
 def _constrain(
     logp: torch.Tensor, generated: torch.Tensor, step: int, limits: torch.Tensor, *, eos: int, pad: int,
-    min_len: int, no_repeat_ngram: int,
+    min_len: int, no_repeat_ngram: int, first_limit: int = 0,
 ) -> torch.Tensor:
     """Apply bans to (N, V) log-probabilities of rows that generated `generated` (N, step) so far."""
     eos_logp = logp[:, eos].clone()  # what a forced EOS costs, even where min_len bans it
@@ -147,6 +147,8 @@ def _constrain(
             banned = torch.where(hit, grams[:, :, -1], torch.full_like(grams[:, :, -1], pad))
         if banned.numel():
             logp.scatter_(1, banned, NEG_INF)
+    if step < first_limit:
+        return logp  # no row is at its length limit yet (a host-side test: no sync)
     # at the limit only EOS remains; EOS wins over min_len there
     forced = (step >= limits)[:, None]
     eos_only = torch.full_like(logp, NEG_INF)
@@ -232,7 +234,7 @@ def greedy(
     batch = src.size(0)
     every = _check_every(src.device, check_every)
     limits = length_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_len=max_len)
-    horizon = int(limits.max())  # one host sync before the loop
+    horizon, first_limit = int(limits.max()), int(limits.min())  # one host sync before the loop
     results: list[list[Hypothesis] | None] = [None] * batch
     finals: dict[int, tuple[int, int]] = {}  # sentence -> (last step, row) for traces
 
@@ -248,7 +250,7 @@ def greedy(
             logits, cache = model.decode(tokens[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, tokens[:, 1:], step, limits, eos=eos, pad=pad, min_len=min_len,
-                              no_repeat_ngram=no_repeat_ngram)
+                              no_repeat_ngram=no_repeat_ngram, first_limit=first_limit)
             best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
             running = ended_at < 0
             tok = torch.where(running[:, None], tok, torch.full_like(tok, pad))
@@ -350,7 +352,7 @@ def beam_search(
     batch, K = src.size(0), beam
     every = _check_every(dev, check_every)
     limits = length_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_len=max_len)
-    horizon = int(limits.max())
+    horizon, first_limit = int(limits.max()), int(limits.min())
     width = horizon + 1  # generated tokens incl. EOS
     results: list[list[Hypothesis] | None] = [None] * batch
     finals: dict[int, tuple[int, int]] = {}
@@ -381,7 +383,7 @@ def beam_search(
             logits, cache = model.decode(alive[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, alive[:, 1:], step, limits_rows, eos=eos, pad=pad, min_len=min_len,
-                              no_repeat_ngram=no_repeat_ngram)
+                              no_repeat_ngram=no_repeat_ngram, first_limit=first_limit)
             vocab = logp.size(-1)
             cand = (alive_score.view(-1, 1) + logp).view(b, K * vocab)
             top_score, top_idx = cand.topk(min(2 * K, K * vocab), dim=-1)  # (b, 2K)
@@ -392,18 +394,23 @@ def beam_search(
 
             # finished pool: EOS among the top K candidates of sentences still searching
             new_fin = is_eos[:, :K] & ~done[:, None]
+            # on CPU a host check is free and skips the pool update on most steps; on an
+            # accelerator the update always runs, so the loop needs no sync here
+            merge = dev.type != "cpu" or bool(new_fin.any())
             new_raw = top_score[:, :K]
-            new_norm = (new_raw / length_penalty_value(step + 1, length_penalty, alpha)).masked_fill(~new_fin, NEG_INF)
-            new_rows = base + cand_beam[:, :K]  # (b, K)
-            new_tok = torch.full((b, K, width), pad, dtype=torch.long, device=dev)
-            new_tok[:, :, :step] = alive[:, 1:].index_select(0, new_rows.view(-1)).view(b, K, step)
-            new_tok[:, :, step] = eos
-            pool = torch.cat([fin_score, new_norm], 1)
-            fin_score, pick = pool.topk(K, dim=-1)
-            fin_raw = torch.cat([fin_raw, new_raw], 1).gather(1, pick)
-            fin_len = torch.cat([fin_len, torch.full_like(fin_len, step + 1)], 1).gather(1, pick)
-            fin_row = torch.cat([fin_row, new_rows], 1).gather(1, pick)
-            fin_tok = torch.cat([fin_tok, new_tok], 1).gather(1, pick[:, :, None].expand(b, K, width))
+            if merge:
+                new_norm = new_raw / length_penalty_value(step + 1, length_penalty, alpha)
+                new_norm = new_norm.masked_fill(~new_fin, NEG_INF)
+                new_rows = base + cand_beam[:, :K]  # (b, K)
+                new_tok = torch.full((b, K, width), pad, dtype=torch.long, device=dev)
+                new_tok[:, :, :step] = alive[:, 1:].index_select(0, new_rows.view(-1)).view(b, K, step)
+                new_tok[:, :, step] = eos
+                pool = torch.cat([fin_score, new_norm], 1)
+                fin_score, pick = pool.topk(K, dim=-1)
+                fin_raw = torch.cat([fin_raw, new_raw], 1).gather(1, pick)
+                fin_len = torch.cat([fin_len, torch.full_like(fin_len, step + 1)], 1).gather(1, pick)
+                fin_row = torch.cat([fin_row, new_rows], 1).gather(1, pick)
+                fin_tok = torch.cat([fin_tok, new_tok], 1).gather(1, pick[:, :, None].expand(b, K, width))
             done = done | (fin_score > NEG_INF).all(1) | (step >= limits)
 
             # live beams: the K best non-EOS candidates
