@@ -129,3 +129,76 @@ def write_marian_dir(directory, *, seed: int = 0, **changes):
         (directory / name).write_bytes(proto)
     (directory / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     return model
+
+
+def eos_prone_fsmt(hf, boost: float):
+    """Raise the EOS logit by about `boost` on every step: the last decoder layer's output norm gets
+    a constant bias and the EOS output row leans towards it (FSMT has no logits bias)."""
+    with torch.no_grad():
+        last = hf.model.decoder.layers[-1].final_layer_norm
+        last.bias.add_(0.5)
+        row = hf.model.decoder.output_projection.weight[hf.config.eos_token_id]
+        row.add_(boost / (0.5 * row.numel()))
+    return hf
+
+
+def bpe_files(directory, sentences=None, merges: int = 60):
+    """FSMT-style merges.txt ("a b" lines) and vocab-src/tgt.json covering every piece the merges can
+    produce, learned with subword-nmt from the tiny corpus."""
+    import io
+    import json
+
+    from subword_nmt.learn_bpe import learn_bpe
+
+    out = io.StringIO()
+    learn_bpe(io.StringIO("\n".join((sentences or SENTENCES) * 2)), out, merges, min_frequency=1)
+    pairs = [tuple(line.split()[:2]) for line in out.getvalue().splitlines() if line and not line.startswith("#")]
+    pieces = set()
+    for s in sentences or SENTENCES:
+        for ch in s.replace(" ", ""):
+            pieces.update({ch, ch + "</w>"})
+    pieces.update(a + b for a, b in pairs)
+    tokens = ["<s>", "<pad>", "</s>", "<unk>", *sorted(pieces)]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    (directory / "merges.txt").write_text("\n".join(f"{a} {b} 1" for a, b in pairs) + "\n", encoding="utf-8")
+    for name in ("vocab-src.json", "vocab-tgt.json"):
+        (directory / name).write_text(json.dumps(vocab), encoding="utf-8")
+    return vocab, pairs
+
+
+def foreign_class(full_name: str, **attrs):
+    """A class that pickles under another library's name ("fairseq.meters.AverageMeter") without
+    that library installed; use inside `foreign_modules(...)`."""
+    module, _, name = full_name.rpartition(".")
+    cls = type(name, (), dict(attrs))
+    cls.__module__, cls.__qualname__ = module, name
+    return cls
+
+
+class foreign_modules:
+    """Register fake modules (and their parents) for the classes while pickling, then remove them,
+    so loading shows that the real library is not needed."""
+
+    def __init__(self, *classes):
+        self.classes = classes
+        self.added: list[str] = []
+
+    def __enter__(self):
+        import sys
+        import types
+
+        for cls in self.classes:
+            parts = cls.__module__.split(".")
+            for i in range(1, len(parts) + 1):
+                name = ".".join(parts[:i])
+                if name not in sys.modules:
+                    sys.modules[name] = types.ModuleType(name)
+                    self.added.append(name)
+            setattr(sys.modules[cls.__module__], cls.__qualname__, cls)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        for name in reversed(self.added):
+            del sys.modules[name]

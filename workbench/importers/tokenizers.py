@@ -96,7 +96,8 @@ class MosesBPETokenizer:
     kind: ClassVar[str] = "moses_bpe"
 
     def __init__(self, *, lang: str, vocab: Sequence[str], merges: Sequence[tuple[str, str]], style: str,
-                 specials: dict[str, str] | None = None, normalize: bool = True, lowercase: bool = False) -> None:
+                 specials: dict[str, str] | None = None, normalize: bool = True, lowercase: bool = False,
+                 skip_unk: bool | None = None) -> None:
         if style not in ("fsmt", "fairseq"):
             raise ValueError(f"style must be 'fsmt' or 'fairseq', got {style!r}")
         try:
@@ -118,7 +119,11 @@ class MosesBPETokenizer:
         self._tok = sacremoses.MosesTokenizer(lang=lang)
         self._detok = sacremoses.MosesDetokenizer(lang=lang)
         self._cache: dict[str, list[str]] = {}
+        # FSMTTokenizer.decode(skip_special_tokens=True) drops <unk>; fairseq prints it
+        self.skip_unk = style == "fsmt" if skip_unk is None else skip_unk
         self._skip = {self.bos_id, self.pad_id, self.eos_id}  # type: ignore[attr-defined]
+        if self.skip_unk:
+            self._skip.add(self.unk_id)  # type: ignore[attr-defined]
 
     # BPE over one word, exactly the loop of subword-nmt / FSMT's bpe(): merge the lowest-ranked pair
     def bpe(self, word: str) -> list[str]:
@@ -173,14 +178,15 @@ class MosesBPETokenizer:
         data = {"vocab": self.vocab, "merges": [list(m) for m in self.merges]}
         (Path(directory) / f"{name}.bpe.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
         return {"kind": self.kind, "file": f"{name}.bpe.json", "lang": self.lang, "style": self.style,
-                "specials": self.specials, "normalize": self.normalize, "lowercase": self.lowercase}
+                "specials": self.specials, "normalize": self.normalize, "lowercase": self.lowercase,
+                "skip_unk": self.skip_unk}
 
     @classmethod
     def load(cls, directory: str | Path, spec: dict[str, Any]) -> MosesBPETokenizer:
         data = read_json(Path(directory) / spec["file"])
         return cls(lang=spec["lang"], vocab=data["vocab"], merges=[tuple(m) for m in data["merges"]],
                    style=spec["style"], specials=spec["specials"], normalize=spec["normalize"],
-                   lowercase=spec["lowercase"])
+                   lowercase=spec["lowercase"], skip_unk=spec.get("skip_unk"))
 
     def __repr__(self) -> str:
         return f"MosesBPETokenizer({self.style}, lang={self.lang}, vocab_size={self.vocab_size})"
