@@ -31,7 +31,7 @@ def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab:
     log = _train(model, tok, de, en, steps) if steps else []
     model.eval()
     return save_checkpoint(directory, model, src_tokenizer=tok, tgt_tokenizer=tok,
-                           meta={"src_lang": "de", "tgt_lang": "en", "generation": {"beam": 1, "max_len": 24},
+                           meta={"src_lang": "de", "tgt_lang": "en", "generation": {"beam": 1, "max_len": 16},
                                  "train": {"schedule": "noam", "warmup": WARMUP, "d_model": cfg.d_model,
                                            "factor": FACTOR}},
                            train_log=log)

@@ -260,6 +260,7 @@ class Session(param.Parameterized):
         self._autorun = False
         super().__init__(**{k: v for k, v in params.items() if k != "checkpoint"})
         self.param.checkpoint.objects = list(self._entries)
+        self.param.checkpoint.check_on_set = True  # off by default when the class declares no objects
         default = params.get("checkpoint")
         if default is None and self._entries:
             default = _first_loadable(list(self._entries.values()))

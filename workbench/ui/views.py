@@ -100,11 +100,11 @@ class AttentionView(pn.viewable.Viewer):
         super().__init__(**params)
         s = self.session
         self._kind = pn.widgets.RadioButtonGroup.from_param(s.param.kind, options={v: k for k, v in KIND_NAMES.items()},
-                                                            name="", css_classes=["kind-picker"], button_type="default")
-        self._layer = pn.widgets.Select(name="Layer", options=[0], value=0, width=90, css_classes=["layer-picker"])
-        self._head = pn.widgets.Select(name="Head", options={"all (mean)": -1}, value=-1, width=110,
+                                                            name="", css_classes=["kind-picker"])
+        self._layer = pn.widgets.Select(label="Layer", options=[0], value=0, width=90, css_classes=["layer-picker"])
+        self._head = pn.widgets.Select(label="Head", options={"all (mean)": -1}, value=-1, width=110,
                                        css_classes=["head-picker"])
-        self._token = pn.widgets.Select(name="Highlight token", options={"none": -1}, value=-1, width=170,
+        self._token = pn.widgets.Select(label="Highlight token", options={"none": -1}, value=-1, width=170,
                                         css_classes=["token-picker"])
         self._words = pn.widgets.Checkbox.from_param(s.param.words, name="words (merge sub-words)")
         self._view = pn.widgets.RadioButtonGroup.from_param(s.param.view, options={v: k for k, v in VIEW_NAMES.items()},
@@ -112,7 +112,7 @@ class AttentionView(pn.viewable.Viewer):
         self._pane = pn.pane.Bokeh(None, css_classes=["attention-figure"])
         self._box = pn.Column(self._pane, sizing_mode="stretch_width")
         self._export = pn.widgets.FileDownload(callback=self._html, filename="attention.html",
-                                               label="Export view (offline HTML)", button_type="light",
+                                               label="Export view (offline HTML)", color="light",
                                                css_classes=["export-html"], width=220)
         self.figure = None
         for w, name in ((self._layer, "layer"), (self._head, "head"), (self._token, "token")):
@@ -202,11 +202,11 @@ class AblationPanel(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         s = self.session
-        self._choice = pn.widgets.MultiChoice(name="Ablated heads (kind:layer:head)", options=[], value=list(s.ablate),
+        self._choice = pn.widgets.MultiChoice(label="Ablated heads (kind:layer:head)", options=[], value=list(s.ablate),
                                               css_classes=["ablate-choice"], sizing_mode="stretch_width")
-        self._add = pn.widgets.Button(name="Ablate the selected head", button_type="primary",
+        self._add = pn.widgets.Button(label="Ablate the selected head", color="primary",
                                       css_classes=["ablate-btn"])
-        self._reset = pn.widgets.Button(name="Reset", css_classes=["reset-btn"])
+        self._reset = pn.widgets.Button(label="Reset", css_classes=["reset-btn"])
         self._out = pn.pane.Markdown("", css_classes=["ablation-out"], sizing_mode="stretch_width")
         self._add.on_click(lambda e: self.session.toggle_head())
         self._reset.on_click(lambda e: self.session.reset_ablation())
