@@ -223,6 +223,12 @@ def _unk_index() -> int:
     return 0
 
 
+def _plain_dict(*args: Any) -> dict:
+    """Stand-in for collections.defaultdict(factory): PyTorch's restricted unpickler only fills plain
+    dicts, and we only read the stored items (torchtext's stoi), never the default."""
+    return {}
+
+
 def torch_load(
     path: str | Path, *, stand_ins: Iterable[str] = (), allow: Iterable[Any] = (argparse.Namespace,)
 ) -> Any:
@@ -242,15 +248,19 @@ def torch_load(
     for name in stand_ins:
         if name == "torchtext.vocab._default_unk_index":
             globals_.append((_unk_index, name))  # defaultdict factory: a function returning 0
+        elif name == "collections.defaultdict":
+            globals_.append((_plain_dict, name))
         else:
             globals_.append(stand_in(name))
     try:
         with torch.serialization.safe_globals(globals_):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if ln.startswith(("Unsupported global", "Trying to", "Can only"))), lines[0])
         raise UnsafeCheckpointError(
-            f"refused to load {path}: its pickle references code outside the allow-list, and unpickling it "
-            f"could run arbitrary commands. Nothing from it was executed. (PyTorch said: {str(exc).splitlines()[0]})"
+            f"refused to load {path}: its pickle asks for something outside the allow-list, and unpickling it "
+            f"could run arbitrary code, so nothing from it was executed. ({reason})"
         ) from None
     except (EOFError, zipfile.BadZipFile, RuntimeError, OSError) as exc:
         raise ConversionError(

@@ -15,7 +15,6 @@ The checkpoint pickles more than tensors: `opt` (argparse.Namespace) and, before
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ OPENNMT_STAND_INS = (
     "onmt.inputters.text_dataset._feature_tokenize",
     "onmt.inputters.inputter._feature_tokenize",
     "functools.partial",
+    "collections.defaultdict",
 )
 SPECIALS = {"unk": "<unk>", "pad": "<blank>", "bos": "<s>", "eos": "</s>"}
 
@@ -63,7 +63,7 @@ def zeros(shape: tuple[int, ...]) -> Source:
 
 
 def load_opennmt_file(path: str | Path) -> dict[str, Any]:
-    ckpt = torch_load(path, stand_ins=OPENNMT_STAND_INS, allow=[argparse.Namespace, defaultdict])
+    ckpt = torch_load(path, stand_ins=OPENNMT_STAND_INS, allow=[argparse.Namespace])
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise ConversionError(f"{path} is not an OpenNMT-py checkpoint (expected a dict with 'model')")
     return ckpt
