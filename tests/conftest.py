@@ -13,6 +13,10 @@ from workbench import Transformer, presets
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))
 
+# Test models are tiny: one intra-op thread is faster than two fighting over small kernels, and it
+# keeps the suite's time steady on CI's 2 cores. Tests that spawn processes (DDP) set their own.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
