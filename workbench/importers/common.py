@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,7 +261,7 @@ def torch_load(
             f"refused to load {path}: its pickle asks for something outside the allow-list, and unpickling it "
             f"could run arbitrary code, so nothing from it was executed. ({reason})"
         ) from None
-    except (EOFError, zipfile.BadZipFile, RuntimeError, OSError) as exc:
+    except Exception as exc:  # garbage bytes surface as EOFError, BadZipFile, IndexError, RuntimeError, ...
         raise ConversionError(
             f"cannot read {path} as a PyTorch checkpoint: it is truncated or in another format ({exc})"
         ) from None
