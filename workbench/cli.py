@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "average": ("workbench.average", "average the weights of several checkpoints (e.g. --last 5 RUN_DIR)"),
     "translate": ("workbench.cli_translate", "translate text line by line (stdin or a file) with a checkpoint"),
     "evaluate": ("workbench.evaluate", "translate a test set and print sacrebleu BLEU and chrF with signatures"),
+    "import": ("workbench.cli_import", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
 }
 
 
