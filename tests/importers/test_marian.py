@@ -110,3 +110,32 @@ def test_import_save_load_translate_identical(tmp_path):
     b = beam_search(ck.model, ids, beam=3, max_len=8).best[0].tokens
     assert a == b
     assert ck.tgt_tokenizer.decode(b) == imported.tgt_tokenizer.decode(a)
+
+
+def test_cli_import_then_translate_equals_in_memory_import(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.importers import load
+    from workbench.translator import load as load_checkpoint_model
+
+    _eos_prone(write_marian_dir(tmp_path / "opus"), 0.0)
+    assert main(["import", "marian", str(tmp_path / "opus"), "--out", str(tmp_path / "ckpt")]) == 0
+    printed = capsys.readouterr().out
+    assert "imported marian checkpoint" in printed and "tensors converted" in printed
+    texts = ["the cat sat on the mat .", "hello world"]
+    from_disk = load_checkpoint_model(tmp_path / "ckpt", max_len=8).translate(texts)
+    in_memory = load(f"marian:{tmp_path / 'opus'}", max_len=8).translate(texts)
+    assert from_disk == in_memory and len(from_disk) == 2
+
+
+def test_hub_download_offline_says_network_unreachable(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+
+    # a proxy on a closed local port: the request fails the way it does without a network
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    code = main(["import", "marian", "hf:Helsinki-NLP/opus-mt-en-de", "--out", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "network unreachable" in err and "huggingface.co/Helsinki-NLP/opus-mt-en-de" in err
+    assert not (tmp_path / "ckpt").exists()

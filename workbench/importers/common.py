@@ -320,12 +320,16 @@ class Imported:
     src_tokenizer: Any = None
     tgt_tokenizer: Any = None
     generation: dict[str, Any] = field(default_factory=dict)
+    """append_eos plus DecodeConfig fields (beam, length_penalty {kind, alpha}, max_len...)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """More meta.json entries: languages, ids the original forbids, ..."""
 
     def meta(self) -> dict[str, Any]:
         return {
             "source_format": self.report.source_format,
             "generation": dict(self.generation),
             "import_report": self.report.to_dict(),
+            **self.extra,
         }
 
     def save(self, directory: str | Path) -> Path:

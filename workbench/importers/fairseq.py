@@ -250,9 +250,8 @@ def import_fairseq(source: str | Path, *, lenpen: float = 1.0, beam: int = 5) ->
             "length_penalty": {"kind": "average", "alpha": lenpen},
             "max_len_a": 0.0,
             "max_len_b": 200,
-            "forbid_ids": [],
-            "langs": [opts.get("source_lang"), opts.get("target_lang")],
         },
+        extra={"languages": [opts.get("source_lang"), opts.get("target_lang")]},
     )
     from .tokenizers import fairseq_tokenizers
 

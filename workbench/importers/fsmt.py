@@ -103,13 +103,12 @@ def convert_fsmt(
 
 def generation_defaults(hf: dict[str, Any], gen: dict[str, Any] | None = None) -> dict[str, Any]:
     merged = {**hf, **(gen or {})}
+    max_length = merged.get("max_length")
     return {
         "append_eos": True,
         "beam": int(merged.get("num_beams", 5) or 1),
         "length_penalty": {"kind": "average", "alpha": float(merged.get("length_penalty", 1.0))},
-        "max_len": merged.get("max_length"),
-        "forbid_ids": [],
-        "langs": list(hf.get("langs", [])),
+        "max_len": None if max_length is None else int(max_length) - 1,
     }
 
 
@@ -127,7 +126,8 @@ def import_fsmt(directory: str | Path) -> Imported:
     model, report = convert_fsmt(read_state_dict(weights), hf, source=str(weights))
     gen_file = directory / "generation_config.json"
     gen = read_json(gen_file) if gen_file.is_file() else None
-    imported = Imported(model, report, generation=generation_defaults(hf, gen))
+    imported = Imported(model, report, generation=generation_defaults(hf, gen),
+                        extra={"languages": list(hf.get("langs", []))})
     if (directory / "vocab-src.json").is_file():
         from .tokenizers import fsmt_tokenizers
 

@@ -125,14 +125,20 @@ def convert_marian(
 def generation_defaults(hf: dict[str, Any], gen: dict[str, Any] | None) -> dict[str, Any]:
     """Decoding settings as transformers' generate() would use them for this model."""
     merged = {**hf, **(gen or {})}
-    forbid = [i for ids in (merged.get("bad_words_ids") or []) for i in ids if len(ids) == 1]
+    max_length = merged.get("max_length")
     return {
         "append_eos": True,
         "beam": int(merged.get("num_beams", 1) or 1),
         "length_penalty": {"kind": "average", "alpha": float(merged.get("length_penalty", 1.0))},
-        "max_len": merged.get("max_length"),
-        "forbid_ids": forbid,
+        # HF's max_length counts the decoder start token
+        "max_len": None if max_length is None else int(max_length) - 1,
     }
+
+
+def forbidden_ids(hf: dict[str, Any], gen: dict[str, Any] | None) -> list[int]:
+    """Single-token bad_words_ids (opus-mt forbids <pad>); recorded in meta, not applied by our search."""
+    merged = {**hf, **(gen or {})}
+    return [ids[0] for ids in (merged.get("bad_words_ids") or []) if len(ids) == 1]
 
 
 def import_marian(directory: str | Path) -> Imported:
@@ -156,6 +162,11 @@ def import_marian(directory: str | Path) -> Imported:
     if tokenizers is None:
         report.notes.append("no source.spm/target.spm/vocab.json: imported without tokenizers (ids only)")
     imported = Imported(model, report, generation=generation_defaults(hf, gen))
+    forbid = forbidden_ids(hf, gen)
+    if forbid:
+        imported.extra["forbid_ids"] = forbid
+        report.notes.append(f"the original forbids ids {forbid} during generation (bad_words_ids); "
+                            "workbench decoding does not apply that")
     if tokenizers:
         imported.src_tokenizer, imported.tgt_tokenizer = tokenizers
     return imported

@@ -281,7 +281,6 @@ def import_opennmt(source: str | Path, *, spm: str | Path | None = None) -> Impo
             # OpenNMT-py translate.py defaults: -length_penalty none -alpha 0; the WMT recipe used avg
             "length_penalty": {"kind": "none", "alpha": 0.0},
             "max_len": 250,
-            "forbid_ids": [],
         },
     )
     from .tokenizers import opennmt_tokenizers
