@@ -104,10 +104,16 @@ def test_bad_selection_errors_state_values(trace):
 @pytest.mark.parametrize("kind", [*KINDS, "combined"])
 def test_head_view_builds_for_every_kind_and_all_layers(trace, kind):
     layout = head_view(trace, kind, batch=2, min_weight=0.05)
-    sources = [s for s in layout.select({"type": ColumnDataSource}) if "alpha" in s.data]
+    shown = layout.select_one({"name": "head_lines"})
+    stored = [s for s in layout.select({"type": ColumnDataSource}) if "w" in s.data and s is not shown]
     n_layers = {"enc_self": 2, "dec_self": 3, "cross": 3, "combined": 2}[kind]
-    assert len(sources) == 4 * (n_layers + 1)  # shown sources + one stored set per layer
-    assert all((np.asarray(s.data["w"]) >= 0.05).all() for s in sources)
+    assert len(stored) == n_layers  # one stored set per layer for the in-page picker
+    first = select_attention(trace, "enc_self", 0, batch=2).values if kind != "combined" else None
+    for d in [shown.data, *(s.data for s in stored)]:
+        assert (np.asarray(d["w"]) >= 0.05).all() and set(np.asarray(d["h"]).tolist()) <= {0, 1, 2, 3}
+    if kind == "enc_self":  # the first layer's lines are exactly the trace's weights at (h, q, k)
+        d = shown.data
+        np.testing.assert_array_equal(d["w"], first[d["h"], d["q"], d["k"]])
 
 
 def test_line_data_keeps_exactly_the_strong_links():
@@ -115,16 +121,13 @@ def test_line_data_keeps_exactly_the_strong_links():
     d = line_data(w, min_weight=0.01, top_k=2, highlight=1)
     assert list(zip(d["q"], d["k"])) == [(0, 0), (0, 1), (1, 0), (1, 2)]
     np.testing.assert_allclose(d["alpha"], [0.6 * 0.08, 0.3 * 0.08, 0.02, 0.975], rtol=1e-6)
-
-
-def v_shape(att):
-    return att.values.shape[1:]
+    assert d["q"].dtype == np.int16 and d["h"].dtype == np.int8
 
 
 def test_combined_attention_is_the_three_blocks(trace):
     att = combined_attention(trace, enc_layer=1, dec_layer=2, heads=0, batch=2)  # sentence 2: no padding
     s = 7
-    assert v_shape(att) == (13, 13)
+    assert att.values.shape == (1, 13, 13)
     v = att.values[0]
     np.testing.assert_allclose(v[:s, :s], trace.attention("enc_self", 1, 0)[2].numpy())
     np.testing.assert_allclose(v[s:, :s], trace.attention("cross", 2, 0)[2].numpy())

@@ -1,9 +1,10 @@
 """BertViz-style head view: lines from query tokens (left) to key tokens (right), weight as opacity.
 
-One Segment renderer per head (legend click toggles a head; colours follow the head index), all layers
-embedded with a layer picker that swaps data in the browser, and a tap on a query token dims every other
-query's lines. Lines under `min_weight` (and beyond `top_k` per query) are not sent: that bounds the page
-at 512 tokens, where all-pairs would be 8 heads x 262k lines a layer. The title says what was dropped.
+All heads' lines in ONE segment renderer coloured by head (a renderer per head costs ~20 ms of Bokeh model
+building each), head toggle buttons, all layers embedded with a layer picker that swaps data in the browser,
+and a tap on a query token dims every other query's lines (the tap survives a layer switch). Lines under
+`min_weight` (and beyond `top_k` per query) are not sent: that bounds the page at 512 tokens, where all pairs
+would be 8 heads x 262k lines a layer. The title says what was dropped.
 """
 
 from __future__ import annotations
@@ -11,32 +12,65 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, CustomJS, Legend, LegendItem, Range1d, Select, TapTool
+from bokeh.layouts import column, row
+from bokeh.models import (
+    CheckboxButtonGroup,
+    ColumnDataSource,
+    CustomJS,
+    Legend,
+    LegendItem,
+    LinearColorMapper,
+    Range1d,
+    Select,
+    TapTool,
+)
 from bokeh.palettes import Category10_10, Category20_20
+from bokeh.plotting import figure
 
 from ..trace import AttentionKind, Trace
 from .select import KIND_LABEL, Attention, combined_attention, select_attention
 
-SEGMENTS_NAME = "head_lines_{}"  # per head; an app can swap `.data_source.data` with `line_data(...)`
+SEGMENTS_NAME = "head_lines"  # the lines' source; an app can swap its `.data` with `line_data(...)`
 
 
 def head_colors(n: int) -> list[str]:
     return list(Category10_10 if n <= 10 else Category20_20)[: max(n, 1)] * (1 + n // 20)
 
 
-def line_data(values: np.ndarray, min_weight: float = 0.01, top_k: int | None = None,
+def line_data(values: np.ndarray, min_weight: float = 0.01, top_k: int | None = 16,
               highlight: int | None = None) -> dict[str, np.ndarray]:
-    """(Lq, Lk) weights -> {q, k, w, alpha} for the lines kept (w >= min_weight, top_k per query)."""
+    """(Lq, Lk) or (H, Lq, Lk) weights -> {q, k, h, w, alpha} for the lines kept.
+
+    Kept: w >= min_weight and among the top_k of its query row. q/k int16, h int8 (position in the head
+    selection), w/alpha float32: 13 bytes a line, and only what is drawn is shipped.
+    """
     w = np.asarray(values, dtype=np.float32)
+    w = w[None] if w.ndim == 2 else w
+    if max(w.shape[-2:]) > np.iinfo(np.int16).max or w.shape[0] > 127:
+        raise ValueError(f"head view supports up to 32767 tokens a side and 127 heads, got {w.shape}")
     keep = w >= min_weight
-    if top_k is not None and top_k < w.shape[1]:
-        kth = -np.partition(-w, top_k - 1, axis=1)[:, top_k - 1 : top_k]  # k-th largest per row
+    if top_k is not None and top_k < w.shape[-1]:
+        kth = -np.partition(-w, top_k - 1, axis=-1)[..., top_k - 1 : top_k]  # k-th largest per row
         keep &= w >= kth
-    q, k = np.nonzero(keep)
-    weights = w[q, k]
-    alpha = weights if highlight is None else np.where(q == highlight, weights, weights * 0.08)
-    return {"q": q.astype(np.int32), "k": k.astype(np.int32), "w": weights, "alpha": alpha.astype(np.float32)}
+    h, q, k = np.nonzero(keep)
+    weights = w[h, q, k]
+    alpha = weights if highlight is None else np.where(q == highlight, weights, weights * DIM)
+    return {"q": q.astype(np.int16), "k": k.astype(np.int16), "h": h.astype(np.int8), "w": weights,
+            "alpha": alpha.astype(np.float32)}
+
+
+DIM = 0.08  # opacity factor for lines of queries other than the tapped one
+
+# One callback for head toggles, query taps and the layer picker: rebuild alpha from the current layer's weights.
+_UPDATE_JS = """
+const d = picker ? store[picker.value].data : src.data;
+const q = d.q, k = d.k, h = d.h, w = d.w;
+const on = new Set(buttons.active), sel = new Set(qsrc.selected.indices);
+const a = new Float32Array(w.length);
+for (let i = 0; i < w.length; i++)
+    a[i] = !on.has(h[i]) ? 0 : (sel.size == 0 || sel.has(q[i])) ? w[i] : w[i] * dim;
+src.data = {q: q, k: k, h: h, w: w, alpha: a};
+"""
 
 
 def head_view_figure(
@@ -44,7 +78,7 @@ def head_view_figure(
     *,
     labels: Sequence[str] | None = None,
     min_weight: float = 0.01,
-    top_k: int | None = None,
+    top_k: int | None = 16,
     highlight: int | None = None,
     width: int = 520,
     row_height: int = 18,
@@ -52,7 +86,8 @@ def head_view_figure(
 ):
     """Head view of several layers (`atts`, one per layer, same tokens and heads); a picker chooses the layer.
 
-    labels: the picker's name for each entry (default: the layer index).
+    labels: the picker's name for each entry (default: "layer i"). Heads are toggled with the buttons above
+    the figure; colours follow the head index (the key is drawn in the figure).
     """
     if not atts:
         raise ValueError("head_view needs at least one layer of attention")
@@ -60,63 +95,58 @@ def head_view_figure(
     for a in atts[1:]:
         if (a.queries, a.keys, a.heads) != (first.queries, first.keys, first.heads):
             raise ValueError("every layer in a head view must share tokens and heads")
-    from bokeh.plotting import figure
-
-    lq, lk = len(first.queries), len(first.keys)
-    n = max(lq, lk)
-    height = max(240, min(20000, n * row_height + 80))
-    dropped = f" (lines < {min_weight:g}" + (f", beyond top {top_k} per query" if top_k else "") + " hidden)"
-    fig = figure(
-        width=width, height=height, x_range=Range1d(-0.75, 1.75), y_range=Range1d(n - 0.5, -0.5),
-        tools="tap,ywheel_zoom,ypan,reset,save", toolbar_location="above",
-        title=first.describe() + dropped if len(atts) == 1 else first.describe().split(", layer")[0] + dropped,
-    )
-    fig.axis.visible = False
-    fig.grid.visible = False
-    colors = head_colors(first.n_heads_total or len(first.heads))
     labels = [f"layer {a.layer}" for a in atts] if labels is None else list(labels)
     if len(labels) != len(atts) or len(set(labels)) != len(labels):
         raise ValueError(f"need one distinct label per layer, got {labels}")
-    per_layer = {label: [line_data(a.values[i], min_weight, top_k, highlight) for i in range(len(a.heads))]
-                 for label, a in zip(labels, atts)}
-    layer0 = labels[0]
-    items, sources = [], []
-    for i, h in enumerate(first.heads):
-        src = ColumnDataSource(per_layer[layer0][i])
-        r = fig.segment(x0=0.02, x1=0.98, y0="q", y1="k", source=src, line_color=colors[h], line_alpha="alpha",
-                        line_width=2, name=SEGMENTS_NAME.format(h))
-        sources.append(src)
-        # The legend swatch is drawn from the first renderer; per-line alpha would make it invisible.
-        swatch = fig.line(x=[0.5], y=[0], line_color=colors[h], line_width=3)
-        items.append(LegendItem(label=f"head {h}", renderers=[swatch, r]))
+    lq, lk = len(first.queries), len(first.keys)
+    n = max(lq, lk)
+    dropped = f" (lines < {min_weight:g}" + (f", beyond top {top_k} per query" if top_k else "") + " hidden)"
+    title = first.describe() if len(atts) == 1 else first.describe().split(", layer")[0]
+    fig = figure(
+        width=width, height=max(240, min(20000, n * row_height + 80)), x_range=Range1d(-0.75, 1.75),
+        y_range=Range1d(n - 0.5, -0.5), tools="tap,ywheel_zoom,ypan,reset,save", toolbar_location="above",
+        title=title + dropped,
+    )
+    fig.axis.visible = False
+    fig.grid.visible = False
+    fig.title.text_font_size = "11px"
+    all_colors = head_colors(first.n_heads_total or max(first.heads) + 1)
+    colors = [all_colors[h] for h in first.heads]
+    per_layer = {label: line_data(a.values, min_weight, top_k, highlight) for label, a in zip(labels, atts)}
+    src = ColumnDataSource(per_layer[labels[0]], name=SEGMENTS_NAME)
+    mapper = LinearColorMapper(palette=colors, low=-0.5, high=len(colors) - 0.5)
+    fig.segment(x0=0.02, x1=0.98, y0="q", y1="k", source=src, line_color={"field": "h", "transform": mapper},
+                line_alpha="alpha", line_width=2)
     short = lambda t: t if len(t) <= max_label else t[: max_label - 1] + "…"
     qsrc = ColumnDataSource({"x": np.zeros(lq), "y": np.arange(lq), "t": [short(t) for t in first.queries]})
     ksrc = ColumnDataSource({"x": np.ones(lk), "y": np.arange(lk), "t": [short(t) for t in first.keys]})
-    fig.text(x="x", y="y", text="t", source=ksrc, text_align="left", text_baseline="middle", x_offset=4,
-             text_font_size="11px")
+    for source, align, offset in ((qsrc, "right", -6), (ksrc, "left", 4)):
+        fig.text(x="x", y="y", text="t", source=source, text_align=align, text_baseline="middle", x_offset=offset,
+                 text_font_size="11px")
     qdots = fig.scatter(x="x", y="y", source=qsrc, size=7, color="#444444", nonselection_alpha=0.4)
-    fig.text(x="x", y="y", text="t", source=qsrc, text_align="right", text_baseline="middle", x_offset=-6,
-             text_font_size="11px")
     fig.scatter(x="x", y="y", source=ksrc, size=7, color="#444444")
-    legend = Legend(items=items, click_policy="hide", location="top_right", label_text_font_size="10px")
-    fig.add_layout(legend, "right")
+    if highlight is not None:
+        qsrc.selected.indices = [highlight]
+    # Colour key: one off-screen square per head, shown by a legend that reads each item's own row.
+    key = fig.scatter(x=[-10.0] * len(colors), y=[0] * len(colors), color=colors, marker="square", size=10)
+    fig.add_layout(Legend(items=[LegendItem(label=f"head {h}", renderers=[key], index=i)
+                                 for i, h in enumerate(first.heads)], label_text_font_size="10px"), "right")
     fig.select_one(TapTool).renderers = [qdots]
-    # Tap a query token: its lines at full weight, the rest faint; tap empty space to show all again.
-    qsrc.selected.js_on_change("indices", CustomJS(args={"sources": sources, "qsrc": qsrc}, code="""
-        const sel = qsrc.selected.indices;
-        for (const s of sources) {
-            const q = s.data.q, w = s.data.w, a = new Float32Array(w.length);
-            for (let i = 0; i < w.length; i++) a[i] = (sel.length == 0 || sel.includes(q[i])) ? w[i] : w[i] * 0.08;
-            s.data = {...s.data, alpha: a};
-        }"""))
-    if len(atts) == 1:
-        return fig
-    store = {layer: [ColumnDataSource(d) for d in heads] for layer, heads in per_layer.items()}
-    picker = Select(title="layer", value=layer0, options=list(per_layer), width=160, name="layer_picker")
-    picker.js_on_change("value", CustomJS(args={"store": store, "sources": sources, "qsrc": qsrc}, code="""
-        store[cb_obj.value].forEach((s, i) => { sources[i].data = {...s.data}; });
-        qsrc.selected.indices = [];"""))
-    return column(picker, fig)
+    buttons = CheckboxButtonGroup(labels=[f"h{h}" for h in first.heads], active=list(range(len(first.heads))),
+                                  name="head_toggles")
+    store, picker = {}, None
+    if len(atts) > 1:  # every layer's lines ride along; alpha is rebuilt in the browser on a switch
+        store = {label: ColumnDataSource({c: d[c] for c in ("q", "k", "h", "w")}) for label, d in per_layer.items()}
+        picker = Select(title="layer", value=labels[0], options=labels, width=160, name="layer_picker")
+    update = CustomJS(args={"src": src, "store": store, "picker": picker, "buttons": buttons, "qsrc": qsrc,
+                            "dim": DIM}, code=_UPDATE_JS)
+    qsrc.selected.js_on_change("indices", update)
+    buttons.js_on_change("active", update)
+    controls = [buttons]
+    if picker is not None:
+        picker.js_on_change("value", update)
+        controls.insert(0, picker)
+    return column(row(*controls), fig)
 
 
 def head_view(

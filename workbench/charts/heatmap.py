@@ -34,16 +34,24 @@ DIVERGING = tuple(interp_palette(RdBu11, 255))  # smooth blue (negative) -> whit
 
 
 def downsample(values: np.ndarray, max_size: int) -> tuple[np.ndarray, int]:
-    """Block-average so no side exceeds max_size; returns (array, factor). NaN cells are skipped."""
-    factor = max(1, math.ceil(max(values.shape) / max_size))
+    """Block-average the last two axes so neither exceeds max_size; returns (array, factor).
+
+    NaN (masked) cells are left out of a block's mean; an all-NaN block stays NaN.
+    """
+    lq, lk = values.shape[-2:]
+    factor = max(1, math.ceil(max(lq, lk) / max_size))
     if factor == 1:
         return values, 1
-    lq, lk = values.shape
     pq, pk = -lq % factor, -lk % factor
-    padded = np.pad(values, ((0, pq), (0, pk)), constant_values=np.nan)
-    blocks = padded.reshape((lq + pq) // factor, factor, (lk + pk) // factor, factor)
-    with np.errstate(invalid="ignore"), _no_mean_warning():
-        return np.nanmean(blocks, axis=(1, 3)).astype(np.float32), factor
+    pad = [(0, 0)] * (values.ndim - 2) + [(0, pq), (0, pk)]
+    padded = np.pad(values.astype(np.float32), pad, constant_values=np.nan)
+    lead = padded.shape[:-2]
+    blocks = padded.reshape(*lead, (lq + pq) // factor, factor, (lk + pk) // factor, factor)
+    finite = np.isfinite(blocks)
+    total = np.where(finite, blocks, 0).sum(axis=(-3, -1), dtype=np.float64)
+    count = finite.sum(axis=(-3, -1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total / count).astype(np.float32), factor  # 0/0 -> NaN for all-masked blocks
 
 
 def image_data(values: np.ndarray, masked: np.ndarray | None, max_size: int = 1024) -> tuple[dict, int]:
@@ -163,17 +171,3 @@ def attention_heatmap(
     """
     att = select_attention(trace, kind, layer, heads, batch=batch, words=words, **(select or {}))
     return heatmap(att, highlight=highlight, **kw)
-
-
-class _no_mean_warning:
-    """np.nanmean warns on all-NaN blocks (fully masked); those blocks are meant to stay NaN."""
-
-    def __enter__(self):
-        import warnings
-
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)

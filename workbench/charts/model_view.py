@@ -33,15 +33,19 @@ TILE_PALETTE = [MASKED_COLOR] + list(Viridis256[1:])  # index 0 = masked
 TILES_NAME = "model_view_tiles_{}"
 
 
-def quantize(values: np.ndarray, masked: np.ndarray, thumb: int) -> tuple[np.ndarray, float, int]:
-    """(Lq, Lk) weights -> (uint8 tile, scale, downsampling factor); 0 = masked, else 1 + 254 * w / scale."""
-    img = np.array(values, dtype=np.float32)
-    img[masked] = np.nan
+def quantize(values: np.ndarray, masked: np.ndarray, thumb: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(H, Lq, Lk) weights -> (uint8 tiles, per-tile scale (H,), downsampling factor).
+
+    0 = masked; otherwise 1 + round(254 * w / scale), scale = the tile's largest weight.
+    """
+    img = np.array(values, dtype=np.float32).reshape(-1, *values.shape[-2:])
+    img[:, masked] = np.nan
     img, factor = downsample(img, thumb)
-    scale = float(np.nanmax(img)) if np.isfinite(img).any() else 1.0
-    scale = scale if scale > 0 else 1.0
-    tile = np.where(np.isnan(img), 0, 1 + np.round(254 * np.nan_to_num(img) / scale)).astype(np.uint8)
-    return tile, scale, factor
+    finite = np.isfinite(img)
+    scale = np.where(finite, img, 0).max(axis=(-2, -1))
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float64)
+    tiles = np.where(finite, 1 + np.round(254 * np.where(finite, img, 0) / scale[:, None, None]), 0)
+    return tiles.astype(np.uint8), scale, factor
 
 
 def model_view_figure(
@@ -60,8 +64,9 @@ def model_view_figure(
     gap = 0.08
     cols: dict[str, list] = {k: [] for k in ("image", "x", "y", "dw", "dh", "layer", "head", "scale", "factor")}
     for r, att in enumerate(atts):
+        tiles_l, scales, factor = quantize(att.values, att.masked, thumb)
         for c, h in enumerate(att.heads):
-            tile, scale, factor = quantize(att.values[c], att.masked, thumb)
+            tile, scale = tiles_l[c], float(scales[c])
             cols["image"].append(tile)
             cols["x"].append(c + gap / 2)
             cols["y"].append(r + gap / 2)

@@ -1,0 +1,80 @@
+"""The views' in-page JavaScript, run in headless Chromium from an offline file (marker: browser)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import make_batch, make_model
+
+from workbench import presets
+from workbench.charts import head_view, model_view, save_html
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def driver():
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("needs Debian's chromium + chromium-driver (apt-get install chromium chromium-driver)")
+    from workbench.charts.export import _chromium_driver
+
+    drv = _chromium_driver()
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    cfg = presets.tiny(vocab=40, dec_layers=3)
+    src, tgt = make_batch(cfg, batch=2, src_len=9, tgt_len=8)
+    _, tr = make_model(cfg).run_with_cache(src, tgt)
+    return tr
+
+
+def _open(driver, view, tmp_path, name):
+    path = save_html(view, tmp_path / f"{name}.html")
+    driver.get(path.as_uri())
+    driver.set_script_timeout(20)
+    driver.execute_async_script("""
+        const done = arguments[0];
+        const poll = () => (window.Bokeh && Bokeh.documents.length) ? done() : setTimeout(poll, 50);
+        poll();""")
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
+
+
+def _settle(driver):
+    """CustomJS runs asynchronously in BokehJS 3: wait two animation frames."""
+    driver.execute_async_script("requestAnimationFrame(() => requestAnimationFrame(arguments[0]));")
+
+
+def test_head_view_toggles_taps_and_layer_picker(driver, trace, tmp_path):
+    _open(driver, head_view(trace, "cross"), tmp_path, "hv")
+    run = lambda code: driver.execute_script("const doc = Bokeh.documents[0];" + code)
+    lines = "doc.get_model_by_name('head_lines').data"
+    run("doc.get_model_by_name('head_toggles').active = [1];")
+    _settle(driver)
+    h, alpha, w = run(f"const d = {lines}; return [Array.from(d.h), Array.from(d.alpha), Array.from(d.w)];")
+    assert all((a == 0) == (hh != 1) for hh, a in zip(h, alpha)) and any(a > 0 for a in alpha)
+    n_before = len(w)
+    run("doc.get_model_by_name('layer_picker').value = 'layer 2';")
+    _settle(driver)
+    h2, alpha2, w2 = run(f"const d = {lines}; return [Array.from(d.h), Array.from(d.alpha), Array.from(d.w)];")
+    assert (len(w2), w2[:3]) != (n_before, w[:3])  # another layer's lines
+    assert all((a == 0) == (hh != 1) for hh, a in zip(h2, alpha2))  # toggles survive the switch
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_model_view_tap_enlarges_the_tile(driver, trace, tmp_path):
+    _open(driver, model_view(trace, "dec_self"), tmp_path, "mv")
+    # CustomJS callbacks run asynchronously in BokehJS 3: tap, then poll for the enlarged panel's title.
+    titles = driver.execute_async_script("""
+        const done = arguments[0], doc = Bokeh.documents[0];
+        doc.get_model_by_name('model_view_tiles_dec_self').selected.indices = [6];  // layer 1, head 2 (4 a row)
+        const titles = () => [...doc.all_models].filter(m => m.title && m.title.text !== undefined)
+                                                .map(f => f.title.text);
+        let n = 0;
+        const poll = () => (titles().includes('layer 1, head 2') || ++n > 100) ? done(titles()) : setTimeout(poll, 20);
+        poll();""")
+    assert "layer 1, head 2" in titles
