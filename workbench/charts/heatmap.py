@@ -33,25 +33,31 @@ PALETTE = "Viridis256"
 DIVERGING = tuple(interp_palette(RdBu11, 255))  # smooth blue (negative) -> white -> red (positive)
 
 
-def downsample(values: np.ndarray, max_size: int) -> tuple[np.ndarray, int]:
+def downsample(values: np.ndarray, max_size: int, masked: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Block-average the last two axes so neither exceeds max_size; returns (array, factor).
 
-    NaN (masked) cells are left out of a block's mean; an all-NaN block stays NaN.
+    Masked cells (`masked`, broadcast over leading axes; default: the NaN cells) are left out of a block's
+    mean, and an all-masked block comes out NaN.
     """
     lq, lk = values.shape[-2:]
     factor = max(1, math.ceil(max(lq, lk) / max_size))
     if factor == 1:
-        return values, 1
-    pq, pk = -lq % factor, -lk % factor
-    pad = [(0, 0)] * (values.ndim - 2) + [(0, pq), (0, pk)]
-    padded = np.pad(values.astype(np.float32), pad, constant_values=np.nan)
-    lead = padded.shape[:-2]
-    blocks = padded.reshape(*lead, (lq + pq) // factor, factor, (lk + pk) // factor, factor)
-    finite = np.isfinite(blocks)
-    total = np.where(finite, blocks, 0).sum(axis=(-3, -1), dtype=np.float64)
-    count = finite.sum(axis=(-3, -1))
+        if masked is None:
+            return values, 1
+        return np.where(masked, np.float32(np.nan), values).astype(np.float32), 1
+    if masked is None:
+        masked = ~np.isfinite(values)
+    total = _block_sum(np.where(masked, np.float32(0), values).astype(np.float32), factor)
+    count = _block_sum((~masked).astype(np.float32), factor)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (total / count).astype(np.float32), factor  # 0/0 -> NaN for all-masked blocks
+
+
+def _block_sum(x: np.ndarray, factor: int) -> np.ndarray:
+    lq, lk = x.shape[-2:]
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, -lq % factor), (0, -lk % factor)]
+    x = np.pad(x, pad)
+    return x.reshape(*x.shape[:-2], x.shape[-2] // factor, factor, x.shape[-1] // factor, factor).sum(axis=(-3, -1))
 
 
 def image_data(values: np.ndarray, masked: np.ndarray | None, max_size: int = 1024) -> tuple[dict, int]:

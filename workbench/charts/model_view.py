@@ -38,9 +38,7 @@ def quantize(values: np.ndarray, masked: np.ndarray, thumb: int) -> tuple[np.nda
 
     0 = masked; otherwise 1 + round(254 * w / scale), scale = the tile's largest weight.
     """
-    img = np.array(values, dtype=np.float32).reshape(-1, *values.shape[-2:])
-    img[:, masked] = np.nan
-    img, factor = downsample(img, thumb)
+    img, factor = downsample(np.asarray(values, dtype=np.float32).reshape(-1, *values.shape[-2:]), thumb, masked)
     finite = np.isfinite(img)
     scale = np.where(finite, img, 0).max(axis=(-2, -1))
     scale = np.where(scale > 0, scale, 1.0).astype(np.float64)

@@ -125,7 +125,8 @@ def select_attention(
         raise IndexError(f"batch index {batch} out of range: the trace holds {probs.size(0)} sentences")
     n_heads = probs.size(1)
     chosen = _heads(heads, n_heads)
-    values = probs[batch, list(chosen)].detach().to("cpu", torch.float32).numpy()  # (h, Lq, Lk)
+    picked = probs[batch] if chosen == tuple(range(n_heads)) else probs[batch, list(chosen)]
+    values = picked.detach().to("cpu", torch.float32).numpy()  # (h, Lq, Lk); a view when already float32 CPU
     q_side, k_side = {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
     given = {"src": src_tokens, "tgt": tgt_tokens}
     q_tok = token_strings(trace, q_side, batch, given[q_side])
