@@ -90,3 +90,21 @@ def test_bokeh_png_and_svg_with_headless_chromium(tmp_path):
     svg = save_image(attention_heatmap(trace, "cross", 0), tmp_path / "h.svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 2000
     assert "<svg" in svg.read_text()[:500]
+
+
+def test_views_command_writes_offline_pages(tmp_path, capsys):
+    from workbench.cli import main
+
+    cfg = presets.tiny(vocab=30, dec_layers=3)
+    src, tgt = make_batch(cfg, batch=2, src_len=6, tgt_len=5)
+    _, trace = make_model(cfg).run_with_cache(src, tgt)
+    trace.meta["src_tokens"] = [[f"▁s{i}" for i in range(6)]] * 2
+    trace.save(tmp_path / "t.safetensors")
+    assert main(["views", str(tmp_path / "t.safetensors"), "-o", str(tmp_path / "out"), "--words"]) == 0
+    pages = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert pages == ["head_view_combined.html", "head_view_cross.html", "head_view_dec_self.html",
+                     "head_view_enc_self.html", "heatmap_cross_layer2.html", "heatmap_dec_self_layer2.html",
+                     "heatmap_enc_self_layer1.html", "model_view.html"]
+    assert all(external_references(p.read_text()) == [] for p in (tmp_path / "out").iterdir())
+    assert main(["views", str(tmp_path / "missing.safetensors"), "-o", str(tmp_path)]) == 2
+    assert "no trace file" in capsys.readouterr().err

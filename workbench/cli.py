@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "translate": ("workbench.cli_translate", "translate text line by line (stdin or a file) with a checkpoint"),
     "evaluate": ("workbench.evaluate", "translate a test set and print sacrebleu BLEU and chrF with signatures"),
     "import": ("workbench.cli_import", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
+    "views": ("workbench.charts.cli", "write a saved trace's attention views as offline HTML files"),
 }
 
 
