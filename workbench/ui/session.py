@@ -400,6 +400,17 @@ class Session(param.Parameterized):
         return ("No workbench checkpoint found (" + where + "). Start the app with "
                 "`panel serve apps/attention.py --args --checkpoints DIR` pointing at a checkpoint directory.")
 
+    def close(self) -> None:
+        """The session ended: cancel queued work, drop late results, release the trace (no redraws)."""
+        self._generation += 1
+        self._autorun = False
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        with param.parameterized.discard_events(self):
+            self.result = None
+            self.ablation = None
+
     @param.depends("kind", watch=True)
     def _kind_changed(self) -> None:
         self._clamp_selection()

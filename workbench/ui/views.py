@@ -62,7 +62,8 @@ class OutputPanel(pn.viewable.Viewer):
                                       sizing_mode="stretch_width")
         self._spinner = pn.indicators.LoadingSpinner(value=False, width=24, height=24, visible=False,
                                                      css_classes=["busy"])
-        self._status = pn.pane.Markdown("", css_classes=["status"], styles={"color": "#666"})
+        self._status = pn.pane.Markdown("", css_classes=["status"], width=90,
+                                        styles={"color": "#999", "font-size": "11px"})
         self.session.param.watch(self._update, ["result", "message", "busy", "version"])
         self._update()
 
@@ -83,7 +84,7 @@ class OutputPanel(pn.viewable.Viewer):
         self._status.object = f"version={s.version}"
 
     def __panel__(self):
-        return pn.Column(pn.Row(self._text, self._spinner, sizing_mode="stretch_width"), self._message,
+        return pn.Column(pn.Row(self._text, self._spinner, self._status, sizing_mode="stretch_width"), self._message,
                          sizing_mode="stretch_width")
 
 

@@ -54,6 +54,8 @@ class Workbench(pn.viewable.Viewer):
         session._autorun = True
         session.refresh()  # the first result inline, so the page opens on something real
         session.background = served if background is None else background
+        if served:
+            pn.state.on_session_destroyed(lambda _ctx: session.close())
         self.source = SourcePanel(session=session)
         self.output = OutputPanel(session=session)
         self.attention = AttentionView(session=session)

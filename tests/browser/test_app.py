@@ -1,0 +1,189 @@
+"""The served app in a real Chromium: loads clean and offline, reacts to input, shares state by URL, isolates sessions.
+
+Marker `browser` (added by conftest). Run: `pytest tests/browser -q`; `UPDATE_SCREENSHOT=1` also
+rewrites docs/screenshot.png from the first test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 30_000
+
+FIGURE_JS = """() => {
+    // The heatmap on screen: replaced figures may linger in the document until Bokeh collects them.
+    const views = [...Bokeh.index.all_views()].filter(v => v.model.name === 'attn_fig' && v.el.isConnected);
+    if (views.length !== 1) return null;
+    const f = views[0].model;
+    return {title: f.title.text, keys: f.x_range.end + 0.5, queries: f.y_range.start + 0.5};
+}"""
+
+
+class Watch:
+    """Console errors, page errors, failed and external requests of one page."""
+
+    def __init__(self, page, base: str):
+        self.errors: list[str] = []
+        self.external: list[str] = []
+        host = urlparse(base).netloc
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url}"))
+        page.on("request", lambda r: self.external.append(r.url)
+                if urlparse(r.url).scheme in ("http", "https", "ws", "wss") and urlparse(r.url).netloc != host
+                else None)
+
+
+def open_app(page, url: str) -> Watch:
+    watch = Watch(page, url)
+    page.goto(url)
+    page.locator(".translation").get_by_text("log p").wait_for(timeout=TIMEOUT)
+    page.locator("canvas").first.wait_for(timeout=TIMEOUT)
+    return watch
+
+
+TEXT_JS = """el => { const root = el.shadowRoot || el;
+    return [...root.children].filter(c => !['STYLE', 'LINK'].includes(c.tagName)).map(c => c.innerText).join(' '); }"""
+
+
+def text(page, css: str) -> str:
+    """Visible text of a Panel component (it renders in an open shadow root, so the host's innerText is empty)."""
+    return page.locator(css).first.evaluate(TEXT_JS, timeout=TIMEOUT)
+
+
+def version(page) -> int:
+    return int(re.search(r"version=(\d+)", text(page, ".status")).group(1))
+
+
+def wait_version(page, above: int) -> int:
+    deadline = time.monotonic() + TIMEOUT / 1000
+    while time.monotonic() < deadline:
+        if version(page) > above:
+            return version(page)
+        page.wait_for_timeout(50)
+    raise AssertionError(f"the page stayed at version {above}: {text(page, '.message')!r}")
+
+
+def figure(page) -> dict:
+    page.wait_for_function(f"({FIGURE_JS})() !== null", timeout=TIMEOUT)
+    return page.evaluate(FIGURE_JS)
+
+
+def source_tokens(page) -> int:
+    return int(re.search(r"(\d+) source tokens", text(page, ".translation")).group(1))
+
+
+def submit(page, text: str) -> int:
+    v = version(page)
+    box = page.locator(".sentence-input input")
+    box.fill(text)
+    box.press("Enter")
+    return wait_version(page, v)
+
+
+def test_loads_clean_offline_and_reacts(page, app_server, tmp_path):
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    watch = open_app(page, app_server)
+    fig = figure(page)
+    assert fig["title"].startswith("cross-attention, layer 0")
+    assert fig["keys"] == source_tokens(page)
+    shot = ROOT / "docs" / "screenshot.png" if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"
+    page.screenshot(path=str(shot), full_page=True)
+
+    # typing a sentence updates the translation and the heatmap
+    before = text(page, ".translation")
+    submit(page, "Zwei Hunde spielen am Strand mit einem roten Ball.")
+    assert text(page, ".translation") != before
+    page.wait_for_function(f"({FIGURE_JS})().keys === {source_tokens(page)}", timeout=TIMEOUT)
+
+    # picking a head updates the view
+    page.locator(".head-picker select").select_option(label="head 2")
+    page.wait_for_function(f"({FIGURE_JS})().title.includes('head 2')", timeout=TIMEOUT)
+
+    # ablating that head changes the output's log-probability (shown beside the original)
+    v = version(page)
+    page.locator(".ablate-btn button").click()
+    wait_version(page, v)
+    out = text(page, ".ablation-out")
+    assert "Δ =" in out and "original" in out
+    delta = float(re.search(r"Δ = ([-+]\d+\.\d+)", out).group(1))
+    assert delta != 0.0
+
+    # the URL now carries the state; a new page opened on it shows the same
+    query = parse_qs(urlparse(page.url).query)
+    assert query["head"] == ["2"] and "Strand" in query["src"][0] and "cross:0:2" in query["ablate"][0]
+    translation = text(page, ".translation")
+    page2 = page.context.new_page()
+    watch2 = open_app(page2, page.url)
+    page2.wait_for_function(f"({FIGURE_JS})().title.includes('head 2')", timeout=TIMEOUT)
+    assert text(page2, ".translation").split("log p")[0] == translation.split("log p")[0]
+    assert f"Δ = {delta:+.3f}" in text(page2, ".ablation-out")
+
+    assert watch.errors == [] and watch2.errors == []
+    assert watch.external == [] and watch2.external == []
+
+
+def test_two_sessions_do_not_share_ablations(browser, app_server):
+    a, b = browser.new_context(), browser.new_context()
+    pa, pb = a.new_page(), b.new_page()
+    open_app(pa, app_server)
+    open_app(pb, app_server)
+    b_before = text(pb, ".translation")
+    pa.locator(".head-picker select").select_option(label="head 1")
+    v = version(pa)
+    pa.locator(".ablate-btn button").click()
+    wait_version(pa, v)
+    assert "Δ =" in text(pa, ".ablation-out")
+    # B: same sentence re-run after A's ablation; its page has no ablation and the same result as before
+    vb = version(pb)
+    pb.locator(".beam-slider").first.focus()
+    submit(pb, pb.locator(".sentence-input input").input_value() + " ")
+    assert version(pb) > vb
+    assert "Δ =" not in text(pb, ".ablation-out")
+    assert text(pb, ".translation").split("log p")[0] == b_before.split("log p")[0]
+    a.close()
+    b.close()
+
+
+BAD_INPUTS = [
+    ("", "Type a sentence"),
+    ("x" * 5001, "only the first 5,000"),
+    ("Ein Hund 🐕 läuft 🎉", None),
+    ("كلب يجري في الحديقة", None),
+    ("一只狗在公园里跑。", None),
+    ("Ein\x00Hund\x07\x1b[31m läuft\u202e", None),
+]
+
+
+def test_bad_input_shows_a_message_and_the_page_keeps_working(page, app_server):
+    watch = open_app(page, app_server)
+    for sentence, expect in BAD_INPUTS:
+        submit(page, sentence)
+        assert "Traceback" not in page.locator("body").inner_text()
+        if expect:
+            assert expect in text(page, ".message"), sentence[:20]
+        else:
+            assert "log p" in text(page, ".translation"), sentence
+            assert not text(page, ".message").strip().startswith(("Cannot", "The model")), sentence
+            continue
+        submit(page, "Ein Hund.")  # still working after the message
+        assert "log p" in text(page, ".translation") and text(page, ".message").strip() == ""
+    assert watch.errors == []
+
+
+def test_corrupt_checkpoint_is_a_message(page, app_server):
+    watch = open_app(page, app_server)
+    v = version(page)
+    page.locator(".ckpt-picker select").select_option(label="zz_broken")
+    wait_version(page, v)
+    assert "Cannot load this checkpoint" in text(page, ".message")
+    v = version(page)
+    page.locator(".ckpt-picker select").select_option(label="demo")
+    wait_version(page, v)
+    assert "log p" in text(page, ".translation")
+    assert watch.errors == []
