@@ -105,12 +105,12 @@ def test_bad_selection_errors_state_values(trace):
 def test_head_view_builds_for_every_kind_and_all_layers(trace, kind):
     layout = head_view(trace, kind, batch=2, min_weight=0.05)
     shown = layout.select_one({"name": "head_lines"})
-    stored = [s for s in layout.select({"type": ColumnDataSource}) if "w" in s.data and s is not shown]
+    stored = [s for s in layout.select({"type": ColumnDataSource}) if "w8" in s.data]
     n_layers = {"enc_self": 2, "dec_self": 3, "cross": 3, "combined": 2}[kind]
     assert len(stored) == n_layers  # one stored set per layer for the in-page picker
     first = select_attention(trace, "enc_self", 0, batch=2).values if kind != "combined" else None
-    for d in [shown.data, *(s.data for s in stored)]:
-        assert (np.asarray(d["w"]) >= 0.05).all() and set(np.asarray(d["h"]).tolist()) <= {0, 1, 2, 3}
+    for d in [shown.data, *({**s.data, "w": s.data["w8"] / 255} for s in stored)]:
+        assert (np.asarray(d["w"]) >= 0.05 - 0.5 / 255).all() and set(np.asarray(d["h"]).tolist()) <= {0, 1, 2, 3}
     if kind == "enc_self":  # the first layer's lines are exactly the trace's weights at (h, q, k)
         d = shown.data
         np.testing.assert_array_equal(d["w"], first[d["h"], d["q"], d["k"]])

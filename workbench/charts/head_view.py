@@ -42,7 +42,7 @@ def line_data(values: np.ndarray, min_weight: float = 0.01, top_k: int | None = 
     """(Lq, Lk) or (H, Lq, Lk) weights -> {q, k, h, w, alpha} for the lines kept.
 
     Kept: w >= min_weight and among the top_k of its query row. q/k int16, h int8 (position in the head
-    selection), w/alpha float32: 13 bytes a line, and only what is drawn is shipped.
+    selection), w/alpha float32: 13 bytes a line for the layer shown, 6 for each stored layer (w as uint8).
     """
     w = np.asarray(values, dtype=np.float32)
     w = w[None] if w.ndim == 2 else w
@@ -64,7 +64,8 @@ DIM = 0.08  # opacity factor for lines of queries other than the tapped one
 # One callback for head toggles, query taps and the layer picker: rebuild alpha from the current layer's weights.
 _UPDATE_JS = """
 const d = picker ? store[picker.value].data : src.data;
-const q = d.q, k = d.k, h = d.h, w = d.w;
+const q = d.q, k = d.k, h = d.h;
+const w = picker ? Float32Array.from(d.w8, x => x / 255) : d.w;  // stored layers carry 8-bit weights
 const on = new Set(buttons.active), sel = new Set(qsrc.selected.indices);
 const a = new Float32Array(w.length);
 for (let i = 0; i < w.length; i++)
@@ -135,8 +136,10 @@ def head_view_figure(
     buttons = CheckboxButtonGroup(labels=[f"h{h}" for h in first.heads], active=list(range(len(first.heads))),
                                   name="head_toggles")
     store, picker = {}, None
-    if len(atts) > 1:  # every layer's lines ride along; alpha is rebuilt in the browser on a switch
-        store = {label: ColumnDataSource({c: d[c] for c in ("q", "k", "h", "w")}) for label, d in per_layer.items()}
+    if len(atts) > 1:  # every layer's lines ride along (8-bit weights: opacity needs no more); alpha is rebuilt
+        store = {label: ColumnDataSource({"q": d["q"], "k": d["k"], "h": d["h"],
+                                          "w8": np.round(d["w"] * 255).astype(np.uint8)})
+                 for label, d in per_layer.items()}
         picker = Select(title="layer", value=labels[0], options=labels, width=160, name="layer_picker")
     update = CustomJS(args={"src": src, "store": store, "picker": picker, "buttons": buttons, "qsrc": qsrc,
                             "dim": DIM}, code=_UPDATE_JS)
