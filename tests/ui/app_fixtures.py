@@ -19,19 +19,22 @@ from workbench.tokenizer import SentencePieceTokenizer
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
 
 
-def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab: int = 600, steps: int = 150) -> Path:
-    """Write a checkpoint: a joint de+en tokenizer, a 2+2-layer model trained `steps` Adam steps on Multi30k
-    with the noam schedule, and the real log of that run (loss and LR per step)."""
+def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab: int = 600, steps: int = 150,
+                     preset: str = "tiny", generation: dict | None = None) -> Path:
+    """Write a checkpoint: a joint de+en tokenizer, a model of `preset` (tiny: 2+2 layers) trained `steps` Adam
+    steps on Multi30k with the noam schedule, and the real log of that run (loss and LR per step)."""
     de = (DATA / "train.de").read_text(encoding="utf-8").splitlines()[:lines]
     en = (DATA / "train.en").read_text(encoding="utf-8").splitlines()[:lines]
     tok = SentencePieceTokenizer.train(sentences=de + en, vocab_size=vocab, num_threads=1)
-    cfg = presets.tiny(vocab=tok.vocab_size, max_positions=128)
+    cfg = (presets.tiny(vocab=tok.vocab_size, max_positions=128) if preset == "tiny"
+           else presets.preset(preset, src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size))
     torch.manual_seed(seed)
     model = Transformer(cfg)
     log = _train(model, tok, de, en, steps) if steps else []
     model.eval()
     return save_checkpoint(directory, model, src_tokenizer=tok, tgt_tokenizer=tok,
-                           meta={"src_lang": "de", "tgt_lang": "en", "generation": {"beam": 1, "max_len": 16},
+                           meta={"src_lang": "de", "tgt_lang": "en",
+                                 "generation": generation or {"beam": 1, "max_len": 16},
                                  "train": {"schedule": "noam", "warmup": WARMUP, "d_model": cfg.d_model,
                                            "factor": FACTOR}},
                            train_log=log)

@@ -362,8 +362,13 @@ class CompareView(pn.viewable.Viewer):
         super().__init__(**params)
         labels = list(self.session.param.checkpoint.objects)
         self.param.other.objects = labels
-        if labels:
-            self.other = labels[-1] if len(labels) > 1 else labels[0]
+        others = [e for e in self.session.entries if e.label != self.session.checkpoint]
+        if others:
+            from .session import _first_loadable
+
+            self.other = _first_loadable(others)
+        elif labels:
+            self.other = labels[0]
         self._box = pn.Column(sizing_mode="stretch_width")
         self._picker = pn.widgets.Select.from_param(self.param.other, name="Compare with (B)", width=260,
                                                     css_classes=["compare-picker"])

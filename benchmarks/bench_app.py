@@ -1,0 +1,222 @@
+"""Benchmark of the served app (not a test): latency, payload and throughput, measured in a real Chromium.
+
+    .venv/bin/python benchmarks/bench_app.py [--checkpoint DIR] [--sessions 10] [--seconds 40]
+
+1. In-process: model work (`session.compute`: translation + whole-generation trace) and figure building
+   for a 30- and a 200-token source sentence, median of 3.
+2. Browser, one session: time from pressing Enter in the sentence box to the page showing the new
+   result AND the heatmap holding the new sentence's tokens (all visible views updated), median of 3
+   distinct sentences per length; bytes the server sent over the websocket for that update.
+3. Browser, N sessions at once (separate contexts), each submitting distinct ~30-token sentences in a
+   loop for `--seconds`: completed requests per second and their median latency.
+
+Without `--checkpoint` it uses the default under checkpoints/; if there is none, it builds a stand-in:
+the multi30k_small architecture (3+3 layers, d=256), randomly initialised, with generation limited to
+|source| + 5 tokens so outputs are as long as a real translation of the same sentence. It says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "ui"))
+sys.path.insert(0, str(ROOT / "tests" / "browser"))
+
+FIGURE_KEYS = """() => {
+    const v = [...Bokeh.index.all_views()].filter(v => v.model.name === 'attn_fig' && v.el.isConnected);
+    return v.length === 1 ? v[0].model.x_range.end + 0.5 : -1; }"""
+VERSION = """() => { for (const el of document.querySelectorAll('.status')) { const r = el.shadowRoot || el;
+    const m = r.textContent.match(/version=(\\d+)/); if (m) return +m[1]; } return -1; }"""
+
+
+def sentences(tm, n_tokens: int, count: int) -> list[str]:
+    """`count` distinct Multi30k-based sentences of exactly `n_tokens` source tokens (EOS included)."""
+    lines = (ROOT.parent / "shared" / "data" / "multi30k" / "val.de").read_text(encoding="utf-8").splitlines()
+    out, i = [], 0
+    while len(out) < count:
+        text = ""
+        while len(tm.encode_source(text)[0]) < n_tokens:
+            text = (text + " " + lines[i % len(lines)]).strip()
+            i += 1
+        words = text.split()
+        while len(tm.encode_source(" ".join(words))[0]) > n_tokens and len(words) > 1:
+            words.pop()
+        out.append(" ".join(words))
+    return out
+
+
+def pick_checkpoint(arg: str | None) -> tuple[Path, str]:
+    from workbench.ui import loader
+
+    if arg:
+        return Path(arg), f"checkpoint {arg}"
+    entries, _ = loader.discover()
+    default = loader.default_entry(entries)
+    if default is not None:
+        return default.path, f"shipped default checkpoint {default.label}"
+    from app_fixtures import build_checkpoint
+
+    path = Path(tempfile.mkdtemp()) / "standin"
+    build_checkpoint(path, steps=0, vocab=8000, lines=5000, preset="multi30k_small",
+                     generation={"beam": 1, "max_len_a": 1.0, "max_len_b": 5})
+    return path, ("STAND-IN (no checkpoint under checkpoints/): multi30k_small architecture, random weights, "
+                  "outputs |src|+5 tokens")
+
+
+def in_process(path: Path, texts: dict[int, list[str]]) -> dict:
+    from workbench.charts import attention_heatmap, head_view, model_view
+    from workbench.ui.session import Request, compute
+
+    out = {}
+    for n, group in texts.items():
+        model_s, fig_s, out_len = [], [], []
+        for text in group:
+            t = time.perf_counter()
+            res = compute(Request(str(path), text)).result
+            model_s.append(time.perf_counter() - t)
+            out_len.append(res.n_tokens)
+            t = time.perf_counter()
+            attention_heatmap(res.trace, "cross", 0, select={"tgt_tokens": list(res.out_pieces)})
+            head_view(res.trace, "cross", 0)
+            model_view(res.trace, "cross")
+            fig_s.append(time.perf_counter() - t)
+        out[n] = {"model_s": statistics.median(model_s), "figures_s": statistics.median(fig_s),
+                  "output_tokens": statistics.median(out_len),
+                  "trace_kb": res.trace.nbytes() / 1024}
+    return out
+
+
+def serve(path: Path) -> tuple[subprocess.Popen, str]:
+    from conftest import _free_port
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port",
+                             str(port), "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
+                             "--args", "--checkpoints", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/attention?ckpt={path.name}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url, timeout=30).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("panel serve did not start")
+
+
+def submit_and_wait(page, text: str, n_src: int) -> float:
+    v = page.evaluate(VERSION)
+    box = page.locator(".sentence-input input")
+    box.fill(text)
+    t = time.perf_counter()
+    box.press("Enter")
+    page.wait_for_function(f"() => ({VERSION})() > {v} && ({FIGURE_KEYS})() === {n_src}", timeout=120_000,
+                           polling="raf")
+    return time.perf_counter() - t
+
+
+def browser(url: str, tm, texts: dict[int, list[str]], sessions: int, seconds: float) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    out: dict = {}
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium")
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        received = [0]
+
+        def on_ws(ws):
+            ws.on("framereceived", lambda payload: received.__setitem__(0, received[0] + len(payload)))
+
+        page.on("websocket", on_ws)
+        page.goto(url)
+        page.wait_for_function(f"({FIGURE_KEYS})() > 0", timeout=120_000)
+        out["first_load_ws_kb"] = received[0] / 1024
+        for n, group in texts.items():
+            times, sizes = [], []
+            for text in group:
+                n_src = len(tm.encode_source(text)[0])
+                received[0] = 0
+                times.append(submit_and_wait(page, text, n_src))
+                page.wait_for_timeout(300)  # late frames (widget options) count toward the payload
+                sizes.append(received[0] / 1024)
+            out[n] = {"submit_to_views_s": statistics.median(times), "all_s": [round(x, 3) for x in times],
+                      "ws_kb": statistics.median(sizes)}
+        page.close()
+        out["concurrent"] = concurrent(b, url, tm, sessions, seconds)
+        b.close()
+    return out
+
+
+def concurrent(b, url: str, tm, sessions: int, seconds: float) -> dict:
+    pool = sentences(tm, 30, 40)
+    pages = []
+    for _ in range(sessions):
+        page = b.new_context(viewport={"width": 1200, "height": 900}).new_page()
+        page.goto(url)
+        pages.append(page)
+    for page in pages:
+        page.wait_for_function(f"({FIGURE_KEYS})() > 0", timeout=300_000)
+    # Playwright's sync API is single-threaded: drive the sessions round-robin, each press returning at once,
+    # and collect completions by polling, so all sessions have a request in flight together.
+    lat: list[float] = []
+    pending: dict[int, tuple[float, int, int]] = {}
+    start = time.perf_counter()
+    k = 0
+    lock = threading.Lock()
+    while time.perf_counter() - start < seconds or pending:
+        for i, page in enumerate(pages):
+            if i in pending:
+                t0, v, n_src = pending[i]
+                if page.evaluate(f"() => ({VERSION})() > {v} && ({FIGURE_KEYS})() === {n_src}"):
+                    with lock:
+                        lat.append(time.perf_counter() - t0)
+                    del pending[i]
+            elif time.perf_counter() - start < seconds:
+                text = pool[k % len(pool)] + f" {k}"
+                k += 1
+                v = page.evaluate(VERSION)
+                box = page.locator(".sentence-input input")
+                box.fill(text)
+                box.press("Enter")
+                pending[i] = (time.perf_counter(), v, len(tm.encode_source(text)[0]))
+    elapsed = time.perf_counter() - start
+    return {"sessions": sessions, "completed": len(lat), "seconds": round(elapsed, 1),
+            "requests_per_s": len(lat) / elapsed, "median_latency_s": statistics.median(lat) if lat else None,
+            "p90_latency_s": sorted(lat)[int(0.9 * (len(lat) - 1))] if lat else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--sessions", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=40.0)
+    args = ap.parse_args()
+    path, what = pick_checkpoint(args.checkpoint)
+    from workbench.ui import loader
+
+    tm = loader.load_model(str(path))
+    texts = {n: sentences(tm, n, 3) for n in (30, 200)}
+    report = {"checkpoint": what, "in_process": in_process(path, texts)}
+    print(json.dumps(report, indent=1), flush=True)
+    proc, url = serve(path)
+    try:
+        report["browser"] = browser(url, tm, texts, args.sessions, args.seconds)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
