@@ -93,8 +93,10 @@ def test_model_pt_import_translates_like_the_reference(tmp_path):
     with foreign_modules(meter):
         m = meter()
         m.val, m.avg, m.count = 0.5, 0.5, 2
+        # the pre-1.6 (non-zip) serialization, as the 2018 "Scaling NMT" files were written
         torch.save({"args": _args(hf), "model": sd, "optimizer_history": [{"num_updates": 10}],
-                    "extra_state": {"train_meters": {"loss": m}}}, tmp_path / "model.pt")
+                    "extra_state": {"train_meters": {"loss": m}}}, tmp_path / "model.pt",
+                   _use_new_zipfile_serialization=False)
     imported = import_fairseq(tmp_path)
     assert imported.generation["length_penalty"] == {"kind": "average", "alpha": 1.0}
     assert "extra_state" in imported.report.ignored

@@ -123,6 +123,33 @@ def test_v2_pickled_torchtext_fields_load_without_torchtext(tmp_path):
     assert imported.generation["append_eos"] is False
 
 
+def test_v1_checkpoint_with_pickled_optimizer_object_loads(tmp_path):
+    """OpenNMT-py 0.x saved (name, Vocab) pairs and the Optimizer object wrapping torch.optim.Adam."""
+    ckpt, sd, gen = _checkpoint("v1")
+    vocab_cls = foreign_class("torchtext.vocab.Vocab")
+    optim_cls = foreign_class("onmt.utils.optimizers.Optimizer")
+
+    def vocab(itos):
+        v = vocab_cls()
+        v.itos, v.stoi, v.freqs = itos, {t: i for i, t in enumerate(itos)}, None
+        return v
+
+    optim = optim_cls()
+    optim.optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=2.0)
+    optim.method, optim.lr, optim._step = "adam", 2.0, 100
+    with foreign_modules(vocab_cls, optim_cls):
+        torch.save({**ckpt, "vocab": [("src", vocab(ckpt["vocab"]["src"])), ("tgt", vocab(ckpt["vocab"]["tgt"]))],
+                    "optim": optim, "epoch": 10}, tmp_path / "model.pt", _use_new_zipfile_serialization=False)
+    imported = import_opennmt(tmp_path / "model.pt")
+    src, tgt = _batch(TGT_V)
+    with torch.no_grad():
+        ours, ref = imported.model(src, tgt), forward(sd, gen, src, tgt, heads=4, pad=1)[1]
+    torch.testing.assert_close(ours[tgt != 1], ref[tgt != 1], rtol=0, atol=2e-5)
+    assert any("a_2/b_2" in n for n in imported.report.notes)
+    assert imported.src_tokenizer is None  # no sentencepiece model beside it: ids only, and the report says so
+    assert any("no sentencepiece" in n for n in imported.report.notes)
+
+
 def test_import_with_sentencepiece_save_load_translate_identical(tmp_path):
     import sentencepiece as spm
 

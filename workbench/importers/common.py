@@ -255,8 +255,7 @@ def torch_load(
         with torch.serialization.safe_globals(globals_):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if ln.startswith(("Unsupported global", "Trying to", "Can only"))), lines[0])
+        reason = _unpickler_reason(str(exc))
         raise UnsafeCheckpointError(
             f"refused to load {path}: its pickle asks for something outside the allow-list, and unpickling it "
             f"could run arbitrary code, so nothing from it was executed. ({reason})"
@@ -265,6 +264,17 @@ def torch_load(
         raise ConversionError(
             f"cannot read {path} as a PyTorch checkpoint: it is truncated or in another format ({exc})"
         ) from None
+
+
+def _unpickler_reason(message: str) -> str:
+    """The one informative line of PyTorch's long weights-only refusal (the global it refused)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            rest = line.split("WeightsUnpickler error:", 1)[1].strip()
+            return rest or (lines[i + 1] if i + 1 < len(lines) else line)
+    return next((ln for ln in lines if ln.startswith(("Unsupported global", "Trying to", "Can only"))),
+                lines[0] if lines else "no detail")
 
 
 def read_state_dict(path: str | Path, **kwargs: Any) -> dict[str, torch.Tensor]:

@@ -53,6 +53,11 @@ OPENNMT_STAND_INS = (
     "onmt.inputters.inputter._feature_tokenize",
     "functools.partial",
     "collections.defaultdict",
+    # OpenNMT-py 0.x saved the optimizer object itself (not its state dict)
+    "onmt.utils.optimizers.Optimizer",
+    "onmt.utils.optimizers.MultipleOptimizer",
+    "torch.optim.adam.Adam",
+    "torch.optim.sgd.SGD",
 )
 SPECIALS = {"unk": "<unk>", "pad": "<blank>", "bos": "<s>", "eos": "</s>"}
 
@@ -63,7 +68,8 @@ def zeros(shape: tuple[int, ...]) -> Source:
 
 
 def load_opennmt_file(path: str | Path) -> dict[str, Any]:
-    ckpt = torch_load(path, stand_ins=OPENNMT_STAND_INS, allow=[argparse.Namespace])
+    # dict: the factory of torch.optim state defaultdict(dict) in 0.x files (calling it is harmless)
+    ckpt = torch_load(path, stand_ins=OPENNMT_STAND_INS, allow=[argparse.Namespace, dict])
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise ConversionError(f"{path} is not an OpenNMT-py checkpoint (expected a dict with 'model')")
     return ckpt
