@@ -42,6 +42,18 @@ def test_loss_is_cross_entropy_against_the_smoothed_distribution(eps):
     assert torch.all(logits.grad[0, -2:] == 0)  # padding positions get no gradient
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_equals_pytorch_cross_entropy_with_label_smoothing(eps):
+    logits, target = _data(seed=5)
+    loss, _, _ = label_smoothed_nll(logits, target, smoothing=eps, ignore_index=PAD)
+    ref = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
+                          label_smoothing=eps, reduction="sum")
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    g1 = torch.autograd.grad(loss, logits)[0]
+    g2 = torch.autograd.grad(ref, logits)[0]
+    assert torch.allclose(g1, g2, atol=1e-6)
+
+
 def test_sums_add_up_across_splits():
     """Gradient accumulation relies on sums: two halves give the whole batch's loss."""
     logits, target = _data(seed=3)

@@ -4,9 +4,13 @@ Smoothing definition: PyTorch's (`F.cross_entropy(label_smoothing=eps)`, also fa
 `label_smoothed_cross_entropy` and the paper's reference tensor2tensor code): the target
 distribution puts eps/V on every class *including* the gold one, plus 1 - eps on the gold class.
 The Annotated Transformer instead spreads eps over V - 2 classes (excluding the gold token and
-padding). We pick PyTorch's because it is what the fused kernel computes (no (N, V) one-hot
-tensor), what fairseq/Marian-trained checkpoints used, and it needs no special padding column; the
+padding). We pick PyTorch's because it is what `F.cross_entropy(label_smoothing=)` computes (so the
+result can be checked against it, and it needs no (N, V) one-hot tensor), what fairseq- and
+Marian-trained checkpoints used, and it needs no special padding column; the
 difference is eps/V vs eps/(V-2) per class, negligible for real vocabularies.
+
+The sum is computed from one log-softmax (equal to F.cross_entropy's, tested) so the unsmoothed
+nll for reporting comes free instead of costing a second pass over the (N, V) logits.
 """
 
 from __future__ import annotations
@@ -28,16 +32,20 @@ def label_smoothed_nll(
         raise ValueError(f"smoothing ({smoothing}) must be in [0, 1)")
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree")
-    flat_logits = logits.reshape(-1, logits.size(-1)).float()
     flat_target = target.reshape(-1)
-    loss = F.cross_entropy(
-        flat_logits, flat_target, ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum"
-    )
-    with torch.no_grad():
-        nll = loss if smoothing == 0.0 else F.cross_entropy(
-            flat_logits, flat_target, ignore_index=ignore_index, reduction="sum"
-        )
-        n_tokens = (flat_target != ignore_index).sum()
+    # one log-softmax serves both sums (F.cross_entropy would need a second one for the nll);
+    # the result equals F.cross_entropy(label_smoothing=smoothing, reduction="sum"), which the tests check
+    lprobs = F.log_softmax(logits.reshape(-1, logits.size(-1)).float(), dim=-1)
+    keep = flat_target != ignore_index
+    gold = lprobs.gather(-1, flat_target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)
+    nll_all = -gold.masked_fill(~keep, 0.0)
+    if smoothing:
+        smooth_all = -lprobs.mean(dim=-1).masked_fill(~keep, 0.0)
+        loss = ((1.0 - smoothing) * nll_all + smoothing * smooth_all).sum()
+    else:
+        loss = nll_all.sum()
+    nll = nll_all.sum().detach()
+    n_tokens = keep.sum()
     return loss, nll.detach(), n_tokens
 
 
