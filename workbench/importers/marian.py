@@ -165,8 +165,12 @@ def import_marian(directory: str | Path) -> Imported:
     forbid = forbidden_ids(hf, gen)
     if forbid:
         imported.extra["forbid_ids"] = forbid
+        pad = model.cfg.pad_id
+        others = [i for i in forbid if i != pad]
+        # workbench search never generates the padding id, which is all opus-mt bans
         report.notes.append(f"the original forbids ids {forbid} during generation (bad_words_ids); "
-                            "workbench decoding does not apply that")
+                            + (f"workbench decoding never generates the padding id {pad}" if not others else
+                               f"workbench decoding bans the padding id {pad} but not {others}"))
     if tokenizers:
         imported.src_tokenizer, imported.tgt_tokenizer = tokenizers
     return imported
