@@ -91,10 +91,15 @@ class Trainer:
         valid_text: tuple[list[str], list[str]] | None = None,
         src_tokenizer=None,
         tgt_tokenizer=None,
+        model: Transformer | None = None,
         resume: bool | str | Path = True,
         progress: str = "auto",
     ) -> None:
-        """`resume`: True continues from out_dir's latest checkpoint when there is one; a path resumes from it."""
+        """`resume`: True continues from out_dir's latest checkpoint when there is one; a path resumes from it.
+
+        `model` trains that model (its config wins over preset/model/vocab_size); otherwise one is
+        built from the preset with the tokenizers' vocabulary sizes.
+        """
         self.cfg = cfg
         # 1. config checks that need no data: the model config with placeholder vocabularies, the schedule
         model_config(cfg, cfg.vocab_size, cfg.vocab_size)
@@ -134,6 +139,9 @@ class Trainer:
         if ckpt is not None:
             self.model_cfg = ckpt.config
             model = ckpt.model.train()
+        elif model is not None:
+            self.model_cfg = model.cfg
+            model.train()
         else:
             vocab_s, vocab_t = self._vocab_sizes()
             self.model_cfg = model_config(cfg, vocab_s, vocab_t)

@@ -1,0 +1,125 @@
+"""Training throughput of the workbench trainer next to ../shared/bench/peers.py's peers, same pairs, same run.
+
+    python benchmarks/bench_train.py                         # CPU: tiny config
+    python benchmarks/bench_train.py --config base --compile # GPU: the paper's base model, bf16
+
+peers.py times one optimiser step on a fixed batch of random pairs (a third of it padding). Here
+the *same* pairs (peers.make_train_batch, same seed) go through the real trainer step
+(`Trainer._train_step`): length-bucketed micro-batches under a token budget, accumulated into one
+optimiser step, so each step does the peers' work: the same sentences, one update. Reported:
+real (non-pad) target tokens/s, padding share, and MFU with peers.py's analytic FLOP count over the
+same non-pad lengths, so MFU stays proportional to tokens/s across all rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peer_adapter import install, load_peers, workbench_config  # noqa: E402
+
+from workbench.config import TrainConfig  # noqa: E402
+from workbench.data import ParallelData, padding_fraction  # noqa: E402
+from workbench.model import Transformer  # noqa: E402
+from workbench.train import Trainer, _Accumulator  # noqa: E402
+
+
+def pairs_from_peers(peers, cfg, spec, seed):
+    """The peers' batch as id lists: source without its EOS, target without its EOS."""
+    src, _, labels, src_lens, tgt_lens = peers.make_train_batch(cfg, spec, torch.device("cpu"), seed)
+    s = [src[i, : n - 1].tolist() for i, n in enumerate(src_lens)]
+    t = [labels[i, : n - 1].tolist() for i, n in enumerate(tgt_lens)]
+    return ParallelData(s, t), src_lens, tgt_lens
+
+
+def time_trainer(peers, args, compiled: bool) -> dict:
+    cfg = peers.CONFIGS[args.config]
+    spec = dict(peers.TRAIN_BATCH[args.config])
+    data, src_lens, tgt_lens = pairs_from_peers(peers, cfg, spec, args.seed + 1)
+    plan = data.batches(args.max_tokens, seed=args.seed)
+    train_cfg = TrainConfig(dataset="files", train_files=["-", "-"], max_steps=10**9, max_tokens=args.max_tokens,
+                            accum=len(plan), schedule="constant", lr=1e-4, warmup=0, label_smoothing=0.1,
+                            weight_decay=0.01, device=args.device, compile=compiled, out_dir="/tmp/bench_train",
+                            bleu=False, amp="auto")
+    torch.manual_seed(args.seed)
+    model = Transformer(workbench_config(peers, cfg))
+    trainer = Trainer(train_cfg, train_data=data, model=model, resume=False, progress="none")
+    acc = _Accumulator(trainer.device)
+    dev = trainer.device
+    first = time.perf_counter()
+    trainer._train_step(plan, acc)
+    peers.sync(dev)
+    first_s = time.perf_counter() - first
+    times = peers.timed(lambda: trainer._train_step(plan, acc), dev, max(args.warmup - 1, 0), args.steps)
+    med = statistics.median(times)
+    T, S = sum(tgt_lens), sum(src_lens)
+    dense, attn = peers.forward_flops(cfg, src_lens, tgt_lens)
+    flops = 3 * (dense + attn)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else (989e12 if dev.type == "cuda" else None)
+    loss = float(acc.sums[0] / acc.sums[2])
+    return {
+        "peer": "workbench-trainer" + ("+compile" if compiled else ""), "workload": "train", "config": args.config,
+        "pairs": len(data), "tgt_tokens": T, "src_tokens": S, "micro_batches": len(plan),
+        "max_tokens": args.max_tokens, "tgt_padding": round(padding_fraction(data, plan), 4),
+        "step_ms_median": med * 1e3, "first_step_s": first_s, "tgt_tokens_per_s": T / med,
+        "achieved_tflops": flops / med / 1e12, "mfu": flops / med / peak if peak else None,
+        "mean_loss": loss, "amp_bf16": trainer.amp, "fused_adam": dev.type == "cuda",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--config", default="tiny", choices=["tiny", "base", "big"])
+    ap.add_argument("--max-tokens", type=int, default=None, help="micro-batch budget (default 16384 cuda, 1024 cpu)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 cuda, 5 cpu)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true", help="also torch.compile (trainer and peers)")
+    ap.add_argument("--peers", default="torch,hf-marian-sdpa", help="peers.py peers to time in the same run")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    args.max_tokens = args.max_tokens or (16384 if cuda else 1024)
+    args.steps = args.steps or (20 if cuda else 5)
+
+    peers = load_peers()
+    install(peers)
+    results = [time_trainer(peers, args, False)]
+    print("RESULT " + json.dumps(results[-1]), flush=True)
+    if args.compile:
+        results.append(time_trainer(peers, args, True))
+        print("RESULT " + json.dumps(results[-1]), flush=True)
+    if not args.no_peers:
+        pargs = argparse.Namespace(device=args.device, config=args.config, workload="train", json=None,
+                                   peers=args.peers, compile=args.compile, compile_only=False, seed=args.seed,
+                                   pairs=None, steps=args.steps, warmup=args.warmup + 2, peak_tflops=args.peak_tflops,
+                                   selfcheck=False, measure_peak=False, reps=5, cap_warmup=1,
+                                   capture_shapes="1x64", decode_sents=8, decode_len=8, decode_steps=8,
+                                   decode_reps=1, beam=5)
+        runner = peers.Runner(pargs)
+        runner.run()
+        results += runner.results
+    print("\nside by side (same pairs; real target tokens per second):")
+    for r in results:
+        if "tgt_tokens_per_s" in r:
+            mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+            print(f"  {r['peer']:26s} {r['tgt_tokens_per_s']:>10.0f} tok/s  "
+                  f"step {r['step_ms_median']:9.1f} ms  MFU {mfu}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
