@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import presets
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.charts import head_view, model_view, save_html

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.charts import (

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import make_batch
+from model_helpers import make_batch
 
 from workbench import presets
 from workbench.charts.heatmap import IMAGE_NAME

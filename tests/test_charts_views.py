@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.models import ColumnDataSource, HoverTool
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.charts import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import Transformer, presets
 from workbench.config import DecodeConfig

@@ -23,7 +23,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def data():
-    from conftest import SHARED_DATA
+    from model_helpers import SHARED_DATA
 
     if not SHARED_DATA.is_dir():
         pytest.fail(f"shared data not found at {SHARED_DATA}; set WORKBENCH_DATA")

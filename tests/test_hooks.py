@@ -4,7 +4,7 @@ import threading
 
 import pytest
 import torch
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import hooks as hooks_module
 from workbench import presets

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_batch, make_model
+from model_helpers import make_batch, make_model
 
 from workbench import Trace, presets
 

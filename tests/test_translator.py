@@ -50,7 +50,7 @@ def build_translation_model(data_dir, *, max_positions: int = 48, seed: int = 0)
 
 @pytest.fixture(scope="module")
 def tm():
-    from conftest import SHARED_DATA
+    from model_helpers import SHARED_DATA
 
     if not SHARED_DATA.is_dir():
         pytest.fail(f"shared data not found at {SHARED_DATA}; set WORKBENCH_DATA")

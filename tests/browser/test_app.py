@@ -131,8 +131,8 @@ def test_loads_clean_offline_and_reacts(page, app_server, tmp_path):
 def test_two_sessions_do_not_share_ablations(browser, app_server):
     a, b = browser.new_context(), browser.new_context()
     pa, pb = a.new_page(), b.new_page()
-    open_app(pa, app_server)
-    open_app(pb, app_server)
+    open_app(pa, app_server + "?ckpt=demo")
+    open_app(pb, app_server + "?ckpt=demo")
     b_before = text(pb, ".translation")
     pa.locator(".head-picker select").select_option(label="head 1")
     v = version(pa)
@@ -161,7 +161,7 @@ BAD_INPUTS = [
 
 
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page, app_server):
-    watch = open_app(page, app_server)
+    watch = open_app(page, app_server + "?ckpt=demo")
     for sentence, expect in BAD_INPUTS:
         submit(page, sentence)
         assert "Traceback" not in page.locator("body").inner_text()
@@ -177,7 +177,7 @@ def test_bad_input_shows_a_message_and_the_page_keeps_working(page, app_server):
 
 
 def test_corrupt_checkpoint_is_a_message(page, app_server):
-    watch = open_app(page, app_server)
+    watch = open_app(page, app_server + "?ckpt=demo")
     v = version(page)
     page.locator(".ckpt-picker select").select_option(label="zz_broken")
     wait_version(page, v)
@@ -186,4 +186,13 @@ def test_corrupt_checkpoint_is_a_message(page, app_server):
     page.locator(".ckpt-picker select").select_option(label="demo")
     wait_version(page, v)
     assert "log p" in text(page, ".translation")
+    assert watch.errors == []
+
+
+def test_a_bad_link_is_ignored_with_a_message(page, app_server):
+    """A path in the link is never used: only labels from the discovered list are; the rest still applies."""
+    watch = open_app(page, app_server + "?ckpt=%2Fetc%2Fpasswd&head=1&src=Ein+Hund+l%C3%A4uft.")
+    assert "could not be used" in text(page, ".message") and "/etc/passwd" in text(page, ".message")
+    assert page.locator(".sentence-input input").input_value() == "Ein Hund läuft."
+    page.wait_for_function(f"({FIGURE_JS})().title.includes('head 1')", timeout=TIMEOUT)
     assert watch.errors == []

@@ -1,0 +1,36 @@
+"""Helpers shared by test modules (import as `from model_helpers import ...`).
+
+A plain module, not conftest: with several conftest.py files in the tree (tests/browser/ has its
+own), `from model_helpers import ...` resolves to whichever was imported first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from workbench import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))
+
+
+def make_model(cfg, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg).eval()
+
+
+def make_batch(cfg, batch=3, src_len=7, tgt_len=6, seed=1, pad=True):
+    """Random ids above the specials, EOS-terminated sources, BOS-started targets, some padding."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, cfg.src_vocab, (batch, src_len), generator=g)
+    tgt = torch.randint(4, cfg.tgt_vocab, (batch, tgt_len), generator=g)
+    src[:, -1] = cfg.eos_id
+    tgt[:, 0] = cfg.start_id
+    if pad and batch > 1:
+        src[0, src_len - 3] = cfg.eos_id
+        src[0, src_len - 2 :] = cfg.pad_id
+        tgt[1, tgt_len - 2 :] = cfg.pad_id
+    return src, tgt
