@@ -9,9 +9,10 @@ import sys
 import panel as pn
 
 from workbench.ui import Workbench
-from workbench.ui.loader import parse_args
+from workbench.ui.loader import configure_torch_threads, parse_args
 from workbench.ui.workbench_app import TITLE
 
 pn.extension("vega", notifications=False)
+configure_torch_threads()
 
 Workbench(checkpoints=parse_args(sys.argv[1:])).servable(title=TITLE)

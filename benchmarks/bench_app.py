@@ -35,8 +35,19 @@ sys.path.insert(0, str(ROOT / "tests" / "browser"))
 FIGURE_KEYS = """() => {
     const v = [...Bokeh.index.all_views()].filter(v => v.model.name === 'attn_fig' && v.el.isConnected);
     return v.length === 1 ? v[0].model.x_range.end + 0.5 : -1; }"""
-VERSION = """() => { for (const el of document.querySelectorAll('.status')) { const r = el.shadowRoot || el;
-    const m = r.textContent.match(/version=(\\d+)/); if (m) return +m[1]; } return -1; }"""
+VERSION = """() => {
+    const deep = (root) => {  // Panel renders in nested open shadow roots
+        for (const el of root.querySelectorAll('*')) {
+            if (el.classList && el.classList.contains('status')) {
+                const m = (el.shadowRoot || el).textContent.match(/version=(\\d+)/);
+                if (m) return +m[1];
+            }
+            if (el.shadowRoot) { const v = deep(el.shadowRoot); if (v >= 0) return v; }
+        }
+        return -1;
+    };
+    return deep(document);
+}"""
 
 
 def sentences(tm, n_tokens: int, count: int) -> list[str]:
@@ -55,6 +66,9 @@ def sentences(tm, n_tokens: int, count: int) -> list[str]:
     return out
 
 
+STANDIN = Path(tempfile.gettempdir()) / "workbench-bench-standin"
+
+
 def pick_checkpoint(arg: str | None) -> tuple[Path, str]:
     from workbench.ui import loader
 
@@ -66,9 +80,10 @@ def pick_checkpoint(arg: str | None) -> tuple[Path, str]:
         return default.path, f"shipped default checkpoint {default.label}"
     from app_fixtures import build_checkpoint
 
-    path = Path(tempfile.mkdtemp()) / "standin"
-    build_checkpoint(path, steps=0, vocab=8000, lines=5000, preset="multi30k_small",
-                     generation={"beam": 1, "max_len_a": 1.0, "max_len_b": 5})
+    path = STANDIN
+    if not (path / "config.json").is_file():
+        build_checkpoint(path, steps=0, vocab=8000, lines=5000, preset="multi30k_small",
+                         generation={"beam": 1, "max_len_a": 1.0, "max_len_b": 5})
     return path, ("STAND-IN (no checkpoint under checkpoints/): multi30k_small architecture, random weights, "
                   "outputs |src|+5 tokens")
 
@@ -201,8 +216,10 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=40.0)
     args = ap.parse_args()
-    path, what = pick_checkpoint(args.checkpoint)
     from workbench.ui import loader
+
+    loader.configure_torch_threads()  # as the served app does
+    path, what = pick_checkpoint(args.checkpoint)
 
     tm = loader.load_model(str(path))
     texts = {n: sentences(tm, n, 3) for n in (30, 200)}

@@ -258,6 +258,7 @@ class Session(param.Parameterized):
         self._generation = 0
         self._pending = None
         self._autorun = False
+        self.notes_once: list[str] = []  # shown with the next result (e.g. ignored link settings)
         super().__init__(**{k: v for k, v in params.items() if k != "checkpoint"})
         self.param.checkpoint.objects = list(self._entries)
         self.param.checkpoint.check_on_set = True  # off by default when the class declares no objects
@@ -336,6 +337,8 @@ class Session(param.Parameterized):
             return
         req = self.request()
         notes = [f"Ignored {b!r}: heads are written kind:layer:head, e.g. cross:0:1." for b in bad]
+        notes += self.notes_once
+        self.notes_once = []
         if not req.sentence.strip():
             self._apply(gen, Outcome(error="Type a sentence to translate.", notes=notes))
             return

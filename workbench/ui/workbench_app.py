@@ -10,8 +10,9 @@ threads and the page shows a spinner; in a notebook without a server it runs inl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import panel as pn
 import param
@@ -35,6 +36,15 @@ class Workbench(pn.viewable.Viewer):
     adds directories to the discovered list; `sync_url` ties the store to the page's query string."""
 
     session = param.ClassSelector(class_=Session)
+
+    # More tabs (the analysis views: head statistics, rollout, attribution, beam replay, logit lens) join
+    # here without touching this file: Workbench.add_tab("Heads", lambda session: HeadStats(session=session)).
+    extra_tabs: ClassVar[list[tuple[str, Callable[[Session], object]]]] = []
+
+    @classmethod
+    def add_tab(cls, title: str, factory: Callable[[Session], object]) -> None:
+        """Register a tab for every Workbench built afterwards; `factory(session)` returns a Panel object."""
+        cls.extra_tabs = [t for t in cls.extra_tabs if t[0] != title] + [(title, factory)]
 
     def __init__(self, checkpoint: str | Path | None = None, *, checkpoints: Sequence[str | Path] = (),
                  sentence: str | None = None, sync_url: bool | None = None, background: bool | None = None,
@@ -64,8 +74,16 @@ class Workbench(pn.viewable.Viewer):
         self.compare = CompareView(session=session)
 
     def _bad_url(self, values: dict) -> None:
-        self.session.message = ("Some settings in the link could not be used and were ignored: "
-                                + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+        """Panel applies a link's values all or nothing; apply the good ones one by one, name the bad ones."""
+        bad = {}
+        for name, value in values.items():
+            try:
+                setattr(self.session, name, value)
+            except Exception:
+                bad[URL_PARAMS.get(name, name)] = value
+        if bad:
+            self.session.notes_once.append("Some settings in the link could not be used and were ignored: "
+                                           + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
 
     def __panel__(self):
         header = pn.pane.Markdown(
@@ -74,7 +92,8 @@ class Workbench(pn.viewable.Viewer):
             css_classes=["wb-header"], stylesheets=[CSS], sizing_mode="stretch_width")
         inspect = pn.Row(pn.Column(self.attention, sizing_mode="stretch_width"),
                          pn.Column("### Ablate heads", self.ablation, width=420), sizing_mode="stretch_width")
-        tabs = pn.Tabs(("Attention", inspect), ("Internals", self.internals), ("Compare", self.compare),
+        extra = [(title, factory(self.session)) for title, factory in self.extra_tabs]
+        tabs = pn.Tabs(("Attention", inspect), ("Internals", self.internals), ("Compare", self.compare), *extra,
                        dynamic=True, css_classes=["main-tabs"], sizing_mode="stretch_width")
         tabs.param.watch(lambda e: self.compare.show() if e.new == 2 else None, "active")
         return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
