@@ -1,0 +1,150 @@
+"""Head statistics on constructed patterns (exact expected values) and on a model, batched two ways."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from model_helpers import make_model
+
+from workbench import presets
+from workbench.analysis.head_stats import HeadStats, corpus_head_stats, head_stats, punctuation_ids
+from workbench.trace import Trace
+
+L = 5
+
+
+def _trace(patterns: list[torch.Tensor], src: torch.Tensor) -> Trace:
+    """One encoder layer whose heads are the given (L, L) patterns, for one sentence."""
+    probs = torch.stack(patterns)[None]  # (1, H, L, L)
+    return Trace({"enc.0.self_attn.hook_probs": probs}, src=src)
+
+
+def test_constructed_patterns_give_expected_values():
+    src = torch.tensor([[5, 6, 7, 8, 2]])  # EOS last
+    diag = torch.eye(L)
+    prev = torch.zeros(L, L)
+    prev[0, 0] = 1
+    for i in range(1, L):
+        prev[i, i - 1] = 1
+    uniform = torch.full((L, L), 1 / L)
+    on_eos = torch.zeros(L, L)
+    on_eos[:, -1] = 1
+    t = head_stats(_trace([diag, prev, uniform, on_eos], src), pad_id=0, eos_id=2, src_punct=[7])
+    v = {s: t.values(s)[0] for s in t.sums}
+    # pure diagonal
+    assert v["entropy"][0] == 0 and v["distance"][0] == 0 and v["self"][0] == 1 and v["max"][0] == 1
+    assert v["prev"][0] == 0 and v["next"][0] == 0
+    # previous-token head: every row but the first puts all weight one step back
+    assert v["prev"][1] == pytest.approx((L - 1) / L)
+    assert v["distance"][1] == pytest.approx((L - 1) / L)
+    assert v["self"][1] == pytest.approx(1 / L)
+    # uniform: entropy log L, normalised entropy 1, mean distance = mean over i of mean_j |i-j|
+    assert v["entropy"][2] == pytest.approx(math.log(L))
+    assert v["entropy_norm"][2] == pytest.approx(1.0)
+    expected = np.mean([np.mean([abs(i - j) for j in range(L)]) for i in range(L)])
+    assert v["distance"][2] == pytest.approx(expected)
+    assert v["punct"][2] == pytest.approx(1 / L) and v["first"][2] == pytest.approx(1 / L)
+    # all on EOS
+    assert v["eos"][3] == 1 and v["first"][3] == 0 and v["eos"][0] == pytest.approx(1 / L)
+    assert v["diag_distance"][3] == pytest.approx(np.mean([(L - 1 - i) / (L - 1) for i in range(L)]))
+    # encoder self-attention has no monotonicity; cross-only stat is NaN here
+    assert np.isnan(v["monotonic"]).all()
+
+
+def test_padding_rows_are_left_out():
+    src = torch.tensor([[5, 6, 2, 0, 0]])
+    p = torch.zeros(1, 1, L, L)
+    p[0, 0, :, 2] = 1  # every row on EOS ...
+    p[0, 0, 3:, :] = 1 / L  # ... except padded rows, which must not count
+    t = head_stats(Trace({"enc.0.self_attn.hook_probs": p}, src=src), pad_id=0, eos_id=2)
+    assert t.values("eos")[0, 0] == 1.0
+    assert t.counts["eos"][0, 0] == 3
+
+
+def test_cross_monotonicity_and_diagonal():
+    src = torch.tensor([[5, 6, 7, 2]])
+    tgt = torch.tensor([[1, 9, 9, 9]])
+    mono = torch.eye(4)[None, None]  # diagonal: monotonic, zero distance from the scaled diagonal
+    back = torch.eye(4).flip(0)[None, None]  # reversed: every step goes back
+    trace = Trace({"dec.0.cross_attn.hook_probs": torch.cat([mono, back], 1)}, src=src, tgt=tgt)
+    t = head_stats(trace, kinds=["cross"])
+    assert t.values("monotonic")[0].tolist() == [1.0, 0.0]
+    assert t.values("distance")[0, 0] == 0
+    assert np.isnan(t.values("prev")).all()
+
+
+def test_ranking_and_sentence_search():
+    src = torch.tensor([[5, 6, 7, 8, 2], [5, 6, 7, 8, 2]])
+    a = torch.eye(L)
+    b = torch.zeros(L, L)
+    b[:, -1] = 1
+    probs = torch.stack([torch.stack([a, b]), torch.stack([b, a])])  # sentence 1 swaps the heads
+    t = head_stats(Trace({"enc.0.self_attn.hook_probs": probs}, src=src))
+    found = t.sentences("enc_self", 0, 1, "eos", top=2)
+    assert found["sentence"].tolist() == [0, 1] and found["value"].tolist() == [1.0, pytest.approx(0.2)]
+    ranked = t.rank("entropy")
+    assert list(ranked.columns[:3]) == ["kind", "layer", "head"] and len(ranked) == 2
+    with pytest.raises(KeyError, match="unknown statistic"):
+        t.values("nope")
+    with pytest.raises(KeyError, match="no block"):
+        t.sentences("cross", 0, 0, "eos")
+
+
+def test_corpus_stats_do_not_depend_on_batching():
+    cfg = presets.tiny(vocab=40)
+    model = make_model(cfg)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, 9, (11, 2), generator=g).tolist()
+    sources = [torch.randint(4, 40, (a,), generator=g).tolist() + [2] for a, _ in lengths]
+    targets = [torch.randint(4, 40, (b,), generator=g).tolist() + [2] for _, b in lengths]
+    one = corpus_head_stats(model, sources, targets, batch_size=11)
+    many = corpus_head_stats(model, sources, targets, batch_size=3)
+    single = corpus_head_stats(model, sources, targets, batch_size=1)
+    assert one.blocks == many.blocks and len(one.blocks) == 6
+    for stat in one.sums:
+        for other in (many, single):
+            # the model's float32 attention itself moves by ~1e-8 with the batch shape (BLAS blocking)
+            np.testing.assert_allclose(one.values(stat), other.values(stat), rtol=1e-6, atol=1e-9, equal_nan=True)
+            np.testing.assert_allclose(one.per_sentence(stat), other.per_sentence(stat), rtol=1e-6, atol=1e-9,
+                                       equal_nan=True)
+    assert one.sentence_ids.tolist() == list(range(11))
+    # real probabilities are distributions: sinks are within [0, 1]
+    assert np.all((one.values("first") >= 0) & (one.values("first") <= 1 + 1e-9))
+
+
+def test_same_attention_batched_differently_is_identical():
+    """Given the same per-sentence attention, padding and batching change nothing, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [3, 7, 5, 2, 6, 4]
+    sents = [torch.softmax(torch.randn(2, n, n, generator=g), -1) for n in lengths]
+    ids = [torch.tensor([*range(4, 3 + n), 2]) for n in lengths]
+
+    def batch(idx: list[int]) -> HeadStats:
+        width = max(lengths[i] for i in idx)
+        probs = torch.zeros(len(idx), 2, width, width)
+        src = torch.zeros(len(idx), width, dtype=torch.long)
+        for r, i in enumerate(idx):
+            n = lengths[i]
+            probs[r, :, :n, :n] = sents[i]
+            src[r, :n] = ids[i]
+        return head_stats(Trace({"enc.0.self_attn.hook_probs": probs}, src=src), sentence_ids=idx)
+
+    whole = batch(list(range(6)))
+    split = HeadStats.concat([batch([4, 1]), batch([0, 5, 2]), batch([3])])
+    for stat in whole.sums:
+        np.testing.assert_array_equal(whole.values(stat), split.values(stat))
+        np.testing.assert_array_equal(whole.per_sentence(stat), split.per_sentence(stat))
+
+
+def test_concat_refuses_mismatched_blocks():
+    a = HeadStats((("enc_self", 0),), {"x": np.zeros((1, 1, 2))}, {"x": np.ones((1, 1))}, np.array([0]))
+    b = HeadStats((("cross", 0),), {"x": np.zeros((1, 1, 2))}, {"x": np.ones((1, 1))}, np.array([1]))
+    with pytest.raises(ValueError, match="blocks differ"):
+        HeadStats.concat([a, b])
+
+
+def test_punctuation_ids():
+    assert punctuation_ids(["<pad>", "▁.", ",", "▁the", "?!", "▁", "a@@"]) == [1, 2, 4]

@@ -1,0 +1,14 @@
+"""Analyses beyond attention maps: pure functions over traces (and the model where it must run).
+
+    from workbench.analysis import corpus_head_stats, attention_rollout, alignment_head_scores
+    table = corpus_head_stats(model, sources, targets)   # head statistics over a test set
+
+Each module has one job; see docs/analysis.md for the definitions and the literature behind them.
+`import workbench` does not import this package.
+"""
+
+from __future__ import annotations
+
+from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
+
+__all__ = ["STATS", "HeadStats", "block_stats", "corpus_head_stats", "head_stats", "punctuation_ids"]

@@ -1,0 +1,320 @@
+"""Per-head attention statistics, per sentence and over a corpus (Voita et al. 2019; Clark et al. 2019).
+
+    table = head_stats(trace, pad_id=0, eos_id=2)            # one batch: per-sentence values
+    table = corpus_head_stats(model, sources, targets)        # thousands of sentences, batched
+    table.summary()                                           # DataFrame: one row per (kind, layer, head)
+    table.rank("prev")                                        # heads sorted by a statistic
+    table.sentences("enc_self", 1, 3, "eos", top=10)          # where does this head do it most?
+
+Every statistic is a mean over a sentence's real query positions of a per-row quantity; the corpus value
+is the token-weighted mean (sum of row values / number of rows), computed in float64 from per-sentence
+sums, so it does not depend on how sentences were batched (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..trace import AttentionKind, Trace
+
+KINDS: tuple[AttentionKind, ...] = ("enc_self", "dec_self", "cross")
+STATS: dict[str, str] = {
+    "entropy": "entropy of the row (nats)",
+    "entropy_norm": "entropy / log(number of visible keys): 0 = one key, 1 = uniform",
+    "max": "largest weight of the row (Voita et al.'s confidence)",
+    "distance": "mean |key - diagonal| in tokens (diagonal scaled by length for cross-attention)",
+    "diag_distance": "distance / (keys - 1): 0 = on the diagonal, 1 = at the far end",
+    "self": "weight on the query's own position (self-attention)",
+    "prev": "weight on the previous token (self-attention)",
+    "next": "weight on the next token (encoder self-attention; the causal decoder cannot see it)",
+    "first": "weight on the first key (a common sink)",
+    "eos": "weight on EOS keys (the source's </s>; sink)",
+    "punct": "weight on punctuation keys (when their ids are given)",
+    "monotonic": "cross-attention: share of consecutive target steps whose argmax source position does not go back",
+}
+_NAN_UNLESS = {"self": ("enc_self", "dec_self"), "prev": ("enc_self", "dec_self"), "next": ("enc_self",),
+               "monotonic": ("cross",)}
+
+
+def _masks(trace: Trace, kind: AttentionKind, pad_id: int | None, lq: int, lk: int, batch: int):
+    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them."""
+    def real(ids: torch.Tensor | None, length: int) -> torch.Tensor:
+        if ids is None or pad_id is None:
+            return torch.ones(batch, length, dtype=torch.bool)
+        ids = ids.cpu()
+        if ids.shape != (batch, length):
+            raise ValueError(f"{kind} attention is ({batch}, {length}) on this side but the ids are {tuple(ids.shape)}")
+        return ids != pad_id
+
+    q_ids = trace.src if kind == "enc_self" else trace.tgt
+    k_ids = trace.tgt if kind == "dec_self" else trace.src
+    return real(q_ids, lq), real(k_ids, lk), k_ids
+
+
+def block_stats(
+    probs: torch.Tensor,
+    kind: AttentionKind,
+    q_real: torch.Tensor,
+    k_real: torch.Tensor,
+    *,
+    key_ids: torch.Tensor | None = None,
+    eos_id: int | None = None,
+    punct_ids: Sequence[int] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Per-sentence sums and row counts of every statistic for one block: ({stat: (B, H)}, {stat: (B,)}).
+
+    `probs` (B, H, Lq, Lk); padded query rows are left out, padded keys carry no weight already.
+    """
+    if probs.dim() != 4:
+        raise ValueError(f"attention must be (B, H, Lq, Lk), got shape {tuple(probs.shape)}")
+    p = probs.detach().to(torch.float64)
+    b, h, lq, lk = p.shape
+    dev = p.device
+    qm = q_real.to(dev)
+    km = k_real.to(dev)
+    rows = qm.to(torch.float64)  # (B, Lq)
+    n_rows = rows.sum(1)  # (B,)
+    q_len = n_rows.clamp(min=1)
+    k_len = km.sum(1).to(torch.float64).clamp(min=1)  # (B,)
+
+    qi = torch.arange(lq, device=dev, dtype=torch.float64)
+    kj = torch.arange(lk, device=dev, dtype=torch.float64)
+    if kind == "cross":  # the diagonal of a (T, S) matrix: target step t sits at source t·(S-1)/(T-1)
+        diag = qi[None, :] * ((k_len - 1) / (q_len - 1).clamp(min=1))[:, None]  # (B, Lq)
+    else:
+        diag = qi[None, :].expand(b, lq)
+    dist = (kj[None, None, :] - diag[:, :, None]).abs()  # (B, Lq, Lk)
+
+    per_row: dict[str, torch.Tensor] = {}  # each (B, H, Lq)
+    plogp = torch.where(p > 0, p * p.clamp(min=1e-300).log(), torch.zeros_like(p))
+    per_row["entropy"] = -plogp.sum(-1)
+    visible = km[:, None, None, :].expand(b, 1, lq, lk)
+    if kind == "dec_self":  # causal: row i sees keys 0..i
+        visible = visible & (kj[None, :] <= qi[:, None])[None, None]
+    n_vis = visible.sum(-1).to(torch.float64)  # (B, 1, Lq)
+    per_row["entropy_norm"] = torch.where(n_vis > 1, per_row["entropy"] / n_vis.clamp(min=2).log(),
+                                          torch.zeros_like(per_row["entropy"]))
+    per_row["max"] = p.amax(-1)
+    per_row["distance"] = (p * dist[:, None]).sum(-1)
+    per_row["diag_distance"] = per_row["distance"] / (k_len - 1).clamp(min=1)[:, None, None]
+    offset = kj[None, :] - qi[:, None]  # (Lq, Lk): key minus query position
+    per_row["self"] = (p * (offset == 0)).sum(-1)
+    per_row["prev"] = (p * (offset == -1)).sum(-1)
+    per_row["next"] = (p * (offset == 1)).sum(-1)
+    per_row["first"] = p[..., 0]
+    nan_rows = torch.full((b, h, lq), float("nan"), dtype=torch.float64, device=dev)
+    if key_ids is not None and eos_id is not None:
+        per_row["eos"] = (p * (key_ids.to(dev) == eos_id)[:, None, None, :]).sum(-1)
+    else:
+        per_row["eos"] = nan_rows
+    if key_ids is not None and punct_ids:
+        is_punct = torch.isin(key_ids.to(dev), torch.tensor(list(punct_ids), device=dev))
+        per_row["punct"] = (p * is_punct[:, None, None, :]).sum(-1)
+    else:
+        per_row["punct"] = nan_rows
+
+    sums = {k: (v * rows[:, None, :]).sum(-1) for k, v in per_row.items()}  # (B, H)
+    counts = {k: n_rows.clone() for k in per_row}
+    # monotonicity counts pairs of consecutive real target steps, not rows
+    arg = p.argmax(-1)  # (B, H, Lq)
+    pair = (qm[:, 1:] & qm[:, :-1]).to(torch.float64)  # (B, Lq-1)
+    forward = (arg[..., 1:] >= arg[..., :-1]).to(torch.float64)
+    sums["monotonic"] = (forward * pair[:, None]).sum(-1)
+    counts["monotonic"] = pair.sum(1)
+    for stat, kinds in _NAN_UNLESS.items():
+        if kind not in kinds:
+            sums[stat] = torch.full((b, h), float("nan"), dtype=torch.float64, device=dev)
+    return {k: v.cpu() for k, v in sums.items()}, {k: v.cpu() for k, v in counts.items()}
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """Per-sentence sums and counts of each statistic for every head of every block.
+
+    `sums[stat]` is (N, blocks, H) float64, `counts[stat]` (N, blocks); `blocks` lists (kind, layer).
+    `sentence_ids` says which corpus sentence each row is.
+    """
+
+    blocks: tuple[tuple[str, int], ...]
+    sums: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+    sentence_ids: np.ndarray
+
+    @property
+    def n_heads(self) -> int:
+        return next(iter(self.sums.values())).shape[2]
+
+    def values(self, stat: str) -> np.ndarray:
+        """Corpus value (blocks, H): token-weighted mean over every sentence."""
+        self._check(stat)
+        total = self.sums[stat].sum(0)
+        count = self.counts[stat].sum(0)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)
+
+    def per_sentence(self, stat: str) -> np.ndarray:
+        """(N, blocks, H) sentence means (NaN where the sentence has no row for it)."""
+        self._check(stat)
+        c = self.counts[stat][:, :, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(c > 0, self.sums[stat] / np.where(c > 0, c, 1), np.nan)
+
+    def summary(self):
+        """pandas DataFrame: kind, layer, head and one column per statistic (corpus values)."""
+        import pandas as pd
+
+        rows = []
+        vals = {s: self.values(s) for s in self.sums}
+        for bi, (kind, layer) in enumerate(self.blocks):
+            for head in range(self.n_heads):
+                rows.append({"kind": kind, "layer": layer, "head": head,
+                             **{s: float(v[bi, head]) for s, v in vals.items()}})
+        return pd.DataFrame(rows)
+
+    def rank(self, stat: str, *, kind: str | None = None, descending: bool = True):
+        """Heads sorted by a statistic (NaN last), optionally of one kind only."""
+        df = self.summary()
+        if kind is not None:
+            df = df[df["kind"] == kind]
+        return df.sort_values(stat, ascending=not descending, na_position="last", kind="stable").reset_index(drop=True)
+
+    def sentences(self, kind: str, layer: int, head: int, stat: str, *, top: int = 10, largest: bool = True):
+        """The sentences where this head shows `stat` the most (or least): DataFrame sentence, value."""
+        import pandas as pd
+
+        bi = self.block_index(kind, layer)
+        if not 0 <= head < self.n_heads:
+            raise IndexError(f"head {head} out of range: blocks have {self.n_heads} heads")
+        v = self.per_sentence(stat)[:, bi, head]
+        order = np.argsort(-v if largest else v, kind="stable")
+        order = [i for i in order if np.isfinite(v[i])][:top]
+        return pd.DataFrame({"sentence": self.sentence_ids[order], "value": v[order]})
+
+    def block_index(self, kind: str, layer: int) -> int:
+        try:
+            return self.blocks.index((kind, layer))
+        except ValueError:
+            raise KeyError(f"no block ({kind!r}, {layer}); blocks: {list(self.blocks)}") from None
+
+    def _check(self, stat: str) -> None:
+        if stat not in self.sums:
+            raise KeyError(f"unknown statistic {stat!r}; known: {sorted(self.sums)}")
+
+    @staticmethod
+    def concat(parts: Sequence[HeadStats]) -> HeadStats:
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        blocks = parts[0].blocks
+        for p in parts[1:]:
+            if p.blocks != blocks:
+                raise ValueError(f"blocks differ: {p.blocks} vs {blocks}")
+        ids = np.concatenate([p.sentence_ids for p in parts])
+        order = np.argsort(ids, kind="stable")  # sentence order, whatever the batching was
+        return HeadStats(
+            blocks,
+            {s: np.concatenate([p.sums[s] for p in parts])[order] for s in parts[0].sums},
+            {s: np.concatenate([p.counts[s] for p in parts])[order] for s in parts[0].counts},
+            ids[order],
+        )
+
+
+def head_stats(
+    trace: Trace,
+    *,
+    pad_id: int | None = 0,
+    eos_id: int | None = 2,
+    src_punct: Sequence[int] | None = None,
+    tgt_punct: Sequence[int] | None = None,
+    kinds: Sequence[AttentionKind] = KINDS,
+    sentence_ids: Sequence[int] | None = None,
+) -> HeadStats:
+    """Statistics of every captured attention block of a batch trace (needs `*.hook_probs` and the ids)."""
+    blocks, sums, counts = [], {}, {}
+    for kind in kinds:
+        for layer in range(trace.layers(kind)):
+            probs = trace.attention(kind, layer)
+            b, _, lq, lk = probs.shape
+            q_real, k_real, k_ids = _masks(trace, kind, pad_id, lq, lk, b)
+            punct = tgt_punct if kind == "dec_self" else src_punct
+            s, c = block_stats(probs, kind, q_real, k_real, key_ids=k_ids, eos_id=eos_id, punct_ids=punct)
+            blocks.append((kind, layer))
+            for k in s:
+                sums.setdefault(k, []).append(s[k].numpy())
+                counts.setdefault(k, []).append(c[k].numpy())
+    if not blocks:
+        raise ValueError(f"the trace has no attention probabilities of kinds {list(kinds)}; capture '*.hook_probs'")
+    n = sums["entropy"][0].shape[0]
+    ids = np.arange(n) if sentence_ids is None else np.asarray(sentence_ids)
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} sentence ids for a batch of {n}")
+    return HeadStats(tuple(blocks), {k: np.stack(v, 1) for k, v in sums.items()},
+                     {k: np.stack(v, 1) for k, v in counts.items()}, ids)
+
+
+def punctuation_ids(pieces: Sequence[str]) -> list[int]:
+    """Ids of vocabulary pieces that are only punctuation once the word marker (▁, Ġ, @@) is removed."""
+    import unicodedata
+
+    out = []
+    for i, piece in enumerate(pieces):
+        core = piece.replace("\u2581", "").replace("\u0120", "").removesuffix("@@")
+        if core and all(unicodedata.category(ch).startswith("P") for ch in core):
+            out.append(i)
+    return out
+
+
+def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+    return out if device is None else out.to(device)
+
+
+@torch.no_grad()
+def corpus_head_stats(
+    model,
+    sources: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 64,
+    kinds: Sequence[AttentionKind] = KINDS,
+    src_punct: Sequence[int] | None = None,
+    tgt_punct: Sequence[int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> HeadStats:
+    """Head statistics over a corpus, teacher-forced: `sources` end with EOS, `targets` are the reference
+    outputs (ending with EOS; the decoder reads start + all but the last). Sentences are sorted by length
+    so batches carry little padding; results come back in corpus order."""
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    if not sources:
+        raise ValueError("no sentences")
+    if batch_size < 1:
+        raise ValueError(f"batch_size ({batch_size}) must be at least 1")
+    cfg = model.cfg
+    dev = model.device
+    order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(targets[i])))
+    names = [n for n in model.hook_names("*.hook_probs") if _kind_of(n) in kinds]
+    parts = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        src = pad_batch([sources[i] for i in idx], cfg.pad_id, dev)
+        tgt = pad_batch([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
+                        cfg.pad_id, dev)
+        _, trace = model.run_with_cache(src, tgt, names=names)
+        parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
+                                tgt_punct=tgt_punct, kinds=kinds, sentence_ids=idx))
+        if progress is not None:
+            progress(min(start + batch_size, len(order)), len(order))
+    return HeadStats.concat(parts)
+
+
+def _kind_of(name: str) -> str:
+    if name.startswith("enc."):
+        return "enc_self"
+    return "cross" if ".cross_attn." in name else "dec_self"
