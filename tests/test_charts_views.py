@@ -204,3 +204,18 @@ def test_views_fall_back_to_ids_without_token_strings():
     tr = Trace(dict(tr), src=tr.src, tgt=tr.tgt)
     fig = attention_heatmap(tr, "cross", 0)
     assert _hover_tokens(fig)[1] == [str(int(i)) for i in src[0]]
+
+
+def test_altair_heatmap_for_short_sentences(trace):
+    from workbench.charts import altair_heatmap
+
+    att = select_attention(trace, "dec_self", 1, heads=[0, 1], batch=0, words=True)
+    spec = altair_heatmap(att).to_dict()
+    rows = next(iter(spec["datasets"].values()))
+    assert len(rows) == len(att.queries) * len(att.keys)
+    cell = rows[len(att.keys) + 0]  # query 1, key 0
+    assert (cell["query"], cell["key"]) == (att.queries[1], att.keys[0])
+    assert cell["weight"] == pytest.approx(float(att.mean[1, 0]))
+    assert [r["masked"] for r in rows[:2]] == [False, True]  # query 0 cannot see key 1 (causal)
+    with pytest.raises(ValueError, match="max_cells"):
+        altair_heatmap(att, max_cells=10)

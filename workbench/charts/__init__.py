@@ -13,7 +13,7 @@ from __future__ import annotations
 from .compare import align, compare_attention, compare_traces, difference
 from .export import external_references, save_html, save_image, to_html
 from .head_view import head_view, head_view_figure, line_data
-from .heatmap import attention_heatmap, heatmap, matrix_figure
+from .heatmap import altair_heatmap, attention_heatmap, heatmap, matrix_figure
 from .internals import (
     label_smoothing_chart,
     lr_schedule_chart,
@@ -27,9 +27,9 @@ from .select import Attention, combined_attention, select_attention, to_words
 from .tokens import WordGroups, merge_attention, word_groups
 
 __all__ = [
-    "Attention", "WordGroups", "align", "attention_heatmap", "combined_attention", "compare_attention",
-    "compare_traces", "difference", "external_references", "head_view", "head_view_figure", "heatmap",
-    "label_smoothing_chart", "line_data", "lr_schedule_chart", "mask_view", "matrix_figure", "merge_attention",
-    "model_view", "model_view_figure", "position_table", "positional_encoding_view", "save_html", "save_image",
-    "select_attention", "to_html", "to_words", "training_curves_chart", "word_groups",
+    "Attention", "WordGroups", "align", "altair_heatmap", "attention_heatmap", "combined_attention",
+    "compare_attention", "compare_traces", "difference", "external_references", "head_view", "head_view_figure",
+    "heatmap", "label_smoothing_chart", "line_data", "lr_schedule_chart", "mask_view", "matrix_figure",
+    "merge_attention", "model_view", "model_view_figure", "position_table", "positional_encoding_view", "save_html",
+    "save_image", "select_attention", "to_html", "to_words", "training_curves_chart", "word_groups",
 ]

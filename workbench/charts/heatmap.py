@@ -177,3 +177,41 @@ def attention_heatmap(
     """
     att = select_attention(trace, kind, layer, heads, batch=batch, words=words, **(select or {}))
     return heatmap(att, highlight=highlight, **kw)
+
+
+def altair_heatmap(att: Attention, *, max_cells: int = 5000, width: int = 360, height: int = 360):
+    """Notebook-native Altair version of `heatmap` for short sentences: one rect per cell, tooltips, and a click
+    on a query row highlights it. Refused past `max_cells` (Altair's own row limit): use the Bokeh heatmap there."""
+    import altair as alt
+    import pandas as pd
+
+    values = att.mean
+    lq, lk = values.shape
+    if lq * lk > max_cells:
+        raise ValueError(f"{lq}x{lk} = {lq * lk} cells is over max_cells={max_cells} for Altair; use heatmap(att)")
+    q, k = np.meshgrid(np.arange(lq), np.arange(lk), indexing="ij")
+    frame = pd.DataFrame({
+        "q": q.ravel(), "k": k.ravel(), "weight": values.ravel().astype(float),
+        "query": [att.queries[i] for i in q.ravel()], "key": [att.keys[j] for j in k.ravel()],
+        "masked": att.masked.ravel(),
+    })
+    pick = alt.selection_point(fields=["q"], on="click", clear="dblclick")
+    sort_q, sort_k = list(range(lq)), list(range(lk))
+    base = alt.Chart(frame, title=att.describe(), width=width, height=height).encode(
+        x=alt.X("k:O", sort=sort_k, title="key", axis=alt.Axis(labelExpr=_label_expr(att.keys))),
+        y=alt.Y("q:O", sort=sort_q, title="query", axis=alt.Axis(labelExpr=_label_expr(att.queries))),
+        tooltip=["query:N", "key:N", alt.Tooltip("weight:Q", format=".4f"), "masked:N"],
+    )
+    cells = base.mark_rect().encode(
+        color=alt.condition("datum.masked", alt.value(MASKED_COLOR),
+                            alt.Color("weight:Q", scale=alt.Scale(scheme="viridis", domainMin=0))),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.35)),
+    ).add_params(pick)
+    return cells
+
+
+def _label_expr(tokens: Sequence[str]) -> str:
+    """Vega expression mapping an axis index to its token (keeps the axis order by position, not by name)."""
+    import json
+
+    return f"{json.dumps(list(tokens))}[datum.value]"
