@@ -7,7 +7,8 @@
 2. Browser, one session: time from pressing Enter in the sentence box to the page showing the new
    result AND the heatmap holding the new sentence's tokens (all visible views updated), median of 3
    distinct sentences per length; bytes the server sent over the websocket for that update.
-3. Browser, N sessions at once (separate contexts), each submitting distinct ~30-token sentences in a
+3. Server side, N sessions in-process (views attached to Bokeh documents, no browsers): requests/s.
+4. Browser, N sessions at once (separate contexts), each submitting distinct ~30-token sentences in a
    loop for `--seconds`: completed requests per second and their median latency.
 
 Without `--checkpoint` it uses the default under checkpoints/; if there is none, it builds a stand-in:
@@ -210,11 +211,52 @@ def concurrent(b, url: str, tm, sessions: int, seconds: float) -> dict:
             "p90_latency_s": sorted(lat)[int(0.9 * (len(lat) - 1))] if lat else None}
 
 
+def server_side(path: Path, tm, sessions: int, seconds: float) -> dict:
+    """N sessions in this process, each with its views attached to a Bokeh document, submitting in a loop:
+    the server's own capacity (model work in the worker threads + figure building on the loop), no browsers."""
+    import asyncio
+
+    from bokeh.document import Document
+
+    from workbench.ui import Workbench
+
+    pool = sentences(tm, 30, 40)
+
+    async def run() -> dict:
+        benches = []
+        for _ in range(sessions):
+            wb = Workbench(path, default_dir=None, sync_url=False, background=True)
+            doc = Document()
+            doc.add_root(wb.__panel__().get_root(doc))
+            benches.append(wb)
+        lat: list[float] = []
+        counter = [0]
+        start = time.perf_counter()
+
+        async def user(wb) -> None:
+            while time.perf_counter() - start < seconds:
+                v, t = wb.session.version, time.perf_counter()
+                wb.session.sentence = pool[counter[0] % len(pool)] + f" {counter[0]}"
+                counter[0] += 1
+                while wb.session.version == v:
+                    await asyncio.sleep(0.005)
+                lat.append(time.perf_counter() - t)
+
+        await asyncio.gather(*(user(wb) for wb in benches))
+        elapsed = time.perf_counter() - start
+        return {"sessions": sessions, "completed": len(lat), "seconds": round(elapsed, 1),
+                "requests_per_s": len(lat) / elapsed, "median_latency_s": statistics.median(lat),
+                "p90_latency_s": sorted(lat)[int(0.9 * (len(lat) - 1))]}
+
+    return asyncio.run(run())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--no-browser", action="store_true", help="only the in-process and server-side parts")
     args = ap.parse_args()
     from workbench.ui import loader
 
@@ -224,7 +266,10 @@ def main() -> int:
     tm = loader.load_model(str(path))
     texts = {n: sentences(tm, n, 3) for n in (30, 200)}
     report = {"checkpoint": what, "in_process": in_process(path, texts)}
+    report["server_side_concurrent"] = server_side(path, tm, args.sessions, args.seconds)
     print(json.dumps(report, indent=1), flush=True)
+    if args.no_browser:
+        return 0
     proc, url = serve(path)
     try:
         report["browser"] = browser(url, tm, texts, args.sessions, args.seconds)

@@ -223,4 +223,13 @@ def test_workbench_assembles_for_notebooks(ckpt_dir):
     assert wb.session.background is False  # no server: inline
     wb.__panel__()
     wb.compare.show()
-    assert wb.compare._box.objects
+    assert wb.compare._box.objects and not _alerts(wb.compare._box)
+    wb.internals.show()  # positional encodings, masks, LR formula vs log, curves: all drawn, none failed
+    assert len(wb.internals._box.objects) == 9 and not _alerts(wb.internals._box)
+    assert wb.internals.warmup == 30  # read from the checkpoint's meta["train"]
+
+
+def _alerts(layout) -> list:
+    import panel as pn
+
+    return [o for o in layout.select(pn.pane.Alert)]

@@ -43,10 +43,12 @@ class Request:
     beam: int = 1
     alpha: float = 1.0
     ablate: tuple[tuple[str, int, int], ...] = ()
+    target_ids: tuple[int, ...] = ()
+    """Teacher-force these output ids (EOS-terminated) instead of `target` (comparing models that share a vocab)."""
 
     @property
     def translate_key(self) -> tuple:
-        return (self.path, self.sentence, self.target, self.beam, self.alpha)
+        return (self.path, self.sentence, self.target, self.beam, self.alpha, self.target_ids)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,11 @@ def _translate(tm, req: Request) -> Result | None:
     if not src_ids:
         return None
     src = torch.tensor([src_ids], dtype=torch.long, device=tm.device)
-    if req.target.strip():
+    if req.target_ids:
+        out_ids = list(req.target_ids)
+        log_prob, trace = _forced(tm, src, out_ids)
+        forced = True
+    elif req.target.strip():
         out_ids, target_notes = _target_ids(tm, req.target)
         notes += target_notes
         log_prob, trace = _forced(tm, src, out_ids)

@@ -256,28 +256,36 @@ class InternalsView(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self._box = pn.Column(sizing_mode="stretch_width")
+        self._masks_box = pn.Column()
+        self._lr = pn.Column()
         self._loaded_for = None
+        self._shown = False  # built on first view: the tab's figures cost more than a translation
         self.session.param.watch(self._refresh, ["checkpoint", "version"])
         self.param.watch(self._refresh_lr, ["warmup", "factor", "steps"])
-        self._lr = pn.Column()
+
+    def show(self) -> None:
+        self._shown = True
+        self._refresh()
 
     def _refresh(self, *_):
-        if self._loaded_for == (self.session.checkpoint, self.session.version):
+        if not self._shown:
             return
-        self._loaded_for = (self.session.checkpoint, self.session.version)
         tm = self.session.model
         if tm is None:
+            self._loaded_for = None
             self._box.objects = [pn.pane.Markdown("*Load a checkpoint to see its internals.*")]
             return
+        self._masks_box.objects = [self._try("Masks", self._masks, tm)]  # the only part that follows the sentence
+        if self._loaded_for == self.session.checkpoint:
+            return
+        self._loaded_for = self.session.checkpoint
         train = dict(tm.meta.get("train") or {})
         log_rows = self._log()
-        if log_rows:
-            last = max((r.get("step", 0) for r in log_rows), default=0)
-            self.param.update(warmup=int(train.get("warmup", self.warmup)), factor=float(train.get("factor", 1.0)),
-                              steps=max(10, int(last * 1.2) or self.steps))
+        last = max((r.get("step", 0) for r in log_rows), default=0)
+        self.param.update(warmup=int(train.get("warmup", self.warmup)), factor=float(train.get("factor", 1.0)),
+                          steps=max(10, int(last * 1.2)) if last else self.steps)
         parts = [pn.pane.Markdown("### Positional encodings"), self._try("Positional encodings", self._positions, tm)]
-        parts += [pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
-                  self._try("Masks", self._masks, tm)]
+        parts += [pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"), self._masks_box]
         parts += [pn.pane.Markdown("### Learning-rate schedule"), self._lr_controls(), self._lr]
         parts += [pn.pane.Markdown("### Training curves stored in the checkpoint"),
                   self._try("Training curves", self._curves, log_rows)]
@@ -348,7 +356,6 @@ class InternalsView(pn.viewable.Viewer):
         return pn.pane.Vega(training_curves_chart(log_rows))
 
     def __panel__(self):
-        self._refresh()
         return self._box
 
 
@@ -386,7 +393,14 @@ class CompareView(pn.viewable.Viewer):
         from .session import Request, compute
 
         path = str(s.entries_by_label(self.other))
-        out = compute(Request(path, r.request.sentence, target=r.text or r.request.target or ".", beam=1))
+        ids = ()
+        try:  # same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words
+            if loader.load_model(path).tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces):
+                ids = tuple(r.out_ids)
+        except Exception:
+            pass  # compute() below reports an unloadable checkpoint
+        out = compute(Request(path, r.request.sentence, target=r.text or r.request.target or ".", beam=1,
+                              target_ids=ids))
         if out.error or out.result is None:
             self._box.objects = [pn.pane.Alert(out.error or "B produced no result", alert_type="warning")]
             return

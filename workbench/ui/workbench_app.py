@@ -95,5 +95,6 @@ class Workbench(pn.viewable.Viewer):
         extra = [(title, factory(self.session)) for title, factory in self.extra_tabs]
         tabs = pn.Tabs(("Attention", inspect), ("Internals", self.internals), ("Compare", self.compare), *extra,
                        dynamic=True, css_classes=["main-tabs"], sizing_mode="stretch_width")
-        tabs.param.watch(lambda e: self.compare.show() if e.new == 2 else None, "active")
+        shows = {1: self.internals.show, 2: self.compare.show}
+        tabs.param.watch(lambda e: shows[e.new]() if e.new in shows else None, "active")
         return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
