@@ -18,6 +18,7 @@ from bokeh.embed import file_html
 from bokeh.model import Model
 from bokeh.resources import INLINE
 
+_RELATIVE_STATIC = re.compile(r'<script[^>]*\bsrc="static/extensions/[^"]*"[^>]*>\s*</script>\s*', re.I)
 _SCRIPT = re.compile(r"<script\b([^>]*)>(.*?)</script>", re.S | re.I)
 _URL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import\s+["']https?:""",
                   re.I)
@@ -30,7 +31,10 @@ def _is_altair(obj) -> bool:
 def to_html(obj, title: str = "Attention Workbench") -> str:
     """A self-contained HTML page for a Bokeh model/layout or an Altair chart."""
     if isinstance(obj, Model):
-        return file_html(obj, INLINE, title=title)
+        # Once Panel is imported (the app, notebooks), Bokeh bundles every registered extension's
+        # relative `static/extensions/...` scripts; a file on disk cannot load them and a page of
+        # plain Bokeh models does not need them.
+        return _RELATIVE_STATIC.sub("", file_html(obj, INLINE, title=title))
     if _is_altair(obj):
         _need_vl_convert("self-contained Altair HTML")
         return obj.to_html(inline=True)
