@@ -71,18 +71,20 @@ def block_stats(
     """
     if probs.dim() != 4:
         raise ValueError(f"attention must be (B, H, Lq, Lk), got shape {tuple(probs.shape)}")
-    p = probs.detach().to(torch.float64)
+    # per-row quantities in float32 (a few passes over the big tensor), sums over rows in float64
+    p = probs.detach()
+    p = p.float() if p.dtype != torch.float64 else p
     b, h, lq, lk = p.shape
-    dev = p.device
+    dev, dt = p.device, p.dtype
     qm = q_real.to(dev)
     km = k_real.to(dev)
     rows = qm.to(torch.float64)  # (B, Lq)
     n_rows = rows.sum(1)  # (B,)
-    q_len = n_rows.clamp(min=1)
-    k_len = km.sum(1).to(torch.float64).clamp(min=1)  # (B,)
+    q_len = qm.sum(1).to(dt).clamp(min=1)
+    k_len = km.sum(1).to(dt).clamp(min=1)  # (B,)
 
-    qi = torch.arange(lq, device=dev, dtype=torch.float64)
-    kj = torch.arange(lk, device=dev, dtype=torch.float64)
+    qi = torch.arange(lq, device=dev, dtype=dt)
+    kj = torch.arange(lk, device=dev, dtype=dt)
     if kind == "cross":  # the diagonal of a (T, S) matrix: target step t sits at source t·(S-1)/(T-1)
         diag = qi[None, :] * ((k_len - 1) / (q_len - 1).clamp(min=1))[:, None]  # (B, Lq)
     else:
@@ -90,39 +92,44 @@ def block_stats(
     dist = (kj[None, None, :] - diag[:, :, None]).abs()  # (B, Lq, Lk)
 
     per_row: dict[str, torch.Tensor] = {}  # each (B, H, Lq)
-    plogp = torch.where(p > 0, p * p.clamp(min=1e-300).log(), torch.zeros_like(p))
-    per_row["entropy"] = -plogp.sum(-1)
-    visible = km[:, None, None, :].expand(b, 1, lq, lk)
+    per_row["entropy"] = -torch.special.xlogy(p, p).sum(-1)
+    n_vis = km.sum(1).to(dt)[:, None, None].expand(b, 1, lq)  # (B, 1, Lq) keys a row may see
     if kind == "dec_self":  # causal: row i sees keys 0..i
-        visible = visible & (kj[None, :] <= qi[:, None])[None, None]
-    n_vis = visible.sum(-1).to(torch.float64)  # (B, 1, Lq)
+        n_vis = torch.minimum(n_vis, qi + 1)
     per_row["entropy_norm"] = torch.where(n_vis > 1, per_row["entropy"] / n_vis.clamp(min=2).log(),
                                           torch.zeros_like(per_row["entropy"]))
     per_row["max"] = p.amax(-1)
-    per_row["distance"] = (p * dist[:, None]).sum(-1)
+    per_row["distance"] = torch.einsum("bhqk,bqk->bhq", p, dist)
     per_row["diag_distance"] = per_row["distance"] / (k_len - 1).clamp(min=1)[:, None, None]
-    offset = kj[None, :] - qi[:, None]  # (Lq, Lk): key minus query position
-    per_row["self"] = (p * (offset == 0)).sum(-1)
-    per_row["prev"] = (p * (offset == -1)).sum(-1)
-    per_row["next"] = (p * (offset == 1)).sum(-1)
+    # diagonals are views: no pass over the whole tensor
+    for stat, off in (("self", 0), ("prev", -1), ("next", 1)):
+        d = torch.diagonal(p, off, dim1=-2, dim2=-1)  # (B, H, n)
+        row = torch.zeros(b, h, lq, device=dev, dtype=dt)
+        first_row = max(0, -off)
+        row[..., first_row : first_row + d.size(-1)] = d
+        per_row[stat] = row
     per_row["first"] = p[..., 0]
-    nan_rows = torch.full((b, h, lq), float("nan"), dtype=torch.float64, device=dev)
+    nan_rows = torch.full((b, h, lq), float("nan"), dtype=dt, device=dev)
+    feats = {}  # key features read with one matmul: (B, Lk) each
     if key_ids is not None and eos_id is not None:
-        per_row["eos"] = (p * (key_ids.to(dev) == eos_id)[:, None, None, :]).sum(-1)
-    else:
-        per_row["eos"] = nan_rows
+        feats["eos"] = key_ids.to(dev) == eos_id
     if key_ids is not None and punct_ids:
-        is_punct = torch.isin(key_ids.to(dev), torch.tensor(list(punct_ids), device=dev))
-        per_row["punct"] = (p * is_punct[:, None, None, :]).sum(-1)
-    else:
-        per_row["punct"] = nan_rows
+        feats["punct"] = torch.isin(key_ids.to(dev), torch.tensor(list(punct_ids), device=dev))
+    if feats:
+        f = torch.stack(list(feats.values()), -1).to(dt)  # (B, Lk, F)
+        mass = torch.matmul(p, f[:, None])  # (B, H, Lq, F)
+        for i, name in enumerate(feats):
+            per_row[name] = mass[..., i]
+    for name in ("eos", "punct"):
+        per_row.setdefault(name, nan_rows)
+    per_row = {k: per_row[k] for k in STATS if k in per_row}
 
-    sums = {k: (v * rows[:, None, :]).sum(-1) for k, v in per_row.items()}  # (B, H)
+    sums = {k: (v.to(torch.float64) * rows[:, None, :]).sum(-1) for k, v in per_row.items()}  # (B, H)
     counts = {k: n_rows.clone() for k in per_row}
     # monotonicity counts pairs of consecutive real target steps, not rows
     arg = p.argmax(-1)  # (B, H, Lq)
     pair = (qm[:, 1:] & qm[:, :-1]).to(torch.float64)  # (B, Lq-1)
-    forward = (arg[..., 1:] >= arg[..., :-1]).to(torch.float64)
+    forward = (arg[..., 1:] >= arg[..., :-1]).to(torch.float64)  # (B, H, Lq-1)
     sums["monotonic"] = (forward * pair[:, None]).sum(-1)
     counts["monotonic"] = pair.sum(1)
     for stat, kinds in _NAN_UNLESS.items():
@@ -306,12 +313,31 @@ def corpus_head_stats(
         src = pad_batch([sources[i] for i in idx], cfg.pad_id, dev)
         tgt = pad_batch([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
                         cfg.pad_id, dev)
-        _, trace = model.run_with_cache(src, tgt, names=names)
+        trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
                                 tgt_punct=tgt_punct, kinds=kinds, sentence_ids=idx))
         if progress is not None:
             progress(min(start + batch_size, len(order)), len(order))
     return HeadStats.concat(parts)
+
+
+class _Stop(Exception):
+    """Raised by a hook once everything wanted is captured (TransformerLens's stop_at_layer idea)."""
+
+
+def capture_attention(model, src: torch.Tensor, tgt: torch.Tensor, names: Sequence[str]) -> Trace:
+    """A trace of `names`, stopping before the output projection: with an 8k vocabulary the logits
+    cost more than all attention layers of a small model, and statistics never read them."""
+    def stop(x: torch.Tensor, hook) -> None:
+        raise _Stop
+
+    with model.capture(names) as store:
+        try:
+            with model.hooks({"hook_dec_out": stop}):
+                model(src, tgt)
+        except _Stop:
+            pass
+    return Trace({n: calls[-1] for n, calls in store.items()}, src=src, tgt=tgt)
 
 
 def _kind_of(name: str) -> str:
