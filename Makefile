@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: app test lint bench clean venv
+.PHONY: app test lint bench clean venv notebook
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ venv: $(STAMP)
 
 app: $(STAMP)
 	$(VENV)/bin/panel serve apps/attention.py --show $(ARGS)
+
+notebook: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
 
 test: $(STAMP)
 	$(PY) -m ruff check workbench apps tests benchmarks
