@@ -502,7 +502,8 @@ only the scores are meaningless."""),
     ("params", PARAMS + '''
 MODEL = "marian"  # one of the entries of SOURCES below
 N_TEST = 20 if QUICK else 3003  # newstest2014 has 3003 sentences
-BEAM = 1 if QUICK else 4'''),
+BEAM = 1 if QUICK else 4
+TRAIN_STEPS = 40 if QUICK else 1500  # the workbench model to compare with, when no checkpoint ships'''),
     ("code", BOKEH_ALTAIR_SETUP),
     ("code", '''\
 import tempfile
