@@ -37,7 +37,8 @@ def test_names_are_the_documented_set_for_unequal_depths():
 
 def test_glob_list_and_predicate_filters():
     model = make_model(presets.tiny(vocab=50))
-    assert model.hook_names("dec.*.cross_attn.hook_probs") == ["dec.0.cross_attn.hook_probs", "dec.1.cross_attn.hook_probs"]
+    cross = ["dec.0.cross_attn.hook_probs", "dec.1.cross_attn.hook_probs"]
+    assert model.hook_names("dec.*.cross_attn.hook_probs") == cross
     assert set(model.hook_names(["hook_logits", "enc.1.ffn.*"])) == {"hook_logits", "enc.1.ffn.hook_hidden",
                                                                      "enc.1.ffn.hook_out"}
     assert len(model.hook_names(lambda n: n.endswith("hook_probs"))) == 2 + 2 * 2

@@ -4,7 +4,6 @@ import pytest
 import torch
 from model_helpers import make_batch, make_model
 
-from workbench import presets
 from workbench.interventions import ablate_heads, patch, scale_heads, zero_heads
 
 

@@ -17,17 +17,17 @@ import contextlib
 import contextvars
 import difflib
 import fnmatch
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Union
 
 import torch
 from torch import nn
 
-HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
+HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 """TransformerLens's signature: fn(tensor, hook) -> replacement tensor, or None to keep it."""
 
-NameFilter = Union[str, Iterable[str], Callable[[str], bool], None]
+NameFilter = str | Iterable[str] | Callable[[str], bool] | None
 
 _ACTIVE: contextvars.ContextVar[dict[HookPoint, tuple[HookFn, ...]] | None] = contextvars.ContextVar(
     "workbench_hooks", default=None
@@ -59,10 +59,11 @@ class HookPoint(nn.Module):
         return self.name
 
 
-# Under torch.compile the no-hook path is one guarded integer test; these two run eagerly (a graph
-# break) only while some context is open, since dynamo cannot trace ContextVar lookups.
-@torch.compiler.disable
-def _run_hooks(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
+# Under torch.compile the no-hook path is one guarded integer test. The two functions below run
+# only while some context is open; dynamo cannot trace ContextVar lookups, so once dynamo is in use
+# they are swapped for `torch.compiler.disable`d versions (a graph break, then eager hook calls).
+# The swap is lazy because importing torch._dynamo costs seconds, and `import workbench` should not.
+def _run_hooks_eager(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
     active = _ACTIVE.get()
     fns = active.get(point) if active else None
     if fns is None:
@@ -78,10 +79,19 @@ def _run_hooks(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@torch.compiler.disable
-def _listens(point: HookPoint) -> bool:
+def _listens_eager(point: HookPoint) -> bool:
     active = _ACTIVE.get()
     return bool(active) and point in active
+
+
+_run_hooks, _listens = _run_hooks_eager, _listens_eager
+
+
+def _guard_for_compile() -> None:
+    global _run_hooks, _listens
+    if _run_hooks is _run_hooks_eager and "torch._dynamo" in sys.modules:
+        _run_hooks = torch.compiler.disable(_run_hooks_eager)
+        _listens = torch.compiler.disable(_listens_eager)
 
 
 def name_hook_points(model: nn.Module) -> dict[str, HookPoint]:
@@ -137,6 +147,7 @@ def hooks(
     `finally`, so an exception inside the block never leaves one behind.
     """
     global _ACTIVE_COUNT
+    _guard_for_compile()
     items = spec.items() if isinstance(spec, Mapping) else spec
     merged: dict[HookPoint, tuple[HookFn, ...]] = dict(_ACTIVE.get() or {})
     for pattern, fns in items:
