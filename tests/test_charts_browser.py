@@ -57,6 +57,9 @@ def test_head_view_toggles_taps_and_layer_picker(driver, trace, tmp_path):
     _settle(driver)
     h, alpha, w = run(f"const d = {lines}; return [Array.from(d.h), Array.from(d.alpha), Array.from(d.w)];")
     assert all((a == 0) == (hh != 1) for hh, a in zip(h, alpha)) and any(a > 0 for a in alpha)
+    colors, n_drawn = run("const p = doc.get_model_by_name('head_paths').data;"
+                          "return [p.color, p.ys.reduce((n, y) => n + y.length / 3, 0)];")
+    assert len(set(colors)) == 1 and n_drawn == sum(a > 0 for a in alpha)  # only head 1's paths are drawn
     n_before = len(w)
     run("doc.get_model_by_name('layer_picker').value = 'layer 2';")
     _settle(driver)

@@ -219,3 +219,18 @@ def test_altair_heatmap_for_short_sentences(trace):
     assert [r["masked"] for r in rows[:2]] == [False, True]  # query 0 cannot see key 1 (causal)
     with pytest.raises(ValueError, match="max_cells"):
         altair_heatmap(att, max_cells=10)
+
+
+def test_bucket_paths_draw_each_visible_line_once_at_its_level():
+    from workbench.charts.head_view import LEVELS, bucket_paths
+
+    lines = line_data(np.array([[[0.5, 0.5], [0.9, 0.1]], [[0.02, 0.98], [0.3, 0.7]]], dtype=np.float32))
+    lines["alpha"][lines["h"] == 1] *= np.array([0.0, 1.0, 1.0, 1.0])  # one hidden line
+    paths = bucket_paths(lines, ["red", "blue"])
+    drawn = []
+    for xs, ys, color, alpha in zip(paths["xs"], paths["ys"], paths["color"], paths["alpha"]):
+        assert np.isnan(xs[2::3]).all() and np.isnan(ys[2::3]).all()
+        drawn += [(color, int(q), int(k), alpha) for q, k in zip(ys[0::3], ys[1::3])]
+    expected = [(["red", "blue"][h], q, k, (min(int(a * LEVELS), LEVELS - 1) + 0.5) / LEVELS)
+                for h, q, k, a in zip(lines["h"], lines["q"], lines["k"], lines["alpha"]) if a > 0]
+    assert sorted(drawn) == sorted(expected) and len(drawn) == 7
