@@ -1,0 +1,170 @@
+"""Cross-attention heads as word aligners: alignment error rate (Och & Ney 2003) per head and per layer.
+
+    refs = [parse_pharaoh(line) for line in open("test.align")]     # "0-0 1-2 2?1" (? = possible link)
+    table = alignment_head_scores(cross, refs)                         # AER per head, layer mean, all mean
+    table = alignment_head_scores(cross)                               # no references: agreement instead
+
+`cross` is per sentence an (L, H, T, S) array of cross-attention over WORDS or pieces, whichever the
+references index (merge pieces first with `workbench.charts.merge_attention` / `to_words`).
+Rows are the output tokens y_1..y_T. With teacher forcing, decoder position t reads y_{t-1} and predicts
+y_t, so "predict" alignment takes row t for y_t (Garg et al. 2019), "input" takes the row where y_t is the
+decoder input, one later (Chen et al. 2020's shift-att, often better); the caller picks which rows to pass.
+
+Without references, each head is scored against the model's own aligner: the argmax of cross-attention
+averaged over every head of every layer ("model-average aligner"), reported as 1 - AER = agreement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+Link = tuple[int, int]  # (source index, target index), Pharaoh order
+
+
+def parse_pharaoh(line: str) -> tuple[set[Link], set[Link]]:
+    """"i-j" sure links and "i?j" possible links -> (sure, possible ⊇ sure)."""
+    sure, possible = set(), set()
+    for item in line.split():
+        sep = "-" if "-" in item else "?" if "?" in item else None
+        parts = item.split(sep) if sep else []
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"bad alignment link {item!r} in {line.strip()!r}: expected 'i-j' or 'i?j'")
+        link = (int(parts[0]), int(parts[1]))
+        possible.add(link)
+        if sep == "-":
+            sure.add(link)
+    return sure, possible
+
+
+def aer(predicted: Iterable[Link], sure: Iterable[Link], possible: Iterable[Link] | None = None) -> float:
+    """1 - (|A∩S| + |A∩P|) / (|A| + |S|), with P ⊇ S (P = S when not given)."""
+    a, s = set(predicted), set(sure)
+    p = set(possible) | s if possible is not None else s
+    if not a and not s:
+        return 0.0
+    return 1.0 - (len(a & s) + len(a & p)) / (len(a) + len(s))
+
+
+def corpus_aer(predicted: Sequence[Iterable[Link]], sure: Sequence[Iterable[Link]],
+               possible: Sequence[Iterable[Link]] | None = None) -> float:
+    """AER over a corpus: counts summed over sentences before the ratio (as the standard scripts do)."""
+    if len(predicted) != len(sure):
+        raise ValueError(f"{len(predicted)} predicted alignments but {len(sure)} references")
+    hit_s = hit_p = n_a = n_s = 0
+    for k, (a, s) in enumerate(zip(predicted, sure)):
+        a, s = set(a), set(s)
+        p = s | (set(possible[k]) if possible is not None else set())
+        hit_s += len(a & s)
+        hit_p += len(a & p)
+        n_a += len(a)
+        n_s += len(s)
+    return 1.0 - (hit_s + hit_p) / max(n_a + n_s, 1)
+
+
+def attention_links(matrix: np.ndarray, *, method: str = "argmax", threshold: float = 0.5) -> set[Link]:
+    """Links from a (T, S) attention matrix: each target token to its argmax source token, or every
+    cell above `threshold`."""
+    m = np.asarray(matrix)
+    if m.ndim != 2:
+        raise ValueError(f"need a (T, S) matrix, got shape {m.shape}")
+    if method == "argmax":
+        return {(int(s), t) for t, s in enumerate(m.argmax(1))}
+    if method == "threshold":
+        return {(int(s), int(t)) for t, s in zip(*np.nonzero(m > threshold))}
+    raise ValueError(f"method must be 'argmax' or 'threshold', got {method!r}")
+
+
+def alignment_head_scores(
+    cross: Sequence[np.ndarray],
+    references: Sequence[set[Link] | tuple[set[Link], set[Link]]] | None = None,
+    *,
+    method: str = "argmax",
+    threshold: float = 0.5,
+):
+    """Corpus AER of every cross-attention head, every layer's head mean and the all-layer mean.
+
+    `cross[n]` is sentence n's (L, H, T, S) attention; `references[n]` its links as a set (sure only) or
+    (sure, possible) as `parse_pharaoh` returns. Returns a DataFrame sorted best first with columns
+    layer, head ("mean" for averages), aer, agreement (1 - aer), reference.
+    """
+    import pandas as pd
+
+    if not cross:
+        raise ValueError("no sentences")
+    arrays = [np.asarray(c, dtype=np.float64) for c in cross]
+    shapes = {a.shape[:2] for a in arrays}
+    if len(shapes) != 1 or arrays[0].ndim != 4:
+        raise ValueError(f"every sentence needs an (L, H, T, S) array with the same L and H, got {sorted(shapes)}")
+    n_layers, n_heads = arrays[0].shape[:2]
+    if references is None:
+        label = "model-average aligner (argmax of all heads, all layers)"
+        sure = [attention_links(a.mean((0, 1)), method="argmax") for a in arrays]
+        possible = None
+    else:
+        if len(references) != len(arrays):
+            raise ValueError(f"{len(references)} references for {len(arrays)} sentences")
+        label = "reference alignments"
+        sure, possible = [], []
+        for ref in references:
+            s, p = ref if isinstance(ref, tuple) else (ref, ref)
+            sure.append(set(s))
+            possible.append(set(p) | set(s))
+        for n, (a, s) in enumerate(zip(arrays, possible)):
+            t, src = a.shape[2:]
+            bad = [(i, j) for i, j in s if not (0 <= i < src and 0 <= j < t)]
+            if bad:
+                raise ValueError(f"sentence {n}: links {sorted(bad)[:5]} fall outside its {t} x {src} attention "
+                                 "(target x source); do the references index words while the attention has pieces?")
+    rows = []
+
+    def score(pick, layer, head):
+        pred = [attention_links(pick(a), method=method, threshold=threshold) for a in arrays]
+        e = corpus_aer(pred, sure, possible)
+        rows.append({"layer": layer, "head": head, "aer": e, "agreement": 1.0 - e, "reference": label})
+
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            score(lambda a, lay=layer, h=head: a[lay, h], layer, head)
+        score(lambda a, lay=layer: a[lay].mean(0), layer, "mean")
+    score(lambda a: a.mean((0, 1)), "all", "mean")
+    df = pd.DataFrame(rows)
+    return df.sort_values("aer", kind="stable").reset_index(drop=True)
+
+
+def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
+                           shift: str = "predict", batch_size: int = 64) -> list[np.ndarray]:
+    """Per sentence the (L, H, T, S) cross-attention to score as alignments, teacher-forced on `targets`.
+
+    Sources and targets end with EOS; both EOS are dropped (references do not link them), so row t is
+    target token t and column s source token s. `shift`: "predict" (the row that predicts y_t) or "input"
+    (the row that reads y_t).
+    """
+    import torch
+
+    from .head_stats import capture_attention, pad_batch
+
+    if shift not in ("predict", "input"):
+        raise ValueError(f"shift must be 'predict' or 'input', got {shift!r}")
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    cfg = model.cfg
+    names = model.hook_names("dec.*.cross_attn.hook_probs")
+    out: list[np.ndarray] = []
+    with torch.no_grad():
+        for start in range(0, len(sources), batch_size):
+            src_rows = [list(s) for s in sources[start : start + batch_size]]
+            tgt_rows = [list(t) for t in targets[start : start + batch_size]]
+            for n, t in enumerate(tgt_rows):
+                if len(t) < 2:
+                    raise ValueError(f"target {start + n} has {len(t)} tokens: need at least one word and EOS")
+            src = pad_batch(src_rows, cfg.pad_id, model.device)
+            tgt = pad_batch([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, model.device)
+            trace = capture_attention(model, src, tgt, names)
+            cross = trace.stack("dec.*.cross_attn.hook_probs").float().cpu().numpy()  # (L, B, H, T, S)
+            for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):
+                n_words = len(t) - 1
+                rows = slice(0, n_words) if shift == "predict" else slice(1, n_words + 1)
+                out.append(cross[:, b, :, rows, : len(s) - 1])
+    return out
