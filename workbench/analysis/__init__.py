@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
+from .logit_lens import LogitLens, logit_lens
 from .norms import NORM_HOOKS, ValueNorms, value_norms
+from .positional_share import positional_share, score_terms
 from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
 
 __all__ = [
     "aer", "alignment_head_scores", "attention_links", "corpus_aer", "corpus_cross_attention", "parse_pharaoh",
     "NORM_HOOKS", "STATS", "DecoderRollout", "HeadStats", "ValueNorms", "attention_flow", "attention_rollout",
     "block_stats", "corpus_head_stats", "decoder_rollout", "encoder_rollout", "head_stats", "punctuation_ids",
-    "value_norms",
+    "value_norms", "LogitLens", "logit_lens", "positional_share", "score_terms",
 ]
