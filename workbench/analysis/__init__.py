@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
+from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
 from .norms import NORM_HOOKS, ValueNorms, value_norms
 from .positional_share import positional_share, score_terms
@@ -21,4 +22,5 @@ __all__ = [
     "NORM_HOOKS", "STATS", "DecoderRollout", "HeadStats", "ValueNorms", "attention_flow", "attention_rollout",
     "block_stats", "corpus_head_stats", "decoder_rollout", "encoder_rollout", "head_stats", "punctuation_ids",
     "value_norms", "LogitLens", "logit_lens", "positional_share", "score_terms",
+    "head_importance", "intervention_effect", "patch_effect", "run_outcome",
 ]
