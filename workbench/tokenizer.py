@@ -56,6 +56,10 @@ def register_tokenizer(kind: str, cls: type) -> None:
 def load_tokenizer(directory: str | Path, spec: dict) -> Tokenizer:
     kind = spec.get("kind") if isinstance(spec, dict) else None
     if kind not in _REGISTRY:
+        # imported checkpoints use the importers' tokenizers (Marian spm+vocab, Moses+BPE); they
+        # register themselves on import, which a plain `workbench.load` would otherwise skip
+        from .importers import tokenizers as _importer_tokenizers  # noqa: F401
+    if kind not in _REGISTRY:
         raise ValueError(f"unknown tokenizer kind {kind!r} in spec {spec!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[kind].load(Path(directory), spec)
 
