@@ -139,3 +139,16 @@ def test_hub_download_offline_says_network_unreachable(tmp_path, monkeypatch, ca
     assert code == 3
     assert "network unreachable" in err and "huggingface.co/Helsinki-NLP/opus-mt-en-de" in err
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_imported_checkpoint_opens_in_a_fresh_process(tmp_path):
+    """A new process that never imported workbench.importers still finds the Marian tokenizer kind."""
+    import subprocess
+    import sys
+
+    write_marian_dir(tmp_path / "opus")
+    out = import_marian(tmp_path / "opus").save(tmp_path / "ckpt")
+    code = "import sys, workbench; print(len(workbench.load(sys.argv[1]).translate(['the cat sat .'])))"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
