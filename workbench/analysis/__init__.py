@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
+from .beam_replay import BeamReplay, add_cross_attention, replay_beam
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
@@ -24,5 +25,6 @@ __all__ = [
     "block_stats", "corpus_head_stats", "decoder_rollout", "encoder_rollout", "head_stats", "punctuation_ids",
     "value_norms", "LogitLens", "logit_lens", "positional_share", "score_terms",
     "Attribution", "gradient_attribution", "spearman", "step_agreement", "token_attribution",
+    "BeamReplay", "add_cross_attention", "replay_beam",
     "head_importance", "intervention_effect", "patch_effect", "run_outcome",
 ]
