@@ -80,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="", help="run only the views whose name contains this text")
     parser.add_argument("--browser", action="store_true",
                         help="also time loading each saved page in headless Chromium (needs chromium-driver)")
     parser.add_argument("--attention", choices=["model", "peaked"], default="model",
@@ -99,6 +100,8 @@ def main() -> None:
         trace = base_trace(length)
         trace = peaked(trace) if args.attention == "peaked" else trace
         for name, build in VIEWS.items():
+            if args.only not in name:
+                continue
             builds, sers, size = [], [], 0
             for _ in range(args.repeats):
                 t0 = time.perf_counter()

@@ -125,12 +125,14 @@ def head_view_figure(
     highlight: int | None = None,
     width: int = 520,
     row_height: int = 18,
+    max_height: int = 1600,
     max_label: int = 20,
 ):
     """Head view of several layers (`atts`, one per layer, same tokens and heads); a picker chooses the layer.
 
     labels: the picker's name for each entry (default: "layer i"). Heads are toggled with the buttons above
-    the figure; colours follow the head index (the key is drawn in the figure).
+    the figure; colours follow the head index (the key is drawn in the figure). Past max_height the figure
+    shows a window of rows that the mouse wheel scrolls.
     """
     if not atts:
         raise ValueError("head_view needs at least one layer of attention")
@@ -146,8 +148,11 @@ def head_view_figure(
     dropped = f" (lines < {min_weight:g}" + (f", beyond top {top_k} per query" if top_k else "") + " hidden)"
     title = first.describe() if len(atts) == 1 else first.describe().split(", layer")[0]
     fig = figure(
-        width=width, height=max(240, min(20000, n * row_height + 80)), x_range=Range1d(-0.75, 1.75),
-        y_range=Range1d(n - 0.5, -0.5), tools="tap,ywheel_zoom,ypan,reset,save", toolbar_location="above",
+        # Long sentences: a window of rows, scrolled with the mouse wheel (pan) instead of a canvas thousands of
+        # pixels tall, which the browser repaints whole (painting cost grows with the canvas; see docs/views.md).
+        width=width, height=max(240, min(max_height, n * row_height + 80)), x_range=Range1d(-0.75, 1.75),
+        y_range=Range1d(min(n, max(8, (max_height - 80) // row_height)) - 0.5, -0.5, bounds=(-0.5, n - 0.5)),
+        tools="tap,ywheel_pan,ywheel_zoom,ypan,reset,save", active_scroll="ywheel_pan", toolbar_location="above",
         title=title + dropped,
     )
     fig.axis.visible = False
