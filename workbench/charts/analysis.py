@@ -23,9 +23,10 @@ from .select import KIND_LABEL
 def _frame_table(df, *, width: int = 900, height: int = 420, digits: int = 4) -> DataTable:
     """A sortable Bokeh DataTable of a DataFrame (click a header to sort)."""
     fmt = NumberFormatter(format="0." + "0" * digits, nan_format="–")
-    cols = [TableColumn(field=c, title=c, formatter=fmt if df[c].dtype.kind == "f" else None)
-            if df[c].dtype.kind == "f" else TableColumn(field=c, title=c) for c in df.columns]
-    return DataTable(source=ColumnDataSource(df.reset_index(drop=True)), columns=cols, sortable=True,
+    cols = [TableColumn(field=c, title=c, formatter=fmt) if df[c].dtype.kind == "f" else TableColumn(field=c, title=c)
+            for c in df.columns]
+    data = {c: df[c].to_numpy() for c in df.columns}  # a dict: Bokeh's DataFrame path adds an index column
+    return DataTable(source=ColumnDataSource(data), columns=cols, sortable=True,
                      width=width, height=height, index_position=None)
 
 
