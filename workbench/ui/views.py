@@ -148,7 +148,8 @@ class AttentionView(pn.viewable.Viewer):
             return
         self.figure = fig
         self._pane.object = fig
-        self._box.objects = [self._pane]
+        if self._box.objects != [self._pane]:  # re-setting the same children re-renders the column
+            self._box.objects = [self._pane]
 
     def _build(self, r):
         from ..charts import attention_heatmap, head_view, model_view
