@@ -227,6 +227,10 @@ def test_workbench_assembles_for_notebooks(ckpt_dir):
     wb.internals.show()  # positional encodings, masks, LR formula vs log, curves: all drawn, none failed
     assert len(wb.internals._box.objects) == 9 and not _alerts(wb.internals._box)
     assert wb.internals.warmup == 30  # read from the checkpoint's meta["train"]
+    wb.analysis.show()
+    for analysis in ("head statistics", "decoder rollout"):
+        wb.analysis.analysis = analysis
+        assert len(wb.analysis._box.objects) == 1 and not _alerts(wb.analysis._box), analysis
 
 
 def _alerts(layout) -> list:

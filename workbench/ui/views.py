@@ -431,6 +431,67 @@ class CompareView(pn.viewable.Viewer):
         return pn.Column(self._picker, self._box, sizing_mode="stretch_width")
 
 
+class AnalysisView(pn.viewable.Viewer):
+    """Analyses of this sentence's trace from `workbench.analysis`: head statistics and decoder rollout.
+
+    Further analyses (alignment, attribution, beam replay, logit lens) join as entries of ANALYSES.
+    """
+
+    session = param.ClassSelector(class_=Session)
+    analysis = param.Selector(default="head statistics", objects=["head statistics", "decoder rollout"])
+    stat = param.Selector(default="entropy", objects=["entropy", "entropy_norm", "max", "distance", "diag_distance",
+                                                      "self", "prev", "next", "first", "eos", "punct", "monotonic"])
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._box = pn.Column(sizing_mode="stretch_width")
+        self._shown = False
+        self.session.param.watch(self._redraw, ["version"])
+        self.param.watch(self._redraw, ["analysis", "stat"])
+
+    def show(self) -> None:
+        self._shown = True
+        self._redraw()
+
+    def _redraw(self, *_):
+        if not self._shown:
+            return
+        r = self.session.result
+        if r is None:
+            self._box.objects = [pn.pane.Markdown("*Nothing to analyse yet.*")]
+            return
+        try:
+            self._box.objects = [pn.pane.Bokeh(self._build(r))]
+        except Exception as exc:
+            self._box.objects = [_fail(self.analysis.capitalize(), exc)]
+
+    def _build(self, r):
+        import torch
+
+        trace = r.trace.to(dtype=torch.float32)
+        if self.analysis == "head statistics":
+            from ..analysis.head_stats import head_stats
+            from ..charts.analysis import head_stats_view
+
+            tm = self.session.model
+            pad, eos = (tm.model.cfg.pad_id, tm.model.cfg.eos_id) if tm is not None else (0, 2)
+            stat = self.stat
+            table = head_stats(trace, pad_id=pad, eos_id=eos)
+            if stat not in table.summary().columns:
+                stat = "entropy"
+            return head_stats_view(table, stat)
+        from ..analysis.rollout import decoder_rollout
+        from ..charts.analysis import decoder_rollout_view
+
+        return decoder_rollout_view(decoder_rollout(trace), src_tokens=list(r.src_pieces),
+                                    tgt_tokens=list(r.out_pieces))
+
+    def __panel__(self):
+        controls = pn.Row(pn.widgets.RadioButtonGroup.from_param(self.param.analysis, name=""),
+                          pn.widgets.Select.from_param(self.param.stat, name="Statistic", width=160))
+        return pn.Column(controls, self._box, sizing_mode="stretch_width")
+
+
 def _select(r, kind: str) -> dict:
     """Query labels: cross-attention rows are named by the token each step PRODUCED (alignment reading)."""
     return {"tgt_tokens": list(r.out_pieces)} if kind == "cross" else {}
@@ -444,4 +505,5 @@ def _md_escape(text: str) -> str:
     return cleaned
 
 
-__all__ = ["AblationPanel", "AttentionView", "CompareView", "InternalsView", "OutputPanel", "SourcePanel"]
+__all__ = ["AblationPanel", "AnalysisView", "AttentionView", "CompareView", "InternalsView", "OutputPanel",
+           "SourcePanel"]

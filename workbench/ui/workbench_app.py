@@ -19,7 +19,7 @@ import param
 
 from . import loader
 from .session import Session
-from .views import AblationPanel, AttentionView, CompareView, InternalsView, OutputPanel, SourcePanel
+from .views import AblationPanel, AnalysisView, AttentionView, CompareView, InternalsView, OutputPanel, SourcePanel
 
 TITLE = "Attention Workbench"
 URL_PARAMS = {"checkpoint": "ckpt", "sentence": "src", "target": "tgt", "beam": "beam", "alpha": "alpha",
@@ -72,6 +72,7 @@ class Workbench(pn.viewable.Viewer):
         self.ablation = AblationPanel(session=session)
         self.internals = InternalsView(session=session)
         self.compare = CompareView(session=session)
+        self.analysis = AnalysisView(session=session)
 
     def _bad_url(self, values: dict) -> None:
         """Panel applies a link's values all or nothing; apply the good ones one by one, name the bad ones."""
@@ -93,8 +94,9 @@ class Workbench(pn.viewable.Viewer):
         inspect = pn.Row(pn.Column(self.attention, sizing_mode="stretch_width"),
                          pn.Column("### Ablate heads", self.ablation, width=420), sizing_mode="stretch_width")
         extra = [(title, factory(self.session)) for title, factory in self.extra_tabs]
-        tabs = pn.Tabs(("Attention", inspect), ("Internals", self.internals), ("Compare", self.compare), *extra,
+        tabs = pn.Tabs(("Attention", inspect), ("Internals", self.internals), ("Compare", self.compare),
+                       ("Analysis", self.analysis), *extra,
                        dynamic=True, css_classes=["main-tabs"], sizing_mode="stretch_width")
-        shows = {1: self.internals.show, 2: self.compare.show}
+        shows = {1: self.internals.show, 2: self.compare.show, 3: self.analysis.show}
         tabs.param.watch(lambda e: shows[e.new]() if e.new in shows else None, "active")
         return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
