@@ -196,3 +196,16 @@ def test_a_bad_link_is_ignored_with_a_message(page, app_server):
     assert page.locator(".sentence-input input").input_value() == "Ein Hund läuft."
     page.wait_for_function(f"({FIGURE_JS})().title.includes('head 1')", timeout=TIMEOUT)
     assert watch.errors == []
+
+
+def test_every_tab_and_view_draws_without_errors(page, app_server):
+    watch = open_app(page, app_server + "?ckpt=demo")
+    for i in (1, 2):  # lines, grid
+        page.locator(".view-picker button").nth(i).click()
+        page.wait_for_timeout(500)
+    for tab in ("Internals", "Compare", "Analysis"):
+        page.locator(".main-tabs").get_by_text(tab, exact=True).click()
+        page.locator(".bk-Canvas, canvas").last.wait_for(timeout=TIMEOUT)
+        page.wait_for_timeout(800)
+    assert page.locator(".view-error").count() == 0
+    assert watch.errors == [] and watch.external == []
