@@ -364,7 +364,11 @@ class Session(param.Parameterized):
             outcome = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             return
-        self._apply(gen, outcome, notes)
+        try:
+            self._apply(gen, outcome, notes)
+        except Exception as exc:  # a view failing to update must not end up as a traceback in the server log
+            log.warning("updating the page failed: %s: %s", type(exc).__name__, exc)
+            self.param.update(busy=False, message=f"The page could not be updated ({type(exc).__name__}: {exc})")
 
     def _apply(self, gen: int, outcome: Outcome, notes: list[str] | None = None) -> None:
         if gen != self._generation:
