@@ -89,7 +89,8 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         "split (29,000 pairs); validation on its val split.",
         f"- Steps: {meta.get('step')} (epoch {meta.get('epoch')}); final logged training loss "
         f"{last.get('loss', float('nan')):.3f}, lr {last.get('lr', float('nan')):.2e}.",
-        f"- Hardware and time: {args.hardware}.",
+        f"- Hardware: {args.hardware}; training wall time to this step: "
+        f"{last.get('time', float('nan')) / 60:.0f} min (the log's `time`, seconds since the run started).",
         f"- Command: `{args.command}`", "",
         "Training config as run:", "", "```json", json.dumps(train_cfg, indent=1, sort_keys=True), "```", "",
         "The full training log is `train_log.jsonl` beside this card.", "",
