@@ -12,7 +12,6 @@ distribution and rollout is the product of the layers' matrices, last layer on t
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
@@ -130,66 +129,59 @@ def attention_flow(layers: torch.Tensor | np.ndarray, *, residual: float = 0.5,
     (S, S) where [i, j] is the maximum flow from input token j to top-layer position i in the layered
     graph whose edge (l-1, j) -> (l, i) has capacity Â_l[i, j].
 
-    Exact max-flow (Edmonds-Karp) per pair: O(S²) flows, so meant for sentences, not corpora; `outputs`
-    limits the top positions computed (other rows are NaN).
+    Exact max-flow (Dinic's algorithm) per pair: S² flows, so meant for sentences, not corpora (measured in
+    docs/analysis.md); `outputs` limits the top positions computed (other rows are NaN).
     """
     a = torch.as_tensor(layers).to(torch.float64)
     if a.dim() != 3 or a.size(1) != a.size(2):
         raise ValueError(f"attention_flow needs one sentence's (L, S, S) attention, got {tuple(a.shape)}")
-    caps = [c.numpy() for c in _mix(a, residual)]  # caps[l][i, j]: edge (l, j) -> (l+1, i)
-    n = a.size(-1)
+    mixed = _mix(a, residual).numpy()
+    n_layers, n = mixed.shape[0], mixed.shape[1]
+    cap = np.zeros(((n_layers + 1) * n, (n_layers + 1) * n))  # node l·S + p: position p after layer l
+    for lay in range(n_layers):
+        cap[lay * n : (lay + 1) * n, (lay + 1) * n : (lay + 2) * n] = mixed[lay].T  # [(l, j), (l+1, i)] = Â[i, j]
     out = np.full((n, n), np.nan)
     for i in range(n) if outputs is None else outputs:
         for j in range(n):
-            out[i, j] = _max_flow(caps, j, i)
+            out[i, j] = _max_flow(cap, j, n_layers * n + i)
     return out
 
 
-def _max_flow(caps: list[np.ndarray], source: int, sink: int) -> float:
-    """Edmonds-Karp on the layered graph; nodes are (layer, position), layer 0 = inputs."""
-    n_layers = len(caps)
-    flow = [np.zeros_like(c) for c in caps]
+_EPS = 1e-12
+
+
+def _max_flow(cap: np.ndarray, source: int, sink: int) -> float:
+    """Dinic's algorithm on a dense capacity matrix: BFS levels, then blocking flows along them."""
+    r = cap.copy()  # residual capacities
+    n = r.shape[0]
     total = 0.0
     while True:
-        parent: dict[tuple[int, int], tuple[int, int]] = {(0, source): (-1, -1)}
-        queue = deque([(0, source)])
-        found = False
-        while queue and not found:
-            layer, pos = queue.popleft()
-            if layer < n_layers:  # forward edges (layer, pos) -> (layer+1, i)
-                free = caps[layer][:, pos] - flow[layer][:, pos]
-                for i in np.nonzero(free > 1e-12)[0]:
-                    node = (layer + 1, int(i))
-                    if node not in parent:
-                        parent[node] = (layer, pos)
-                        if node == (n_layers, sink):
-                            found = True
-                            break
-                        queue.append(node)
-            if layer > 0 and not found:  # residual back edges (layer, pos) -> (layer-1, j)
-                back = flow[layer - 1][pos, :]
-                for j in np.nonzero(back > 1e-12)[0]:
-                    node = (layer - 1, int(j))
-                    if node not in parent:
-                        parent[node] = (layer, pos)
-                        queue.append(node)
-        if not found:
+        level = np.full(n, -1)
+        level[source] = 0
+        frontier = np.array([source])
+        while frontier.size and level[sink] < 0:
+            nxt = np.nonzero((r[frontier] > _EPS).any(0) & (level < 0))[0]
+            level[nxt] = level[frontier[0]] + 1
+            frontier = nxt
+        if level[sink] < 0:
             return total
-        path = []
-        node = (n_layers, sink)
-        while parent[node] != (-1, -1):
-            path.append((parent[node], node))
-            node = parent[node]
-        bottleneck = min(_residual_cap(caps, flow, u, v) for u, v in path)
-        for u, v in path:
-            if v[0] == u[0] + 1:
-                flow[u[0]][v[1], u[1]] += bottleneck
-            else:
-                flow[v[0]][u[1], v[1]] -= bottleneck
-        total += bottleneck
+        adj = [np.nonzero((r[u] > _EPS) & (level == level[u] + 1))[0].tolist() for u in range(n)]
+        ptr = [0] * n
+        while (f := _push(r, adj, ptr, source, sink, np.inf)) > 0:
+            total += f
 
 
-def _residual_cap(caps, flow, u, v) -> float:
-    if v[0] == u[0] + 1:
-        return float(caps[u[0]][v[1], u[1]] - flow[u[0]][v[1], u[1]])
-    return float(flow[v[0]][u[1], v[1]])
+def _push(r: np.ndarray, adj: list[list[int]], ptr: list[int], u: int, sink: int, f: float) -> float:
+    """One augmenting path along the level graph from u (depth-first, advancing dead-end pointers)."""
+    if u == sink:
+        return f
+    while ptr[u] < len(adj[u]):
+        v = adj[u][ptr[u]]
+        if r[u, v] > _EPS:
+            d = _push(r, adj, ptr, v, sink, min(f, r[u, v]))
+            if d > 0:
+                r[u, v] -= d
+                r[v, u] += d
+                return d
+        ptr[u] += 1
+    return 0.0
