@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import threading
 from pathlib import Path
@@ -195,7 +196,9 @@ def test_a_stale_result_is_dropped(entries):
             await asyncio.sleep(0.01)
         return s
 
-    s = asyncio.run(main())
+    # a thread of its own: pytest-playwright's sync API may leave an event loop running in this one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        s = pool.submit(asyncio.run, main()).result(timeout=120)
     assert s.result.request.sentence == "Zweiter Satz, der zählt." and s.version == 1
 
 
