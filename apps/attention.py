@@ -9,10 +9,12 @@ import sys
 import panel as pn
 
 from workbench.ui import Workbench
+from workbench.ui.analysis_views import register as register_model_analysis
 from workbench.ui.loader import configure_torch_threads, parse_args
 from workbench.ui.workbench_app import TITLE
 
 pn.extension("vega", notifications=False)
 configure_torch_threads()
+register_model_analysis()  # the "Model analysis" tab (logit lens, attribution, beam replay, flow, norms)
 
 Workbench(checkpoints=parse_args(sys.argv[1:])).servable(title=TITLE)
