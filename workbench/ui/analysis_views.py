@@ -125,7 +125,8 @@ class ModelAnalysisView(pn.viewable.Viewer):
 
     def __panel__(self):
         controls = pn.Row(
-            pn.widgets.Select.from_param(self.param.analysis, name="Analysis", width=240),
+            pn.widgets.Select.from_param(self.param.analysis, name="Analysis", width=240,
+                                         css_classes=["analysis-picker"]),
             pn.widgets.Select.from_param(self.param.method, name="Attribution", width=160),
             pn.widgets.IntInput.from_param(self.param.beam, name="Beam", width=80),
             pn.widgets.IntInput.from_param(self.param.step, name="Beam step", width=100),
