@@ -148,3 +148,25 @@ def test_concat_refuses_mismatched_blocks():
 
 def test_punctuation_ids():
     assert punctuation_ids(["<pad>", "▁.", ",", "▁the", "?!", "▁", "a@@"]) == [1, 2, 4]
+
+
+def test_heads_command_writes_csv_and_report(tmp_path):
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    sys.path.insert(0, str(Path(__file__).parent / "ui"))
+    from app_fixtures import build_checkpoint
+
+    from workbench.cli import main
+
+    ckpt = build_checkpoint(tmp_path / "ck", steps=0)
+    src, ref = tmp_path / "t.de", tmp_path / "t.en"
+    src.write_text("Ein Hund läuft.\nZwei Kinder spielen im Park.\n", encoding="utf-8")
+    ref.write_text("A dog runs.\nTwo children play in the park.\n", encoding="utf-8")
+    assert main(["heads", str(ckpt), "--src", str(src), "--ref", str(ref), "--out", str(tmp_path / "o")]) == 0
+    df = pd.read_csv(tmp_path / "o" / "heads.csv")
+    assert len(df) == 6 * 4 and {"entropy", "eos", "monotonic"} <= set(df.columns)
+    assert "<title>Head statistics</title>" in (tmp_path / "o" / "heads.html").read_text(encoding="utf-8")
+    assert main(["heads", str(ckpt), "--out", str(tmp_path / "o")]) == 2  # no data given: a clear error

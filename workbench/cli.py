@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("workbench.evaluate", "translate a test set and print sacrebleu BLEU and chrF with signatures"),
     "import": ("workbench.cli_import", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
     "views": ("workbench.charts.cli", "write a saved trace's attention views as offline HTML files"),
+    "heads": ("workbench.analysis.cli", "head statistics of a checkpoint over a test set (CSV + HTML report)"),
 }
 
 
