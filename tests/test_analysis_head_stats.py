@@ -170,3 +170,15 @@ def test_heads_command_writes_csv_and_report(tmp_path):
     assert len(df) == 6 * 4 and {"entropy", "eos", "monotonic"} <= set(df.columns)
     assert "<title>Head statistics</title>" in (tmp_path / "o" / "heads.html").read_text(encoding="utf-8")
     assert main(["heads", str(ckpt), "--out", str(tmp_path / "o")]) == 2  # no data given: a clear error
+
+
+@pytest.mark.gpu
+def test_corpus_stats_on_gpu_equal_cpu():
+    cfg = presets.tiny(vocab=40)
+    model = make_model(cfg)
+    sources = [[5, 6, 7, 2], [8, 9, 10, 11, 2], [12, 2]]
+    targets = [[5, 6, 2], [7, 8, 9, 2], [10, 2]]
+    cpu = corpus_head_stats(model, sources, targets)
+    gpu = corpus_head_stats(model.cuda(), sources, targets)
+    for stat in cpu.sums:
+        np.testing.assert_allclose(cpu.values(stat), gpu.values(stat), rtol=1e-4, atol=1e-6, equal_nan=True)
