@@ -2,6 +2,7 @@ import dataclasses
 import json
 
 import pytest
+from model_helpers import ROOT
 
 from workbench import ModelConfig, presets
 from workbench.config import override
@@ -59,3 +60,16 @@ def test_override_parses_types_and_rejects_unknown_keys():
         override(presets.tiny(), ["--dropuot=0.3"])
     with pytest.raises(ValueError, match="activation"):
         override(presets.tiny(), ["--activation=tanh"])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_committed_training_config_loads_and_names_known_data(path):
+    from workbench.config import TrainConfig
+    from workbench.data import DATASETS, MIXTURES
+
+    cfg = TrainConfig.load(path)
+    assert cfg.dataset in {"copy", "files"} | set(DATASETS) | set(MIXTURES)
+    from workbench.train import model_config
+
+    model = model_config(cfg, cfg.vocab_size, cfg.vocab_size)
+    assert model.d_model % model.n_heads == 0 and model.src_vocab == cfg.vocab_size

@@ -4,6 +4,7 @@ import torch
 from workbench import presets
 from workbench.data import (
     DATASETS,
+    MIXTURES,
     ParallelData,
     copy_task,
     dataset_files,
@@ -121,3 +122,17 @@ def test_named_dataset_multi30k_from_the_local_root(shared_data):
         dataset_files("multi30k", "dev", "de", "en", shared_data)
     with pytest.raises(FileNotFoundError, match="get tatoeba from"):
         dataset_files("tatoeba", "train", "de", "en", shared_data / "nowhere", download=False)
+
+
+def test_the_general_mixture_is_every_training_part_in_order_and_no_test_set(shared_data):
+    src, tgt = load_dataset("general_de_en", "train", "en", "de", shared_data)
+    parts = [load_dataset(name, split, "en", "de", shared_data) for name, split in MIXTURES["general_de_en"]["train"]]
+    assert src == [line for s, _ in parts for line in s] and len(tgt) == len(src)
+    assert len(src) == sum(len(s) for s, _ in parts) > 200_000
+    test_splits = {("tatoeba", "test"), ("multi30k", "test"), ("wmt_news", "newstest2014"), ("wmt_news", "test")}
+    assert not test_splits & set(MIXTURES["general_de_en"]["train"])
+    tatoeba_test, _ = load_dataset("tatoeba", "test", "en", "de", shared_data)
+    assert not set(tatoeba_test[:2000]) & set(src[:160_000]) - {""}  # the shared Tatoeba train already drops overlap
+    assert load_dataset("general_de_en", "train", "en", "de", shared_data, limit=7)[0] == src[:7]
+    with pytest.raises(ValueError, match="mixture 'general_de_en' has no split 'test'"):
+        load_dataset("general_de_en", "test", "en", "de", shared_data)

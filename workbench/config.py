@@ -312,7 +312,8 @@ class TrainConfig:
 
     # -- data
     dataset: str = "multi30k"
-    """A named dataset (see workbench.data.DATASETS: multi30k, wmt14_sample, tatoeba, copy), or "files"."""
+    """A named dataset (workbench.data.DATASETS: multi30k, wmt14_sample, tatoeba...), a named mixture
+    (workbench.data.MIXTURES: general_de_en), "copy", or "files"."""
     src_lang: str = "de"
     tgt_lang: str = "en"
     data_root: str | None = None

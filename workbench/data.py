@@ -122,7 +122,8 @@ def dataset_files(name: str, split: str, src_lang: str, tgt_lang: str, root: str
                   *, download: bool = True) -> tuple[Path, Path]:
     """Paths of a named dataset's split, downloading it into the root first when it is missing and can be."""
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)} (or use your own files)")
+        raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}, mixtures: {sorted(MIXTURES)} "
+                         "(or use your own files)")
     ds = DATASETS[name]
     if split not in ds.splits:
         raise ValueError(f"dataset {name!r} has no split {split!r}; splits: {sorted(ds.splits)}")
@@ -141,9 +142,31 @@ def dataset_files(name: str, split: str, src_lang: str, tgt_lang: str, root: str
     return paths
 
 
+MIXTURES: dict[str, dict[str, list[tuple[str, str]]]] = {
+    # All the real de-en training text on these machines (never a test set): the shipped general-en-de model.
+    "general_de_en": {
+        "train": [("tatoeba", "train"), ("multi30k", "train"), ("wmt14_sample", "train")]
+        + [("wmt_news", f"newstest{y}") for y in range(2008, 2013)],
+        "valid": [("wmt_news", "newstest2013")],
+    },
+}
+"""Named concatenations of dataset splits, in this order; usable wherever a dataset name is."""
+
+
 def load_dataset(name: str, split: str, src_lang: str, tgt_lang: str, root: str | Path | None = None,
                  *, limit: int = 0) -> tuple[list[str], list[str]]:
-    return read_parallel(*dataset_files(name, split, src_lang, tgt_lang, root), limit=limit)
+    """A named dataset's split, or a named mixture's parts concatenated (`limit` caps the total)."""
+    if name not in MIXTURES:
+        return read_parallel(*dataset_files(name, split, src_lang, tgt_lang, root), limit=limit)
+    if split not in MIXTURES[name]:
+        raise ValueError(f"mixture {name!r} has no split {split!r}; splits: {sorted(MIXTURES[name])}")
+    src: list[str] = []
+    tgt: list[str] = []
+    for part, part_split in MIXTURES[name][split]:
+        s, t = read_parallel(*dataset_files(part, part_split, src_lang, tgt_lang, root))
+        src += s
+        tgt += t
+    return (src[:limit], tgt[:limit]) if limit else (src, tgt)
 
 
 def _download(url: str, path: Path) -> None:
