@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from workbench.average import average_checkpoints, last_checkpoints  # noqa: E402
 from workbench.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from workbench.data import MIXTURES, load_dataset  # noqa: E402
 from workbench.evaluate import score  # noqa: E402
 from workbench.translator import load as load_translator  # noqa: E402
 
@@ -65,6 +66,18 @@ def evaluate(out: Path, sets: dict[str, str], beam: int) -> dict[str, dict]:
     return results
 
 
+def describe_data(train_cfg: dict) -> str:
+    """The training data as run, with its size counted now (not typed by hand)."""
+    name, src_lang, tgt_lang = train_cfg.get("dataset"), train_cfg.get("src_lang"), train_cfg.get("tgt_lang")
+    src, tgt = load_dataset(name, "train", src_lang, tgt_lang, train_cfg.get("data_root"))
+    parts = MIXTURES.get(name, {}).get("train")
+    what = " + ".join(f"{d} {split}" for d, split in parts) if parts else f"{name} train split"
+    valid = train_cfg.get("valid_limit") or "all"
+    return (f"`{name}` {src_lang}→{tgt_lang}: {what}; {len(src):,} pairs, {sum(len(s.split()) for s in src):,} + "
+            f"{sum(len(t.split()) for t in tgt):,} whitespace words (source + target). Validation: the "
+            f"dataset's valid split ({valid} lines, greedy BLEU during training).")
+
+
 def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
     ck = load_checkpoint(out)
     meta, cfg, log = ck.meta, ck.config, ck.train_log
@@ -85,8 +98,7 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         f"- Weights stored as fp16 ({size_mb:.1f} MB directory); they load as fp32.",
         f"- {args.how}", "",
         "## Training", "",
-        f"- Data: {train_cfg.get('dataset')} {train_cfg.get('src_lang')}→{train_cfg.get('tgt_lang')} training "
-        "split (29,000 pairs); validation on its val split.",
+        f"- Data: {describe_data(train_cfg)}",
         f"- Steps: {meta.get('step')} (epoch {meta.get('epoch')}); final logged training loss "
         f"{last.get('loss', float('nan')):.3f}, lr {last.get('lr', float('nan')):.2e}.",
         f"- Hardware: {args.hardware}; training wall time to this step: "

@@ -240,3 +240,26 @@ def _alerts(layout) -> list:
     import panel as pn
 
     return [o for o in layout.select(pn.pane.Alert)]
+
+
+def test_the_example_sentence_follows_the_checkpoints_source_language(entries, tmp_path):
+    import json
+
+    from workbench.ui.session import EXAMPLES
+
+    english = tmp_path / "english"
+    import shutil
+
+    shutil.copytree(entries[0].path, english)
+    meta = json.loads((english / "meta.json").read_text())
+    (english / "meta.json").write_text(json.dumps(meta | {"src_lang": "en", "tgt_lang": "de"}))
+    both = [loader.Entry("english", english), entries[0]]
+    s = Session(both, checkpoint="english", autorun=False)
+    assert s.sentence == EXAMPLES["en"]
+    s._autorun = True
+    s.checkpoint = entries[0].label  # German source: the example follows, and the result is for it
+    assert s.sentence == EXAMPLES["de"] and s.result.request.sentence == EXAMPLES["de"]
+    s.sentence = "Ein Hund."
+    s.checkpoint = "english"  # a typed sentence is the user's: never replaced
+    assert s.sentence == "Ein Hund."
+    assert Session(both, checkpoint="english", sentence="Hallo", autorun=False).sentence == "Hallo"

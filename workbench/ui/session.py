@@ -11,6 +11,7 @@ after a newer request was made is dropped, and a queued stale request is cancell
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -30,7 +31,12 @@ log = logging.getLogger(__name__)
 KINDS = ("enc_self", "dec_self", "cross")
 VIEWS = ("heatmap", "lines", "grid")
 MAX_CHARS = 5000  # longer input is cut here (the model's max_positions cuts tokens after that)
-EXAMPLE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
+EXAMPLES = {  # the first sentence shown, in the checkpoint's source language
+    "en": "The animal didn't cross the street because it was too tired.",
+    "de": "Ein Mann mit einem orangefarbenen Hut starrt auf etwas.",
+    "fr": "L'animal n'a pas traversé la rue parce qu'il était trop fatigué.",
+}
+EXAMPLE = EXAMPLES["de"]
 
 
 @dataclass(frozen=True)
@@ -275,6 +281,8 @@ class Session(param.Parameterized):
             if default not in self._entries:
                 raise ValueError(f"checkpoint {default!r} is not in the list: {sorted(self._entries)}")
             self.checkpoint = default
+            if "sentence" not in params:
+                self._match_example()
         self._autorun = autorun
         if autorun:
             self.refresh()
@@ -328,9 +336,30 @@ class Session(param.Parameterized):
         self.ablate = []
 
     # -- running --------------------------------------------------------------------------------
+    def source_lang(self) -> str | None:
+        """The current checkpoint's source language from its meta.json (cheap: no model load)."""
+        if self.checkpoint is None:
+            return None
+        try:
+            meta = json.loads((self._entries[self.checkpoint].path / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return meta.get("src_lang") if isinstance(meta, dict) else None
+
+    def _match_example(self) -> bool:
+        """Swap a built-in example for the one in the checkpoint's source language; True if it did.
+
+        Typed sentences are never touched: only one of EXAMPLES is replaced, so switching from the
+        German multi30k model to the English default does not feed it German."""
+        want = EXAMPLES.get(self.source_lang() or "")
+        if self.sentence not in EXAMPLES.values() or want is None or want == self.sentence:
+            return False
+        self.sentence = want  # its own change event runs the model
+        return True
+
     @param.depends("checkpoint", "sentence", "target", "beam", "alpha", "ablate", watch=True)
     def _inputs_changed(self) -> None:
-        if self._autorun:
+        if self._autorun and not self._match_example():
             self.refresh()
 
     def refresh(self) -> None:
