@@ -5,7 +5,7 @@ and write the model card from the numbers measured here (nothing in the card is 
         --eval val=multi30k/val --eval test2016=multi30k/test_2016_flickr --hardware "2 CPU cores (AMD EPYC)"
     python scripts/ship_checkpoint.py RUN_DIR/step_0000128 checkpoints/multi30k-de-en-early --eval ...
 
-`--eval NAME=PREFIX` scores PREFIX.{src_lang} against PREFIX.{tgt_lang} under ../shared/data with beam 5
+`--eval NAME=PREFIX[@BEAM]` scores PREFIX.{src_lang} against PREFIX.{tgt_lang} under ../shared/data with beam 5
 (cased and lowercased sacreBLEU, chrF, signatures). The card records the run's own config and log.
 """
 
@@ -46,11 +46,13 @@ def build(source: Path, out: Path, last: int) -> Path:
                                meta=meta, train_log=ck.train_log, dtype=torch.float16)
 
 
-def evaluate(out: Path, sets: dict[str, str], beam: int) -> dict[str, dict]:
+def evaluate(out: Path, sets: dict[str, str], default_beam: int) -> dict[str, dict]:
     model = load_translator(out)
     src_lang, tgt_lang = model.meta.get("src_lang"), model.meta.get("tgt_lang")
     results = {}
-    for name, prefix in sets.items():
+    for name, spec in sets.items():
+        prefix, _, beam_text = spec.partition("@")  # PREFIX@1: greedy for a set too big for beam on a CPU
+        beam = int(beam_text) if beam_text else default_beam
         src = (DATA / f"{prefix}.{src_lang}").read_text(encoding="utf-8").splitlines()
         ref = (DATA / f"{prefix}.{tgt_lang}").read_text(encoding="utf-8").splitlines()
         t0 = time.perf_counter()
@@ -108,7 +110,7 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         "The full training log is `train_log.jsonl` beside this card.", "",
         "## Evaluation", "",
         f"`workbench evaluate --checkpoint {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} "
-        "--src FILE --ref FILE --beam 5` reproduces the cased figures.", "",
+        "--src FILE --ref FILE --beam N` (N: the table's beam) reproduces the cased figures.", "",
         "| set | sentences | beam | BLEU (cased) | BLEU (lowercased) | chrF |", "|---|---|---|---|---|---|",
     ]
     for set_name, r in results.items():
@@ -130,7 +132,7 @@ def main() -> None:
     ap.add_argument("source", type=Path, help="a run directory (with --last) or one checkpoint directory")
     ap.add_argument("out", type=Path)
     ap.add_argument("--last", type=int, default=1)
-    ap.add_argument("--eval", action="append", default=[], metavar="NAME=PREFIX")
+    ap.add_argument("--eval", action="append", default=[], metavar="NAME=PREFIX[@BEAM]")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--config", default="configs/multi30k_de_en.toml")
     ap.add_argument("--command", required=True, help="the exact training command, for the card")
