@@ -41,9 +41,9 @@ from workbench.checkpoint import is_checkpoint
 from workbench.config import TrainConfig
 from workbench.train import Trainer
 
-shipped = sorted(p for p in Path("../checkpoints").glob("*") if is_checkpoint(p))
-if shipped and not QUICK:
-    CHECKPOINT = shipped[0]
+SHIPPED = Path("../checkpoints/multi30k-de-en")  # the notebooks read German Multi30k: the de→en model
+if is_checkpoint(SHIPPED) and not QUICK:
+    CHECKPOINT = SHIPPED
     print(f"using the shipped checkpoint {CHECKPOINT}")
 else:
     tiny = TrainConfig(
@@ -84,7 +84,7 @@ Load a translation model, translate, capture a trace of every attention head, lo
 cross-attention with the views library, ablate heads and watch the translation change, and open the whole
 dashboard in this notebook.
 
-**Which model?** If `../checkpoints/` holds a trained checkpoint, the tour uses it. Otherwise (and always in
+**Which model?** If `../checkpoints/multi30k-de-en` ships (a trained German→English model), the tour uses it. Otherwise (and always in
 quick mode, `WORKBENCH_QUICK=1`, which CI uses) it trains a *tiny* German→English model on a slice of Multi30k
 for a few seconds into a temporary directory. That model translates badly, and the text below never pretends
 otherwise: every number you see is computed by the cells."""),
