@@ -99,10 +99,16 @@ class Transformer(nn.Module):
         self.check_inputs = True
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform matrices (the paper's reference code and fairseq), N(0, d^-1/2) embeddings."""
+        """Xavier-uniform matrices (the paper's reference code and fairseq), N(0, d^-1/2) embeddings.
+
+        Query/key/value projections get gain 1/√2: what Xavier gives one fused (3d, d) in-projection
+        (torch.nn.MultiheadAttention, tensor2tensor) and what fairseq uses because it "converges much
+        better". Plain Xavier on three separate (d, d) matrices is √2 larger; on Multi30k it trailed the
+        reference trainer by ~0.3 nats after 7 epochs."""
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name and "positions" not in name:
-                nn.init.xavier_uniform_(p)
+                qkv = name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))
+                nn.init.xavier_uniform_(p, gain=2**-0.5 if qkv else 1.0)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         init_embedding(self.src_embed, self.cfg.d_model, self.cfg.pad_id)
