@@ -101,7 +101,7 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         f"- {args.how}", "",
         "## Training", "",
         f"- Data: {describe_data(train_cfg)}",
-        f"- Steps: {meta.get('step')} (epoch {meta.get('epoch')}); final logged training loss "
+        f"- Steps: {meta.get('step')} (epoch index {meta.get('epoch')}, counted from 0); final logged training loss "
         f"{last.get('loss', float('nan')):.3f}, lr {last.get('lr', float('nan')):.2e}.",
         f"- Hardware: {args.hardware}; training wall time to this step: "
         f"{last.get('time', float('nan')) / 60:.0f} min (the log's `time`, seconds since the run started).",
