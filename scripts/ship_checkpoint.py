@@ -33,8 +33,11 @@ from workbench.translator import load as load_translator  # noqa: E402
 DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))
 
 
-def build(source: Path, out: Path, last: int) -> Path:
-    """Average the last N checkpoints of a run (or take one checkpoint) and save fp16 without train state."""
+def build(source: Path, out: Path, last: int, alpha: float | None = None) -> Path:
+    """Average the last N checkpoints of a run (or take one checkpoint) and save fp16 without train state.
+
+    `alpha` becomes the checkpoint's default length-penalty exponent (meta["generation"]), so
+    `workbench evaluate` and the app decode the way the card was measured."""
     with tempfile.TemporaryDirectory() as tmp:
         if last > 1:
             src = average_checkpoints(last_checkpoints(source, last), Path(tmp) / "avg")
@@ -42,6 +45,8 @@ def build(source: Path, out: Path, last: int) -> Path:
             src = source
         ck = load_checkpoint(src)
         meta = {k: v for k, v in ck.meta.items() if k not in ("files", "created", "created_by", "format_version")}
+        if alpha is not None:
+            meta["generation"] = {**meta.get("generation", {}), "length_penalty": {"kind": "average", "alpha": alpha}}
         return save_checkpoint(out, ck.model, src_tokenizer=ck.src_tokenizer, tgt_tokenizer=ck.tgt_tokenizer,
                                meta=meta, train_log=ck.train_log, dtype=torch.float16)
 
@@ -109,8 +114,10 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         "Training config as run:", "", "```json", json.dumps(train_cfg, indent=1, sort_keys=True), "```", "",
         "The full training log is `train_log.jsonl` beside this card.", "",
         "## Evaluation", "",
-        f"`workbench evaluate --checkpoint {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} "
+        f"`workbench evaluate --checkpoint checkpoints/{out.name} "
         "--src FILE --ref FILE --beam N` (N: the table's beam) reproduces the cased figures.", "",
+        f"Decoding: length penalty log p / len^{1.0 if args.alpha is None else args.alpha} (the checkpoint's "
+        f"default{'' if args.alpha is None else ', chosen on val'}); sentences are batched by length.", "",
         "| set | sentences | beam | BLEU (cased) | BLEU (lowercased) | chrF |", "|---|---|---|---|---|---|",
     ]
     for set_name, r in results.items():
@@ -134,6 +141,7 @@ def main() -> None:
     ap.add_argument("--last", type=int, default=1)
     ap.add_argument("--eval", action="append", default=[], metavar="NAME=PREFIX[@BEAM]")
     ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--alpha", type=float, help="default length-penalty exponent (choose it on a validation set)")
     ap.add_argument("--config", default="configs/multi30k_de_en.toml")
     ap.add_argument("--command", required=True, help="the exact training command, for the card")
     ap.add_argument("--hardware", required=True)
@@ -142,7 +150,7 @@ def main() -> None:
     ap.add_argument("--limits", required=True)
     args = ap.parse_args()
     sets = dict(e.split("=", 1) for e in args.eval)
-    out = build(args.source, args.out, args.last)
+    out = build(args.source, args.out, args.last, args.alpha)
     results = evaluate(out, sets, args.beam)
     (out / "eval.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "README.md").write_text(card(out, args.out.name, results, args), encoding="utf-8")
