@@ -19,6 +19,15 @@ from workbench import presets  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test starts on one thread, even after one that changed it (the trainer sets `threads`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -15,14 +15,6 @@ from workbench.decoding import beam_search, generate, greedy, penalty_divisor
 LIMITS = dict(max_len_a=1.0, max_len_b=3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is several times faster than two on a shared, busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def copy_batch(cfg, batch: int, g: torch.Generator, lo: int = 3, hi: int = 8):
     """Copy task: the target is the source (ids above the specials), variable lengths."""
@@ -39,7 +31,7 @@ def copy_batch(cfg, batch: int, g: torch.Generator, lo: int = 3, hi: int = 8):
 
 
 @pytest.fixture(scope="module")
-def trained(one_thread):
+def trained():
     """A tiny model trained for a few seconds on copying: confident but imperfect outputs."""
     cfg = presets.tiny(vocab=16, dropout=0.0, max_positions=64)
     torch.manual_seed(0)

@@ -6,19 +6,10 @@ import json
 
 import pytest
 import sacrebleu
-import torch
 from test_translator import build_translation_model
 
 from workbench.cli import main
 from workbench.evaluate import evaluate, score
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,6 @@ from workbench.config import TrainConfig
 from workbench.train import Trainer, TrainingDiverged, parse_overrides
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared CPU cores: one thread per test avoids oversubscription (much faster here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def copy_cfg(tmp_path, **changes) -> TrainConfig:
     cfg = TrainConfig(
         dataset="copy", preset="tiny", copy_vocab=11, copy_len=8, copy_pairs=600, max_tokens=270,

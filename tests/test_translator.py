@@ -30,13 +30,6 @@ ODD = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def build_translation_model(data_dir, *, max_positions: int = 48, seed: int = 0) -> TranslationModel:
     """A sentencepiece model on 300 Multi30k sentence pairs and an untrained tiny Transformer."""
