@@ -124,6 +124,17 @@ def test_line_data_keeps_exactly_the_strong_links():
     assert d["q"].dtype == np.int16 and d["h"].dtype == np.int8
 
 
+def test_line_data_matches_a_brute_force_selection_over_heads():
+    rng = np.random.default_rng(0)
+    w = rng.random((3, 40, 50)).astype(np.float32) ** 8  # peaked rows, distinct values (no ties)
+    w /= w.sum(-1, keepdims=True)
+    d = line_data(w, min_weight=0.02, top_k=5)
+    expected = [(h, q, k) for h in range(3) for q in range(40) for k in range(50)
+                if w[h, q, k] >= 0.02 and w[h, q, k] >= np.sort(w[h, q])[-5]]
+    assert list(zip(d["h"].tolist(), d["q"].tolist(), d["k"].tolist())) == expected
+    np.testing.assert_array_equal(d["w"], w[d["h"], d["q"], d["k"]])
+
+
 def test_combined_attention_is_the_three_blocks(trace):
     att = combined_attention(trace, enc_layer=1, dec_layer=2, heads=0, batch=2)  # sentence 2: no padding
     s = 7

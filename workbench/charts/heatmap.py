@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from bokeh.models import (
     AdaptiveTicker,
     ColorBar,
@@ -54,10 +55,13 @@ def downsample(values: np.ndarray, max_size: int, masked: np.ndarray | None = No
 
 
 def _block_sum(x: np.ndarray, factor: int) -> np.ndarray:
+    """Sum over factor x factor blocks of the last two axes (zero-padded at the end). torch's pooling: ~3x
+    faster than numpy's strided sum, which matters for the model view's 48 tiles a kind at 512 tokens."""
     lq, lk = x.shape[-2:]
-    pad = [(0, 0)] * (x.ndim - 2) + [(0, -lq % factor), (0, -lk % factor)]
-    x = np.pad(x, pad)
-    return x.reshape(*x.shape[:-2], x.shape[-2] // factor, factor, x.shape[-1] // factor, factor).sum(axis=(-3, -1))
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(-1, 1, lq, lk)
+    t = torch.nn.functional.pad(t, (0, -lk % factor, 0, -lq % factor))
+    out = torch.nn.functional.avg_pool2d(t, factor, divisor_override=1)
+    return out.reshape(*x.shape[:-2], *out.shape[-2:]).numpy()
 
 
 def image_data(values: np.ndarray, masked: np.ndarray | None, max_size: int = 1024) -> tuple[dict, int]:
