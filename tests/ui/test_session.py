@@ -263,3 +263,25 @@ def test_the_example_sentence_follows_the_checkpoints_source_language(entries, t
     s.checkpoint = "english"  # a typed sentence is the user's: never replaced
     assert s.sentence == "Ein Hund."
     assert Session(both, checkpoint="english", sentence="Hallo", autorun=False).sentence == "Hallo"
+
+
+def test_the_length_penalty_starts_at_the_checkpoints_own_default(entries, tmp_path):
+    import json
+    import shutil
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree(entries[0].path, tuned)
+    meta = json.loads((tuned / "meta.json").read_text())
+    (tuned / "meta.json").write_text(json.dumps(meta | {"generation": {"alpha": 1.6}}))
+    both = [loader.Entry("tuned", tuned), entries[0]]
+    s = Session(both, checkpoint="tuned", autorun=False)
+    assert s.alpha == pytest.approx(1.6)
+    s._autorun = True
+    s.checkpoint = entries[0].label  # names no alpha: back to 1.0, and the result used it
+    assert s.alpha == 1.0 and s.result.request.alpha == 1.0
+    s.alpha = 0.4
+    s.checkpoint = "tuned"  # a value the user chose is kept
+    assert s.alpha == pytest.approx(0.4)
+    assert Session(both, checkpoint="tuned", alpha=0.7, autorun=False).alpha == pytest.approx(0.7)
+    (tuned / "meta.json").write_text(json.dumps(meta | {"generation": {"alpha": 9.0}}))
+    assert Session(both, checkpoint="tuned", autorun=False).alpha == 2.0  # clipped to the slider's range

@@ -283,6 +283,9 @@ class Session(param.Parameterized):
             self.checkpoint = default
             if "sentence" not in params:
                 self._match_example()
+        self._alpha_for = (self.checkpoint, self.default_alpha())  # the checkpoint whose default alpha is shown
+        if "alpha" not in params:
+            self.alpha = self._alpha_for[1]
         self._autorun = autorun
         if autorun:
             self.refresh()
@@ -336,15 +339,42 @@ class Session(param.Parameterized):
         self.ablate = []
 
     # -- running --------------------------------------------------------------------------------
-    def source_lang(self) -> str | None:
-        """The current checkpoint's source language from its meta.json (cheap: no model load)."""
+    def _meta(self) -> dict:
+        """The current checkpoint's meta.json (cheap: no model load); {} when unreadable."""
         if self.checkpoint is None:
-            return None
+            return {}
         try:
             meta = json.loads((self._entries[self.checkpoint].path / "meta.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return None
-        return meta.get("src_lang") if isinstance(meta, dict) else None
+            return {}
+        return meta if isinstance(meta, dict) else {}
+
+    def source_lang(self) -> str | None:
+        """The current checkpoint's source language from its meta.json."""
+        return self._meta().get("src_lang")
+
+    def default_alpha(self) -> float:
+        """The checkpoint's own length-penalty exponent (meta["generation"]["alpha"], chosen on validation data
+        when it was shipped or imported), clipped to the slider's range; 1.0 when it names none."""
+        generation = self._meta().get("generation")
+        value = generation.get("alpha") if isinstance(generation, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            return 1.0
+        low, high = self.param.alpha.bounds
+        return float(min(max(value, low), high))
+
+    def _match_alpha(self) -> bool:
+        """After a checkpoint switch, show the new checkpoint's default alpha; True if it changed alpha.
+
+        Only an alpha still at the previous checkpoint's default follows: a value the user chose is kept."""
+        if self._alpha_for[0] == self.checkpoint:
+            return False
+        old, new = self._alpha_for[1], self.default_alpha()
+        self._alpha_for = (self.checkpoint, new)
+        if abs(self.alpha - old) > 1e-9 or abs(self.alpha - new) <= 1e-9:
+            return False
+        self.alpha = new  # its own change event runs the model
+        return True
 
     def _match_example(self) -> bool:
         """Swap a built-in example for the one in the checkpoint's source language; True if it did.
@@ -359,7 +389,7 @@ class Session(param.Parameterized):
 
     @param.depends("checkpoint", "sentence", "target", "beam", "alpha", "ablate", watch=True)
     def _inputs_changed(self) -> None:
-        if self._autorun and not self._match_example():
+        if self._autorun and not self._match_example() and not self._match_alpha():
             self.refresh()
 
     def refresh(self) -> None:
