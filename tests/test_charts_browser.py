@@ -81,3 +81,23 @@ def test_model_view_tap_enlarges_the_tile(driver, trace, tmp_path):
         const poll = () => (titles().includes('layer 1, head 2') || ++n > 100) ? done(titles()) : setTimeout(poll, 20);
         poll();""")
     assert "layer 1, head 2" in titles
+
+
+def test_scrolling_a_long_head_view_redraws_the_lines_of_the_new_window(driver, tmp_path):
+    from workbench.charts.head_view import WINDOW_MARGIN
+
+    cfg = presets.tiny(vocab=40)
+    _, long_trace = make_model(cfg).run_with_cache(*make_batch(cfg, batch=1, src_len=60, tgt_len=60))
+    _open(driver, head_view(long_trace, "cross", 0, max_height=400, min_weight=0.0), tmp_path, "long")
+    run = lambda code: driver.execute_script("const doc = Bokeh.documents[0];" + code)
+    yr = "[...doc.all_models].find(m => m.type == 'Range1d' && m.bounds && m.start > m.end)"
+    run(f"const yr = {yr}; yr.setv({{start: 59.5, end: 42.5}});")  # scrolled to the last 17 rows
+    _settle(driver)
+    q, k, drawn = run("const d = doc.get_model_by_name('head_lines').data;"
+                      "const p = doc.get_model_by_name('head_paths').data;"
+                      "return [Array.from(d.q), Array.from(d.k), p.ys.map(y => Array.from(y))];")
+    lo, hi = 42.5 - WINDOW_MARGIN * 17, 59.5 + WINDOW_MARGIN * 17
+    expected = sorted((a, b) for a, b in zip(q, k) if max(a, b) >= lo and min(a, b) <= hi)
+    got = sorted((int(ys[i]), int(ys[i + 1])) for ys in drawn for i in range(0, len(ys), 3))
+    assert got == expected and len(expected) < len(q)
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -245,3 +245,30 @@ def test_bucket_paths_draw_each_visible_line_once_at_its_level():
     expected = [(["red", "blue"][h], q, k, (min(int(a * LEVELS), LEVELS - 1) + 0.5) / LEVELS)
                 for h, q, k, a in zip(lines["h"], lines["q"], lines["k"], lines["alpha"]) if a > 0]
     assert sorted(drawn) == sorted(expected) and len(drawn) == 7
+
+
+def test_bucket_paths_window_keeps_exactly_the_lines_crossing_it():
+    from workbench.charts.head_view import bucket_paths
+
+    lines = {"q": np.array([0, 5, 9, 2, 30], dtype=np.int16), "k": np.array([1, 20, 3, 40, 31], dtype=np.int16),
+             "h": np.zeros(5, dtype=np.int8), "w": np.full(5, 0.5, np.float32), "alpha": np.full(5, 0.5, np.float32)}
+    paths = bucket_paths(lines, ["red"], window=(10.0, 25.0))
+    drawn = sorted((int(q), int(k)) for ys in paths["ys"] for q, k in zip(ys[0::3], ys[1::3]))
+    assert drawn == [(2, 40), (5, 20)]  # lines from above the window into it, or across it; not (0,1), (9,3), (30,31)
+
+
+def test_a_long_head_view_draws_only_the_scrolled_window():
+    from workbench.charts.head_view import WINDOW_MARGIN
+
+    cfg = presets.tiny(vocab=50)
+    _, long_trace = make_model(cfg).run_with_cache(*make_batch(cfg, batch=1, src_len=60, tgt_len=60))
+    view = head_view(long_trace, "cross", 0, max_height=400, min_weight=0.0)  # 17 of 60 rows shown
+    fig = view.children[1]
+    lines = view.select_one({"name": "head_lines"}).data
+    paths = view.select_one({"name": "head_paths"}).data
+    shown = int(fig.y_range.start + 0.5)
+    assert shown == 17
+    lo, hi = -0.5 - WINDOW_MARGIN * shown, shown - 0.5 + WINDOW_MARGIN * shown
+    expected = sum(1 for q, k in zip(lines["q"], lines["k"]) if max(q, k) >= lo and min(q, k) <= hi)
+    assert sum(len(ys) // 3 for ys in paths["ys"]) == expected < len(lines["q"])
+    assert fig.y_range.js_property_callbacks["change:start"]  # scrolling redraws the window

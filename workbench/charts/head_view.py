@@ -69,17 +69,24 @@ def line_data(values: np.ndarray, min_weight: float = 0.01, top_k: int | None = 
 
 
 DIM = 0.08  # opacity factor for lines of queries other than the tapped one
+WINDOW_MARGIN = 0.5  # rows drawn beyond the visible window, as a fraction of its height (smooth short scrolls)
 LEVELS = 24  # opacity levels: lines are drawn as one NaN-separated path per (head, level)
 
 
-def bucket_paths(lines: dict[str, np.ndarray], colors: Sequence[str]) -> dict[str, list]:
+def bucket_paths(lines: dict[str, np.ndarray], colors: Sequence[str],
+                 window: tuple[float, float] | None = None) -> dict[str, list]:
     """Group lines by (head, opacity level) into NaN-separated paths for one `multi_line` renderer.
 
     Bokeh strokes each `segment` separately: 22k lines took ~13 s to first paint in headless Chromium at
     300 tokens. One path per (head, level) is at most heads x LEVELS strokes. _UPDATE_JS does the same.
+    window: (lo, hi) rows; only lines that cross it are drawn (BokehJS strokes every path of a multi_line,
+    visible or not, so a long sentence's page draws what its scrolled window shows, plus a margin).
     """
     alpha = np.asarray(lines["alpha"], dtype=np.float32)
     shown = alpha > 0
+    if window is not None:
+        q, k = np.asarray(lines["q"]), np.asarray(lines["k"])
+        shown &= (np.maximum(q, k) >= window[0]) & (np.minimum(q, k) <= window[1])
     level = np.minimum((alpha * LEVELS).astype(np.int64), LEVELS - 1)
     key = np.asarray(lines["h"], dtype=np.int64) * LEVELS + level
     out: dict[str, list] = {"xs": [], "ys": [], "color": [], "alpha": []}
@@ -94,8 +101,8 @@ def bucket_paths(lines: dict[str, np.ndarray], colors: Sequence[str]) -> dict[st
     return out
 
 
-# One callback for head toggles, query taps and the layer picker: rebuild alpha from the current layer's weights,
-# then the (head, level) paths exactly as bucket_paths does.
+# One callback for head toggles, query taps, the layer picker and scrolling: rebuild alpha from the current layer's
+# weights, then the (head, level) paths of the lines crossing the window exactly as bucket_paths does.
 _UPDATE_JS = """
 const d = picker ? store[picker.value].data : src.data;
 const q = d.q, k = d.k, h = d.h;
@@ -105,9 +112,14 @@ const a = new Float32Array(w.length);
 for (let i = 0; i < w.length; i++)
     a[i] = !on.has(h[i]) ? 0 : (sel.size == 0 || sel.has(q[i])) ? w[i] : w[i] * dim;
 src.data = {q: q, k: k, h: h, w: w, alpha: a};
+let lo = -Infinity, hi = Infinity;
+if (yr) {  // the rows shown, widened by WINDOW_MARGIN of their span on each side
+    const y0 = Math.min(yr.start, yr.end), y1 = Math.max(yr.start, yr.end), m = margin * (y1 - y0);
+    lo = y0 - m; hi = y1 + m;
+}
 const groups = new Map();
 for (let i = 0; i < w.length; i++) {
-    if (a[i] <= 0) continue;
+    if (a[i] <= 0 || Math.max(q[i], k[i]) < lo || Math.min(q[i], k[i]) > hi) continue;
     const b = h[i] * levels + Math.min(Math.floor(a[i] * levels), levels - 1);
     if (!groups.has(b)) groups.set(b, []);
     groups.get(b).push(i);
@@ -133,7 +145,7 @@ def head_view_figure(
     highlight: int | None = None,
     width: int = 520,
     row_height: int = 18,
-    max_height: int = 1600,
+    max_height: int = 900,
     max_label: int = 20,
 ):
     """Head view of several layers (`atts`, one per layer, same tokens and heads); a picker chooses the layer.
@@ -155,11 +167,16 @@ def head_view_figure(
     n = max(lq, lk)
     dropped = f" (lines < {min_weight:g}" + (f", beyond top {top_k} per query" if top_k else "") + " hidden)"
     title = first.describe() if len(atts) == 1 else first.describe().split(", layer")[0]
+    rows_shown = min(n, max(8, (max_height - 80) // row_height))
+    windowed = rows_shown < n  # long sentence: draw only the lines crossing the scrolled window
+    window = None
+    if windowed:
+        window = (-0.5 - WINDOW_MARGIN * rows_shown, rows_shown - 0.5 + WINDOW_MARGIN * rows_shown)
     fig = figure(
         # Long sentences: a window of rows, scrolled with the mouse wheel (pan) instead of a canvas thousands of
         # pixels tall, which the browser repaints whole (painting cost grows with the canvas; see docs/views.md).
         width=width, height=max(240, min(max_height, n * row_height + 80)), x_range=Range1d(-0.75, 1.75),
-        y_range=Range1d(min(n, max(8, (max_height - 80) // row_height)) - 0.5, -0.5, bounds=(-0.5, n - 0.5)),
+        y_range=Range1d(rows_shown - 0.5, -0.5, bounds=(-0.5, n - 0.5)),
         tools="tap,ywheel_pan,ywheel_zoom,ypan,reset,save", active_scroll="ywheel_pan", toolbar_location="above",
         title=title + dropped,
     )
@@ -170,7 +187,7 @@ def head_view_figure(
     colors = [all_colors[h] for h in first.heads]
     per_layer = {label: line_data(a.values, min_weight, top_k, highlight) for label, a in zip(labels, atts)}
     src = ColumnDataSource(per_layer[labels[0]], name=SEGMENTS_NAME)  # the exact lines; not drawn itself
-    paths = ColumnDataSource(bucket_paths(per_layer[labels[0]], colors), name=PATHS_NAME)
+    paths = ColumnDataSource(bucket_paths(per_layer[labels[0]], colors, window), name=PATHS_NAME)
     # 1 px: Chromium's canvas strokes hairlines far faster than wider lines (measured 4.2 s vs 31 s for 22k
     # lines on a 5480 px tall software-rendered canvas; 1.5 s with no lines at all).
     fig.multi_line(xs="xs", ys="ys", source=paths, line_color="color", line_alpha="alpha", line_width=1)
@@ -198,13 +215,17 @@ def head_view_figure(
                  for label, d in per_layer.items()}
         picker = Select(title="layer", value=labels[0], options=labels, width=160, name="layer_picker")
     update = CustomJS(args={"src": src, "paths": paths, "store": store, "picker": picker, "buttons": buttons,
-                            "qsrc": qsrc, "dim": DIM, "levels": LEVELS, "colors": colors}, code=_UPDATE_JS)
+                            "qsrc": qsrc, "dim": DIM, "levels": LEVELS, "colors": colors,
+                            "yr": fig.y_range if windowed else None, "margin": WINDOW_MARGIN}, code=_UPDATE_JS)
     qsrc.selected.js_on_change("indices", update)
     buttons.js_on_change("active", update)
     controls = [buttons]
     if picker is not None:
         picker.js_on_change("value", update)
         controls.insert(0, picker)
+    if windowed:
+        fig.y_range.js_on_change("start", update)
+        fig.y_range.js_on_change("end", update)
     return column(row(*controls), fig)
 
 
