@@ -272,7 +272,8 @@ def test_the_length_penalty_starts_at_the_checkpoints_own_default(entries, tmp_p
     tuned = tmp_path / "tuned"
     shutil.copytree(entries[0].path, tuned)
     meta = json.loads((tuned / "meta.json").read_text())
-    (tuned / "meta.json").write_text(json.dumps(meta | {"generation": {"alpha": 1.6}}))
+    generation = {"append_eos": True, "length_penalty": {"alpha": 1.6, "kind": "average"}}  # as ship_checkpoint
+    (tuned / "meta.json").write_text(json.dumps(meta | {"generation": generation}))
     both = [loader.Entry("tuned", tuned), entries[0]]
     s = Session(both, checkpoint="tuned", autorun=False)
     assert s.alpha == pytest.approx(1.6)
@@ -285,3 +286,5 @@ def test_the_length_penalty_starts_at_the_checkpoints_own_default(entries, tmp_p
     assert Session(both, checkpoint="tuned", alpha=0.7, autorun=False).alpha == pytest.approx(0.7)
     (tuned / "meta.json").write_text(json.dumps(meta | {"generation": {"alpha": 9.0}}))
     assert Session(both, checkpoint="tuned", autorun=False).alpha == 2.0  # clipped to the slider's range
+    (tuned / "meta.json").write_text(json.dumps(meta | {"generation": {"length_penalty": {"alpha": "x"}}}))
+    assert Session(both, checkpoint="tuned", autorun=False).alpha == 1.0  # malformed: the plain default

@@ -24,6 +24,7 @@ import torch
 
 from ..interventions import ablate_heads
 from ..trace import Trace
+from ..translator import decode_config_from_meta
 from . import loader
 
 log = logging.getLogger(__name__)
@@ -357,8 +358,11 @@ class Session(param.Parameterized):
         """The checkpoint's own length-penalty exponent (meta["generation"]["alpha"], chosen on validation data
         when it was shipped or imported), clipped to the slider's range; 1.0 when it names none."""
         generation = self._meta().get("generation")
-        value = generation.get("alpha") if isinstance(generation, dict) else None
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        try:  # the same reading as loading the model does (meta["generation"]["length_penalty"]["alpha"])
+            value = decode_config_from_meta({**generation, "append_eos": None}).alpha
+        except (TypeError, ValueError, AttributeError):  # absent or malformed: the model load reports it
+            return 1.0
+        if value != value:
             return 1.0
         low, high = self.param.alpha.bounds
         return float(min(max(value, low), high))
