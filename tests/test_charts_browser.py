@@ -100,4 +100,10 @@ def test_scrolling_a_long_head_view_redraws_the_lines_of_the_new_window(driver, 
     expected = sorted((a, b) for a, b in zip(q, k) if max(a, b) >= lo and min(a, b) <= hi)
     got = sorted((int(ys[i]), int(ys[i + 1])) for ys in drawn for i in range(0, len(ys), 3))
     assert got == expected and len(expected) < len(q)
+    run("const d = doc.get_model_by_name('head_paths'); window.before = d.data;"
+        "window.src_before = doc.get_model_by_name('head_lines').data;")
+    run(f"const yr = {yr}; yr.setv({{start: 56.5, end: 39.5}});")  # 3 rows up: still inside the drawn margin
+    _settle(driver)
+    assert run("return doc.get_model_by_name('head_paths').data === window.before"
+               " && doc.get_model_by_name('head_lines').data === window.src_before;")
     assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

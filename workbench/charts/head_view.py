@@ -102,8 +102,17 @@ def bucket_paths(lines: dict[str, np.ndarray], colors: Sequence[str],
 
 
 # One callback for head toggles, query taps, the layer picker and scrolling: rebuild alpha from the current layer's
-# weights, then the (head, level) paths of the lines crossing the window exactly as bucket_paths does.
+# weights, then the (head, level) paths of the lines crossing the window exactly as bucket_paths does. A scroll that
+# stays inside the drawn window (rows shown + margin) does nothing, and a scroll never rewrites `src`: under
+# `panel serve` every data change travels to the server.
 _UPDATE_JS = """
+const scrolled = yr !== null && cb_obj === yr;
+let lo = -Infinity, hi = Infinity;
+if (yr) {  // the rows shown, widened by WINDOW_MARGIN of their span on each side
+    const y0 = Math.min(yr.start, yr.end), y1 = Math.max(yr.start, yr.end), m = margin * (y1 - y0);
+    if (scrolled && y0 >= drawn.lo && y1 <= drawn.hi) return;
+    lo = y0 - m; hi = y1 + m; drawn.lo = lo; drawn.hi = hi;
+}
 const d = picker ? store[picker.value].data : src.data;
 const q = d.q, k = d.k, h = d.h;
 const w = picker ? Float32Array.from(d.w8, x => x / 255) : d.w;  // stored layers carry 8-bit weights
@@ -111,12 +120,7 @@ const on = new Set(buttons.active), sel = new Set(qsrc.selected.indices);
 const a = new Float32Array(w.length);
 for (let i = 0; i < w.length; i++)
     a[i] = !on.has(h[i]) ? 0 : (sel.size == 0 || sel.has(q[i])) ? w[i] : w[i] * dim;
-src.data = {q: q, k: k, h: h, w: w, alpha: a};
-let lo = -Infinity, hi = Infinity;
-if (yr) {  // the rows shown, widened by WINDOW_MARGIN of their span on each side
-    const y0 = Math.min(yr.start, yr.end), y1 = Math.max(yr.start, yr.end), m = margin * (y1 - y0);
-    lo = y0 - m; hi = y1 + m;
-}
+if (!scrolled) src.data = {q: q, k: k, h: h, w: w, alpha: a};
 const groups = new Map();
 for (let i = 0; i < w.length; i++) {
     if (a[i] <= 0 || Math.max(q[i], k[i]) < lo || Math.min(q[i], k[i]) > hi) continue;
@@ -216,7 +220,8 @@ def head_view_figure(
         picker = Select(title="layer", value=labels[0], options=labels, width=160, name="layer_picker")
     update = CustomJS(args={"src": src, "paths": paths, "store": store, "picker": picker, "buttons": buttons,
                             "qsrc": qsrc, "dim": DIM, "levels": LEVELS, "colors": colors,
-                            "yr": fig.y_range if windowed else None, "margin": WINDOW_MARGIN}, code=_UPDATE_JS)
+                            "yr": fig.y_range if windowed else None, "margin": WINDOW_MARGIN,
+                            "drawn": {"lo": window[0], "hi": window[1]} if windowed else {}}, code=_UPDATE_JS)
     qsrc.selected.js_on_change("indices", update)
     buttons.js_on_change("active", update)
     controls = [buttons]

@@ -355,14 +355,13 @@ class Session(param.Parameterized):
         return self._meta().get("src_lang")
 
     def default_alpha(self) -> float:
-        """The checkpoint's own length-penalty exponent (meta["generation"]["alpha"], chosen on validation data
-        when it was shipped or imported), clipped to the slider's range; 1.0 when it names none."""
-        generation = self._meta().get("generation")
-        try:  # the same reading as loading the model does (meta["generation"]["length_penalty"]["alpha"])
-            value = decode_config_from_meta({**generation, "append_eos": None}).alpha
-        except (TypeError, ValueError, AttributeError):  # absent or malformed: the model load reports it
+        """The checkpoint's own length-penalty exponent (meta["generation"], read as loading the model reads it;
+        chosen on validation data when shipped or imported), clipped to the slider's range; 1.0 if unreadable."""
+        try:
+            value = decode_config_from_meta(self._meta().get("generation") or {}).alpha
+        except (TypeError, ValueError, AttributeError):  # malformed: loading the model reports it
             return 1.0
-        if value != value:
+        if math.isnan(value):
             return 1.0
         low, high = self.param.alpha.bounds
         return float(min(max(value, low), high))
@@ -385,8 +384,10 @@ class Session(param.Parameterized):
 
         Typed sentences are never touched: only one of EXAMPLES is replaced, so switching from the
         German multi30k model to the English default does not feed it German."""
+        if self.sentence not in EXAMPLES.values():
+            return False  # typed text: no need to read meta.json on every keystroke
         want = EXAMPLES.get(self.source_lang() or "")
-        if self.sentence not in EXAMPLES.values() or want is None or want == self.sentence:
+        if want is None or want == self.sentence:
             return False
         self.sentence = want  # its own change event runs the model
         return True
