@@ -73,3 +73,41 @@ def test_every_committed_training_config_loads_and_names_known_data(path):
 
     model = model_config(cfg, cfg.vocab_size, cfg.vocab_size)
     assert model.d_model % model.n_heads == 0 and model.src_vocab == cfg.vocab_size
+
+
+def test_per_stack_heads_and_ffn_width_default_to_the_shared_values():
+    cfg = presets.tiny()
+    assert [cfg.heads(s) for s in ("enc", "enc_self", "dec", "dec_self", "cross")] == [4] * 5
+    assert (cfg.ffn_dim("encoder"), cfg.ffn_dim("decoder")) == (64, 64)
+    odd = presets.tiny(enc_heads=2, dec_heads=8, enc_d_ff=48, dec_d_ff=80)
+    assert (odd.heads("enc_self"), odd.heads("dec_self"), odd.heads("cross"), odd.heads("dec.1.cross_attn")) == (
+        2, 8, 8, 8)
+    assert (odd.head_dim("enc"), odd.head_dim("dec")) == (16, 4)
+    assert (odd.ffn_dim("enc"), odd.ffn_dim("dec")) == (48, 80)
+    with pytest.raises(ValueError, match="unknown stack 'middle'"):
+        odd.heads("middle")
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(dec_heads=3), "d_model (32) must be divisible by dec_heads (3)"),
+        (dict(enc_heads=0), "enc_heads (0) must be positive"),
+        (dict(dec_d_ff=-4), "dec_d_ff (-4) must be positive"),
+        (dict(enc_d_ff=2.5), "enc_d_ff = 2.5 does not fit"),
+    ],
+)
+def test_invalid_per_stack_values_name_the_values(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(presets.tiny(), **changes)
+
+
+def test_per_stack_values_round_trip_and_old_config_json_still_loads():
+    cfg = presets.tiny(enc_heads=2, dec_heads=8, enc_d_ff=48, dec_d_ff=80)
+    saved = json.loads(cfg.to_json())
+    assert (saved["enc_heads"], saved["dec_heads"], saved["enc_d_ff"], saved["dec_d_ff"]) == (2, 8, 48, 80)
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    old = {k: v for k, v in presets.tiny().to_dict().items() if k not in ("enc_heads", "dec_heads", "enc_d_ff",
+                                                                          "dec_d_ff")}
+    loaded = ModelConfig.from_dict(old)
+    assert loaded == presets.tiny() and loaded.heads("dec") == 4 and loaded.ffn_dim("enc") == 64

@@ -151,3 +151,23 @@ def test_param_count_of_base_preset_matches_the_paper():
 
         model = Transformer(presets.base())
     assert 60e6 < model.num_parameters() < 66e6
+
+
+def test_per_stack_heads_and_ffn_widths_shape_the_modules_and_the_trace():
+    cfg = presets.tiny(vocab=50, enc_heads=2, dec_heads=8, enc_d_ff=48, dec_d_ff=80)
+    model = make_model(cfg)
+    assert model.enc[0].self_attn.n_heads == 2 and model.enc[1].ffn.up_proj.out_features == 48
+    assert model.dec[0].self_attn.n_heads == 8 and model.dec[1].cross_attn.n_heads == 8
+    assert model.dec[0].ffn.down_proj.in_features == 80
+    src, tgt = make_batch(cfg, batch=3, tgt_len=6, pad=True)
+    _, trace = model.run_with_cache(src, tgt)
+    assert trace.attention("enc_self", 0).shape[1] == 2
+    assert trace.attention("dec_self", 1).shape[1] == 8 and trace.attention("cross", 0).shape[1] == 8
+    tgt = tgt.clone()
+    tgt[1, -2:] = 7  # no target padding in incremental decoding
+    encoded = model.encode(src)
+    full = model.decode(tgt, encoded)[0]
+    cache = model.start_cache(encoded)
+    for t in range(tgt.size(1)):
+        step, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
+        torch.testing.assert_close(step[:, 0], full[:, t], rtol=1e-5, atol=1e-5)

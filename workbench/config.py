@@ -32,9 +32,18 @@ class ModelConfig:
     d_model: int = 512
     """Width of the residual stream."""
     n_heads: int = 8
-    """Attention heads in every attention block; d_model must divide evenly."""
+    """Attention heads in every attention block unless enc_heads/dec_heads say otherwise; d_model must
+    divide evenly."""
     d_ff: int = 2048
-    """Hidden width of the position-wise feed-forward network."""
+    """Hidden width of the position-wise feed-forward network unless enc_d_ff/dec_d_ff say otherwise."""
+    enc_heads: int | None = None
+    """Heads of encoder self-attention; None means n_heads (HF Marian/FSMT, fairseq: encoder_attention_heads)."""
+    dec_heads: int | None = None
+    """Heads of decoder self- and cross-attention; None means n_heads (decoder_attention_heads)."""
+    enc_d_ff: int | None = None
+    """Encoder feed-forward width; None means d_ff (encoder_ffn_dim)."""
+    dec_d_ff: int | None = None
+    """Decoder feed-forward width; None means d_ff (decoder_ffn_dim)."""
     enc_layers: int = 6
     """Encoder depth."""
     dec_layers: int = 6
@@ -86,14 +95,18 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        for name in ("src_vocab", "tgt_vocab", "d_model", "n_heads", "d_ff", "max_positions"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        for name in ("src_vocab", "tgt_vocab", "d_model", "n_heads", "d_ff", "max_positions",
+                     "enc_heads", "dec_heads", "enc_d_ff", "dec_d_ff"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} ({value}) must be positive")
         for name in ("enc_layers", "dec_layers", "position_offset"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        for name in ("n_heads", "enc_heads", "dec_heads"):
+            heads = getattr(self, name)
+            if heads is not None and self.d_model % heads:
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by {name} ({heads})")
         for name in ("dropout", "attn_dropout", "act_dropout", "emb_dropout"):
             p = getattr(self, name)
             if p is not None and not 0.0 <= p < 1.0:
@@ -113,7 +126,26 @@ class ModelConfig:
     # -- derived values -------------------------------------------------------------------
     @property
     def d_head(self) -> int:
+        """Width of one head of n_heads; per stack see head_dim(stack)."""
         return self.d_model // self.n_heads
+
+    def heads(self, stack: str) -> int:
+        """Heads of `stack`: "enc"/"encoder"/"enc_self", or "dec"/"decoder"/"dec_self"/"cross"
+        (decoder cross-attention has the decoder's heads, as in transformers and fairseq)."""
+        return _per_stack(stack, self.enc_heads, self.dec_heads, self.n_heads)
+
+    def head_dim(self, stack: str) -> int:
+        """Width of one head in `stack` (d_model / heads(stack))."""
+        return self.d_model // self.heads(stack)
+
+    def ffn_dim(self, stack: str) -> int:
+        """Feed-forward hidden width of `stack` ("enc"/"encoder" or "dec"/"decoder")."""
+        return _per_stack(stack, self.enc_d_ff, self.dec_d_ff, self.d_ff)
+
+    @property
+    def uniform_heads(self) -> bool:
+        """Every attention block has n_heads heads (views that lay heads out in one grid need this)."""
+        return self.heads("enc") == self.heads("dec") == self.n_heads
 
     @property
     def shared_vocab(self) -> bool:
@@ -156,6 +188,20 @@ class ModelConfig:
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+_ENC_NAMES = ("enc", "encoder", "enc_self")
+_DEC_NAMES = ("dec", "decoder", "dec_self", "cross", "dec_cross")
+
+
+def _per_stack(stack: str, enc: int | None, dec: int | None, default: int) -> int:
+    # a hook path such as "dec.1.cross_attn" names its stack by the first part
+    head = stack.split(".", 1)[0]
+    if head in _ENC_NAMES:
+        return default if enc is None else enc
+    if head in _DEC_NAMES:
+        return default if dec is None else dec
+    raise ValueError(f"unknown stack {stack!r}; use one of {_ENC_NAMES + _DEC_NAMES}")
 
 
 # ---------------------------------------------------------------------------- generic helpers

@@ -20,10 +20,11 @@ ACTIVATIONS = {
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, stack: str) -> None:
         super().__init__()
-        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        width = cfg.ffn_dim(stack)
+        self.up_proj = nn.Linear(cfg.d_model, width, bias=cfg.bias)
+        self.down_proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.activation = ACTIVATIONS[cfg.activation]
         self.act_dropout = nn.Dropout(cfg.act_dropout)
         self.hook_hidden = HookPoint()  # (B, L, F): after the activation
@@ -34,17 +35,17 @@ class FeedForward(nn.Module):
         return self.hook_out(self.down_proj(self.act_dropout(hidden)))
 
 
-def _attention(cfg: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, bias=cfg.bias, dropout=cfg.attn_dropout)
+def _attention(cfg: ModelConfig, stack: str) -> MultiHeadAttention:
+    return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.heads(stack), bias=cfg.bias, dropout=cfg.attn_dropout)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = _attention(cfg)
+        self.self_attn = _attention(cfg, "enc")
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg)
+        self.ffn = FeedForward(cfg, "enc")
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, S, D)
@@ -72,11 +73,11 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = _attention(cfg)
+        self.self_attn = _attention(cfg, "dec")
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.cross_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg, "dec")
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg)
+        self.ffn = FeedForward(cfg, "dec")
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, T, D)
