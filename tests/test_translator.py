@@ -98,6 +98,23 @@ def test_trace_matches_teacher_forced_forward(tm):
         torch.testing.assert_close(trace[name], ref[name], atol=1e-6, rtol=0)
 
 
+def test_score_teacher_forces_what_greedy_produced(tm):
+    """Two paths agree: greedy's own log-probability and attention vs `score` on its output (ids or text)."""
+    r = tm.trace(ODD[0], beam=1)
+    forced = tm.score(ODD[0], r.tokens, trace=True)
+    assert forced.log_prob == pytest.approx(r.log_prob, abs=1e-4) and forced.tokens == r.tokens
+    assert forced.source_tokens == r.source_tokens and forced.text == r.text
+    for name in r.trace:
+        torch.testing.assert_close(forced.trace[name], r.trace[name], atol=1e-5, rtol=0)
+    by_text = tm.score(r.source_tokens, "ein Hund")
+    assert by_text.tokens == [*tm.tgt_tokenizer.encode("ein Hund"), tm.model.cfg.eos_id] and by_text.trace is None
+    assert by_text.log_prob < 0
+    with pytest.warns(UserWarning, match="truncated to 47"):
+        assert len(tm.score(ODD[0], "Hund " * 200).tokens) == tm.model.cfg.max_positions
+    with pytest.raises(ValueError, match="non-empty"):
+        tm.score("", "x")
+
+
 def test_line_breaks_in_output_become_spaces(tm):
     newline_piece = tm.tgt_tokenizer.sp.piece_to_id("<0x0A>")
     assert tm.tgt_tokenizer.decode([newline_piece]) == "\n"  # the byte piece exists

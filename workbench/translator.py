@@ -152,6 +152,48 @@ class TranslationModel:
         """One sentence with its whole-generation attention trace (token strings in trace.meta)."""
         return self.translate([text], return_traces=True, **options)[0]  # type: ignore[return-value]
 
+    def score(self, source: str | Sequence[int], output: str | Sequence[int], *, trace: bool = False) -> Translation:
+        """Teacher forcing: the log-probability the model gives `output` for `source`, with no search.
+
+        Text is encoded as `translate` encodes it (the output gets EOS; either side longer than
+        max_positions is cut with a warning); id lists are used as given (output ids end with EOS).
+        Runs under whatever hooks are active; `trace=True` returns the attention read on the way.
+        """
+        cfg = self.model.cfg
+        if isinstance(source, str):
+            src_ids, cut = self.encode_source(source, where="the source")
+        else:
+            src_ids, cut = [int(i) for i in source], False
+        if isinstance(output, str):
+            out_ids = self.tgt_tokenizer.encode(output)
+            room = cfg.max_positions - 1
+            if len(out_ids) > room:
+                warnings.warn(f"the output has {len(out_ids)} tokens; truncated to {room} to fit the model's "
+                              f"max_positions ({cfg.max_positions})", stacklevel=2)
+                out_ids, cut = out_ids[:room], True
+            out_ids = [*out_ids, cfg.eos_id]
+        else:
+            out_ids = [int(i) for i in output]
+        if not src_ids or not out_ids:
+            raise ValueError(f"score needs a non-empty source and output, got {len(src_ids)} and {len(out_ids)} ids")
+        src = torch.tensor([src_ids], dtype=torch.long, device=self.device)
+        tgt_in = torch.tensor([[cfg.start_id, *out_ids[:-1]]], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            if trace:
+                logits, captured = self.model.run_with_cache(src, tgt_in, "*.hook_probs", device="cpu")
+            else:
+                logits, captured = self.model(src, tgt_in), None
+        lp = torch.log_softmax(logits[0].float(), dim=-1)
+        log_prob = float(lp.gather(-1, torch.tensor(out_ids, device=lp.device)[:, None]).sum())
+        pieces = self.tgt_tokenizer.pieces(out_ids)
+        text = self.detokenize(out_ids)
+        if captured is not None:
+            captured.meta.update(src_tokens=self.src_tokenizer.pieces(src_ids),
+                                 tgt_tokens=self.tgt_tokenizer.pieces(tgt_in[0].tolist()), out_tokens=pieces,
+                                 translation=text, log_prob=log_prob)
+        return Translation(source=source if isinstance(source, str) else "", text=text, tokens=out_ids,
+                           pieces=pieces, source_tokens=src_ids, log_prob=log_prob, trace=captured, truncated=cut)
+
     def translate_lines(self, lines: Iterable[str], *, chunk: int = 512, **options: Any) -> Iterator[str]:
         """Stream: one output line per input line, in order, holding at most `chunk` lines at a time.
 
