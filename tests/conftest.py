@@ -1,8 +1,10 @@
-"""Shared fixtures: tiny seeded models, the shared data folder, markers."""
+"""Shared fixtures: tiny seeded models, the shared data folder, markers, and the guard against leaked global state."""
 
 from __future__ import annotations
 
+import os
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,13 +21,64 @@ from workbench import presets  # noqa: E402
 torch.set_num_threads(1)
 
 
+def _global_state() -> dict:
+    """Process-wide state a test could change for the tests after it (cheap to read: no deep copies of objects)."""
+    return {
+        "sys.path": list(sys.path),
+        "os.environ": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},  # pytest's own
+        "torch threads": torch.get_num_threads(),
+        "torch default dtype": torch.get_default_dtype(),
+        "urllib global opener": urllib.request._opener,  # set by urllib.request.install_opener
+    }
+
+
+def _restore(state: dict) -> None:
+    sys.path[:] = state["sys.path"]
+    for key in set(os.environ) - set(state["os.environ"]) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[key]
+    os.environ.update(state["os.environ"])
+    torch.set_num_threads(state["torch threads"])
+    torch.set_default_dtype(state["torch default dtype"])
+    urllib.request.install_opener(state["urllib global opener"])
+
+
+def leaks(before: dict, after: dict) -> list[str]:
+    """What differs between two `_global_state()` snapshots, one line per change, naming the values."""
+    found = []
+    added = [p for p in after["sys.path"] if p not in before["sys.path"]]
+    removed = [p for p in before["sys.path"] if p not in after["sys.path"]]
+    if added or removed or after["sys.path"] != before["sys.path"]:
+        found.append(f"sys.path changed: added {added}, removed {removed}")
+    env_b, env_a = before["os.environ"], after["os.environ"]
+    for key in sorted(set(env_b) | set(env_a)):
+        if env_b.get(key) != env_a.get(key):
+            found.append(f"os.environ[{key!r}] changed: {env_b.get(key)!r} -> {env_a.get(key)!r}")
+    for key in ("torch threads", "torch default dtype"):
+        if before[key] != after[key]:
+            found.append(f"{key} changed: {before[key]} -> {after[key]}")
+    if before["urllib global opener"] is not after["urllib global opener"]:
+        found.append(f"urllib global opener replaced (install_opener): {before['urllib global opener']!r} -> "
+                     f"{after['urllib global opener']!r}")
+    return found
+
+
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Every test starts on one thread, even after one that changed it (the trainer sets `threads`)."""
-    before = torch.get_num_threads()
+def no_leaked_state():
+    """Every test starts on one thread and must leave the process as it found it.
+
+    Autouse fixtures are set up before the test's own (monkeypatch included) and torn down after them, so
+    what monkeypatch restores is restored by the time this looks. A leak fails the test (an error at
+    teardown, listing each change) and is undone, so the tests after it still start clean.
+    """
     torch.set_num_threads(1)
+    before = _global_state()
     yield
-    torch.set_num_threads(before)
+    after = _global_state()
+    found = leaks(before, after)
+    if found:
+        _restore(before)
+        pytest.fail("the test leaked global state (use monkeypatch or restore it):\n  " + "\n  ".join(found),
+                    pytrace=False)
 
 
 def pytest_collection_modifyitems(config, items):

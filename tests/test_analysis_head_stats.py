@@ -150,13 +150,12 @@ def test_punctuation_ids():
     assert punctuation_ids(["<pad>", "▁.", ",", "▁the", "?!", "▁", "a@@"]) == [1, 2, 4]
 
 
-def test_heads_command_writes_csv_and_report(tmp_path):
-    import sys
+def test_heads_command_writes_csv_and_report(tmp_path, monkeypatch):
     from pathlib import Path
 
     import pandas as pd
 
-    sys.path.insert(0, str(Path(__file__).parent / "ui"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "ui"))
     from app_fixtures import build_checkpoint
 
     from workbench.cli import main

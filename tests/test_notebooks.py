@@ -6,9 +6,9 @@ Each notebook is executed headless with nbclient in its own directory (so its re
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -58,11 +58,17 @@ def test_committed_notebook_is_clean(name):
     assert params and "WORKBENCH_QUICK" in params[0].source, "the first code cell must read WORKBENCH_QUICK"
 
 
-def test_committed_notebooks_match_the_generator(tmp_path, monkeypatch):
+def load_build():
+    """notebooks/build.py as a module, without touching sys.path or sys.modules (no state leaks into other tests)."""
+    spec = importlib.util.spec_from_file_location("workbench_notebooks_build", NB_DIR / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_notebooks_match_the_generator():
     """The .ipynb files are build.py's output: reviewers read build.py, so they must not drift apart."""
-    sys.path.insert(0, str(NB_DIR))
-    monkeypatch.setattr(sys, "path", sys.path)
-    import build
+    build = load_build()
 
     for name, cells in build.NOTEBOOKS.items():
         committed = nbformat.read(NB_DIR / name, as_version=4)
