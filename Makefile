@@ -7,7 +7,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: app test lint bench clean venv notebook
+.PHONY: app test test-shuffled lint bench clean venv notebook chromium
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# The browser tests drive Debian's chromium (Playwright's own download host is unreachable here) and Bokeh's
+# PNG/SVG export drives it through chromedriver: `make test` installs both with apt-get when either is missing,
+# through sudo unless it runs as root.
+SUDO ?= $(if $(filter 0,$(shell id -u 2>/dev/null)),,sudo)
+HAVE_CHROMIUM := $(shell command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 && echo yes)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +31,20 @@ app: $(STAMP)
 notebook: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
-test: $(STAMP)
+chromium:
+ifneq ($(HAVE_CHROMIUM),yes)
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+endif
+
+test: $(STAMP) chromium
 	$(PY) -m ruff check workbench apps tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The same suite with files and tests shuffled (pytest-randomly prints the seed; replay with
+# PYTEST_ARGS=--randomly-seed=N): order dependence between tests shows up here.
+test-shuffled: $(STAMP) chromium
+	$(PY) -m pytest -p randomly -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check workbench apps tests benchmarks
