@@ -181,3 +181,36 @@ def test_corpus_stats_on_gpu_equal_cpu():
     gpu = corpus_head_stats(model.cuda(), sources, targets)
     for stat in cpu.sums:
         np.testing.assert_allclose(cpu.values(stat), gpu.values(stat), rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_corpus_stats_cut_long_targets_and_skip_long_sources():
+    """Longer than max_positions (newstest has a 261-token reference for a 256-position model): no error; a long
+    target is cut, exactly (the kept rows equal a run on the cut pair), a long source is skipped; both counted."""
+    cfg = presets.tiny(vocab=40, max_positions=12)
+    model = make_model(cfg)
+    g = torch.Generator().manual_seed(0)
+
+    def ids(n):
+        return [*torch.randint(4, 40, (n - 1,), generator=g).tolist(), cfg.eos_id]
+
+    sources = [ids(6), ids(8), ids(15), ids(5)]  # sentence 2: source longer than 12 positions
+    targets = [ids(5), ids(20), ids(6), ids(12)]  # sentence 1: 20 tokens, the decoder would read 20 positions
+    with pytest.warns(UserWarning, match=r"1 target\(s\) cut .* 1 sentence\(s\) skipped"):
+        table = corpus_head_stats(model, sources, targets, batch_size=2)
+    assert table.truncated == (1,) and table.skipped == (2,)
+    assert table.sentence_ids.tolist() == [0, 1, 3]
+    cut = corpus_head_stats(model, [sources[1]], [targets[1][: cfg.max_positions]])
+    for stat in table.sums:
+        np.testing.assert_allclose(table.per_sentence(stat)[1], cut.per_sentence(stat)[0], rtol=1e-6, atol=1e-9,
+                                   equal_nan=True)
+    with pytest.raises(ValueError, match=r"all 1 sources are longer than the model's max_positions \(12\)"):
+        corpus_head_stats(model, [sources[2]], [targets[2]])
+
+
+def test_fit_to_positions_can_skip_long_targets_instead():
+    from workbench.analysis.head_stats import fit_to_positions
+
+    fitted = fit_to_positions(4, [[5, 2], [5, 6, 7, 8, 2], [5, 2]], [[5, 6, 7, 8, 9, 2], [5, 2], [6, 2]],
+                              cut_targets=False)
+    assert fitted.ids == [2] and fitted.skipped == [0, 1] and fitted.truncated == []
+    assert fit_to_positions(4, [[5, 2]], [[6, 2]]).report() is None

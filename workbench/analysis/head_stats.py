@@ -9,10 +9,17 @@
 Every statistic is a mean over a sentence's real query positions of a per-row quantity; the corpus value
 is the token-weighted mean (sum of row values / number of rows), computed in float64 from per-sentence
 sums, so it does not depend on how sentences were batched (tested).
+
+Sentences longer than the model's `max_positions` (`fit_to_positions`): a too-long *target* is cut to fit,
+which is exact for the rows kept (the decoder is causal and cross-attention reads only the source, so the
+first positions attend the same way whatever follows them); a too-long *source* is skipped, since cutting it
+would change every encoder row. The counts are in `HeadStats.truncated` / `.skipped` and a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -143,13 +150,16 @@ class HeadStats:
     """Per-sentence sums and counts of each statistic for every head of every block.
 
     `sums[stat]` is (N, blocks, H) float64, `counts[stat]` (N, blocks); `blocks` lists (kind, layer).
-    `sentence_ids` says which corpus sentence each row is.
+    `sentence_ids` says which corpus sentence each row is. `truncated` lists the corpus sentences whose
+    target was cut to the model's positions, `skipped` those left out (source too long).
     """
 
     blocks: tuple[tuple[str, int], ...]
     sums: dict[str, np.ndarray]
     counts: dict[str, np.ndarray]
     sentence_ids: np.ndarray
+    truncated: tuple[int, ...] = ()
+    skipped: tuple[int, ...] = ()
 
     @property
     def n_heads(self) -> int:
@@ -226,6 +236,8 @@ class HeadStats:
             {s: np.concatenate([p.sums[s] for p in parts])[order] for s in parts[0].sums},
             {s: np.concatenate([p.counts[s] for p in parts])[order] for s in parts[0].counts},
             ids[order],
+            tuple(sorted(i for p in parts for i in p.truncated)),
+            tuple(sorted(i for p in parts for i in p.skipped)),
         )
 
 
@@ -282,6 +294,46 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> torch.
     return out if device is None else out.to(device)
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A corpus made to fit the model's positions: `ids` are the corpus indices kept (in corpus order)."""
+
+    sources: list[list[int]]
+    targets: list[list[int]]
+    ids: list[int]
+    truncated: list[int]
+    skipped: list[int]
+
+    def report(self, what: str = "corpus") -> str | None:
+        """One line saying what was cut or left out, or None when every sentence fit."""
+        if not self.truncated and not self.skipped:
+            return None
+        return (f"{what}: {len(self.truncated)} target(s) cut to the model's max_positions, {len(self.skipped)} "
+                f"sentence(s) skipped (source longer than max_positions); corpus ids cut "
+                f"{self.truncated[:10]}, skipped {self.skipped[:10]}")
+
+
+def fit_to_positions(max_positions: int, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
+                     cut_targets: bool = True) -> Fitted:
+    """Teacher-forcing pairs that fit `max_positions`: a target (ending with EOS; the decoder reads start + all but
+    the last) longer than max_positions is cut to max_positions tokens (or skipped when `cut_targets` is False:
+    for analyses that need whole sentences); a source longer than max_positions is skipped."""
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    out = Fitted([], [], [], [], [])
+    for i, (src, tgt) in enumerate(zip(sources, targets)):
+        if len(src) > max_positions or (len(tgt) > max_positions and not cut_targets):
+            out.skipped.append(i)
+            continue
+        if len(tgt) > max_positions:
+            tgt = tgt[:max_positions]
+            out.truncated.append(i)
+        out.sources.append(list(src))
+        out.targets.append(list(tgt))
+        out.ids.append(i)
+    return out
+
+
 @torch.no_grad()
 def corpus_head_stats(
     model,
@@ -296,7 +348,8 @@ def corpus_head_stats(
 ) -> HeadStats:
     """Head statistics over a corpus, teacher-forced: `sources` end with EOS, `targets` are the reference
     outputs (ending with EOS; the decoder reads start + all but the last). Sentences are sorted by length
-    so batches carry little padding; results come back in corpus order."""
+    so batches carry little padding; results come back in corpus order. Sentences longer than the model's
+    positions are cut or skipped as `fit_to_positions` says, with a warning giving the counts."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not sources:
@@ -305,6 +358,12 @@ def corpus_head_stats(
         raise ValueError(f"batch_size ({batch_size}) must be at least 1")
     cfg = model.cfg
     dev = model.device
+    fitted = fit_to_positions(cfg.max_positions, sources, targets)
+    if not fitted.ids:
+        raise ValueError(f"all {len(sources)} sources are longer than the model's max_positions ({cfg.max_positions})")
+    if fitted.report():
+        warnings.warn(fitted.report("corpus_head_stats"), stacklevel=3)
+    ids, sources, targets = fitted.ids, fitted.sources, fitted.targets
     order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(targets[i])))
     names = [n for n in model.hook_names("*.hook_probs") if _kind_of(n) in kinds]
     parts = []
@@ -315,10 +374,11 @@ def corpus_head_stats(
                         cfg.pad_id, dev)
         trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
-                                tgt_punct=tgt_punct, kinds=kinds, sentence_ids=idx))
+                                tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx]))
         if progress is not None:
             progress(min(start + batch_size, len(order)), len(order))
-    return HeadStats.concat(parts)
+    table = HeadStats.concat(parts)
+    return dataclasses.replace(table, truncated=tuple(fitted.truncated), skipped=tuple(fitted.skipped))
 
 
 class _Stop(Exception):
