@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,20 +46,3 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     if not steps:
         raise FileNotFoundError(f"no step_* checkpoints in {run_dir}")
     return steps[-n:]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoints", nargs="+", help="checkpoint directories, or one run directory with --last N")
-    p.add_argument("--last", type=int, default=0, help="average the last N step_* checkpoints of a run directory")
-    p.add_argument("--out", required=True, help="output checkpoint directory")
-
-
-def run(args: argparse.Namespace) -> int:
-    paths = args.checkpoints
-    if args.last:
-        if len(paths) != 1:
-            raise ValueError("--last N takes exactly one run directory")
-        paths = last_checkpoints(paths[0], args.last)
-    out = average_checkpoints(paths, args.out)
-    print(f"averaged {len(paths)} checkpoints into {out}")
-    return 0

@@ -10,13 +10,11 @@ detokenised text, so numbers compare with published sacrebleu scores.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 @dataclass
@@ -66,49 +64,26 @@ def evaluate(model, sources: Sequence[str], references: Sequence[Sequence[str]],
     return score(hyps, references)
 
 
+def read_lines(stream: BinaryIO, *, errors: str = "strict", name: str = "input") -> Iterator[str]:
+    """Decode a byte stream line by line (\\n, with an optional \\r before it), naming bad lines.
+
+    errors="strict" stops at a line that is not valid UTF-8 (line number and byte offset in the
+    message); "replace" substitutes U+FFFD and warns once per such line."""
+    for number, raw in enumerate(stream, start=1):
+        raw = raw.rstrip(b"\n")
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = f"{name} line {number} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+            if errors == "strict":
+                raise ValueError(f"{where}; fix the file or pass --errors replace") from None
+            warnings.warn(f"{where}; replaced with U+FFFD", stacklevel=2)
+            yield raw.decode("utf-8", errors="replace")
+
+
 def read_text(path: str | Path) -> list[str]:
     """Lines of a UTF-8 file (no trailing newline); invalid UTF-8 is an error naming the line."""
-    from .cli_translate import read_lines
-
     with open(path, "rb") as fh:
         return list(read_lines(fh, errors="strict", name=str(path)))
-
-
-# ---------------------------------------------------------------------------- command line
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli_translate import add_decode_arguments
-
-    add_decode_arguments(p)
-    p.add_argument("--src", required=True, metavar="FILE", help="source sentences, one per line")
-    p.add_argument("--ref", required=True, action="append", metavar="FILE",
-                   help="reference translations; repeat for several references")
-    p.add_argument("--hyp-out", dest="hyp_out", default=None, metavar="FILE", help="write the hypotheses here")
-    p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
-
-
-def run(args: argparse.Namespace) -> int:
-    from .cli_translate import decode_options, read_lines
-    from .translator import load
-
-    with open(args.src, "rb") as fh:
-        sources = list(read_lines(fh, errors=args.errors, name=args.src))
-    refs = [read_text(r) for r in args.ref]
-    for path, r in zip(args.ref, refs):
-        if len(r) != len(sources):
-            raise ValueError(f"{path} has {len(r)} lines but {args.src} has {len(sources)}")
-    tm = load(args.checkpoint, device=args.device)
-    options = decode_options(args)
-    result = evaluate(tm, sources, refs, **options)
-    if args.hyp_out:
-        with open(args.hyp_out, "w", encoding="utf-8", newline="\n") as fh:
-            fh.writelines(h + "\n" for h in result.hypotheses)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
-    else:
-        print(f"BLEU = {result.bleu:.2f}  {result.bleu_signature}")
-        print(f"     {result.bleu_detail}")
-        print(f"chrF = {result.chrf:.2f}  {result.chrf_signature}")
-    sys.stdout.flush()
-    return 0

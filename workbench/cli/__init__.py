@@ -1,7 +1,8 @@
-"""`workbench` command line: one subcommand per module, imported only when used.
+"""`workbench` command line: one module per subcommand, imported only when that subcommand runs.
 
 Each subcommand module provides `add_arguments(parser)` and `run(args) -> int`; register it in
-COMMANDS. Errors the user can fix (bad paths, bad configs) print one clear line and exit 2.
+COMMANDS. `workbench --help` imports none of them (no torch, no plotting library); `workbench X ...`
+imports only X's module. Errors the user can fix (bad paths, bad configs) print one clear line and exit 2.
 """
 
 from __future__ import annotations
@@ -12,29 +13,34 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
-    "info": ("workbench.cli_info", "show a model preset or checkpoint config and its hook points"),
-    "train": ("workbench.train", "train a model from a TOML/JSON config (--key=value overrides; torchrun for DDP)"),
-    "average": ("workbench.average", "average the weights of several checkpoints (e.g. --last 5 RUN_DIR)"),
-    "translate": ("workbench.cli_translate", "translate text line by line (stdin or a file) with a checkpoint"),
-    "evaluate": ("workbench.evaluate", "translate a test set and print sacrebleu BLEU and chrF with signatures"),
-    "import": ("workbench.cli_import", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
-    "views": ("workbench.charts.cli", "write a saved trace's attention views as offline HTML files"),
-    "heads": ("workbench.analysis.cli", "head statistics of a checkpoint over a test set (CSV + HTML report)"),
+    "info": ("workbench.cli.info", "show a model preset or checkpoint config and its hook points"),
+    "train": ("workbench.cli.train", "train a model from a TOML/JSON config (--key=value overrides; torchrun for DDP)"),
+    "average": ("workbench.cli.average", "average the weights of several checkpoints (e.g. --last 5 RUN_DIR)"),
+    "translate": ("workbench.cli.translate", "translate text line by line (stdin or a file) with a checkpoint"),
+    "evaluate": ("workbench.cli.evaluate", "translate a test set and print sacrebleu BLEU and chrF with signatures"),
+    "import": ("workbench.cli.import_", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
+    "views": ("workbench.cli.views", "write a saved trace's attention views as offline HTML files"),
+    "heads": ("workbench.cli.heads", "head statistics of a checkpoint over a test set (CSV + HTML report)"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported to add its arguments (None: just the names)."""
     parser = argparse.ArgumentParser(prog="workbench", description="Attention Workbench")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the top-level parser has no options but --help, so the first word that is not one names the command
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
@@ -44,7 +50,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"workbench {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

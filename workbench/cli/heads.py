@@ -10,6 +10,12 @@ import argparse
 import time
 from pathlib import Path
 
+from ..analysis.head_stats import STATS, corpus_head_stats, punctuation_ids
+from ..charts import save_html
+from ..charts.analysis import head_stats_view
+from ..data import dataset_files, read_parallel
+from ..translator import load
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a workbench checkpoint directory (own or imported)")
@@ -27,12 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..charts import save_html
-    from ..charts.analysis import head_stats_view
-    from ..data import dataset_files, read_parallel
-    from ..translator import load
-    from .head_stats import STATS, corpus_head_stats, punctuation_ids
-
     if args.stat not in STATS:
         raise ValueError(f"unknown statistic {args.stat!r}; known: {sorted(STATS)}")
     if args.dataset:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..importers import import_checkpoint
+from ..importers.download import NetworkUnreachable
+
 FORMATS = ("marian", "fsmt", "fairseq", "opennmt")
 
 
@@ -24,9 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .importers import import_checkpoint
-    from .importers.download import NetworkUnreachable
-
     options = {}
     if args.spm is not None:
         options["spm"] = args.spm

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .config import ModelConfig
-from .presets import PRESETS, preset
+from ..config import ModelConfig
+from ..model import Transformer
+from ..presets import PRESETS, preset
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,8 +16,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .model import Transformer
-
     path = Path(args.what)
     if args.what in PRESETS:
         cfg = preset(args.what)

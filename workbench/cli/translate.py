@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
-from collections.abc import Iterator
-from typing import BinaryIO
+
+from ..evaluate import read_lines
+from ..translator import load
 
 DECODE_FLAGS = ("beam", "n_best", "length_penalty", "alpha", "max_len_a", "max_len_b", "max_len", "min_len",
                 "no_repeat_ngram", "batch_tokens")
@@ -37,6 +37,7 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def decode_options(args: argparse.Namespace) -> dict:
+    """The decoding flags the user set, as keyword arguments for `TranslationModel.config_with`."""
     return {k: getattr(args, k) for k in DECODE_FLAGS if getattr(args, k, None) is not None}
 
 
@@ -47,25 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=512, help="lines held in memory at once (sorted within a chunk)")
 
 
-def read_lines(stream: BinaryIO, *, errors: str = "strict", name: str = "input") -> Iterator[str]:
-    """Decode a byte stream line by line (\\n, with an optional \\r before it), naming bad lines."""
-    for number, raw in enumerate(stream, start=1):
-        raw = raw.rstrip(b"\n")
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            where = f"{name} line {number} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-            if errors == "strict":
-                raise ValueError(f"{where}; fix the file or pass --errors replace") from None
-            warnings.warn(f"{where}; replaced with U+FFFD", stacklevel=2)
-            yield raw.decode("utf-8", errors="replace")
-
-
 def run(args: argparse.Namespace) -> int:
-    from .translator import load
-
     tm = load(args.checkpoint, device=args.device)
     options = decode_options(args)
     tm.decode_config = tm.config_with(**options)  # validate before reading any input

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..charts.export import save_html
+from ..charts.head_view import head_view
+from ..charts.heatmap import attention_heatmap
+from ..charts.model_view import model_view
+from ..charts.select import KINDS
 from ..trace import Trace
-from .export import save_html
-from .head_view import head_view
-from .heatmap import attention_heatmap
-from .model_view import model_view
-from .select import KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,29 @@
+"""`workbench train CONFIG [--fresh] [--key=value ...]`: train (or resume) a run from a TOML/JSON config.
+
+Under `torchrun --nproc_per_node N -m workbench.cli train CONFIG` every rank runs this; rank 0 logs and saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch.distributed as dist
+
+from ..config import TrainConfig
+from ..train import Trainer, parse_overrides
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="a TOML or JSON training config (see configs/)")
+    p.add_argument("--fresh", action="store_true", help="ignore a checkpoint already in out_dir (default: resume)")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="--key=value or --model.key=value")
+
+
+def run(args: argparse.Namespace) -> int:
+    fresh = args.fresh or "--fresh" in args.overrides  # REMAINDER also captures options after CONFIG
+    cfg = parse_overrides(TrainConfig.load(args.config), [a for a in args.overrides if a != "--fresh"])
+    trainer = Trainer(cfg, resume=not fresh, progress="terminal")
+    trainer.fit()
+    if trainer.dist.world > 1:
+        dist.destroy_process_group()
+    return 130 if trainer.interrupted else 0
