@@ -1,0 +1,418 @@
+"""The training loop: one object for notebooks and for `workbench train CONFIG [--key=value ...]`.
+
+    trainer = Trainer(TrainConfig(dataset="multi30k", max_steps=4000, out_dir="runs/m30k"))
+    trainer.fit()            # Ctrl-C saves a checkpoint and returns; fit() again continues
+    trainer.fit(steps=500)   # 500 more steps
+
+What happens, in order (fairseq's train.py, minus the plugin layers):
+1. The config is validated, including the model preset and its overrides, before any data is
+   read or any accelerator memory is taken.
+2. If `out_dir` already holds a checkpoint, training resumes from it exactly: weights,
+   optimiser, step, epoch, position inside the epoch's batch plan, RNG states.
+3. Data is read, tokenizers are trained (or reloaded), pairs are encoded and length-filtered.
+4. Each optimiser step takes `accum` token-budget batches; losses are sums divided once by the
+   step's real target-token count (known from lengths, so no communication is needed for it),
+   which makes accumulation and DDP give the gradient of one big batch.
+5. Periodic log records (loss, nll, lr actually used, grad norm, tokens/s) go to the progress
+   view and to `train_log.jsonl` inside every checkpoint; validation adds loss and
+   sacreBLEU/chrF (greedy decoding) with their signatures.
+
+Multi-GPU: launch the same command with `torchrun --nproc_per_node N`; each global batch is split
+across ranks (`data.shard`), gradients are all-reduced by DDP, rank 0 logs and saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import LATEST, load_checkpoint, read_pointer
+from ..config import TrainConfig
+from ..data import ParallelData, shard
+from ..loss import label_smoothed_nll
+from ..model import Transformer
+from ..progress import make_progress
+from ..tokenizer import check_special_ids
+from . import run_dir
+from .distributed import init_distributed, pick_device
+from .setup import load_run_data, lr_schedule, make_optimizer, model_config
+
+
+class TrainingDiverged(FloatingPointError):
+    """The loss or gradient norm became NaN/inf; the last good checkpoint is kept."""
+
+
+class Trainer:
+    """Owns the model, optimiser, data plan and run directory of one training run."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        train_data: ParallelData | None = None,
+        valid_data: ParallelData | None = None,
+        valid_text: tuple[list[str], list[str]] | None = None,
+        src_tokenizer=None,
+        tgt_tokenizer=None,
+        model: Transformer | None = None,
+        resume: bool | str | Path = True,
+        progress: str = "auto",
+    ) -> None:
+        """`resume`: True continues from out_dir's latest checkpoint when there is one; a path resumes from it.
+
+        `model` trains that model (its config wins over preset/model/vocab_size); otherwise one is
+        built from the preset with the tokenizers' vocabulary sizes.
+        """
+        self.cfg = cfg
+        # 1. config checks that need no data: the model config with placeholder vocabularies, the schedule
+        model_config(cfg, cfg.vocab_size, cfg.vocab_size)
+        self.schedule = lr_schedule(cfg)
+        self.dist = init_distributed()
+        self.device = pick_device(cfg.device, self.dist)
+        self.amp = cfg.amp == "bf16" or (cfg.amp == "auto" and self.device.type == "cuda")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.out_dir = Path(cfg.out_dir)
+        self.progress = make_progress(progress, enabled=self.dist.main)
+        self.log: list[dict[str, Any]] = []
+        self.step = self.epoch = self.batch_pos = 0
+        self.train_seconds = 0.0
+        self.best: float | None = None
+        self.interrupted = False
+        self._rng: dict[str, torch.Tensor] | None = None
+
+        # 2. resume point
+        ckpt = None
+        resume_from = Path(resume) if isinstance(resume, (str, Path)) else (
+            self.out_dir if resume and read_pointer(self.out_dir, LATEST) is not None else None)
+        if resume_from is not None:
+            ckpt = load_checkpoint(resume_from, with_train_state=True)
+            src_tokenizer = src_tokenizer or ckpt.src_tokenizer
+            tgt_tokenizer = tgt_tokenizer or ckpt.tgt_tokenizer
+
+        # 3. data and tokenizers
+        torch.manual_seed(cfg.seed)
+        self.src_tok, self.tgt_tok = src_tokenizer, tgt_tokenizer
+        self.valid_text = valid_text
+        if train_data is None:
+            loaded = load_run_data(cfg, self.src_tok, self.tgt_tok)
+            self.src_tok, self.tgt_tok = loaded.src_tok, loaded.tgt_tok
+            self.valid_text = self.valid_text or loaded.valid_text
+            train_data, valid_data = loaded.train, loaded.valid
+            if self.dist.main and loaded.dropped:
+                self.progress.message(
+                    f"length filter (max_len={cfg.max_len}) dropped {loaded.dropped} of {loaded.read}")
+        self.train_data, self.valid_data = train_data, valid_data
+
+        # 4. model and optimiser
+        if ckpt is not None:
+            self.model_cfg = ckpt.config
+            model = ckpt.model.train()
+        elif model is not None:
+            self.model_cfg = model.cfg
+            model.train()
+        else:
+            vocab_s, vocab_t = self._vocab_sizes()
+            self.model_cfg = model_config(cfg, vocab_s, vocab_t)
+            torch.manual_seed(cfg.seed)
+            model = Transformer(self.model_cfg)
+        for side, tok in (("src", self.src_tok), ("tgt", self.tgt_tok)):
+            if tok is not None:
+                check_special_ids(tok, self.model_cfg, side)
+        self.model = model.to(self.device)
+        self.model.check_inputs = False  # ids come from our own tokenizers; saves a host sync per step
+        self.optimizer = make_optimizer(cfg, self.model, self.schedule(1), self.device)
+        self.train_model: torch.nn.Module = self.model
+        if cfg.compile:
+            self.train_model = torch.compile(self.model)
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DDP(self.train_model, device_ids=ids)
+        if ckpt is not None:
+            self._load_train_state(ckpt.train_state, ckpt.train_log)
+            self.progress.message(f"resumed from {ckpt.path} at step {self.step} (epoch {self.epoch})")
+
+    def _vocab_sizes(self) -> tuple[int, int]:
+        if self.src_tok is None:  # copy task: ids are the vocabulary
+            return self.cfg.copy_vocab, self.cfg.copy_vocab
+        return self.src_tok.vocab_size, self.tgt_tok.vocab_size
+
+    # ------------------------------------------------------------------------------ the loop
+    def fit(self, steps: int | None = None) -> Trainer:
+        """Train until a limit of the config (or `steps` more steps); Ctrl-C saves and returns."""
+        c = self.cfg
+        stop_at = self.step + steps if steps else (c.max_steps or None)
+        self.progress.start(stop_at, self.step)
+        self.interrupted = False
+        if self._rng is not None:  # this run's dropout stream, whatever ran in the process since
+            self._set_rng(self._rng)
+        acc = _Accumulator(self.device)
+        t_last = time.time()
+        t_start = time.time() - self.train_seconds
+        try:
+            while not self._done(stop_at, t_start):
+                plan = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch)
+                while self.batch_pos < len(plan) and not self._done(stop_at, t_start):
+                    group = plan[self.batch_pos : self.batch_pos + c.accum]
+                    self._train_step(group, acc)
+                    self.batch_pos += len(group)
+                    self.step += 1
+                    self.train_seconds = time.time() - t_start
+                    if self.step % c.log_every == 0:
+                        t_last = self._emit_log(acc, t_last)
+                    if c.eval_every and self.step % c.eval_every == 0:
+                        self._validate_and_save()
+                    elif c.save_every and self.step % c.save_every == 0:
+                        self.save()
+                if self.batch_pos >= len(plan):
+                    self.epoch += 1
+                    self.batch_pos = 0
+                    if not c.eval_every and self.step > 0:
+                        if acc.steps:
+                            t_last = self._emit_log(acc, t_last)
+                        self._validate_and_save()
+            if acc.steps:
+                self._emit_log(acc, t_last)
+            if not self.log or self.log[-1].get("kind") != "valid" or self.log[-1]["step"] != self.step:
+                self._validate_and_save()
+            if c.average_last and self.dist.main:
+                self._write_average()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.progress.message(f"interrupted at step {self.step}: saving")
+            self.save()
+        finally:
+            self._rng = self._get_rng()
+            self.progress.close()
+        return self
+
+    def _done(self, stop_at: int | None, t_start: float) -> bool:
+        c = self.cfg
+        if stop_at is not None and self.step >= stop_at:
+            return True
+        if c.max_epochs and self.epoch >= c.max_epochs:
+            return True
+        return bool(c.max_minutes) and time.time() - t_start >= c.max_minutes * 60
+
+    def _train_step(self, group: list[list[int]], acc: _Accumulator) -> None:
+        c, cfg, d = self.cfg, self.model_cfg, self.dist
+        self.train_model.train()
+        total_tokens = sum(int(self.train_data.tgt_lens[idx].sum()) for idx in group)
+        for j, idx in enumerate(group):
+            share = shard(idx, d.rank, d.world)
+            # a rank without a share still joins the all-reduce, with a zero-weighted pair
+            batch = self.train_data.collate(share or idx[:1], cfg).to(self.device)
+            weight = d.world / total_tokens if share else 0.0
+            sync = contextlib.nullcontext()
+            if d.world > 1 and j < len(group) - 1:
+                sync = self.train_model.no_sync()
+            with sync:
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+                    logits = self.train_model(batch.src, batch.tgt_in)
+                loss, nll, _ = label_smoothed_nll(logits, batch.tgt_out, smoothing=c.label_smoothing,
+                                                  ignore_index=cfg.pad_id)
+                (loss * weight).backward()
+            if share:
+                acc.add(loss.detach(), nll, batch.n_tgt_tokens, batch.n_src_tokens)
+        lr = self.schedule(self.step + 1)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm or float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        acc.end_step(grad_norm, lr)
+
+    def _emit_log(self, acc: _Accumulator, t_last: float) -> float:
+        sums = acc.collect(self.dist.world > 1)
+        now = time.time()
+        n = max(sums["tokens"], 1.0)
+        record = {
+            "kind": "train", "step": self.step, "epoch": self.epoch, "loss": sums["loss"] / n, "nll": sums["nll"] / n,
+            "lr": acc.lr, "grad_norm": sums["grad_norm"] / max(acc.steps_done, 1), "tokens": int(sums["tokens"]),
+            "tokens_per_s": sums["tokens"] / max(now - t_last, 1e-9), "time": round(self.train_seconds, 3),
+        }
+        record["ppl"] = math.exp(min(record["nll"], 50.0))
+        acc.reset()
+        if not all(math.isfinite(record[k]) for k in ("loss", "grad_norm")):
+            last = read_pointer(self.out_dir, LATEST)
+            raise TrainingDiverged(
+                f"loss {record['loss']} / grad norm {record['grad_norm']} at step {self.step} is not finite; "
+                f"stopped. Last good checkpoint: {last if last else 'none saved yet'}. "
+                f"Try a lower lr ({self.cfg.lr}), longer warmup ({self.cfg.warmup}) or clip_norm."
+            )
+        self.log.append(record)
+        self.progress.step(self.step, record)
+        return now
+
+    # ------------------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Validation loss (teacher forcing) and, with tokenizers and `bleu`, greedy sacreBLEU/chrF."""
+        out: dict[str, Any] = {}
+        if self.valid_data is None:
+            return out
+        model, cfg = self.model, self.model_cfg
+        model.eval()
+        loss = nll = tokens = 0.0
+        for idx in self.valid_data.batches(self.cfg.max_tokens, shuffle=False):
+            batch = self.valid_data.collate(idx, cfg).to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+                logits = model(batch.src, batch.tgt_in)
+            l_, n_, t_ = label_smoothed_nll(logits, batch.tgt_out, smoothing=self.cfg.label_smoothing,
+                                            ignore_index=cfg.pad_id)
+            loss, nll, tokens = loss + float(l_), nll + float(n_), tokens + float(t_)
+        out["valid_loss"] = loss / tokens
+        out["valid_nll"] = nll / tokens
+        out["valid_ppl"] = math.exp(min(nll / tokens, 50.0))
+        if self.cfg.bleu and self.tgt_tok is not None and self.valid_text is not None:
+            out.update(self.score_bleu())
+        model.train()
+        return out
+
+    @torch.no_grad()
+    def translate_ids(self, sources: list[list[int]], batch_tokens: int = 4096) -> list[list[int]]:
+        from ..decoding import greedy
+
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            return self._translate_ids(sources, batch_tokens, greedy)
+        finally:
+            model.train(was_training)
+
+    def _translate_ids(self, sources: list[list[int]], batch_tokens: int, greedy) -> list[list[int]]:
+        cfg, model = self.model_cfg, self.model
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        out: list[list[int]] = [[] for _ in sources]
+        k = 0
+        while k < len(order):
+            width = len(sources[order[min(len(order) - 1, k)]]) + 1
+            n = max(1, batch_tokens // max(width, 1))
+            chunk = order[k : k + n]
+            width = max(len(sources[i]) for i in chunk) + 1
+            src = torch.full((len(chunk), width), cfg.pad_id, dtype=torch.long)
+            for r, i in enumerate(chunk):
+                src[r, : len(sources[i])] = torch.tensor(sources[i], dtype=torch.long)
+                src[r, len(sources[i])] = cfg.eos_id
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+                gen = greedy(model, src.to(self.device), max_len_a=1.2, max_len_b=10)
+            for i, hyp in zip(chunk, gen.best):
+                out[i] = hyp.tokens
+            k += len(chunk)
+        return out
+
+    def score_bleu(self) -> dict[str, Any]:
+        import sacrebleu
+
+        src_text, ref_text = self.valid_text
+        if self.cfg.valid_limit:
+            src_text, ref_text = src_text[: self.cfg.valid_limit], ref_text[: self.cfg.valid_limit]
+        ids = [self.src_tok.encode(s)[: self.model_cfg.max_positions - 1] for s in src_text]
+        hyps = [self.tgt_tok.decode(h) for h in self.translate_ids(ids)]
+        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        b, ch = bleu.corpus_score(hyps, [ref_text]), chrf.corpus_score(hyps, [ref_text])
+        return {"valid_bleu": round(b.score, 2), "valid_chrf": round(ch.score, 2),
+                "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+                "valid_example": hyps[0] if hyps else ""}
+
+    def _validate_and_save(self) -> None:
+        if self.dist.main:
+            metrics = self.evaluate()
+            record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **metrics}
+            self.log.append(record)
+            self.progress.validation(record)
+            key = self.cfg.best_metric
+            value = metrics.get(f"valid_{key}" if key == "bleu" else key)
+            better = value is not None and (self.best is None or (
+                value > self.best if key == "bleu" else value < self.best))
+            if better:
+                self.best = value
+            self.save(best=better)
+        if self.dist.world > 1:
+            dist.barrier()
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def _get_rng(self) -> dict[str, torch.Tensor]:
+        rng = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return rng
+
+    def _set_rng(self, rng: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        rng = self._get_rng()
+        return {
+            "optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
+            "batch_pos": self.batch_pos, "train_seconds": self.train_seconds, "best": self.best, "rng": rng,
+            "train_config": self.cfg.to_dict(), "world": self.dist.world,
+        }
+
+    def _load_train_state(self, state: dict[str, Any], log: list[dict[str, Any]]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.epoch, self.batch_pos = state["step"], state["epoch"], state["batch_pos"]
+        self.train_seconds, self.best = state["train_seconds"], state["best"]
+        self._rng = state["rng"]
+        self._set_rng(self._rng)
+        self.log = list(log)
+
+    def save(self, *, best: bool = False) -> Path | None:
+        """Write out_dir/step_NNNNNNN (atomic), point `latest` (and `best`) at it, prune old ones."""
+        if not self.dist.main:
+            return None
+        meta = {"src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang, "step": self.step,
+                "epoch": self.epoch, "train_config": self.cfg.to_dict(), "generation": {"append_eos": True}}
+        return run_dir.save_step(self.out_dir, self.step, best=best, keep_last=self.cfg.keep_last,
+                                 model=self.model, src_tokenizer=self.src_tok, tgt_tokenizer=self.tgt_tok,
+                                 meta=meta, train_log=self.log, train_state=self.state_dict())
+
+    def _write_average(self) -> None:
+        done = run_dir.average_last(self.out_dir, self.cfg.average_last)
+        if done:
+            self.progress.message(f"averaged {done[0]} checkpoints into {done[1]}")
+
+
+class _Accumulator:
+    """Loss/token sums kept on the device between log records (no host sync per step)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = torch.zeros(5, dtype=torch.float64, device=self.device)  # loss, nll, tokens, src tokens, gnorm
+        self.steps = self.steps_done = 0
+        self.lr = 0.0
+
+    def add(self, loss: torch.Tensor, nll: torch.Tensor, n_tgt: int, n_src: int) -> None:
+        self.sums[0] += loss.double()
+        self.sums[1] += nll.double()
+        self.sums[2] += n_tgt
+        self.sums[3] += n_src
+        self.steps += 1
+
+    def end_step(self, grad_norm: torch.Tensor, lr: float) -> None:
+        self.sums[4] += grad_norm.double()
+        self.steps_done += 1
+        self.lr = lr
+
+    def collect(self, distributed: bool) -> dict[str, float]:
+        sums = self.sums.clone()
+        if distributed:
+            gnorm = sums[4].clone()  # identical on every rank after DDP's all-reduce
+            dist.all_reduce(sums)
+            sums[4] = gnorm
+        loss, nll, tokens, src, gnorm = sums.tolist()
+        return {"loss": loss, "nll": nll, "tokens": tokens, "src_tokens": src, "grad_norm": gnorm}
