@@ -15,10 +15,7 @@ percent instead of the third a random batch wastes), and the whole plan is a pur
 
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
+from .download import download
 
 # ------------------------------------------------------------------------------------------- reading
 
@@ -170,17 +168,11 @@ def load_dataset(name: str, split: str, src_lang: str, tgt_lang: str, root: str 
 
 
 def _download(url: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
-            stream = gzip.GzipFile(fileobj=resp) if url.endswith(".gz") else resp
-            shutil.copyfileobj(stream, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        download(url, path, gunzip=url.endswith(".gz"))
+    except (OSError, EOFError) as exc:  # NetworkUnreachable and HTTP errors are OSErrors; EOFError: cut-off gzip
         raise FileNotFoundError(f"{path} is missing and downloading {url} failed ({exc}); "
                                 f"offline, point data_root / $WORKBENCH_DATA at a local copy") from None
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------ copy task

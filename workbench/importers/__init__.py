@@ -5,7 +5,9 @@
     tm = load("ckpt/opus-mt-en-de")                                   # a TranslationModel, like our own
 
 Each importer is a key-map table plus named transforms, checked key by key and shape by shape
-(see common.py); the model itself has no per-toolkit branches, only config values.
+(keymap.py); files are read without running their code (reading.py); what the two Hugging Face
+formats share is in hf.py; downloads are workbench.download's. The model itself has no per-toolkit
+branches, only config values.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import ConversionError, Imported, ImportReport, UnsafeCheckpointError
+from ..download import resolve_source
+from .errors import ConversionError, UnsafeCheckpointError
+from .result import Imported, ImportReport
 
 __all__ = ["ConversionError", "ImportReport", "Imported", "UnsafeCheckpointError", "import_checkpoint", "load"]
 
 
 def import_checkpoint(fmt: str, source: str | Path, **options: Any) -> Imported:
     """Convert `source` (local path, hf:owner/name or URL) from toolkit `fmt` into an in-memory model."""
-    from .download import resolve_source
-
     path = resolve_source(str(source), fmt)
     if fmt == "marian":
         from .marian import import_marian

@@ -20,10 +20,9 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .common import (
-    ConversionError,
-    Imported,
-    ImportReport,
+from .errors import ConversionError
+from .keymap import (
+    ACTIVATIONS,
     Source,
     build_model,
     check_aliases,
@@ -31,11 +30,11 @@ from .common import (
     convert,
     copy,
     layer_count,
-    namespace_dict,
+    per_stack,
     target_state,
-    torch_load,
 )
-from .marian import ACTIVATIONS
+from .reading import namespace_dict, torch_load
+from .result import Imported, ImportReport
 
 # Globals that real fairseq checkpoints pickle besides tensors and dicts: training meters in
 # extra_state (fairseq 0.6-0.9) and numpy scalars (best validation loss). Mapped to inert stand-ins.
@@ -79,9 +78,7 @@ def fairseq_options(ckpt: dict[str, Any]) -> dict[str, Any]:
 def fairseq_config(opts: dict[str, Any], sd: dict[str, torch.Tensor]) -> ModelConfig:
     get = opts.get
     d = get("encoder_embed_dim", 512)
-    for a, b in (("encoder_embed_dim", "decoder_embed_dim"), ("encoder_attention_heads", "decoder_attention_heads"),
-                 ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim"),
-                 ("encoder_normalize_before", "decoder_normalize_before")):
+    for a, b in (("encoder_embed_dim", "decoder_embed_dim"), ("encoder_normalize_before", "decoder_normalize_before")):
         if get(a) is not None and get(b) is not None and get(a) != get(b):
             raise ConversionError(f"fairseq options: {a} ({get(a)}) != {b} ({get(b)}); the workbench model needs one")
     if get("encoder_learned_pos") or get("decoder_learned_pos"):
@@ -101,8 +98,8 @@ def fairseq_config(opts: dict[str, Any], sd: dict[str, torch.Tensor]) -> ModelCo
         src_vocab=sd["encoder.embed_tokens.weight"].size(0),
         tgt_vocab=sd["decoder.embed_tokens.weight"].size(0),
         d_model=d,
-        n_heads=get("encoder_attention_heads", 8),
-        d_ff=get("encoder_ffn_embed_dim", 2048),
+        **per_stack(get("encoder_attention_heads", 8), get("decoder_attention_heads", 8),
+                    get("encoder_ffn_embed_dim", 2048), get("decoder_ffn_embed_dim", 2048)),
         enc_layers=layer_count(sd, "encoder.layers."),
         dec_layers=layer_count(sd, "decoder.layers."),
         dropout=float(get("dropout", 0.1)),

@@ -3,7 +3,8 @@
 FSMT is transformers' port of fairseq's transformer (read from modeling_fsmt.py): post-norm,
 no final stack norms, relu, eps 1e-5, embeddings x sqrt(d), tensor2tensor [sin | cos] positions
 numbered from padding_idx + 1 (`sinusoidal_t2t`, position_offset = pad + 1), separate source and
-target vocabularies, an untied output projection, decoder start `</s>`, sources end with `</s>`.
+target vocabularies, an untied output projection, decoder start `</s>`, sources end with `</s>`;
+per-stack head counts and FFN widths as in Marian.
 """
 
 from __future__ import annotations
@@ -14,49 +15,25 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ..embedding import sinusoidal_positions
-from .common import (
-    ConversionError,
-    Imported,
-    ImportReport,
-    Source,
-    build_model,
-    check_aliases,
-    check_table,
-    convert,
-    copy,
-    fairseq_layers,
-    read_json,
-    read_state_dict,
-    target_state,
-)
-from .marian import ACTIVATIONS
-
-ENC, DEC = "model.encoder.layers.", "model.decoder.layers."
+from .hf import activation, generation_defaults, layer_table, position_tables, read_folder, stack_sizes
+from .keymap import Source, build_model, check_aliases, convert, copy, target_state
+from .result import Imported, ImportReport
 
 
 def fsmt_config(hf: dict[str, Any]) -> ModelConfig:
-    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if hf.get(a) != hf.get(b):
-            raise ConversionError(
-                f"config.json: {a} ({hf.get(a)}) != {b} ({hf.get(b)}); the workbench model needs one value"
-            )
-    act = hf.get("activation_function", "relu")
-    if act not in ACTIVATIONS:
-        raise ConversionError(f"config.json: activation_function {act!r} is not supported ({sorted(ACTIVATIONS)})")
+    """Our config for an FSMTConfig dict (config.json)."""
     pad = hf.get("pad_token_id", 1)
     return ModelConfig(
         src_vocab=hf["src_vocab_size"],
         tgt_vocab=hf["tgt_vocab_size"],
         d_model=hf["d_model"],
-        n_heads=hf["encoder_attention_heads"],
-        d_ff=hf["encoder_ffn_dim"],
+        **stack_sizes(hf),
         enc_layers=hf["encoder_layers"],
         dec_layers=hf["decoder_layers"],
         dropout=float(hf.get("dropout", 0.1)),
         attn_dropout=float(hf.get("attention_dropout", 0.0)),
         act_dropout=float(hf.get("activation_dropout", 0.0)),
-        activation=ACTIVATIONS[act],  # type: ignore[arg-type]
+        activation=activation(hf, "relu"),  # type: ignore[arg-type]
         norm_first=False,
         enc_final_norm=False,
         dec_final_norm=False,
@@ -87,51 +64,27 @@ def convert_fsmt(
         "tgt_embed.weight": copy(emb_dec),
         "output_proj.weight": copy(emb_dec if tied else "model.decoder.output_projection.weight"),
     }
-    table.update(fairseq_layers(ENC, DEC, cfg.enc_layers, cfg.dec_layers))
+    table.update(layer_table(cfg.enc_layers, cfg.dec_layers))
     ignore: dict[str, str] = {}
     if tied:
         ignore.update(check_aliases(sd, emb_dec, ["model.encoder.embed_tokens.weight",
                                                   "model.decoder.output_projection.weight"]))
-    for side in ("encoder", "decoder"):
-        key = f"model.{side}.embed_positions.weight"
-        if key in sd:
-            expected = sinusoidal_positions(sd[key].size(0), cfg.d_model, "sinusoidal_t2t")
-            ignore[key] = check_table(sd, key, expected, "sinusoidal_t2t", start=cfg.pad_id + 1)
+    ignore.update(position_tables(sd, cfg, start=cfg.pad_id + 1))
     converted = convert(sd, table, target_state(cfg), ignore=ignore, report=report)
     return build_model(cfg, converted), report
 
 
-def generation_defaults(hf: dict[str, Any], gen: dict[str, Any] | None = None) -> dict[str, Any]:
-    merged = {**hf, **(gen or {})}
-    max_length = merged.get("max_length")
-    return {
-        "append_eos": True,
-        "beam": int(merged.get("num_beams", 5) or 1),
-        "length_penalty": {"kind": "average", "alpha": float(merged.get("length_penalty", 1.0))},
-        "max_len": None if max_length is None else int(max_length) - 1,
-    }
-
-
 def import_fsmt(directory: str | Path) -> Imported:
     """Convert a local FSMT directory (config.json, weights, vocab-src/tgt.json, merges.txt)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"FSMT source must be a directory with config.json, got {directory}")
-    hf = read_json(directory / "config.json")
-    if hf.get("model_type") not in (None, "fsmt"):
-        raise ConversionError(f"{directory / 'config.json'} describes a {hf.get('model_type')!r} model, not fsmt")
-    from .marian import _weights_file
-
-    weights = _weights_file(directory)
-    model, report = convert_fsmt(read_state_dict(weights), hf, source=str(weights))
-    gen_file = directory / "generation_config.json"
-    gen = read_json(gen_file) if gen_file.is_file() else None
-    imported = Imported(model, report, generation=generation_defaults(hf, gen),
+    folder = read_folder(directory, "fsmt", "FSMT")
+    hf = folder.config
+    model, report = convert_fsmt(folder.state_dict(), hf, source=str(folder.weights))
+    imported = Imported(model, report, generation=generation_defaults(hf, folder.generation, beam=5),
                         extra={"languages": list(hf.get("langs", []))})
-    if (directory / "vocab-src.json").is_file():
+    if (folder.directory / "vocab-src.json").is_file():
         from .tokenizers import fsmt_tokenizers
 
-        imported.src_tokenizer, imported.tgt_tokenizer = fsmt_tokenizers(directory, hf)
+        imported.src_tokenizer, imported.tgt_tokenizer = fsmt_tokenizers(folder.directory, hf)
     else:
         report.notes.append("no vocab-src.json/vocab-tgt.json/merges.txt: imported without tokenizers (ids only)")
     return imported

@@ -22,23 +22,20 @@ import torch
 
 from ..config import ModelConfig
 from ..embedding import sinusoidal_positions
-from .common import (
-    ConversionError,
-    Imported,
-    ImportReport,
+from .errors import ConversionError
+from .keymap import (
+    ACTIVATIONS,
     Source,
-    StandIn,
     build_model,
     check_aliases,
     check_table,
     convert,
     copy,
     layer_count,
-    namespace_dict,
     target_state,
-    torch_load,
 )
-from .marian import ACTIVATIONS
+from .reading import StandIn, namespace_dict, torch_load
+from .result import Imported, ImportReport
 
 # Exactly the foreign globals OpenNMT-py v1/v2 checkpoints reference (torchtext vocabularies and
 # fields, OpenNMT's field wrappers, the partial-bound tokenizer function); each becomes a StandIn.
@@ -177,7 +174,7 @@ def _first(x: Any) -> Any:
 
 def opennmt_table(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, Source]:
     table: dict[str, Source] = {}
-    d, f = cfg.d_model, cfg.d_ff
+    d = cfg.d_model
 
     def linear(ours: str, theirs: str, out_dim: int) -> None:
         table[f"{ours}.weight"] = copy(f"{theirs}.weight")
@@ -194,7 +191,7 @@ def opennmt_table(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, So
             table[f"{ours}.{w}"] = copy(f"{theirs}.{w}")
 
     def ffn(ours: str, theirs: str) -> None:
-        linear(f"{ours}.up_proj", f"{theirs}.w_1", f)
+        linear(f"{ours}.up_proj", f"{theirs}.w_1", cfg.ffn_dim(ours))
         linear(f"{ours}.down_proj", f"{theirs}.w_2", d)
 
     for i in range(cfg.enc_layers):
