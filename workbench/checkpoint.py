@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from .config import ModelConfig
 from .model import Transformer
 from .tokenizer import Tokenizer, load_tokenizer
+from .version import __version__
 
 FORMAT_VERSION = 1
 CONFIG, WEIGHTS, TOKENIZER, META, LOG, STATE = (
@@ -383,6 +384,4 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 
 
 def _version() -> str:
-    from . import __version__
-
     return __version__

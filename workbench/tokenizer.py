@@ -1,7 +1,8 @@
 """Tokenizers behind one small protocol; sentencepiece training and loading with the model's special ids.
 
 Checkpoints store each tokenizer's files plus a JSON spec (`{"kind": ..., ...}`); `load_tokenizer`
-dispatches on the kind, so importers can register their own (Marian's spm pair, Moses+BPE).
+dispatches on the kind: sentencepiece, and the toolkit kinds of imported checkpoints (`toolkit_tokenizers`:
+Marian's spm pair, Moses+BPE); `register_tokenizer` adds more.
 Special ids follow `ModelConfig`'s defaults: pad 0, bos 1, eos 2, unk 3.
 """
 
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import sentencepiece as spm
+
+from .toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
 
 
 @runtime_checkable
@@ -55,10 +58,6 @@ def register_tokenizer(kind: str, cls: type) -> None:
 
 def load_tokenizer(directory: str | Path, spec: dict) -> Tokenizer:
     kind = spec.get("kind") if isinstance(spec, dict) else None
-    if kind not in _REGISTRY:
-        # imported checkpoints use the importers' tokenizers (Marian spm+vocab, Moses+BPE); they
-        # register themselves on import, which a plain `workbench.load` would otherwise skip
-        from .importers import tokenizers as _importer_tokenizers  # noqa: F401
     if kind not in _REGISTRY:
         raise ValueError(f"unknown tokenizer kind {kind!r} in spec {spec!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[kind].load(Path(directory), spec)
@@ -177,7 +176,11 @@ class SentencePieceTokenizer:
         return f"SentencePieceTokenizer(vocab_size={self.vocab_size})"
 
 
+# imported checkpoints keep their toolkit's tokenizer (Marian's spm+vocab, Moses+BPE): known here, so a
+# saved imported checkpoint loads without the importers
 register_tokenizer(SentencePieceTokenizer.kind, SentencePieceTokenizer)
+register_tokenizer(SpmVocabTokenizer.kind, SpmVocabTokenizer)
+register_tokenizer(MosesBPETokenizer.kind, MosesBPETokenizer)
 
 
 def check_special_ids(tokenizer: Tokenizer, cfg: Any, side: str) -> None:
