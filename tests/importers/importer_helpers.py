@@ -6,6 +6,8 @@ import torch
 
 ODD = dict(d_model=16, encoder_layers=3, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
            encoder_ffn_dim=24, decoder_ffn_dim=24, max_position_embeddings=64)
+PER_STACK = dict(encoder_attention_heads=2, decoder_attention_heads=8, encoder_ffn_dim=40, decoder_ffn_dim=24)
+"""Each stack its own head count and FFN width (MarianConfig/FSMTConfig allow it)."""
 
 
 def fsmt_model(seed: int = 0, **changes):

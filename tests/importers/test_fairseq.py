@@ -9,6 +9,7 @@ import argparse
 import pytest
 import torch
 from importer_helpers import (
+    PER_STACK,
     SENTENCES,
     eos_prone_fsmt,
     foreign_class,
@@ -19,7 +20,7 @@ from importer_helpers import (
 )
 
 from workbench.decoding import beam_search
-from workbench.importers.common import ConversionError
+from workbench.importers.errors import ConversionError
 from workbench.importers.fairseq import convert_fairseq, import_fairseq
 
 pytest.importorskip("transformers", reason="the parity reference is transformers' FSMT")
@@ -44,8 +45,10 @@ def _batch(hf):
 
 @pytest.mark.parametrize("layout", ["2018_fused", "current"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_logits_match_fsmt_reference(layout, tied):
-    hf = fsmt_model(seed=7, **({"src_vocab_size": 47, "tie_word_embeddings": True} if tied else {}))
+@pytest.mark.parametrize("sizes", ["uniform", "per_stack"])
+def test_logits_match_fsmt_reference(layout, tied, sizes):
+    hf = fsmt_model(seed=7, **({"src_vocab_size": 47, "tie_word_embeddings": True} if tied else {}),
+                    **(PER_STACK if sizes == "per_stack" else {}))
     old = layout == "2018_fused"
     sd = fsmt_to_fairseq(hf.state_dict(), fused=old, old_norms=old)
     if tied:  # a shared-embedding fairseq model stores no separate output projection
@@ -62,6 +65,9 @@ def test_logits_match_fsmt_reference(layout, tied):
         assert report.converted["dec.1.cross_attn.v_proj.weight"] == (
             "chunk2/3(decoder.layers.1.encoder_attn.in_proj_weight)")
         assert report.converted["dec.0.cross_attn_norm.bias"] == "decoder.layers.0.layer_norms.1.bias"
+    assert (model.cfg.heads("enc"), model.cfg.heads("cross")) == (hf.config.encoder_attention_heads,
+                                                                   hf.config.decoder_attention_heads)
+    assert model.cfg.ffn_dim("dec") == hf.config.decoder_ffn_dim
 
 
 def _write_fairseq_dir(directory, hf):

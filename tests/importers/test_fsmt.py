@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from importer_helpers import bpe_files, eos_prone_fsmt, fsmt_model, padded_batch
+from importer_helpers import PER_STACK, bpe_files, eos_prone_fsmt, fsmt_model, padded_batch
 
 from workbench.decoding import beam_search, greedy
 from workbench.importers.fsmt import convert_fsmt, import_fsmt
@@ -15,6 +15,7 @@ VARIANTS = {
     "separate_untied": {},  # 53 / 47 vocabularies, 3 + 2 layers, untied output (FSMT's default)
     "shared_tied": {"src_vocab_size": 47, "tie_word_embeddings": True},
     "gelu_unscaled": {"activation_function": "gelu", "scale_embedding": False},
+    "per_stack_sizes": PER_STACK,
 }
 
 
@@ -42,6 +43,9 @@ def test_encoder_output_and_logits_match_transformers(variant):
     assert model.cfg.position_offset == hf.config.pad_token_id + 1
     positions = {k: why for k, why in report.ignored.items() if "embed_positions" in k}
     assert len(positions) == 2 and all("checked equal" in why for why in positions.values())
+    c = hf.config
+    assert (model.cfg.heads("enc"), model.cfg.heads("cross")) == (c.encoder_attention_heads, c.decoder_attention_heads)
+    assert (model.cfg.ffn_dim("enc"), model.cfg.ffn_dim("dec")) == (c.encoder_ffn_dim, c.decoder_ffn_dim)
 
 
 @pytest.mark.parametrize("beam", [1, 5])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from importer_helpers import marian_model, padded_batch, write_marian_dir
+from importer_helpers import PER_STACK, marian_model, padded_batch, write_marian_dir
 
 from workbench.decoding import beam_search, greedy
 from workbench.importers.marian import convert_marian, import_marian
@@ -18,6 +18,11 @@ VARIANTS = {
     # opus-mt's usual layout: one shared vocabulary, everything tied
     "shared_tied": {"share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "vocab_size": 47},
     "relu_unscaled": {"activation_function": "relu", "scale_embedding": False},
+    # one vocabulary, untied: transformers 5 keeps encoder, decoder and output matrices apart
+    "shared_untied": {"share_encoder_decoder_embeddings": True, "tie_word_embeddings": False, "vocab_size": 47},
+    "per_stack_sizes": PER_STACK,
+    "per_stack_shared_tied": {**PER_STACK, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+                              "vocab_size": 47},
 }
 
 
@@ -46,6 +51,24 @@ def test_encoder_output_and_logits_match_transformers(variant):
     real = tgt != hf.config.pad_token_id
     torch.testing.assert_close(logits[real], ref[real], rtol=0, atol=1e-5)
     assert report.converted["output_proj.bias"] == "flatten(final_logits_bias)"
+    c = hf.config
+    assert (model.cfg.heads("enc"), model.cfg.heads("cross")) == (c.encoder_attention_heads, c.decoder_attention_heads)
+    assert (model.cfg.ffn_dim("enc"), model.cfg.ffn_dim("dec")) == (c.encoder_ffn_dim, c.decoder_ffn_dim)
+
+
+def test_shared_untied_file_with_equal_copies_imports_as_equal_copies():
+    """What transformers 4 saved for a shared, untied opus-mt model: `shared`, encoder and decoder
+    embed_tokens equal (one module), lm_head its own."""
+    hf = marian_model(seed=3, **VARIANTS["shared_untied"])
+    sd = dict(hf.state_dict())
+    for key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+        sd[key] = sd["model.shared.weight"].clone()
+    model, report = convert_marian(sd, hf.config.to_dict())
+    assert model.cfg.tie_embeddings == "none" and model.cfg.src_vocab == model.cfg.tgt_vocab == 47
+    assert torch.equal(model.src_embed.weight, model.tgt_embed.weight)
+    assert torch.equal(model.output_proj.weight, sd["lm_head.weight"])
+    assert report.ignored["model.shared.weight"] == "tied copy of model.encoder.embed_tokens.weight"
+    assert any("equal copies" in note for note in report.notes)
 
 
 def _eos_prone(hf, boost: float):
@@ -91,16 +114,19 @@ def test_tokenizer_matches_marian_tokenizer(tmp_path):
             ">>fr<< ", "").replace(">>de<< ", ""), text
 
 
-def test_import_save_load_translate_identical(tmp_path):
+@pytest.mark.parametrize("sizes", ["uniform", "per_stack"])
+def test_import_save_load_translate_identical(tmp_path, sizes):
     from workbench.checkpoint import load_checkpoint
 
-    hf = write_marian_dir(tmp_path / "opus")
+    hf = write_marian_dir(tmp_path / "opus", **(PER_STACK if sizes == "per_stack" else {}))
     _eos_prone(hf, 0.0)
     imported = import_marian(tmp_path / "opus")
     out = imported.save(tmp_path / "ckpt")
     ck = load_checkpoint(out)
     assert ck.meta["source_format"] == "marian"
     assert ck.meta["generation"]["append_eos"] is True
+    assert ck.config == imported.model.cfg
+    assert ck.model.dec[0].cross_attn.n_heads == hf.config.decoder_attention_heads
     for name, tensor in imported.model.state_dict().items():
         assert torch.equal(tensor, ck.model.state_dict()[name]), name
     text = "the cat sat on the mat ."

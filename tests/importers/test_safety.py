@@ -9,10 +9,11 @@ import pytest
 import torch
 from importer_helpers import fsmt_model, fsmt_to_fairseq, marian_model
 
-from workbench.importers.common import ConversionError, UnsafeCheckpointError, read_state_dict, torch_load
+from workbench.importers.errors import ConversionError, UnsafeCheckpointError
 from workbench.importers.fairseq import import_fairseq
 from workbench.importers.marian import convert_marian, import_marian
 from workbench.importers.opennmt import import_opennmt
+from workbench.importers.reading import read_state_dict, torch_load
 
 
 class Exploit:
