@@ -160,3 +160,50 @@ def test_torch_compile_full_graph_without_hooks_and_correct_with_them(tiny_confi
         got = compiled(src, tgt)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(expected, model(src, tgt))
+
+
+def test_hook_returning_another_dtype_is_named(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+
+    def to_double(x, hook):
+        return x.double()
+
+    with pytest.raises(ValueError, match=r"hook 'to_double' on enc.0.hook_resid_in returned a torch.float64 tensor "
+                                         r"on cpu, but the activation is torch.float32 on cpu"):
+        with tiny_model.hooks({"enc.0.hook_resid_in": to_double}):
+            tiny_model(src, tgt)
+
+
+def test_hook_returning_another_device_is_named(tiny_model, tiny_config):
+    src, tgt = make_batch(tiny_config)
+    with pytest.raises(ValueError, match=r"on hook_memory returned a torch.float32 tensor on meta"):
+        with tiny_model.hooks({"hook_memory": lambda x, h: torch.empty_like(x, device="meta")}):
+            tiny_model(src, tgt)
+
+
+def test_thread_pool_jobs_carry_the_hooks_they_were_submitted_under(tiny_model, tiny_config):
+    from concurrent.futures import ThreadPoolExecutor
+
+    src, tgt = make_batch(tiny_config)
+    with torch.no_grad():
+        clean = tiny_model(src, tgt)
+        with tiny_model.hooks({"hook_memory": lambda x, h: torch.zeros_like(x)}):
+            edited = tiny_model(src, tgt)
+    assert not torch.equal(clean, edited)
+    gate = threading.Event()
+
+    def job():
+        gate.wait(timeout=30)  # runs after the with-block below has ended
+        with torch.no_grad():
+            return tiny_model(src, tgt)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        with tiny_model.hooks({"hook_memory": lambda x, h: torch.zeros_like(x)}):
+            plain = pool.submit(job)  # a bare submit: the worker thread has no hooks
+            carried = hooks_module.submit(pool, job)
+        gate.set()
+        torch.testing.assert_close(plain.result(), clean, rtol=0, atol=0)
+        torch.testing.assert_close(carried.result(), edited, rtol=0, atol=0)
+    assert hooks_module._ACTIVE_COUNT == 0
+    with torch.no_grad():  # and nothing leaked into this thread
+        torch.testing.assert_close(tiny_model(src, tgt), clean, rtol=0, atol=0)

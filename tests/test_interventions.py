@@ -82,3 +82,30 @@ def test_patching_some_positions_and_heads(tiny_model, tiny_config):
     with pytest.raises(ValueError, match="capture it from an input of the same batch size and length"):
         with tiny_model.intervene({name: patch(other[:, :, :2])}):
             tiny_model(src, tgt)
+
+
+def test_patching_heads_of_a_tensor_without_heads_is_refused(tiny_model, tiny_config):
+    # (B, S, D) has positions on dim 1; heads=[5] used to overwrite position 5 without a word
+    src, tgt = make_batch(tiny_config, pad=False)
+    _, clean = tiny_model.run_with_cache(src, tgt, names="hook_memory")
+    other = torch.randn_like(clean["hook_memory"])
+    with pytest.raises(ValueError, match=r"patch\(heads=\[5\]\) needs a \(B, H, L, \*\) per-head activation; "
+                                         r"hook_memory has shape"):
+        with tiny_model.intervene({"hook_memory": patch(other, heads=[5])}):
+            tiny_model(src, tgt)
+
+
+def test_ablate_heads_reads_every_head_spelling(tiny_model, tiny_config):
+    from workbench.heads import Head
+
+    by_block = ablate_heads({("cross", 1): [0, 2], ("enc_self", 0): 3})
+    by_head = ablate_heads(["cross:1:0", ("cross", 1, 2), Head("enc_self", 0, 3)])
+    assert sorted(by_block) == sorted(by_head) == ["dec.1.cross_attn.hook_context", "enc.0.self_attn.hook_context"]
+    src, tgt = make_batch(tiny_config)
+    with tiny_model.intervene(by_block):
+        want = tiny_model(src, tgt)
+    with tiny_model.intervene(by_head):
+        got = tiny_model(src, tgt)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="kind:layer:head"):
+        ablate_heads(["crosss:1:0"])

@@ -9,6 +9,11 @@ and per asyncio task, so one model can serve many browser sessions while each se
 ablations stay its own (TransformerLens's module-registered hooks are global state by its own
 docstring). A process-wide count of active contexts is the fast path: while it is zero a hook
 point is one integer test, and `torch.compile` sees a plain global.
+
+Threads: a thread does not inherit the context, so a job handed to a thread pool inside
+`with model.hooks(...)` runs the unedited model. Submit it with `submit(executor, fn, ...)`
+(or wrap it with `in_context(fn)`): it then runs with the hooks active where it was submitted,
+even if the block has ended by the time it runs. The workbench's own thread pools do this.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import fnmatch
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -28,6 +35,8 @@ HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 """TransformerLens's signature: fn(tensor, hook) -> replacement tensor, or None to keep it."""
 
 NameFilter = str | Iterable[str] | Callable[[str], bool] | None
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _ACTIVE: contextvars.ContextVar[dict[HookPoint, tuple[HookFn, ...]] | None] = contextvars.ContextVar(
     "workbench_hooks", default=None
@@ -75,6 +84,11 @@ def _run_hooks_eager(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
                 got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise ValueError(f"hook on {point.name} must return None or a tensor of shape "
                                  f"{tuple(x.shape)}, got {got}")
+            if out.dtype != x.dtype or out.device != x.device:
+                # caught here, the error names the hook; later torch fails deep in a matmul without it
+                raise ValueError(f"hook {getattr(fn, '__name__', fn)!r} on {point.name} returned a {out.dtype} "
+                                 f"tensor on {out.device}, but the activation is {x.dtype} on {x.device}; "
+                                 f"return out.to(x.dtype, x.device)")
             x = out
     return x
 
@@ -169,3 +183,37 @@ def hooks(
 def active_hook_count() -> int:
     """Hook points listening in the current context (0 outside any `hooks` block)."""
     return len(_ACTIVE.get() or {})
+
+
+def in_context(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn` bound to the calling context: run in another thread, it sees the hooks active here.
+
+    The context is captured now and copied again at each call (a Context cannot be entered by two
+    threads at once), so one wrapped function may run in several workers side by side.
+    """
+    captured = contextvars.copy_context()
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return captured.copy().run(_run_counted, fn, args, kwargs)
+
+    return run
+
+
+def _run_counted(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    # the block that set the hooks may end while the job runs; the job holds its own count so
+    # the hook points do not take the no-hook fast path under it
+    global _ACTIVE_COUNT
+    if not _ACTIVE.get():
+        return fn(*args, **kwargs)
+    with _COUNT_LOCK:
+        _ACTIVE_COUNT += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        with _COUNT_LOCK:
+            _ACTIVE_COUNT -= 1
+
+
+def submit(executor: Executor, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+    """`executor.submit(fn, *args, **kwargs)`, with the hooks active here carried into the job."""
+    return executor.submit(in_context(fn), *args, **kwargs)

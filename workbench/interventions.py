@@ -18,9 +18,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from .heads import KINDS, Head, block_path
 from .hooks import HookFn, HookPoint
-
-_BLOCK = {"enc_self": "enc.{}.self_attn", "dec_self": "dec.{}.self_attn", "cross": "dec.{}.cross_attn"}
 
 
 def _head_list(heads: int | Iterable[int]) -> list[int]:
@@ -49,13 +48,26 @@ def zero_heads(heads: int | Iterable[int]) -> HookFn:
     return scale_heads(heads, 0.0)
 
 
-def ablate_heads(spec: Mapping[tuple[str, int], int | Iterable[int]], factor: float = 0.0) -> dict[str, HookFn]:
-    """{(kind, layer): heads} -> hooks on each block's `hook_context`; kind in enc_self/dec_self/cross."""
+def ablate_heads(
+    spec: Mapping[tuple[str, int], int | Iterable[int]] | Iterable[Head | str | tuple[str, int, int]],
+    factor: float = 0.0,
+) -> dict[str, HookFn]:
+    """Hooks on each block's `hook_context` scaling the chosen heads (kind in enc_self/dec_self/cross).
+
+    `spec` is {(kind, layer): heads}, or a list of heads in any spelling `Head.parse` reads
+    (Head("cross", 1, 0), "cross:1:0", ("cross", 1, 0)).
+    """
+    if not isinstance(spec, Mapping):
+        grouped: dict[tuple[str, int], list[int]] = {}
+        for h in spec:
+            head = Head.parse(h)
+            grouped.setdefault((head.kind, head.layer), []).append(head.head)
+        spec = grouped
     out: dict[str, HookFn] = {}
     for (kind, layer), heads in spec.items():
-        if kind not in _BLOCK:
-            raise ValueError(f"kind must be one of {sorted(_BLOCK)}, got {kind!r}")
-        out[_BLOCK[kind].format(layer) + ".hook_context"] = scale_heads(heads, factor)
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        out[block_path(kind, layer) + ".hook_context"] = scale_heads(heads, factor)
     return out
 
 
@@ -66,6 +78,11 @@ def patch(replacement: torch.Tensor, *, positions: Iterable[int] | None = None, 
     head_idx = None if heads is None else _head_list(heads)
 
     def hook(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
+        if head_idx is not None and x.dim() != 4:
+            # on (B, L, D) dim 1 is positions: indexing it by "heads" would silently patch positions
+            raise ValueError(f"patch(heads={head_idx}) needs a (B, H, L, *) per-head activation; {point.name} "
+                             f"has shape {tuple(x.shape)} (patch positions= there, or patch a hook_q/k/v/"
+                             f"probs/context point)")
         if replacement.shape != x.shape:
             raise ValueError(
                 f"patch for {point.name} has shape {tuple(replacement.shape)} but the activation is "

@@ -13,13 +13,14 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-AttentionKind = Literal["enc_self", "dec_self", "cross"]
-_KIND_PREFIX = {"enc_self": "enc.{}.self_attn", "dec_self": "dec.{}.self_attn", "cross": "dec.{}.cross_attn"}
+from .heads import AttentionKind, hook_name
+
+__all__ = ["AttentionKind", "Trace"]  # AttentionKind lives in heads; re-exported for existing imports
 _TOKEN_KEYS = ("__src__", "__tgt__")
 
 
@@ -73,9 +74,7 @@ class Trace(Mapping[str, torch.Tensor]):
 
     def attention(self, kind: AttentionKind, layer: int, head: int | None = None) -> torch.Tensor:
         """Attention probabilities (B, H, Lq, Lk), or (B, Lq, Lk) for one head."""
-        if kind not in _KIND_PREFIX:
-            raise ValueError(f"kind must be one of {sorted(_KIND_PREFIX)}, got {kind!r}")
-        probs = self[_KIND_PREFIX[kind].format(layer) + ".hook_probs"]
+        probs = self[hook_name(kind, layer, "hook_probs")]  # hook_name refuses unknown kinds
         if head is None:
             return probs
         if not -probs.size(1) <= head < probs.size(1):
@@ -84,7 +83,7 @@ class Trace(Mapping[str, torch.Tensor]):
 
     def layers(self, kind: AttentionKind) -> int:
         """How many layers of this kind have attention captured."""
-        return len(self.names(_KIND_PREFIX[kind].format("*") + ".hook_probs"))
+        return len(self.names(hook_name(kind, "*", "hook_probs")))
 
     # -- moving and storing -------------------------------------------------------------------
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Trace:

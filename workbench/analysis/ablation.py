@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from ..heads import KINDS, Head
 from ..interventions import ablate_heads
 
-KINDS = ("enc_self", "dec_self", "cross")
+__all__ = ["KINDS", "AblationEffect", "ablation_effect", "check_heads"]  # KINDS: re-exported from heads
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,8 @@ class AblationEffect:
 def check_heads(cfg, heads: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], list[int]]:
     """{(kind, layer): [heads]} for `ablate_heads`; a ValueError naming the first head the model lacks."""
     spec: dict[tuple[str, int], list[int]] = {}
-    for kind, layer, head in heads:
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        depth = cfg.enc_layers if kind == "enc_self" else cfg.dec_layers
-        n_heads = cfg.heads("enc" if kind == "enc_self" else "dec")
-        if not (0 <= layer < depth and 0 <= head < n_heads):
-            raise ValueError(f"head {kind}:{layer}:{head} does not exist: this model has {depth} {kind} layers "
-                             f"of {n_heads} heads")
+    for spelled in heads:
+        kind, layer, head = Head.parse(spelled).check(cfg)
         spec.setdefault((kind, layer), []).append(head)
     return spec
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..trace import AttentionKind, Trace
+from ..heads import KINDS, AttentionKind, kind_of
+from ..trace import Trace
 
-KINDS: tuple[AttentionKind, ...] = ("enc_self", "dec_self", "cross")
 STATS: dict[str, str] = {
     "entropy": "entropy of the row (nats)",
     "entropy_norm": "entropy / log(number of visible keys): 0 = one key, 1 = uniform",
@@ -365,7 +365,7 @@ def corpus_head_stats(
         warnings.warn(fitted.report("corpus_head_stats"), stacklevel=3)
     ids, sources, targets = fitted.ids, fitted.sources, fitted.targets
     order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(targets[i])))
-    names = [n for n in model.hook_names("*.hook_probs") if _kind_of(n) in kinds]
+    names = [n for n in model.hook_names("*.hook_probs") if kind_of(n) in kinds]
     parts = []
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
@@ -398,9 +398,3 @@ def capture_attention(model, src: torch.Tensor, tgt: torch.Tensor, names: Sequen
         except _Stop:
             pass
     return Trace({n: calls[-1] for n, calls in store.items()}, src=src, tgt=tgt)
-
-
-def _kind_of(name: str) -> str:
-    if name.startswith("enc."):
-        return "enc_self"
-    return "cross" if ".cross_attn." in name else "dec_self"

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..heads import KINDS
 from ..interventions import ablate_heads, patch
 from .head_stats import pad_batch
 
 UNITS = ("head", "block")
-KINDS = ("enc_self", "dec_self", "cross")
 
 
 @dataclass

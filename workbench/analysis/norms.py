@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..trace import AttentionKind, Trace
+from ..heads import AttentionKind, block_path, check_kind
+from ..trace import Trace
 
 NORM_HOOKS = ["*.hook_probs", "*.hook_v"]
-_PREFIX = {"enc_self": "enc.{}.self_attn", "dec_self": "dec.{}.self_attn", "cross": "dec.{}.cross_attn"}
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,7 @@ class ValueNorms:
 
 
 def _block(model, kind: AttentionKind, layer: int):
-    if kind not in _PREFIX:
-        raise ValueError(f"kind must be one of {sorted(_PREFIX)}, got {kind!r}")
+    check_kind(kind)
     stack = model.enc if kind == "enc_self" else model.dec
     if not 0 <= layer < len(stack):
         raise IndexError(f"layer {layer} out of range: the model has {len(stack)} {kind} layers")
@@ -39,8 +38,8 @@ def _block(model, kind: AttentionKind, layer: int):
 @torch.no_grad()
 def value_norms(model, trace: Trace, kind: AttentionKind, layer: int) -> ValueNorms:
     """Norms for one block; the trace needs that block's hook_probs and hook_v (see NORM_HOOKS)."""
-    prefix = _PREFIX[kind].format(layer) if kind in _PREFIX else None
     attn = _block(model, kind, layer)
+    prefix = block_path(kind, layer)
     probs = trace[f"{prefix}.hook_probs"].to(torch.float64)  # (B, H, Lq, Lk)
     v = trace[f"{prefix}.hook_v"].to(torch.float64)  # (B, H, Lk, Dh)
     h, dh = attn.n_heads, attn.d_head
@@ -56,8 +55,8 @@ def value_norms(model, trace: Trace, kind: AttentionKind, layer: int) -> ValueNo
 def layer_output_from_norm_terms(model, trace: Trace, kind: AttentionKind, layer: int) -> torch.Tensor:
     """Σ_h Σ_j α_hij f_h(x_j) + b_O: the block's output rebuilt from the terms the norms measure
     (equals hook_out; the tests use it to check the decomposition)."""
-    prefix = _PREFIX[kind].format(layer)
     attn = _block(model, kind, layer)
+    prefix = block_path(kind, layer)
     probs = trace[f"{prefix}.hook_probs"].to(torch.float64)
     v = trace[f"{prefix}.hook_v"].to(torch.float64)
     w_o = attn.out_proj.weight.detach().to(torch.float64)

@@ -25,9 +25,10 @@ from bokeh.models import (
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
+from ..heads import KINDS
 from ..trace import AttentionKind, Trace
 from .heatmap import MASKED_COLOR, downsample, label_axes, token_axis_js
-from .select import KIND_LABEL, KINDS, Attention, select_attention
+from .select import KIND_LABEL, Attention, select_attention
 
 TILE_PALETTE = [MASKED_COLOR] + list(Viridis256[1:])  # index 0 = masked
 TILES_NAME = "model_view_tiles_{}"

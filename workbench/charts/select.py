@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..trace import AttentionKind, Trace
+from ..heads import KINDS, AttentionKind, check_kind  # noqa: F401  (KINDS: re-exported for old imports)
+from ..trace import Trace
 from .tokens import Scheme, merge_attention, merge_mask, word_groups
 
-KINDS: tuple[AttentionKind, ...] = ("enc_self", "dec_self", "cross")
 KIND_LABEL = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention", "cross": "cross-attention",
               "combined": "source+target attention"}
 Heads = int | Sequence[int] | None  # one head, a chosen set (averaged), or None = all heads averaged
@@ -118,8 +118,7 @@ def select_attention(
     (pad_id from `trace.meta['pad_id']`, default 0). words: merge sub-word pieces (sum over keys,
     mean over queries) so rows still sum to 1.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    check_kind(kind)
     probs = trace.attention(kind, layer)  # (B, H, Lq, Lk)
     if not 0 <= batch < probs.size(0):
         raise IndexError(f"batch index {batch} out of range: the trace holds {probs.size(0)} sentences")

@@ -22,6 +22,8 @@ from pathlib import Path
 import param
 import torch
 
+from ..heads import KINDS, Head
+from ..hooks import submit
 from ..interventions import ablate_heads
 from ..trace import Trace
 from ..translator import decode_config_from_meta
@@ -29,7 +31,6 @@ from . import loader
 
 log = logging.getLogger(__name__)
 
-KINDS = ("enc_self", "dec_self", "cross")
 VIEWS = ("heatmap", "lines", "grid")
 MAX_CHARS = 5000  # longer input is cut here (the model's max_positions cuts tokens after that)
 EXAMPLES = {  # the first sentence shown, in the checkpoint's source language
@@ -102,14 +103,11 @@ class Outcome:
 
 def parse_head(spec: str) -> tuple[str, int, int]:
     """'cross:1:2' -> ('cross', 1, 2); a clear ValueError otherwise."""
-    parts = str(spec).split(":")
-    if len(parts) != 3 or parts[0] not in KINDS or not parts[1].isdigit() or not parts[2].isdigit():
-        raise ValueError(f"head {spec!r} is not kind:layer:head with kind in {KINDS}")
-    return parts[0], int(parts[1]), int(parts[2])
+    return tuple(Head.parse(str(spec)))  # type: ignore[return-value]
 
 
 def head_label(kind: str, layer: int, head: int) -> str:
-    return f"{kind}:{layer}:{head}"
+    return str(Head(kind, layer, head))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------ model work
@@ -215,12 +213,9 @@ def _sum_log_prob(logits: torch.Tensor, out_ids: list[int]) -> float:
 
 def _ablate(tm, req: Request, base: Result) -> Ablation:
     cfg = tm.model.cfg
-    depth = {"enc_self": cfg.enc_layers, "dec_self": cfg.dec_layers, "cross": cfg.dec_layers}
     spec: dict[tuple[str, int], list[int]] = {}
     for kind, layer, head in req.ablate:
-        if not (0 <= layer < depth[kind] and 0 <= head < cfg.n_heads):
-            raise ValueError(f"head {head_label(kind, layer, head)} does not exist: this model has "
-                             f"{depth[kind]} {kind} layers of {cfg.n_heads} heads")
+        Head(kind, layer, head).check(cfg)  # a clear error naming the head the model lacks
         spec.setdefault((kind, layer), []).append(head)
     src_ids, _ = _source(tm, req.sentence)
     src = torch.tensor([src_ids], dtype=torch.long, device=tm.device)
@@ -419,7 +414,7 @@ class Session(param.Parameterized):
         if self._pending is not None:
             self._pending.cancel()  # only succeeds while still queued: a stale request never starts
         self.busy = True
-        future = loader.EXECUTOR.submit(compute, req, previous)
+        future = submit(loader.EXECUTOR, compute, req, previous)  # hooks active here reach the worker
         self._pending = future
         asyncio.ensure_future(self._await(gen, future, notes))
 
