@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -41,6 +42,7 @@ CONFIG, WEIGHTS, TOKENIZER, META, LOG, STATE = (
     "config.json", "model.safetensors", "tokenizer.json", "meta.json", "train_log.jsonl", "train_state",
 )
 LATEST, BEST = "latest", "best"  # pointer files in a run directory: the name of a checkpoint beside them
+POINTERS = (LATEST, BEST)
 
 
 class CheckpointError(ValueError):
@@ -112,10 +114,11 @@ def save_checkpoint(
         }
         (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         _fsync_tree(tmp)
-        _replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    # outside the try: once complete, tmp may be what a pointer names, so a failure must not delete it
+    _replace_dir(tmp, directory)
     return directory
 
 
@@ -372,15 +375,96 @@ def _fsync(p: Path) -> None:
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
-    """rename(2) cannot replace a non-empty directory: move the old one aside first, then drop it."""
+    """Install the complete directory `tmp` as `target` so that `latest`/`best` always name a complete one.
+
+    rename(2) cannot replace a non-empty directory, so replacing takes two renames with a moment
+    between them when `target` does not exist. Pointers naming `target` (or `tmp`, after a kill)
+    are first moved to `tmp`, a hard-linked copy of `tmp` is renamed in as `target`, then the
+    pointers move back: a kill at any moment leaves every pointer naming a complete checkpoint, and
+    `clean_stale` finishes the job on the next run.
+    """
+    parent = target.parent
+    to_target = [n for n in POINTERS if _pointer_name(parent, n) == target.name]
+    to_tmp = [n for n in POINTERS if _pointer_name(parent, n) == tmp.name]
+    if not target.exists() and not to_tmp:
+        os.rename(tmp, target)
+        _fsync(parent)
+        return
+    for name in to_target:
+        write_pointer(parent, name, tmp.name)
+    new = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=parent))
+    os.rmdir(new)
+    _link_tree(tmp, new)
+    old = None
     if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.rename(target, old / target.name)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, target)
-    _fsync(target.parent)
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=parent))
+        os.rename(target, old)  # rename(2) may replace an empty directory
+    os.rename(new, target)
+    _fsync(parent)
+    for name in to_target + to_tmp:
+        write_pointer(parent, name, target.name)
+    for leftover in (old, tmp):
+        if leftover is not None:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """A copy of `src` at `dst` whose files are hard links (checkpoint files are never modified in place)."""
+    try:
+        shutil.copytree(src, dst, copy_function=os.link)
+    except OSError:  # a filesystem without hard links: copy the bytes
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+    _fsync_tree(dst)
+
+
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|new|old)-[^/]*$")
+
+
+def clean_stale(run_dir: str | Path) -> list[str]:
+    """Finish or remove what a killed save left in `run_dir`; returns the names removed.
+
+    A pointer naming a leftover temporary checkpoint gets it installed under its own name; a
+    pointer naming a missing directory whose old copy survived (a kill inside an older version's
+    replace) gets that copy back; every other `.NAME.tmp-*`, `.NAME.new-*`, `.NAME.old-*` goes.
+    Run it only while no other process writes into `run_dir` (the trainer does, at start).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    for name in POINTERS:
+        pointed = _pointer_name(run_dir, name)
+        match = _STALE.match(pointed or "")
+        if match and match["kind"] == "tmp" and _complete(run_dir / pointed):
+            _replace_dir(run_dir / pointed, run_dir / match["name"])
+        elif pointed and not (run_dir / pointed).exists():
+            for old in sorted(run_dir.glob(f".{pointed}.old-*")):
+                copy = old / pointed if (old / pointed).is_dir() else old
+                if _complete(copy):
+                    os.rename(copy, run_dir / pointed)
+                    break
+    keep = {_pointer_name(run_dir, n) for n in POINTERS}
+    removed = []
+    for p in sorted(run_dir.iterdir()):
+        if _STALE.match(p.name) and p.name not in keep:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p.name)
+    if removed:
+        _fsync(run_dir)
+    return removed
+
+
+def _complete(path: Path) -> bool:
+    # meta.json is written last, after the weights and config
+    return path.is_dir() and all((path / f).is_file() for f in (CONFIG, WEIGHTS, META))
+
+
+def _pointer_name(run_dir: Path, name: str) -> str | None:
+    target = read_pointer(run_dir, name)
+    return None if target is None else target.name
 
 
 def _version() -> str:

@@ -18,6 +18,11 @@ from ..tokenizer import SentencePieceTokenizer, Tokenizer
 def model_config(cfg: TrainConfig, src_vocab: int, tgt_vocab: int) -> ModelConfig:
     """The preset with the run's overrides and the tokenizers' vocabulary sizes."""
     changes = dict(cfg.model)
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ValueError(f"unknown model key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} "
+                         f"(a [model] table or --model.KEY=); valid keys: {', '.join(sorted(known))}")
     for key in ("src_vocab", "tgt_vocab"):
         if key in changes:
             raise ValueError(f"model.{key} comes from the tokenizer (vocab_size); do not set it")

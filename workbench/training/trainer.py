@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import LATEST, load_checkpoint, read_pointer
+from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer
 from ..config import TrainConfig
 from ..data import ParallelData, shard
 from ..loss import label_smoothed_nll
@@ -44,8 +44,12 @@ from .distributed import init_distributed, pick_device
 from .setup import load_run_data, lr_schedule, make_optimizer, model_config
 
 
-class TrainingDiverged(FloatingPointError):
-    """The loss or gradient norm became NaN/inf; the last good checkpoint is kept."""
+class TrainingDiverged(FloatingPointError, ValueError):
+    """A loss, gradient norm or weight became NaN/inf; nothing was saved after the last good checkpoint.
+
+    Also a ValueError (a bad learning rate or warmup is a bad config value), so the CLI prints it
+    as one line.
+    """
 
 
 class Trainer:
@@ -87,12 +91,17 @@ class Trainer:
         self.interrupted = False
         self._rng: dict[str, torch.Tensor] | None = None
 
-        # 2. resume point
-        ckpt = None
-        resume_from = Path(resume) if isinstance(resume, (str, Path)) else (
-            self.out_dir if resume and read_pointer(self.out_dir, LATEST) is not None else None)
-        if resume_from is not None:
-            ckpt = load_checkpoint(resume_from, with_train_state=True)
+        # 2. resume point, after finishing or removing what a killed save left behind
+        if self.dist.main:
+            clean_stale(self.out_dir)
+        if self.dist.world > 1:
+            dist.barrier()
+        ckpt, skipped = None, []
+        if isinstance(resume, (str, Path)):
+            ckpt = load_checkpoint(resume, with_train_state=True)
+        elif resume and read_pointer(self.out_dir, LATEST) is not None:
+            ckpt, skipped = run_dir.load_resume_point(self.out_dir)
+        if ckpt is not None:
             src_tokenizer = src_tokenizer or ckpt.src_tokenizer
             tgt_tokenizer = tgt_tokenizer or ckpt.tgt_tokenizer
 
@@ -136,8 +145,15 @@ class Trainer:
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DDP(self.train_model, device_ids=ids)
+        # losses and gradient norms since the last save, summed on the device: NaN/inf stays NaN/inf
+        self._since_save = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.last_good: Path | None = None  # the newest checkpoint known to hold finite weights
+        self._saved_step: int | None = None
         if ckpt is not None:
             self._load_train_state(ckpt.train_state, ckpt.train_log)
+            self.last_good, self._saved_step = ckpt.path, self.step
+            if skipped:
+                self.progress.message(f"skipped {', '.join(p.name for p in skipped)}: non-finite weights")
             self.progress.message(f"resumed from {ckpt.path} at step {self.step} (epoch {self.epoch})")
 
     def _vocab_sizes(self) -> tuple[int, int]:
@@ -157,38 +173,43 @@ class Trainer:
         acc = _Accumulator(self.device)
         t_last = time.time()
         t_start = time.time() - self.train_seconds
+        plan, plan_epoch = [], None
         try:
             while not self._done(stop_at, t_start):
-                plan = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch)
-                while self.batch_pos < len(plan) and not self._done(stop_at, t_start):
-                    group = plan[self.batch_pos : self.batch_pos + c.accum]
-                    self._train_step(group, acc)
-                    self.batch_pos += len(group)
-                    self.step += 1
-                    self.train_seconds = time.time() - t_start
-                    if self.step % c.log_every == 0:
-                        t_last = self._emit_log(acc, t_last)
-                    if c.eval_every and self.step % c.eval_every == 0:
-                        self._validate_and_save()
-                    elif c.save_every and self.step % c.save_every == 0:
-                        self.save()
-                if self.batch_pos >= len(plan):
-                    self.epoch += 1
-                    self.batch_pos = 0
-                    if not c.eval_every and self.step > 0:
-                        if acc.steps:
-                            t_last = self._emit_log(acc, t_last)
-                        self._validate_and_save()
+                if plan_epoch != self.epoch:
+                    plan, plan_epoch = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch), self.epoch
+                if self.batch_pos >= len(plan):  # a checkpoint written at an epoch's last batch by older versions
+                    self.epoch, self.batch_pos = self.epoch + 1, 0
+                    continue
+                group = plan[self.batch_pos : self.batch_pos + c.accum]
+                self._train_step(group, acc)
+                self.batch_pos += len(group)
+                self.step += 1
+                epoch_end = self.batch_pos >= len(plan)
+                if epoch_end:
+                    self.epoch, self.batch_pos = self.epoch + 1, 0
+                self.train_seconds = time.time() - t_start
+                # one decision per step, so a step is saved at most once (a periodic save at the last
+                # step would otherwise be followed by the final validation's save of the same step)
+                last = self._done(stop_at, t_start)
+                validate = last or (c.eval_every and self.step % c.eval_every == 0) or (not c.eval_every and epoch_end)
+                if self.step % c.log_every == 0 or (validate and acc.steps):
+                    t_last = self._emit_log(acc, t_last)
+                if validate:
+                    self._validate_and_save()
+                elif c.save_every and self.step % c.save_every == 0:
+                    self.save()
             if acc.steps:
                 self._emit_log(acc, t_last)
             if not self.log or self.log[-1].get("kind") != "valid" or self.log[-1]["step"] != self.step:
-                self._validate_and_save()
+                self._validate_and_save()  # fit() called with nothing left to train: validate where it stands
             if c.average_last and self.dist.main:
                 self._write_average()
         except KeyboardInterrupt:
             self.interrupted = True
-            self.progress.message(f"interrupted at step {self.step}: saving")
-            self.save()
+            if self._saved_step != self.step:
+                self.progress.message(f"interrupted at step {self.step}: saving")
+                self.save()
         finally:
             self._rng = self._get_rng()
             self.progress.close()
@@ -222,6 +243,7 @@ class Trainer:
                 (loss * weight).backward()
             if share:
                 acc.add(loss.detach(), nll, batch.n_tgt_tokens, batch.n_src_tokens)
+                self._since_save += loss.detach().double()
         lr = self.schedule(self.step + 1)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -229,6 +251,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         acc.end_step(grad_norm, lr)
+        self._since_save += grad_norm.double()
 
     def _emit_log(self, acc: _Accumulator, t_last: float) -> float:
         sums = acc.collect(self.dist.world > 1)
@@ -242,12 +265,8 @@ class Trainer:
         record["ppl"] = math.exp(min(record["nll"], 50.0))
         acc.reset()
         if not all(math.isfinite(record[k]) for k in ("loss", "grad_norm")):
-            last = read_pointer(self.out_dir, LATEST)
-            raise TrainingDiverged(
-                f"loss {record['loss']} / grad norm {record['grad_norm']} at step {self.step} is not finite; "
-                f"stopped. Last good checkpoint: {last if last else 'none saved yet'}. "
-                f"Try a lower lr ({self.cfg.lr}), longer warmup ({self.cfg.warmup}) or clip_norm."
-            )
+            raise self._diverged(f"loss {record['loss']} / grad norm {record['grad_norm']} at step {self.step} "
+                                 "is not finite")
         self.log.append(record)
         self.progress.step(self.step, record)
         return now
@@ -325,8 +344,11 @@ class Trainer:
                 "valid_example": hyps[0] if hyps else ""}
 
     def _validate_and_save(self) -> None:
+        self._check_finite()
         if self.dist.main:
             metrics = self.evaluate()
+            if "valid_loss" in metrics and not math.isfinite(metrics["valid_loss"]):
+                raise self._diverged(f"validation loss {metrics['valid_loss']} at step {self.step} is not finite")
             record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **metrics}
             self.log.append(record)
             self.progress.validation(record)
@@ -336,9 +358,35 @@ class Trainer:
                 value > self.best if key == "bleu" else value < self.best))
             if better:
                 self.best = value
-            self.save(best=better)
+            self._write(best=better)
+        self._saved_step = self.step
         if self.dist.world > 1:
             dist.barrier()
+
+    # ------------------------------------------------------------------------------ divergence
+    def _check_finite(self) -> None:
+        """Raise `TrainingDiverged` unless every loss and gradient norm since the last save and every weight is finite.
+
+        One pass over the weights and one host sync, at a save only: cheap next to writing the checkpoint.
+        """
+        ok = torch.isfinite(self._since_save) & torch.stack(
+            [torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        if self.dist.world > 1:  # every rank must agree, or the others would wait for rank 0 forever
+            ok = ok.to(torch.int32)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not bool(ok):
+            since = "the start" if self._saved_step is None else f"step {self._saved_step}"
+            raise self._diverged(f"a loss, gradient norm or weight became non-finite between {since} "
+                                 f"and step {self.step}")
+        self._since_save.zero_()
+
+    def _diverged(self, what: str) -> TrainingDiverged:
+        c = self.cfg
+        last = f"{self.last_good} (the same command resumes from it)" if self.last_good else "none saved yet"
+        return TrainingDiverged(
+            f"training diverged: {what}; stopped without saving. Last good checkpoint: {last}. "
+            f"Try a lower lr ({c.lr}), a longer warmup ({c.warmup}) or clip_norm ({c.clip_norm})."
+        )
 
     # ------------------------------------------------------------------------------ checkpoints
     def _get_rng(self) -> dict[str, torch.Tensor]:
@@ -369,14 +417,26 @@ class Trainer:
         self.log = list(log)
 
     def save(self, *, best: bool = False) -> Path | None:
-        """Write out_dir/step_NNNNNNN (atomic), point `latest` (and `best`) at it, prune old ones."""
+        """Write out_dir/step_NNNNNNN (atomic), point `latest` (and `best`) at it, prune old ones.
+
+        Raises `TrainingDiverged` instead when a loss since the last save or a weight is not finite.
+        Every rank calls it (the finiteness check is collective); rank 0 writes.
+        """
+        self._check_finite()
+        path = self._write(best=best)
+        self._saved_step = self.step
+        return path
+
+    def _write(self, *, best: bool) -> Path | None:
         if not self.dist.main:
             return None
         meta = {"src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang, "step": self.step,
                 "epoch": self.epoch, "train_config": self.cfg.to_dict(), "generation": {"append_eos": True}}
-        return run_dir.save_step(self.out_dir, self.step, best=best, keep_last=self.cfg.keep_last,
+        path = run_dir.save_step(self.out_dir, self.step, best=best, keep_last=self.cfg.keep_last,
                                  model=self.model, src_tokenizer=self.src_tok, tgt_tokenizer=self.tgt_tok,
                                  meta=meta, train_log=self.log, train_state=self.state_dict())
+        self.last_good = path
+        return path
 
     def _write_average(self) -> None:
         done = run_dir.average_last(self.out_dir, self.cfg.average_last)
