@@ -4,6 +4,8 @@ Fast path: `F.scaled_dot_product_attention` (fused; flash / memory-efficient on 
 Explicit path: softmax(Q Kᵀ / sqrt(d_k)) with masks, taken only when a hook in the current
 context listens to `hook_scores` or `hook_probs`. `hook_context` (per-head output before the
 output projection) is what SDPA returns, so head ablation stays on the fast path.
+`hook_result` (each head's output as written into the residual stream: its context times its slice
+of the output projection, bias excluded) is computed only when a hook listens to it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .hooks import HookPoint
+from .masks import causal_mask
 
 
 @dataclass
@@ -47,6 +50,7 @@ class MultiHeadAttention(nn.Module):
         self.hook_scores = HookPoint()  # (B, H, Lq, Lk): scaled, masked, before softmax
         self.hook_probs = HookPoint()  # (B, H, Lq, Lk): rows sum to 1 over keys
         self.hook_context = HookPoint()  # (B, H, Lq, Dh): sum_k probs * v, per head
+        self.hook_result = HookPoint()  # (B, H, Lq, D): per head, context @ W_O slice; only when listened to
         self.hook_out = HookPoint()  # (B, Lq, D): what the block adds to the residual stream
 
     # -- projections ------------------------------------------------------------------------
@@ -113,9 +117,21 @@ class MultiHeadAttention(nn.Module):
                 causal = False
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
         context = self.hook_context(context)  # (B, H, Lq, Dh)
+        if self.hook_result.is_active():
+            return self.hook_out(self._by_head(context)), new_cache
         b = context.size(0)
         out = self.out_proj(context.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_head))
         return self.hook_out(out), new_cache
+
+    def head_weights(self) -> torch.Tensor:
+        """Each head's slice of the output projection, (H, Dh, D): result_h = context_h @ W[h]."""
+        return self.out_proj.weight.t().reshape(self.n_heads, self.d_head, -1)
+
+    def _by_head(self, context: torch.Tensor) -> torch.Tensor:
+        # per-head terms summed: equals out_proj on the concatenated heads up to summation order
+        result = self.hook_result(torch.einsum("bhld,hde->bhle", context, self.head_weights()))
+        out = result.sum(1)
+        return out if self.out_proj.bias is None else out + self.out_proj.bias
 
     def _explicit(self, q, k, v, mask, causal, offset, dropout) -> torch.Tensor:
         # scale q (L·Dh values) rather than the scores (L² values): one fewer pass over the big tensor
@@ -135,7 +151,6 @@ class MultiHeadAttention(nn.Module):
 
 
 def _merge_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    offset = k_len - q_len
-    qi = torch.arange(offset, k_len, device=device)[:, None]
-    causal = torch.arange(k_len, device=device)[None, :] <= qi  # (Lq, Lk)
+    # masks.causal_mask is the one definition: the mask chart draws the same one the model applies
+    causal = causal_mask(q_len, device, offset=k_len - q_len)  # (Lq, Lk)
     return causal if mask is None else mask & causal
