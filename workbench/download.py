@@ -246,6 +246,9 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, source: str | None = No
             members, total = [], 0
             for member in tar:
                 try:
+                    if member.name.startswith(("/", os.sep)):
+                        # the data filter would strip the slash; an archive that asks for it is not trusted
+                        raise tarfile.AbsolutePathError(member)
                     tarfile.data_filter(member, str(dest))
                 except tarfile.FilterError as exc:
                     why = next((w for cls, w in _REFUSALS if isinstance(exc, cls)), str(exc))
