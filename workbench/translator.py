@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint import load_checkpoint
 from .config import DecodeConfig
 from .decoding import Generation, generate
 from .model import Transformer
@@ -81,7 +82,6 @@ class TranslationModel:
         cls, path: str | Path, *, device: torch.device | str = "cpu", decode: DecodeConfig | None = None
     ) -> TranslationModel:
         """Load a checkpoint; its meta["generation"] (set by importers) supplies the decoding defaults."""
-        from .checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(path, device=device)
         if ckpt.src_tokenizer is None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..decoding import generate
 from ..heads import KINDS, Head
 from ..interventions import ablate_heads
 
@@ -48,7 +49,6 @@ def ablation_effect(tm, source_ids: Sequence[int], output_ids: Sequence[int], he
                     **decode_options: Any) -> AblationEffect:
     """Decode `source_ids` with `heads` zeroed (`decode_options`: beam=, alpha=, ... as `translate`), and
     teacher-force `output_ids` (the original output, EOS-terminated) with and without the ablation."""
-    from ..decoding import generate
 
     heads = tuple(sorted(set(heads)))
     hooks = ablate_heads(check_heads(tm.model.cfg, heads))

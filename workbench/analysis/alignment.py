@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from .head_stats import capture_attention, pad_batch
+
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
 
 
@@ -143,7 +145,6 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
     """
     import torch
 
-    from .head_stats import capture_attention, pad_batch
 
     if shift not in ("predict", "input"):
         raise ValueError(f"shift must be 'predict' or 'input', got {shift!r}")

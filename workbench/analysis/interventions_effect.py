@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..decoding import greedy
+from ..evaluate import score
 from ..heads import KINDS
 from ..interventions import ablate_heads, patch
 from .head_stats import pad_batch
@@ -42,7 +44,6 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
                 decode: bool = True, detokenize: Callable[[list[int]], str] | None = None,
                 references: Sequence[str] | None = None, batch_size: int = 64, **decode_options) -> Outcome:
     """Reference log-probabilities and (optionally) greedy outputs and scores, under `hooks`."""
-    from ..decoding import greedy
 
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -63,8 +64,6 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
                 outputs += [h.tokens for h in greedy(model, src, **decode_options).best]
     out = Outcome(lp, outputs)
     if decode and detokenize is not None and references is not None:
-        from ..evaluate import score
-
         s = score([detokenize(o) for o in outputs], [list(references)])
         out.bleu, out.chrf = s.bleu, s.chrf
     return out

@@ -16,6 +16,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, HoverTool, NumberFormatter, Range1d, TableColumn
 from bokeh.plotting import figure
 
+from ..analysis.attribution import step_agreement
 from .heatmap import DIVERGING, matrix_figure
 from .select import KIND_LABEL
 
@@ -224,7 +225,6 @@ def logit_lens_view(lens, *, batch: int = 0, tokens=None, positions: Sequence[st
 def attribution_view(attribution, *, attention=None, src_tokens=None, tgt_tokens=None, method: str = "saliency"):
     """Attribution of each step's token to the source, beside the same step's attention, with the
     per-step Spearman agreement in the title."""
-    from ..analysis.attribution import step_agreement
 
     values = {"saliency": attribution.source_saliency,
               "input_x_gradient": attribution.source_input_x_gradient}.get(method)

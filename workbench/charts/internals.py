@@ -20,6 +20,9 @@ from bokeh.plotting import figure
 
 from ..config import ModelConfig
 from ..embedding import sinusoidal_positions
+from ..loss import smoothed_distribution
+from ..masks import causal_mask, padding_mask
+from ..schedule import make_schedule
 from .heatmap import DIVERGING, matrix_figure
 
 SINUSOIDAL = ("sinusoidal", "sinusoidal_halves", "sinusoidal_t2t")
@@ -98,7 +101,6 @@ def label_smoothing_data(vocab: int, smoothing: float, target: int = 2, ignore_i
                          points: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The smoothed target row, and the loss against it as the model's confidence p in the gold class
     grows (the rest spread evenly): smoothing makes p -> 1 costlier, its minimum sits below 1."""
-    from ..loss import smoothed_distribution
 
     if not 0 <= target < vocab or target == ignore_index:
         raise ValueError(f"target {target} must be in [0, {vocab}) and differ from ignore_index {ignore_index}")
@@ -138,7 +140,6 @@ def lr_schedule_data(
 ) -> pd.DataFrame:
     """Long table (step, lr, schedule) of named schedules plus a logged LR. `schedules` maps a label to
     make_schedule keywords, e.g. {"noam d512 w4000": {"name": "noam", "d_model": 512, "warmup": 4000}}."""
-    from ..schedule import make_schedule
 
     if schedules is None:  # the paper's base model, and its fairseq / modern equivalents at the same peak
         w = max(1, min(4000, steps // 5))
@@ -207,7 +208,6 @@ def training_curves_chart(log: Sequence[Mapping], metrics: Sequence[str] | None 
 def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: int = 0):
     """The masks of a padded batch, from `workbench.masks`: source padding for the whole batch (B x S),
     decoder causal (T x T) and cross-attention padding for one sentence (T x S). 1 = may attend."""
-    from ..masks import causal_mask, padding_mask
 
     if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
         raise ValueError(f"src and tgt must be (B, S) and (B, T) with the same B, got {tuple(src.shape)}, "

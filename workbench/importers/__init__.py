@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from ..download import resolve_source
+from ..translator import TranslationModel, decode_config_from_meta
+from ..translator import load as load_own
 from .errors import ConversionError, UnsafeCheckpointError
+from .fairseq import import_fairseq
+from .fsmt import import_fsmt
+from .marian import import_marian
+from .opennmt import import_opennmt
 from .result import Imported, ImportReport
 
 __all__ = ["ConversionError", "ImportReport", "Imported", "UnsafeCheckpointError", "import_checkpoint", "load"]
@@ -26,20 +32,12 @@ def import_checkpoint(fmt: str, source: str | Path, **options: Any) -> Imported:
     """Convert `source` (local path, hf:owner/name or URL) from toolkit `fmt` into an in-memory model."""
     path = resolve_source(str(source), fmt)
     if fmt == "marian":
-        from .marian import import_marian
-
         return import_marian(path, **options)
     if fmt == "fsmt":
-        from .fsmt import import_fsmt
-
         return import_fsmt(path, **options)
     if fmt == "fairseq":
-        from .fairseq import import_fairseq
-
         return import_fairseq(path, **options)
     if fmt == "opennmt":
-        from .opennmt import import_opennmt
-
         return import_opennmt(path, **options)
     raise ValueError(f"unknown format {fmt!r}; choose marian, fsmt, fairseq or opennmt")
 
@@ -47,8 +45,6 @@ def import_checkpoint(fmt: str, source: str | Path, **options: Any) -> Imported:
 def load(path_or_id: str | Path, *, device: str = "cpu", **decode: Any):
     """A TranslationModel from our own checkpoint directory, or from "FORMAT:SOURCE" imported on the fly
     (e.g. "marian:hf:Helsinki-NLP/opus-mt-en-de", "fairseq:/data/wmt16.en-de/model.pt")."""
-    from ..translator import TranslationModel, decode_config_from_meta
-    from ..translator import load as load_own
 
     text = str(path_or_id)
     fmt, _, rest = text.partition(":")

@@ -35,6 +35,7 @@ from .keymap import (
 )
 from .reading import namespace_dict, torch_load
 from .result import Imported, ImportReport
+from .tokenizers import fairseq_tokenizers
 
 # Globals that real fairseq checkpoints pickle besides tensors and dicts: training meters in
 # extra_state (fairseq 0.6-0.9) and numpy scalars (best validation loss). Mapped to inert stand-ins.
@@ -250,7 +251,6 @@ def import_fairseq(source: str | Path, *, lenpen: float = 1.0, beam: int = 5) ->
         },
         extra={"languages": [opts.get("source_lang"), opts.get("target_lang")]},
     )
-    from .tokenizers import fairseq_tokenizers
 
     toks = fairseq_tokenizers(directory, opts.get("source_lang"), opts.get("target_lang"))
     if toks is None:

@@ -18,6 +18,7 @@ from ..config import ModelConfig
 from .hf import activation, generation_defaults, layer_table, position_tables, read_folder, stack_sizes
 from .keymap import Source, build_model, check_aliases, convert, copy, target_state
 from .result import Imported, ImportReport
+from .tokenizers import fsmt_tokenizers
 
 
 def fsmt_config(hf: dict[str, Any]) -> ModelConfig:
@@ -82,8 +83,6 @@ def import_fsmt(directory: str | Path) -> Imported:
     imported = Imported(model, report, generation=generation_defaults(hf, folder.generation, beam=5),
                         extra={"languages": list(hf.get("langs", []))})
     if (folder.directory / "vocab-src.json").is_file():
-        from .tokenizers import fsmt_tokenizers
-
         imported.src_tokenizer, imported.tgt_tokenizer = fsmt_tokenizers(folder.directory, hf)
     else:
         report.notes.append("no vocab-src.json/vocab-tgt.json/merges.txt: imported without tokenizers (ids only)")

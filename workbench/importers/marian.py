@@ -20,6 +20,7 @@ from ..config import ModelConfig
 from .hf import activation, generation_defaults, layer_table, position_tables, read_folder, stack_sizes
 from .keymap import Source, build_model, check_aliases, convert, copy, first_present, flatten, target_state
 from .result import Imported, ImportReport
+from .tokenizers import marian_tokenizers
 
 SHARED = "model.shared.weight"
 ENC_EMB, DEC_EMB = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
@@ -121,8 +122,6 @@ def import_marian(directory: str | Path) -> Imported:
     hf, gen = folder.config, folder.generation
     tokenizers = None
     if (folder.directory / "source.spm").is_file():
-        from .tokenizers import marian_tokenizers
-
         tokenizers = marian_tokenizers(folder.directory, hf)
     unk = tokenizers[0].unk_id if tokenizers else 1
     model, report = convert_marian(folder.state_dict(), hf, source=str(folder.weights), unk_id=unk)

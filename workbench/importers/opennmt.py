@@ -36,6 +36,7 @@ from .keymap import (
 )
 from .reading import StandIn, namespace_dict, torch_load
 from .result import Imported, ImportReport
+from .tokenizers import opennmt_tokenizers
 
 # Exactly the foreign globals OpenNMT-py v1/v2 checkpoints reference (torchtext vocabularies and
 # fields, OpenNMT's field wrappers, the partial-bound tokenizer function); each becomes a StandIn.
@@ -286,7 +287,6 @@ def import_opennmt(source: str | Path, *, spm: str | Path | None = None) -> Impo
             "max_len": 250,
         },
     )
-    from .tokenizers import opennmt_tokenizers
 
     toks = opennmt_tokenizers(file.parent if spm is None else Path(spm), src_itos, tgt_itos, model.cfg)
     if toks is None:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer
 from ..config import TrainConfig
 from ..data import ParallelData, shard
+from ..decoding import greedy
 from ..loss import label_smoothed_nll
 from ..model import Transformer
 from ..progress import make_progress
@@ -298,8 +299,6 @@ class Trainer:
 
     @torch.no_grad()
     def translate_ids(self, sources: list[list[int]], batch_tokens: int = 4096) -> list[list[int]]:
-        from ..decoding import greedy
-
         model = self.model
         was_training = model.training
         model.eval()

@@ -11,7 +11,20 @@ from __future__ import annotations
 import panel as pn
 import param
 
+from ..analysis import (
+    NORM_HOOKS,
+    add_cross_attention,
+    attention_flow,
+    encoder_rollout,
+    logit_lens,
+    replay_beam,
+    token_attribution,
+    value_norms,
+)
+from ..charts import analysis as charts
+from ..decoding import beam_search
 from .session import Session
+from .workbench_app import Workbench
 
 ANALYSES = ["(pick one)", "logit lens", "attribution vs attention", "beam search replay", "encoder rollout",
             "attention flow", "value norms (cross, last layer)"]
@@ -57,7 +70,6 @@ class ModelAnalysisView(pn.viewable.Viewer):
         """The Bokeh model of the chosen analysis (public so tests and notebooks can call it)."""
         import torch
 
-        from ..charts import analysis as charts
 
         model = tm.model
         trace = r.trace.to(dtype=torch.float32)
@@ -70,13 +82,9 @@ class ModelAnalysisView(pn.viewable.Viewer):
             return tm.tgt_tokenizer.pieces([i])[0]
 
         if self.analysis == "logit lens":
-            from ..analysis import logit_lens
-
             lens = logit_lens(model, src, tgt, targets=targets, top_k=1)
             return charts.logit_lens_view(lens, tokens=vocab, positions=[f"→{t}" for t in out_tokens])
         if self.analysis == "attribution vs attention":
-            from ..analysis import token_attribution
-
             attr = token_attribution(model, src, tgt, targets)
             cross = trace.attention("cross", trace.layers("cross") - 1)[0].mean(0).numpy()
             return charts.attribution_view(attr, attention=cross, src_tokens=src_tokens, tgt_tokens=out_tokens,
@@ -89,13 +97,9 @@ class ModelAnalysisView(pn.viewable.Viewer):
             return column(charts.beam_tree_figure(replay, tokens=vocab),
                           charts.beam_step_view(replay, step, tokens=vocab, src_tokens=src_tokens))
         if self.analysis == "encoder rollout":
-            from ..analysis import encoder_rollout
-
             return charts.relevance_heatmap(encoder_rollout(trace)[0].numpy(), src_tokens, src_tokens,
                                             title="encoder rollout: share of each input token in each position")
         if self.analysis == "attention flow":
-            from ..analysis import attention_flow
-
             if len(src_tokens) > FLOW_MAX_TOKENS:
                 raise ValueError(f"attention flow is limited to {FLOW_MAX_TOKENS} source tokens here "
                                  f"(this sentence has {len(src_tokens)}); use encoder rollout")
@@ -103,8 +107,6 @@ class ModelAnalysisView(pn.viewable.Viewer):
             return charts.relevance_heatmap(attention_flow(layers), src_tokens, src_tokens,
                                             title="attention flow (Abnar & Zuidema 2020) through the encoder")
         if self.analysis.startswith("value norms"):
-            from ..analysis import NORM_HOOKS, value_norms
-
             _, full = model.run_with_cache(src, tgt, names=NORM_HOOKS)
             layer = len(model.dec) - 1
             norms = value_norms(model, full, "cross", layer)
@@ -115,9 +117,6 @@ class ModelAnalysisView(pn.viewable.Viewer):
 
     def _beam_replay(self, model, src, out_len: int):
         if self._replay is None:
-            from ..analysis import add_cross_attention, replay_beam
-            from ..decoding import beam_search
-
             gen = beam_search(model, src, beam=self.beam, max_len=max(4, out_len + 8), record_steps=True)
             self._replay = add_cross_attention(replay_beam(gen, 0), model, src[0])
             self.param.step.bounds = (0, len(self._replay.steps) - 1)
@@ -137,6 +136,5 @@ class ModelAnalysisView(pn.viewable.Viewer):
 
 def register() -> None:
     """Add the tab to every Workbench built afterwards."""
-    from .workbench_app import Workbench
 
     Workbench.add_tab("Model analysis", lambda session: ModelAnalysisView(session=session))

@@ -22,6 +22,7 @@ from pathlib import Path
 import param
 import torch
 
+from ..decoding import generate
 from ..heads import KINDS, Head
 from ..hooks import submit
 from ..interventions import ablate_heads
@@ -168,7 +169,6 @@ def _translate(tm, req: Request) -> Result | None:
         forced = True
     else:
         cfg = tm.config_with(beam=req.beam, alpha=req.alpha, n_best=1)
-        from ..decoding import generate
 
         with torch.no_grad():
             gen = generate(tm.model, src, cfg, trace=True)
@@ -221,8 +221,6 @@ def _ablate(tm, req: Request, base: Result) -> Ablation:
     src = torch.tensor([src_ids], dtype=torch.long, device=tm.device)
     # The hooks live in this worker thread's context only: other sessions' runs never see them.
     with tm.model.intervene(ablate_heads(spec)), torch.no_grad():
-        from ..decoding import generate
-
         gen = generate(tm.model, src, tm.config_with(beam=req.beam, alpha=req.alpha, n_best=1))
         best = gen.hypotheses[0][0]
         tgt_in = torch.tensor([[cfg.start_id, *base.out_ids[:-1]]], dtype=torch.long, device=src.device)

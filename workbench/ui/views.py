@@ -13,8 +13,22 @@ import panel as pn
 import param
 from bokeh import events
 
+from ..analysis.head_stats import head_stats
+from ..analysis.rollout import decoder_rollout
+from ..charts import (
+    attention_heatmap,
+    compare_traces,
+    head_view,
+    lr_schedule_chart,
+    mask_view,
+    model_view,
+    positional_encoding_view,
+    to_html,
+    training_curves_chart,
+)
+from ..charts.analysis import decoder_rollout_view, head_stats_view
 from . import loader
-from .session import KINDS, Session, fmt_logp, head_label
+from .session import KINDS, Request, Session, _first_loadable, compute, fmt_logp, head_label
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +166,6 @@ class AttentionView(pn.viewable.Viewer):
             self._box.objects = [self._pane]
 
     def _build(self, r):
-        from ..charts import attention_heatmap, head_view, model_view
-
         s = self.session
         heads = None if s.head < 0 else s.head
         token = None if s.token < 0 else s.token
@@ -187,7 +199,6 @@ class AttentionView(pn.viewable.Viewer):
     def _html(self):
         from io import StringIO
 
-        from ..charts import to_html
 
         return StringIO(to_html(self.figure) if self.figure is not None else "<p>nothing to export</p>")
 
@@ -306,8 +317,6 @@ class InternalsView(pn.viewable.Viewer):
             return _fail(what, exc)
 
     def _positions(self, tm):
-        from ..charts import positional_encoding_view
-
         r = self.session.result
         length = min(tm.model.cfg.max_positions, max(50, len(r.src_pieces) if r else 50))
         return pn.pane.Bokeh(positional_encoding_view(tm.model.cfg, length=length, model=tm.model))
@@ -315,7 +324,6 @@ class InternalsView(pn.viewable.Viewer):
     def _masks(self, tm):
         import torch
 
-        from ..charts import mask_view
 
         r = self.session.result
         cfg = tm.model.cfg
@@ -335,7 +343,6 @@ class InternalsView(pn.viewable.Viewer):
         tm = self.session.model
         if tm is None:
             return
-        from ..charts import lr_schedule_chart
 
         d = tm.model.cfg.d_model
         schedules = {f"noam(d={d}, warmup={self.warmup}, factor={self.factor:g})":
@@ -352,7 +359,6 @@ class InternalsView(pn.viewable.Viewer):
     def _curves(self, log_rows):
         if not log_rows:
             return pn.pane.Markdown("*This checkpoint stores no training log.*")
-        from ..charts import training_curves_chart
 
         return pn.pane.Vega(training_curves_chart(log_rows))
 
@@ -372,8 +378,6 @@ class CompareView(pn.viewable.Viewer):
         self.param.other.objects = labels
         others = [e for e in self.session.entries if e.label != self.session.checkpoint]
         if others:
-            from .session import _first_loadable
-
             self.other = _first_loadable(others)
         elif labels:
             self.other = labels[0]
@@ -391,7 +395,6 @@ class CompareView(pn.viewable.Viewer):
         if r is None or self.other is None:
             self._box.objects = [pn.pane.Markdown("*Nothing to compare yet.*")]
             return
-        from .session import Request, compute
 
         path = str(s.entries_by_label(self.other))
         ids = ()
@@ -407,8 +410,6 @@ class CompareView(pn.viewable.Viewer):
             return
         b = out.result
         try:
-            from ..charts import compare_traces
-
             kind = s.kind
             layer_b = min(s.layer, b.trace.layers(kind) - 1)
             heads = None if s.head < 0 else s.head
@@ -470,9 +471,6 @@ class AnalysisView(pn.viewable.Viewer):
 
         trace = r.trace.to(dtype=torch.float32)
         if self.analysis == "head statistics":
-            from ..analysis.head_stats import head_stats
-            from ..charts.analysis import head_stats_view
-
             tm = self.session.model
             pad, eos = (tm.model.cfg.pad_id, tm.model.cfg.eos_id) if tm is not None else (0, 2)
             stat = self.stat
@@ -480,8 +478,6 @@ class AnalysisView(pn.viewable.Viewer):
             if stat not in table.summary().columns:
                 stat = "entropy"
             return head_stats_view(table, stat)
-        from ..analysis.rollout import decoder_rollout
-        from ..charts.analysis import decoder_rollout_view
 
         return decoder_rollout_view(decoder_rollout(trace), src_tokens=list(r.src_pieces),
                                     tgt_tokens=list(r.out_pieces))
