@@ -1,7 +1,10 @@
 """Export any view to one self-contained HTML file (offline), PNG or SVG.
 
 HTML: Bokeh's `file_html(..., INLINE)` inlines BokehJS (~1.3 MB) and the document (arrays as gzip+base64),
-so the file opens from disk with no network (verified in /work/shared/panel-browser-recipe.md).
+so the file opens from disk with no network (tested in Chromium with every request blocked). It renders in
+a fresh Document of its own, so it works inside a server callback (where Bokeh's `curdoc()` may be another,
+even a destroyed, session's document); linked scripts and stylesheets (Panel's server-relative extension
+files) are dropped, and BokehJS's CDN fallbacks (MathJax for TeX labels, Tabler icons) point nowhere.
 Altair charts are saved with `inline=True`, which inlines Vega via the `vl-convert-python` package;
 plain `chart.save()` would load Vega from a CDN and be blank offline.
 PNG/SVG: Altair through vl-convert (no browser); Bokeh needs a headless browser (selenium + Debian's
@@ -14,11 +17,15 @@ import re
 import shutil
 from pathlib import Path
 
+from bokeh.document import Document
 from bokeh.embed import file_html
+from bokeh.io.doc import patch_curdoc
 from bokeh.model import Model
 from bokeh.resources import INLINE
 
-_RELATIVE_STATIC = re.compile(r'<script[^>]*\bsrc="static/extensions/[^"]*"[^>]*>\s*</script>\s*', re.I)
+_LINKED = re.compile(r'<script[^>]*\bsrc="(?!data:)[^"]*"[^>]*>\s*</script>\s*'
+                     r'|<link\b[^>]*\bhref="(?!data:)[^"]*"[^>]*>\s*', re.I)
+_CDN_FALLBACK = re.compile(r'"https://cdn\.jsdelivr\.net/npm/[^"\s]*"')
 _SCRIPT = re.compile(r"<script\b([^>]*)>(.*?)</script>", re.S | re.I)
 _URL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import\s+["']https?:""",
                   re.I)
@@ -31,10 +38,15 @@ def _is_altair(obj) -> bool:
 def to_html(obj, title: str = "Attention Workbench") -> str:
     """A self-contained HTML page for a Bokeh model/layout or an Altair chart."""
     if isinstance(obj, Model):
-        # Once Panel is imported (the app, notebooks), Bokeh bundles every registered extension's
-        # relative `static/extensions/...` scripts; a file on disk cannot load them and a page of
-        # plain Bokeh models does not need them.
-        return _RELATIVE_STATIC.sub("", file_html(obj, INLINE, title=title))
+        # An explicit fresh curdoc: file_html's temporary document copies curdoc()'s JS callbacks, and in a
+        # server callback curdoc() can be a closed session's document whose callback manager is gone.
+        fresh = Document()  # held here: patch_curdoc keeps only a weak reference
+        with patch_curdoc(fresh):
+            html = file_html(obj, INLINE, title=title)
+        # Once Panel is imported (the app, notebooks), Bokeh bundles every registered extension's relative
+        # `static/extensions/...` files; a file on disk cannot load them and plain Bokeh models do not need them.
+        # A data: URL in place of the CDN fallbacks: a TeX-looking token label must not fetch MathJax.
+        return _CDN_FALLBACK.sub('"data:,"', _LINKED.sub("", html))
     if _is_altair(obj):
         _need_vl_convert("self-contained Altair HTML")
         return obj.to_html(inline=True)
