@@ -173,7 +173,7 @@ def load_checkpoint(
     load_weights(model, path / WEIGHTS)
     model.to(device=device, dtype=dtype).eval()
     src_tok, tgt_tok = _load_tokenizers(path)
-    log = _read_log(path / LOG)
+    log = read_log(path / LOG)
     state = _load_train_state(path / STATE) if with_train_state else None
     return Checkpoint(path, config, model, src_tok, tgt_tok, meta, log, state)
 
@@ -280,7 +280,8 @@ def _read_json(file: Path, *, required: bool) -> Any:
         raise CheckpointError(f"{file} is not valid JSON (truncated?): {exc}") from None
 
 
-def _read_log(file: Path) -> list[dict[str, Any]]:
+def read_log(file: Path) -> list[dict[str, Any]]:
+    """The records of a train_log.jsonl, oldest first ([] when there is none)."""
     if not file.exists():
         return []
     out = []

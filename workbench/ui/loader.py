@@ -20,7 +20,7 @@ from pathlib import Path
 
 import panel as pn
 
-from ..checkpoint import LATEST, _read_log, is_checkpoint, resolve_checkpoint
+from ..checkpoint import LATEST, is_checkpoint, read_log, resolve_checkpoint
 from ..translator import TranslationModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,4 +135,4 @@ def load_model(path: str) -> TranslationModel:
 def load_train_log(path: str) -> list[dict]:
     """The checkpoint's training log (train_log.jsonl), without loading its weights again."""
 
-    return _read_log(resolve_checkpoint(path) / "train_log.jsonl")
+    return read_log(resolve_checkpoint(path) / "train_log.jsonl")

@@ -270,7 +270,7 @@ class Session(param.Parameterized):
         self.param.checkpoint.check_on_set = True  # off by default when the class declares no objects
         default = params.get("checkpoint")
         if default is None and self._entries:
-            default = _first_loadable(list(self._entries.values()))
+            default = first_loadable(list(self._entries.values()))
         if default is not None:
             if default not in self._entries:
                 raise ValueError(f"checkpoint {default!r} is not in the list: {sorted(self._entries)}")
@@ -486,7 +486,7 @@ class Session(param.Parameterized):
         self._clamp_selection()
 
 
-def _first_loadable(entries: list[loader.Entry]) -> str:
+def first_loadable(entries: list[loader.Entry]) -> str:
     """The default checkpoint if it loads, else the first one that does (else the default, to show its error)."""
     first = loader.default_entry(entries)
     for e in [first, *[e for e in entries if e != first]]:

@@ -28,7 +28,7 @@ from ..charts import (
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
 from . import loader
-from .session import KINDS, Request, Session, _first_loadable, compute, fmt_logp, head_label
+from .session import KINDS, Request, Session, compute, first_loadable, fmt_logp, head_label
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ class CompareView(pn.viewable.Viewer):
         self.param.other.objects = labels
         others = [e for e in self.session.entries if e.label != self.session.checkpoint]
         if others:
-            self.other = _first_loadable(others)
+            self.other = first_loadable(others)
         elif labels:
             self.other = labels[0]
         self._box = pn.Column(sizing_mode="stretch_width")
