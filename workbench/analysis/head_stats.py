@@ -160,10 +160,18 @@ class HeadStats:
     sentence_ids: np.ndarray
     truncated: tuple[int, ...] = ()
     skipped: tuple[int, ...] = ()
+    block_heads: tuple[int, ...] = ()
+    """Heads of each block when the stacks differ (ModelConfig enc_heads/dec_heads); the arrays are padded
+    with NaN to the widest block. Empty: every block has n_heads."""
 
     @property
     def n_heads(self) -> int:
+        """H of the arrays: the heads of the widest block."""
         return next(iter(self.sums.values())).shape[2]
+
+    def heads_of(self, block: int) -> int:
+        """Heads of block number `block` (an index into `blocks`)."""
+        return self.block_heads[block] if self.block_heads else self.n_heads
 
     def values(self, stat: str) -> np.ndarray:
         """Corpus value (blocks, H): token-weighted mean over every sentence."""
@@ -187,7 +195,7 @@ class HeadStats:
         rows = []
         vals = {s: self.values(s) for s in self.sums}
         for bi, (kind, layer) in enumerate(self.blocks):
-            for head in range(self.n_heads):
+            for head in range(self.heads_of(bi)):
                 rows.append({"kind": kind, "layer": layer, "head": head,
                              **{s: float(v[bi, head]) for s, v in vals.items()}})
         return pd.DataFrame(rows)
@@ -204,8 +212,8 @@ class HeadStats:
         import pandas as pd
 
         bi = self.block_index(kind, layer)
-        if not 0 <= head < self.n_heads:
-            raise IndexError(f"head {head} out of range: blocks have {self.n_heads} heads")
+        if not 0 <= head < self.heads_of(bi):
+            raise IndexError(f"head {head} out of range: block ({kind!r}, {layer}) has {self.heads_of(bi)} heads")
         v = self.per_sentence(stat)[:, bi, head]
         order = np.argsort(-v if largest else v, kind="stable")
         order = [i for i in order if np.isfinite(v[i])][:top]
@@ -238,6 +246,7 @@ class HeadStats:
             ids[order],
             tuple(sorted(i for p in parts for i in p.truncated)),
             tuple(sorted(i for p in parts for i in p.skipped)),
+            parts[0].block_heads,
         )
 
 
@@ -270,8 +279,14 @@ def head_stats(
     ids = np.arange(n) if sentence_ids is None else np.asarray(sentence_ids)
     if len(ids) != n:
         raise ValueError(f"{len(ids)} sentence ids for a batch of {n}")
+    heads = tuple(a.shape[1] for a in sums["entropy"])
+    widest = max(heads)
+    if min(heads) < widest:  # stacks with their own head counts: NaN columns pad the narrower blocks
+        sums = {k: [np.pad(a, ((0, 0), (0, widest - a.shape[1])), constant_values=np.nan) for a in v]
+                for k, v in sums.items()}
     return HeadStats(tuple(blocks), {k: np.stack(v, 1) for k, v in sums.items()},
-                     {k: np.stack(v, 1) for k, v in counts.items()}, ids)
+                     {k: np.stack(v, 1) for k, v in counts.items()}, ids,
+                     block_heads=heads if min(heads) < widest else ())
 
 
 def punctuation_ids(pieces: Sequence[str]) -> list[int]:

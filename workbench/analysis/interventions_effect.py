@@ -23,6 +23,7 @@ import torch
 from ..decoding import greedy
 from ..evaluate import score
 from ..heads import KINDS
+from ..heads import n_heads as heads_of
 from ..interventions import ablate_heads, patch
 from .head_stats import pad_batch
 
@@ -103,10 +104,10 @@ def head_importance(model, sources, targets, *, kinds: Sequence[str] = KINDS, un
     if bad:
         raise ValueError(f"unknown kinds {bad}; known: {KINDS}")
     base = run_outcome(model, sources, targets, **options)
-    n_heads = model.cfg.n_heads
     rows = []
     for kind in kinds:
         n_layers = len(model.enc) if kind == "enc_self" else len(model.dec)
+        n_heads = heads_of(model.cfg, kind)  # encoder and decoder may differ
         for layer in range(n_layers):
             groups = [[h] for h in range(n_heads)] if units == "head" else [list(range(n_heads))]
             for heads in groups:

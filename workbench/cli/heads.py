@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table.summary().to_csv(out / "heads.csv", index=False)
     save_html(head_stats_view(table, args.stat), out / "heads.html", title="Head statistics")
-    print(f"{len(pairs)} sentences, {len(table.blocks) * table.n_heads} heads in {seconds:.1f} s -> "
+    print(f"{len(pairs)} sentences, {sum(map(table.heads_of, range(len(table.blocks))))} heads in {seconds:.1f} s -> "
           f"{out / 'heads.csv'}, {out / 'heads.html'}")
     for stat, kind in (("prev", "enc_self"), ("eos", "enc_self"), ("monotonic", "cross")):
         top = table.rank(stat, kind=kind).iloc[0]

@@ -27,6 +27,7 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
+from ..heads import n_heads as heads_of
 from . import loader
 from .session import KINDS, Request, Session, compute, first_loadable, fmt_logp, head_label
 
@@ -233,7 +234,8 @@ class AblationPanel(pn.viewable.Viewer):
         if tm is not None:
             cfg = tm.model.cfg
             depth = {"enc_self": cfg.enc_layers, "dec_self": cfg.dec_layers, "cross": cfg.dec_layers}
-            options = [head_label(k, layer, h) for k in KINDS for layer in range(depth[k]) for h in range(cfg.n_heads)]
+            options = [head_label(k, layer, h) for k in KINDS for layer in range(depth[k])
+                       for h in range(heads_of(cfg, k))]
             self._choice.options = options
             self._choice.value = [h for h in s.ablate if h in options]
         a, r = s.ablation, s.result
