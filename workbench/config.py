@@ -143,11 +143,6 @@ class ModelConfig:
         return _per_stack(stack, self.enc_d_ff, self.dec_d_ff, self.d_ff)
 
     @property
-    def uniform_heads(self) -> bool:
-        """Every attention block has n_heads heads (views that lay heads out in one grid need this)."""
-        return self.heads("enc") == self.heads("dec") == self.n_heads
-
-    @property
     def shared_vocab(self) -> bool:
         return self.src_vocab == self.tgt_vocab
 
