@@ -9,7 +9,8 @@ from model_helpers import make_batch, make_model
 from workbench import hooks as hooks_module
 from workbench import presets
 
-ATTN = ["hook_q", "hook_k", "hook_v", "hook_scores", "hook_probs", "hook_context", "hook_out"]
+ATTN = ["hook_q", "hook_k", "hook_v", "hook_scores", "hook_probs", "hook_context", "hook_result", "hook_out"]
+NORM = ["hook_in", "hook_scale"]  # on every layer norm: {module path}.hook_in / .hook_scale
 
 
 def documented_names(enc_layers: int, dec_layers: int) -> set[str]:
@@ -21,11 +22,13 @@ def documented_names(enc_layers: int, dec_layers: int) -> set[str]:
         names |= {f"enc.{i}.ffn.hook_hidden", f"enc.{i}.ffn.hook_out"}
         names |= {f"enc.{i}.hook_{r}" for r in
                   ("resid_in", "norm_self_attn", "resid_self_attn", "norm_ffn", "resid_ffn")}
+        names |= {f"enc.{i}.{norm}.{n}" for norm in ("self_attn_norm", "ffn_norm") for n in NORM}
     for j in range(dec_layers):
         names |= {f"dec.{j}.{block}.{a}" for block in ("self_attn", "cross_attn") for a in ATTN}
         names |= {f"dec.{j}.ffn.hook_hidden", f"dec.{j}.ffn.hook_out"}
         names |= {f"dec.{j}.hook_{r}" for r in ("resid_in", "norm_self_attn", "resid_self_attn", "norm_cross_attn",
                                                 "resid_cross_attn", "norm_ffn", "resid_ffn")}
+        names |= {f"dec.{j}.{norm}.{n}" for norm in ("self_attn_norm", "cross_attn_norm", "ffn_norm") for n in NORM}
     return names
 
 

@@ -19,6 +19,31 @@ ACTIVATIONS = {
 }
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same parameters and state-dict keys) with its input and scale observable.
+
+    `hook_in` (B, L, D) is what the norm reads: for post-norm layers the pre-norm sum x + sublayer(x).
+    `hook_scale` (B, L, 1) is sqrt(var + eps), the divisor; listening to it (to read it, or to freeze it
+    at another run's value) takes an explicit path, otherwise the fused kernel runs.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__(d_model, eps=eps)
+        self.hook_in = HookPoint()
+        self.hook_scale = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_in(x)
+        if not self.hook_scale.is_active():
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        dtype = x.dtype
+        xf = x.float()  # as the fused kernel, accumulate in fp32 for half types
+        centered = xf - xf.mean(-1, keepdim=True)
+        scale = self.hook_scale(((centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()).to(dtype)).float()
+        out = centered / scale * self.weight.float() + self.bias.float()
+        return out.to(dtype)
+
+
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig, stack: str) -> None:
         super().__init__()
@@ -44,9 +69,9 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = _attention(cfg, "enc")
-        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.self_attn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg, "enc")
-        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, S, D)
         self.hook_norm_self_attn = HookPoint()  # (B, S, D): the self-attention norm's output
@@ -74,11 +99,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = _attention(cfg, "dec")
-        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.self_attn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn = _attention(cfg, "dec")
-        self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.cross_attn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg, "dec")
-        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, T, D)
         self.hook_norm_self_attn = HookPoint()  # (B, T, D)

@@ -23,7 +23,7 @@ from .attention import KVCache
 from .config import ModelConfig
 from .embedding import Positions, init_embedding
 from .hooks import HookFn, HookPoint, NameFilter, hooks, name_hook_points, select_names
-from .layers import DecoderLayer, EncoderLayer
+from .layers import DecoderLayer, EncoderLayer, LayerNorm
 from .masks import padding_mask
 from .trace import Trace
 
@@ -72,13 +72,13 @@ class Transformer(nn.Module):
         self.output_proj = nn.Linear(d, cfg.tgt_vocab, bias=cfg.output_bias)
         self.positions = Positions(cfg)
         self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0
-        self.src_emb_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.emb_norm else None
-        self.tgt_emb_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.emb_norm else None
+        self.src_emb_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.emb_norm else None
+        self.tgt_emb_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.emb_norm else None
         self.emb_dropout = nn.Dropout(cfg.embedding_dropout)
         self.enc = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.enc_layers)])
         self.dec = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.dec_layers)])
-        self.enc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.has_enc_final_norm else None
-        self.dec_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.has_dec_final_norm else None
+        self.enc_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.has_enc_final_norm else None
+        self.dec_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.has_dec_final_norm else None
 
         self.hook_src_tok = HookPoint()  # (B, S, D): token embeddings, scaled
         self.hook_src_pos = HookPoint()  # (1, S, D): positional encodings
