@@ -111,3 +111,62 @@ def test_per_stack_values_round_trip_and_old_config_json_still_loads():
                                                                           "dec_d_ff")}
     loaded = ModelConfig.from_dict(old)
     assert loaded == presets.tiny() and loaded.heads("dec") == 4 and loaded.ffn_dim("enc") == 64
+
+
+# -------------------------------------------------------------------- renamed names: one release of grace
+
+
+def test_shipped_configs_use_current_names_only(recwarn):
+    from workbench.config import TrainConfig
+
+    for path in sorted((ROOT / "configs").glob("*.toml")):
+        TrainConfig.load(path)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+def test_old_train_spelling_still_loads_with_one_warning(tmp_path):
+    from workbench.config import TrainConfig
+
+    path = tmp_path / "old.toml"
+    path.write_text("[train]\nmax_len = 120\nmax_steps = 5\n", encoding="utf-8")
+    with pytest.warns(FutureWarning, match="'max_len' is now 'max_pair_len'") as record:
+        cfg = TrainConfig.load(path)
+    assert len(record) == 1 and cfg.max_pair_len == 120 and "max_len" not in cfg.to_dict()
+    with pytest.warns(FutureWarning, match=r"TrainConfig.max_len is now max_pair_len"):
+        assert cfg.max_len == 120
+    with pytest.warns(FutureWarning):
+        assert override(cfg, ["--max_len=7"]).max_pair_len == 7
+    with pytest.raises(ValueError, match="'max_len' and 'max_pair_len' are the same setting"):
+        TrainConfig(max_steps=5, max_len=1, max_pair_len=2)
+
+
+def test_decode_token_budget_has_the_training_name():
+    from workbench.config import DecodeConfig
+
+    with pytest.warns(FutureWarning, match="'batch_tokens' is now 'max_tokens'"):
+        cfg = DecodeConfig(batch_tokens=100)
+    assert cfg.max_tokens == 100 and "batch_tokens" not in cfg.to_dict()
+    with pytest.warns(FutureWarning):
+        assert DecodeConfig.from_dict({"batch_tokens": 7}).max_tokens == 7
+    with pytest.warns(FutureWarning):
+        assert cfg.batch_tokens == 100
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.5])
+def test_alpha_must_be_finite_and_not_negative(alpha):
+    from workbench.config import DecodeConfig
+
+    with pytest.raises(ValueError, match=rf"alpha \({alpha}\) must be a finite number >= 0"):
+        DecodeConfig(alpha=alpha)
+
+
+def test_noam_factor_is_its_own_setting():
+    from workbench.config import TrainConfig
+
+    with pytest.warns(FutureWarning, match=r"schedule 'noam' reads lr \(2.0\) as its factor; set noam_factor"):
+        old = TrainConfig(max_steps=5, schedule="noam", lr=2.0)
+    assert old.noam_factor == 2.0
+    new = TrainConfig(max_steps=5, schedule="noam", noam_factor=1.5)
+    assert new.noam_factor == 1.5
+    with pytest.raises(ValueError, match=r"noam_factor \(0.0\) must be a positive number"):
+        TrainConfig(max_steps=5, schedule="noam", noam_factor=0.0)

@@ -136,3 +136,52 @@ def test_the_general_mixture_is_every_training_part_in_order_and_no_test_set(sha
     assert load_dataset("general_de_en", "train", "en", "de", shared_data, limit=7)[0] == src[:7]
     with pytest.raises(ValueError, match="mixture 'general_de_en' has no split 'test'"):
         load_dataset("general_de_en", "test", "en", "de", shared_data)
+
+
+# ------------------------------------------------------------------ one padding helper, one batching rule
+
+
+def test_pad_sequences_right_pads_with_the_given_id():
+    from workbench.data import pad_sequences
+
+    out = pad_sequences([[5, 6, 7], [8], []], pad_id=1)
+    assert out.dtype == torch.long and out.tolist() == [[5, 6, 7], [8, 1, 1], [1, 1, 1]]
+    with pytest.raises(ValueError, match="no sequences to pad"):
+        pad_sequences([], pad_id=0)
+
+
+def test_token_batches_keeps_every_batch_within_the_budget():
+    from workbench.data import token_batches
+
+    lengths = [3, 9, 1, 4, 4, 12, 2]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches = token_batches(lengths, 10, order)
+    assert [i for b in batches for i in b] == order  # consecutive, every item once
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 10
+        # and greedy: the next item would not have fit
+    for b, nxt in zip(batches, batches[1:]):
+        assert (len(b) + 1) * max(lengths[i] for i in [*b, nxt[0]]) > 10
+    assert token_batches([50], 10) == [[0]]  # too long alone: still its own batch
+    with pytest.raises(ValueError, match=r"max_tokens \(0\) must be positive"):
+        token_batches([1], 0)
+
+
+def test_parallel_data_batches_match_the_two_sided_rule():
+    # the rule written out per side (as before token_batches existed): pairs x longest, on each side
+    g = torch.Generator().manual_seed(0)
+    src = [list(range(4, 4 + n)) for n in torch.randint(1, 20, (200,), generator=g).tolist()]
+    tgt = [list(range(4, 4 + n)) for n in torch.randint(1, 20, (200,), generator=g).tolist()]
+    data = ParallelData(src, tgt)
+    plan = data.batches(64, shuffle=False)
+    want, cur, max_s, max_t = [], [], 0, 0
+    for i in [i for b in plan for i in b]:
+        s, t = int(data.src_lens[i]), int(data.tgt_lens[i])
+        ns, nt = max(max_s, s), max(max_t, t)
+        if cur and (len(cur) + 1) * max(ns, nt) > 64:
+            want.append(cur)
+            cur, ns, nt = [], s, t
+        cur.append(i)
+        max_s, max_t = ns, nt
+    want.append(cur)
+    assert plan == want

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
+import math
 import types
 import typing
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -202,11 +205,67 @@ def _per_stack(stack: str, enc: int | None, dec: int | None, default: int) -> in
 # ---------------------------------------------------------------------------- generic helpers
 
 
+def renamed(**old_to_new: str):
+    """Class decorator: old field names keep working for one release, with a one-line FutureWarning.
+
+    The old name is accepted as a keyword (and so by from_dict, TOML/JSON files, `override` and
+    `dataclasses.replace`) and read as an attribute; it never appears in `to_dict`.
+    """
+
+    def wrap(cls):
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, **kwargs):
+            init(self, **_rename(cls, kwargs, stacklevel=3))
+
+        cls.__init__ = __init__
+        cls.RENAMED = dict(old_to_new)
+        for old, new in old_to_new.items():
+            setattr(cls, old, property(functools.partial(_read_renamed, old=old, new=new),
+                                       doc=f"Deprecated name of {new}."))
+        return cls
+
+    return wrap
+
+
+def _read_renamed(self, *, old: str, new: str):
+    warnings.warn(f"{type(self).__name__}.{old} is now {new}; the old name goes away in the next release",
+                  FutureWarning, stacklevel=2)
+    return getattr(self, new)
+
+
+def _rename(cls: type, data: dict[str, Any], *, stacklevel: int = 2) -> dict[str, Any]:
+    renames = getattr(cls, "RENAMED", {})
+    if not any(old in data for old in renames):
+        return data
+    data = dict(data)
+    for old, new in renames.items():
+        if old in data:
+            if new in data:
+                raise ValueError(f"{cls.__name__}: {old!r} and {new!r} are the same setting ({old!r} is its old "
+                                 f"name); give only {new!r}")
+            warnings.warn(f"{cls.__name__}: {old!r} is now {new!r}; the old name goes away in the next release",
+                          FutureWarning, stacklevel=stacklevel + 1)
+            data[new] = data.pop(old)
+    return data
+
+
+def replace(cfg: C, **changes: Any) -> C:
+    """`dataclasses.replace` that also takes a config's deprecated field names (with their warning)."""
+    return dataclasses.replace(cfg, **_rename(type(cfg), changes, stacklevel=2))  # type: ignore[type-var]
+
+
+def config_keys(cls: type) -> set[str]:
+    """Field names a config accepts, deprecated spellings included."""
+    return {f.name for f in fields(cls)} | set(getattr(cls, "RENAMED", {}))  # type: ignore[arg-type]
+
+
 def from_dict(cls: type[C], data: dict[str, Any]) -> C:
     """Build a config dataclass from plain data; unknown keys are an error, not silence."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
-    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    known = config_keys(cls)
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(known)}")
@@ -219,7 +278,7 @@ def override(cfg: C, args: list[str], prefix: str = "") -> C:
     Values are parsed with `ast.literal_eval` (falling back to the raw string) and checked
     against the field's annotation; unknown keys raise with the list of valid ones.
     """
-    names = {f.name: f for f in fields(cfg)}  # type: ignore[arg-type]
+    names = config_keys(type(cfg))
     changes: dict[str, Any] = {}
     for arg in args:
         if not arg.startswith("--") or "=" not in arg:
@@ -236,7 +295,7 @@ def override(cfg: C, args: list[str], prefix: str = "") -> C:
         except (ValueError, SyntaxError):
             value = raw
         changes[key] = value
-    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]
+    return replace(cfg, **changes)
 
 
 def _check_types(cfg: Any) -> None:
@@ -286,6 +345,7 @@ def _show(tp: Any) -> str:
 LengthPenaltyKind = Literal["gnmt", "average", "none"]
 
 
+@renamed(batch_tokens="max_tokens")
 @dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
     """How to search for a translation; the defaults are fairseq-generate's."""
@@ -309,9 +369,10 @@ class DecodeConfig:
     """Forbid repeating any n-gram of this size within an output (0: off)."""
     n_best: int = 1
     """Hypotheses returned per sentence, best first (at most `beam`)."""
-    batch_tokens: int = 4096
+    max_tokens: int = 4096
     """Text API: sentences are sorted by length and batched up to this many source tokens, padding
-    included (fairseq's --max-tokens); one sentence longer than this still forms its own batch."""
+    included (fairseq's --max-tokens, TrainConfig.max_tokens); one longer sentence forms its own batch.
+    Formerly `batch_tokens` (still accepted, with a warning)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -319,8 +380,8 @@ class DecodeConfig:
             raise ValueError(f"beam ({self.beam}) must be at least 1")
         if not 1 <= self.n_best <= self.beam:
             raise ValueError(f"n_best ({self.n_best}) must be between 1 and beam ({self.beam})")
-        if self.alpha < 0:
-            raise ValueError(f"alpha ({self.alpha}) must not be negative")
+        if not math.isfinite(self.alpha) or self.alpha < 0:
+            raise ValueError(f"alpha ({self.alpha}) must be a finite number >= 0 (the length-penalty exponent)")
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise ValueError(f"max_len_a ({self.max_len_a}) and max_len_b ({self.max_len_b}) must not be negative")
         if self.max_len is not None and self.max_len < 0:
@@ -330,8 +391,8 @@ class DecodeConfig:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
         if self.max_len is not None and self.min_len > self.max_len:
             raise ValueError(f"min_len ({self.min_len}) is larger than max_len ({self.max_len})")
-        if self.batch_tokens < 1:
-            raise ValueError(f"batch_tokens ({self.batch_tokens}) must be positive")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -347,6 +408,7 @@ ScheduleKind = Literal["noam", "inverse_sqrt", "warmup_cosine", "constant"]
 AmpKind = Literal["auto", "bf16", "off"]
 
 
+@renamed(max_len="max_pair_len")
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training run: data, tokenizer, model preset, optimisation, checkpoints. Validated before any work."""
@@ -367,8 +429,9 @@ class TrainConfig:
     """Use only the first N training pairs (0: all)."""
     valid_limit: int = 0
     """Score BLEU on the first N validation pairs (0: all); validation loss always uses all."""
-    max_len: int = 250
-    """Length filter: drop training pairs whose source or target exceeds this many tokens."""
+    max_pair_len: int = 250
+    """Length filter: drop training pairs whose source or target exceeds this many tokens (formerly
+    `max_len`, still accepted with a warning; DecodeConfig.max_len is the generation limit)."""
     copy_vocab: int = 11
     """Copy task: ids 4..copy_vocab-1 (the Annotated Transformer used 11)."""
     copy_len: int = 10
@@ -395,7 +458,10 @@ class TrainConfig:
     """Gradient accumulation: batches per optimiser step."""
     schedule: ScheduleKind = "inverse_sqrt"
     lr: float = 5e-4
-    """Peak learning rate (inverse_sqrt, warmup_cosine, constant) or the factor of noam."""
+    """Peak learning rate of inverse_sqrt, warmup_cosine and constant (noam's peak follows from noam_factor)."""
+    noam_factor: float | None = None
+    """schedule="noam": the factor of the paper's rate, factor * d_model^-0.5 * min(step^-0.5, step *
+    warmup^-1.5). When unset, `lr` is read as the factor with a warning (the old behaviour)."""
     warmup: int = 4000
     min_lr: float = 0.0
     """warmup_cosine: final learning rate."""
@@ -441,7 +507,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        for name in ("vocab_size", "max_tokens", "accum", "max_len", "log_every", "copy_vocab", "copy_len",
+        for name in ("vocab_size", "max_tokens", "accum", "max_pair_len", "log_every", "copy_vocab", "copy_len",
                      "copy_pairs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
@@ -460,6 +526,13 @@ class TrainConfig:
             raise ValueError(f"adam_betas ({self.adam_betas}) must be two numbers in [0, 1)")
         if self.schedule == "noam" and self.warmup == 0:
             raise ValueError("schedule 'noam' needs warmup > 0")
+        if self.noam_factor is not None and not (math.isfinite(self.noam_factor) and self.noam_factor > 0):
+            raise ValueError(f"noam_factor ({self.noam_factor}) must be a positive number")
+        if self.schedule == "noam" and self.noam_factor is None:
+            warnings.warn(f"TrainConfig: schedule 'noam' reads lr ({self.lr}) as its factor; set noam_factor = "
+                          f"{self.lr} instead (lr as noam's factor goes away in the next release)", FutureWarning,
+                          stacklevel=4)
+            object.__setattr__(self, "noam_factor", self.lr)
         if self.schedule == "warmup_cosine" and self.max_steps <= self.warmup:
             raise ValueError(f"schedule 'warmup_cosine' needs max_steps ({self.max_steps}) > warmup ({self.warmup})")
         if not (self.max_steps or self.max_epochs or self.max_minutes):

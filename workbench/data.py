@@ -189,6 +189,38 @@ def copy_task(n: int, *, vocab: int = 11, length: int = 10, seed: int = 0, first
 # ------------------------------------------------------------------------------------------ batching
 
 
+def pad_sequences(rows: Sequence[Sequence[int]], pad_id: int, *, device: torch.device | str | None = None
+                  ) -> torch.Tensor:
+    """(N, longest) long tensor of id lists, right-padded with `pad_id`: the one padding helper."""
+    if len(rows) == 0:
+        raise ValueError("no sequences to pad")
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+    return out if device is None else out.to(device)
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int, order: Sequence[int] | None = None) -> list[list[int]]:
+    """Cut `order` (default: 0..N-1, usually sorted by length) into consecutive batches whose padded
+    size, items x longest length, stays within `max_tokens` (fairseq's --max-tokens); one item longer
+    than the budget still forms its own batch. Training, the translator and validation all batch here."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens ({max_tokens}) must be positive")
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in range(len(lengths)) if order is None else order:
+        n = max(longest, int(lengths[i]))
+        if cur and (len(cur) + 1) * n > max_tokens:
+            out.append(cur)
+            cur, n = [], int(lengths[i])
+        cur.append(i)
+        longest = n
+    if cur:
+        out.append(cur)
+    return out
+
+
 @dataclass
 class Batch:
     """Padded tensors for one step; built once per batch (the model derives its masks from `pad_id`)."""
@@ -255,19 +287,8 @@ class ParallelData:
             rng, tie = None, np.arange(n)
         # sort by source length, then target length, ties in seeded random order (np.lexsort: last key first)
         order = np.lexsort((tie, self.tgt_lens, self.src_lens))
-        out: list[list[int]] = []
-        cur: list[int] = []
-        max_s = max_t = 0
-        for i in order.tolist():
-            s, t = int(self.src_lens[i]), int(self.tgt_lens[i])
-            ns, nt = max(max_s, s), max(max_t, t)
-            if cur and (len(cur) + 1) * max(ns, nt) > max_tokens:
-                out.append(cur)
-                cur, ns, nt = [], s, t
-            cur.append(i)
-            max_s, max_t = ns, nt
-        if cur:
-            out.append(cur)
+        # a batch's padded size per side is pairs x longest; the larger side decides
+        out = token_batches(np.maximum(self.src_lens, self.tgt_lens).tolist(), max_tokens, order.tolist())
         if rng is not None:
             out = [out[j] for j in rng.permutation(len(out)).tolist()]
         return out

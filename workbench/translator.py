@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from .checkpoint import load_checkpoint
-from .config import DecodeConfig
+from .config import DecodeConfig, config_keys, replace
+from .data import pad_sequences, token_batches
 from .decoding import Generation, generate
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -101,11 +102,11 @@ class TranslationModel:
     def config_with(self, **overrides: Any) -> DecodeConfig:
         """The default DecodeConfig with some fields changed (None values are ignored)."""
         changes = {k: v for k, v in overrides.items() if v is not None}
-        known = {f.name for f in dataclasses.fields(DecodeConfig)}
-        unknown = sorted(set(changes) - known)
+        unknown = sorted(set(changes) - config_keys(DecodeConfig))
         if unknown:
-            raise ValueError(f"unknown decoding options {unknown}; valid: {sorted(known)}")
-        return dataclasses.replace(self.decode_config, **changes)
+            valid = sorted(f.name for f in dataclasses.fields(DecodeConfig))
+            raise ValueError(f"unknown decoding options {unknown}; valid: {valid}")
+        return replace(self.decode_config, **changes)
 
     # -- text -> ids ----------------------------------------------------------------------------
     def encode_source(self, text: str, *, where: str = "a sentence") -> tuple[list[int], bool]:
@@ -226,8 +227,8 @@ class TranslationModel:
         results = [Translation(source=t, text="", source_tokens=ids, truncated=cut)
                    for t, (ids, cut) in zip(texts, encoded)]
         todo = sorted((i for i, (ids, _) in enumerate(encoded) if ids), key=lambda i: len(encoded[i][0]))
-        for batch in _batches(todo, [len(ids) for ids, _ in encoded], cfg.batch_tokens):
-            src = _pad([encoded[i][0] for i in batch], self.model.cfg.pad_id, self.device)
+        for batch in token_batches([len(ids) for ids, _ in encoded], cfg.max_tokens, todo):
+            src = pad_sequences([encoded[i][0] for i in batch], self.model.cfg.pad_id, device=self.device)
             gen = generate(self.model, src, cfg, trace=traces)
             self._fill(results, batch, gen)
         return results
@@ -278,22 +279,3 @@ def load(path: str | Path, *, device: torch.device | str = "cpu", **decode: Any)
     if decode:
         tm.decode_config = tm.config_with(**decode)
     return tm
-
-
-def _batches(order: list[int], lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
-    """Consecutive groups of `order` (sorted by length) whose padded size stays within batch_tokens."""
-    batch: list[int] = []
-    for i in order:
-        if batch and (len(batch) + 1) * max(lengths[i], lengths[batch[-1]]) > batch_tokens:
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch
-
-
-def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out.to(device)

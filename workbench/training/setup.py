@@ -34,7 +34,7 @@ def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
     """`step -> lr` for the config's schedule name and its parameters."""
     if cfg.schedule == "noam":
         d_model = int(cfg.model.get("d_model", presets.preset(cfg.preset).d_model))
-        return make_schedule("noam", d_model=d_model, warmup=cfg.warmup, factor=cfg.lr)
+        return make_schedule("noam", d_model=d_model, warmup=cfg.warmup, factor=cfg.noam_factor)
     if cfg.schedule == "inverse_sqrt":
         return make_schedule("inverse_sqrt", peak_lr=cfg.lr, warmup=cfg.warmup)
     if cfg.schedule == "warmup_cosine":
@@ -80,7 +80,7 @@ def load_run_data(cfg: TrainConfig, src_tok: Tokenizer | None = None, tgt_tok: T
             valid_text = None
     if src_tok is None:
         src_tok, tgt_tok = train_tokenizers(cfg, src, tgt)
-    data = ParallelData.encode(src, tgt, src_tok, tgt_tok, max_len=cfg.max_len)
+    data = ParallelData.encode(src, tgt, src_tok, tgt_tok, max_len=cfg.max_pair_len)
     valid = None if valid_text is None else ParallelData.encode(*valid_text, src_tok, tgt_tok)
     return RunData(data, valid, valid_text, src_tok, tgt_tok, dropped=len(src) - len(data), read=len(src))
 

@@ -117,7 +117,7 @@ class Trainer:
             train_data, valid_data = loaded.train, loaded.valid
             if self.dist.main and loaded.dropped:
                 self.progress.message(
-                    f"length filter (max_len={cfg.max_len}) dropped {loaded.dropped} of {loaded.read}")
+                    f"length filter (max_pair_len={cfg.max_pair_len}) dropped {loaded.dropped} of {loaded.read}")
         self.train_data, self.valid_data = train_data, valid_data
 
         # 4. model and optimiser
