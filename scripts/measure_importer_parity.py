@@ -25,7 +25,7 @@ def main() -> None:
     import test_fsmt
     import test_marian
     import test_opennmt
-    from importer_helpers import fsmt_model, fsmt_to_fairseq, marian_model
+    from importer_helpers import PER_STACK, fsmt_model, fsmt_to_fairseq, marian_model
     from onmt_reference import forward
 
     from workbench.importers.fairseq import convert_fairseq
@@ -49,12 +49,14 @@ def main() -> None:
             ref = hf(input_ids=src, attention_mask=(src != 1).long(), decoder_input_ids=tgt, use_cache=False).logits
             rows[f"fsmt/{name}"] = worst(model(src, tgt), ref, tgt != 1)
         for old in (True, False):
-            hf = fsmt_model(seed=7)
-            sd = fsmt_to_fairseq(hf.state_dict(), fused=old, old_norms=old)
-            model, _ = convert_fairseq(sd, vars(test_fairseq._args(hf)))
-            src, tgt = test_fairseq._batch(hf)
-            ref = hf(input_ids=src, attention_mask=(src != 1).long(), decoder_input_ids=tgt, use_cache=False).logits
-            rows[f"fairseq/{'2018_fused' if old else 'current'}"] = worst(model(src, tgt), ref, tgt != 1)
+            for sizes, changes in (("", {}), ("/per_stack", PER_STACK)):
+                hf = fsmt_model(seed=7, **changes)
+                sd = fsmt_to_fairseq(hf.state_dict(), fused=old, old_norms=old)
+                model, _ = convert_fairseq(sd, vars(test_fairseq._args(hf)))
+                src, tgt = test_fairseq._batch(hf)
+                ref = hf(input_ids=src, attention_mask=(src != 1).long(), decoder_input_ids=tgt,
+                         use_cache=False).logits
+                rows[f"fairseq/{'2018_fused' if old else 'current'}{sizes}"] = worst(model(src, tgt), ref, tgt != 1)
         for name, kw in test_opennmt.CASES.items():
             ckpt, sd, gen = test_opennmt._checkpoint(**kw)
             model, *_ = convert_opennmt(ckpt)
