@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .heads import AttentionKind, hook_name
@@ -114,8 +115,6 @@ class Trace(Mapping[str, torch.Tensor]):
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
         if "workbench_trace" not in metadata:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import torch
 
 from .head_stats import capture_attention, pad_batch
 
@@ -143,7 +144,6 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
     target token t and column s source token s. `shift`: "predict" (the row that predicts y_t) or "input"
     (the row that reads y_t).
     """
-    import torch
 
 
     if shift not in ("predict", "input"):

@@ -19,6 +19,7 @@ would change every encoder row. The counts are in `HeadStats.truncated` / `.skip
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -291,7 +292,6 @@ def head_stats(
 
 def punctuation_ids(pieces: Sequence[str]) -> list[int]:
     """Ids of vocabulary pieces that are only punctuation once the word marker (▁, Ġ, @@) is removed."""
-    import unicodedata
 
     out = []
     for i, piece in enumerate(pieces):

@@ -7,6 +7,7 @@ drawn in the mapper's `nan_color`; hover names the query token, the key token an
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 
@@ -216,6 +217,5 @@ def altair_heatmap(att: Attention, *, max_cells: int = 5000, width: int = 360, h
 
 def _label_expr(tokens: Sequence[str]) -> str:
     """Vega expression mapping an axis index to its token (keeps the axis order by position, not by name)."""
-    import json
 
     return f"{json.dumps(list(tokens))}[datum.value]"

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..config import ModelConfig
@@ -52,8 +53,6 @@ FAIRSEQ_STAND_INS = (
 
 
 def _numpy_allow() -> list[Any]:
-    import numpy as np
-
     scalar = getattr(getattr(np, "_core", np.core), "multiarray").scalar  # noqa: B009
     reconstruct = getattr(np, "_core", np.core).multiarray._reconstruct
     out: list[Any] = [np.ndarray, np.dtype]

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from .errors import ConversionError, UnsafeCheckpointError
 
@@ -105,9 +107,6 @@ def read_state_dict(path: str | Path, **kwargs: Any) -> dict[str, torch.Tensor]:
     """Tensors from a .safetensors file (preferred: no pickle at all) or a weights-only torch file."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         if not path.is_file():
             raise FileNotFoundError(f"no such checkpoint file: {path}")
         try:

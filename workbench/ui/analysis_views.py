@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import panel as pn
 import param
+import torch
 
 from ..analysis import (
     NORM_HOOKS,
@@ -68,7 +69,6 @@ class ModelAnalysisView(pn.viewable.Viewer):
 
     def build(self, r, tm):
         """The Bokeh model of the chosen analysis (public so tests and notebooks can call it)."""
-        import torch
 
 
         model = tm.model

@@ -1,45 +1,53 @@
-"""Small Panel components over one `Session`: each owns its widgets and redraws only what it shows.
+"""Small Panel components over one `Session`; each owns its widgets and redraws only what it shows.
 
-Charts come from `workbench.charts` (data in, Bokeh/Altair out); nothing here draws by hand. Widgets
-are built with `from_param`, so the store stays the one source of truth (and the URL syncs to it).
-Every view catches chart errors and shows them as text: a view may fail, the page does not.
+Widgets are built with `from_param`, so the store stays the one source of truth (and the URL syncs to it).
+Charts come from `workbench.charts` (data in, Bokeh out), sized to the page's width and to the sentence.
+Tabs whose content costs more than a translation are `LazyTab`s: they compute only while shown, off the
+event loop, with a loading indicator. Every view shows a failure as text: a view may fail, the page does not.
 """
 
 from __future__ import annotations
 
 import logging
+from io import StringIO
+from typing import Any, ClassVar
 
 import panel as pn
 import param
 from bokeh import events
 
-from ..analysis.head_stats import head_stats
-from ..analysis.rollout import decoder_rollout
-from ..charts import (
-    attention_heatmap,
-    compare_traces,
-    head_view,
-    lr_schedule_chart,
-    mask_view,
-    model_view,
-    positional_encoding_view,
-    to_html,
-    training_curves_chart,
-)
-from ..charts.analysis import decoder_rollout_view, head_stats_view
-from ..heads import n_heads as heads_of
 from . import loader
-from .session import KINDS, Request, Session, compute, first_loadable, fmt_logp, head_label
+from .session import KINDS, Session, fmt_logp, head_label
+from .work import Request, translate
 
 log = logging.getLogger(__name__)
-
-KIND_NAMES = {"enc_self": "encoder self", "dec_self": "decoder self", "cross": "cross"}
-VIEW_NAMES = {"heatmap": "heatmap", "lines": "head view (lines)", "grid": "model view (grid)"}
 
 
 def _fail(what: str, exc: Exception) -> pn.pane.Alert:
     log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
-    return pn.pane.Alert(f"{what} could not be drawn: {exc}", alert_type="warning", css_classes=["view-error"])
+    return pn.pane.Alert(f"{what} could not be drawn: {_md_escape(str(exc))}", alert_type="warning",
+                         css_classes=["view-error"], sizing_mode="stretch_width")
+
+
+def _stretch(obj, height: int | None = None):
+    """Let a Bokeh figure (or every figure of a layout) take the page's width; `height` in px if given."""
+    from bokeh.models import LayoutDOM
+    from bokeh.plotting import figure
+
+    figs = [obj] if isinstance(obj, figure) else list(obj.select({"type": figure}))
+    for f in figs:
+        f.sizing_mode = "stretch_width"
+        if height is not None:
+            f.height = height
+    if isinstance(obj, LayoutDOM) and not isinstance(obj, figure):
+        obj.sizing_mode = "stretch_width"
+    return obj
+
+
+def matrix_height(rows: int) -> int:
+    """Height of a heatmap of `rows` query tokens: rows readable at a glance (14-36 px each), at most 900 px."""
+    cell = max(14, min(36, 720 // max(rows, 1)))
+    return min(900, max(260, rows * cell + 130))
 
 
 class SourcePanel(pn.viewable.Viewer):
@@ -49,15 +57,16 @@ class SourcePanel(pn.viewable.Viewer):
 
     def __panel__(self):
         s = self.session
+        longest = max((len(label) for label in s.param.checkpoint.objects), default=10)
         picker = pn.widgets.Select.from_param(s.param.checkpoint, name="Checkpoint", css_classes=["ckpt-picker"],
-                                              width=260)
+                                              width=min(520, max(200, 8 * longest + 60)))
         # TextInput commits on Enter or blur; max_length above the store's own cut so its message shows.
         sentence = pn.widgets.TextInput.from_param(s.param.sentence, name="Source sentence (Enter to translate)",
                                                    max_length=50_000, css_classes=["sentence-input"],
-                                                   sizing_mode="stretch_width")
+                                                   sizing_mode="stretch_width", min_width=300)
         target = pn.widgets.TextInput.from_param(
             s.param.target, name="Target for teacher forcing (empty: translate)", max_length=50_000,
-            css_classes=["target-input"], sizing_mode="stretch_width")
+            css_classes=["target-input"], sizing_mode="stretch_width", min_width=300)
         beam = pn.widgets.IntSlider.from_param(s.param.beam, name="Beam size (1 = greedy)", width=170,
                                                css_classes=["beam-slider"])
         alpha = pn.widgets.FloatSlider.from_param(s.param.alpha, name="Length penalty α", width=170)
@@ -66,41 +75,38 @@ class SourcePanel(pn.viewable.Viewer):
 
 
 class OutputPanel(pn.viewable.Viewer):
-    """The translation, its log-probability, timing, and any message about the input."""
+    """The translation, its log-probability, timing, the error or notes about the input, and a busy spinner."""
 
     session = param.ClassSelector(class_=Session)
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._text = pn.pane.Markdown("", css_classes=["translation"], sizing_mode="stretch_width")
-        self._message = pn.pane.Alert("", alert_type="info", visible=False, css_classes=["message"],
-                                      sizing_mode="stretch_width")
-        self._spinner = pn.indicators.LoadingSpinner(value=False, width=24, height=24, visible=False,
-                                                     css_classes=["busy"])
-        self._status = pn.pane.Markdown("", css_classes=["status"], width=90,
-                                        styles={"color": "#999", "font-size": "11px"})
-        self.session.param.watch(self._update, ["result", "message", "busy", "version"])
-        self._update()
-
-    def _update(self, *_):
-        s = self.session
-        r = s.result
-        if r is None:
-            self._text.object = "**Translation:** –"
-        else:
-            label = "Target (teacher-forced)" if r.forced else "Translation"
-            self._text.object = (f"**{label}:** {_md_escape(r.text) or '(empty output)'}  \n"
-                                 f"<small>log p = {fmt_logp(r.log_prob)} over {r.n_tokens} tokens · "
-                                 f"{len(r.src_pieces)} source tokens · {r.seconds * 1000:.0f} ms</small>")
-        error = s.message.startswith(("Cannot", "The model", "No workbench", "Type a"))
-        text = "  \n".join(_md_escape(line) for line in s.message.splitlines())
-        self._message.param.update(object=text, visible=bool(s.message), alert_type="danger" if error else "info")
-        self._spinner.param.update(value=s.busy, visible=s.busy)
-        self._status.object = f"version={s.version}"
-
     def __panel__(self):
-        return pn.Column(pn.Row(self._text, self._spinner, self._status, sizing_mode="stretch_width"), self._message,
+        s = self.session
+        text = pn.pane.Markdown(pn.bind(_translation_md, s.param.result), css_classes=["translation"],
+                                sizing_mode="stretch_width")
+        spinner = pn.indicators.LoadingSpinner(value=s.param.busy, visible=s.param.busy, width=24, height=24,
+                                               css_classes=["busy"])
+        # Hidden: tests and scripts wait on it ("an answer was applied"), people do not need to see it.
+        status = pn.pane.Markdown(pn.bind(lambda v: f"version={v}", s.param.version), css_classes=["status"],
+                                  visible=False)
+        message = pn.pane.Alert(pn.bind(_message_md, s.param.error, s.param.notes), css_classes=["message"],
+                                alert_type=pn.bind(lambda e: "danger" if e else "info", s.param.error),
+                                visible=pn.bind(lambda e, n: bool(e or n), s.param.error, s.param.notes),
+                                sizing_mode="stretch_width")
+        return pn.Column(pn.Row(text, spinner, status, sizing_mode="stretch_width"), message,
                          sizing_mode="stretch_width")
+
+
+def _translation_md(r) -> str:
+    if r is None:
+        return "**Translation:** –"
+    label = "Target (teacher-forced)" if r.forced else "Translation"
+    return (f"**{label}:** {_md_escape(r.text) or '(empty output)'}  \n"
+            f"<small>log p = {fmt_logp(r.log_prob)} over {r.n_tokens} tokens · "
+            f"{len(r.src_pieces)} source tokens · {r.seconds * 1000:.0f} ms</small>")
+
+
+def _message_md(error: str, notes: list[str]) -> str:
+    return "  \n".join(_md_escape(line) for line in [error, *notes] if line)
 
 
 class AttentionView(pn.viewable.Viewer):
@@ -114,49 +120,20 @@ class AttentionView(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        s = self.session
-        self._kind = pn.widgets.RadioButtonGroup.from_param(s.param.kind, options={v: k for k, v in KIND_NAMES.items()},
-                                                            name="", css_classes=["kind-picker"])
-        self._layer = pn.widgets.Select(label="Layer", options=[0], value=0, width=90, css_classes=["layer-picker"])
-        self._head = pn.widgets.Select(label="Head", options={"all (mean)": -1}, value=-1, width=110,
-                                       css_classes=["head-picker"])
-        self._token = pn.widgets.Select(label="Highlight token", options={"none": -1}, value=-1, width=170,
-                                        css_classes=["token-picker"])
-        self._words = pn.widgets.Checkbox.from_param(s.param.words, name="words (merge sub-words)")
-        self._view = pn.widgets.RadioButtonGroup.from_param(s.param.view, options={v: k for k, v in VIEW_NAMES.items()},
-                                                            name="", css_classes=["view-picker"])
-        self._pane = pn.pane.Bokeh(None, css_classes=["attention-figure"])
+        self._pane = pn.pane.Bokeh(None, css_classes=["attention-figure"], sizing_mode="stretch_width")
         self._box = pn.Column(self._pane, sizing_mode="stretch_width")
-        self._export = pn.widgets.FileDownload(callback=self._html, filename="attention.html",
-                                               label="Export view (offline HTML)", color="light",
-                                               css_classes=["export-html"], width=220)
         self.figure = None
-        for w, name in ((self._layer, "layer"), (self._head, "head"), (self._token, "token")):
-            w.param.watch(lambda e, name=name: setattr(self.session, name, e.new), "value")
-        s.param.watch(self._redraw, ["version", "kind", "layer", "head", "token", "words", "view"])
+        self.session.param.watch(self._redraw, ["version", "kind", "layer", "head", "token", "words", "view"])
         self._redraw()
-
-    def _sync_widgets(self) -> None:
-        s, r = self.session, self.session.result
-        if r is None:
-            return
-        depth = r.trace.layers(s.kind)
-        n_heads = r.trace.attention(s.kind, 0).size(1) if depth else 0
-        queries = r.src_pieces if s.kind == "enc_self" else r.out_pieces
-        self._layer.param.update(options=list(range(depth)), value=s.layer)
-        self._head.param.update(options={"all (mean)": -1, **{f"head {h}": h for h in range(n_heads)}}, value=s.head)
-        self._token.param.update(options={"none": -1, **{f"{i}: {t}": i for i, t in enumerate(queries)}},
-                                 value=s.token if s.token < len(queries) else -1)
 
     def _redraw(self, *_):
         r = self.session.result
-        self._sync_widgets()
         if r is None:
             self.figure = None
             self._box.objects = [pn.pane.Markdown("*No attention to show yet.*")]
             return
         try:
-            fig = self._build(r)
+            fig = self.build(r, interactive=True)
         except Exception as exc:
             self.figure = None
             self._box.objects = [_fail("This view", exc)]
@@ -166,22 +143,29 @@ class AttentionView(pn.viewable.Viewer):
         if self._box.objects != [self._pane]:  # re-setting the same children re-renders the column
             self._box.objects = [self._pane]
 
-    def _build(self, r):
+    def build(self, r, *, interactive: bool = False):
+        """The current view as a new Bokeh model (interactive: with the taps that select rows and tiles)."""
+        from ..charts import attention_heatmap, head_view, model_view
+
         s = self.session
         heads = None if s.head < 0 else s.head
         token = None if s.token < 0 else s.token
         select = _select(r, s.kind)
         if s.view == "heatmap":
-            fig = attention_heatmap(r.trace, s.kind, s.layer, heads, words=s.words, highlight=token, select=select)
+            rows = len(r.queries(s.kind))
+            fig = attention_heatmap(r.trace, s.kind, s.layer, heads, words=s.words, highlight=token, select=select,
+                                    width=900, height=matrix_height(rows))
             fig.name = "attn_fig"
-            fig.on_event(events.Tap, self._tapped_row)
-            return fig
+            fig.title.text_font_size = "13px"
+            if interactive:
+                fig.on_event(events.Tap, self._tapped_row)
+            return _stretch(fig)
         if s.view == "lines":
             return head_view(r.trace, s.kind, s.layer, heads, words=s.words, highlight=token, select=select,
-                             top_k=8 if len(r.src_pieces) > 60 else None)
+                             top_k=8 if len(r.src_pieces) > 60 else None, width=720)
         grid = model_view(r.trace, s.kind, words=s.words, select=select)
         tiles = grid.select_one({"name": f"model_view_tiles_{s.kind}"})
-        if tiles is not None:
+        if interactive and tiles is not None:
             tiles.selected.on_change("indices", lambda attr, old, new, src=tiles: self._tapped_tile(src, new))
         return grid
 
@@ -197,15 +181,31 @@ class AttentionView(pn.viewable.Viewer):
             i = indices[0]
             self.session.param.update(layer=int(src.data["layer"][i]), head=int(src.data["head"][i]))
 
-    def _html(self):
-        from io import StringIO
+    def export_html(self) -> StringIO:
+        """The current view as one offline HTML file: a fresh figure, not the one the page shows."""
+        from ..charts import to_html
 
-
-        return StringIO(to_html(self.figure) if self.figure is not None else "<p>nothing to export</p>")
+        r = self.session.result
+        if r is None:
+            return StringIO("<p>nothing to export</p>")
+        return StringIO(to_html(self.build(r)))
 
     def __panel__(self):
-        controls = pn.Row(self._kind, self._layer, self._head, self._token, self._words, sizing_mode="stretch_width")
-        return pn.Column(controls, pn.Row(self._view, self._export), self._box, sizing_mode="stretch_width")
+        s = self.session
+        controls = pn.FlexBox(
+            pn.widgets.RadioButtonGroup.from_param(s.param.kind, name="", css_classes=["kind-picker"]),
+            pn.widgets.Select.from_param(s.param.layer, name="Layer", width=90, css_classes=["layer-picker"]),
+            pn.widgets.Select.from_param(s.param.head, name="Head", width=120, css_classes=["head-picker"]),
+            pn.widgets.Select.from_param(s.param.token, name="Highlight token", width=190,
+                                         css_classes=["token-picker"]),
+            pn.widgets.Checkbox.from_param(s.param.words, name="words (merge sub-words)",
+                                           css_classes=["words-toggle"], align="end", margin=(5, 10, 12, 10)),
+            align_items="end", sizing_mode="stretch_width")
+        export = pn.widgets.FileDownload(callback=self.export_html, filename="attention.html",
+                                         label="Export view (offline HTML)", button_type="light",
+                                         css_classes=["export-html"], width=220)
+        modes = pn.widgets.RadioButtonGroup.from_param(s.param.view, name="", css_classes=["view-picker"])
+        return pn.Column(controls, pn.Row(modes, export), self._box, sizing_mode="stretch_width")
 
 
 class AblationPanel(pn.viewable.Viewer):
@@ -213,276 +213,356 @@ class AblationPanel(pn.viewable.Viewer):
 
     session = param.ClassSelector(class_=Session)
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        s = self.session
-        self._choice = pn.widgets.MultiChoice(label="Ablated heads (kind:layer:head)", options=[], value=list(s.ablate),
-                                              css_classes=["ablate-choice"], sizing_mode="stretch_width")
-        self._add = pn.widgets.Button(label="Ablate the selected head", color="primary",
-                                      css_classes=["ablate-btn"])
-        self._reset = pn.widgets.Button(label="Reset", css_classes=["reset-btn"])
-        self._out = pn.pane.Markdown("", css_classes=["ablation-out"], sizing_mode="stretch_width")
-        self._add.on_click(lambda e: self.session.toggle_head())
-        self._reset.on_click(lambda e: self.session.reset_ablation())
-        self._choice.param.watch(lambda e: setattr(self.session, "ablate", list(e.new)), "value")
-        s.param.watch(self._update, ["ablate", "ablation", "version", "checkpoint"])
-        self._update()
+    def _options(self, result, ablate) -> list[str]:
+        if result is None:
+            return list(ablate)
+        found = [head_label(k, layer, h) for k in KINDS for layer in range(result.depth(k))
+                 for h in range(result.n_heads(k))]
+        return found + [h for h in ablate if h not in found]
 
-    def _update(self, *_):
+    def __panel__(self):
         s = self.session
-        tm = s.model
-        if tm is not None:
-            cfg = tm.model.cfg
-            depth = {"enc_self": cfg.enc_layers, "dec_self": cfg.dec_layers, "cross": cfg.dec_layers}
-            options = [head_label(k, layer, h) for k in KINDS for layer in range(depth[k])
-                       for h in range(heads_of(cfg, k))]
-            self._choice.options = options
-            self._choice.value = [h for h in s.ablate if h in options]
-        a, r = s.ablation, s.result
-        if not s.ablate or r is None:
-            self._out.object = ("Select a head (grid view: tap a tile; or the layer/head pickers) and press "
-                                "**Ablate**, or choose heads in the list. Ablated heads output zeros.")
-            return
-        if a is None:
-            self._out.object = "*Ablating…*"
-            return
-        same = "same as the original" if a.text == r.text else "**changed**"
-        self._out.object = (
-            f"| | output | log p |\n|---|---|---|\n"
+        choice = pn.widgets.MultiChoice.from_param(
+            s.param.ablate, name="Ablated heads (kind:layer:head)", css_classes=["ablate-choice"],
+            options=pn.bind(self._options, s.param.result, s.param.ablate), sizing_mode="stretch_width")
+        add = pn.widgets.Button(name="Ablate the selected head", button_type="primary", css_classes=["ablate-btn"])
+        reset = pn.widgets.Button(name="Reset", css_classes=["reset-btn"])
+        add.on_click(lambda e: self.session.toggle_head())
+        reset.on_click(lambda e: self.session.reset_ablation())
+        out = pn.pane.Markdown(pn.bind(_ablation_md, s.param.ablate, s.param.ablation, s.param.result),
+                               css_classes=["ablation-out"], sizing_mode="stretch_width")
+        return pn.Column(pn.pane.Markdown("### Ablate heads", css_classes=["ablate-heading"], margin=(0, 10)),
+                         pn.Row(add, reset), choice, out, sizing_mode="stretch_width")
+
+
+def _ablation_md(ablate, a, r) -> str:
+    if not ablate or r is None:
+        return ("Select a head (grid view: tap a tile; or the layer/head pickers) and press "
+                "**Ablate**, or choose heads in the list. Ablated heads output zeros.")
+    if a is None:
+        return "*Ablating…*"
+    same = "same as the original" if a.text == r.text else "**changed**"
+    return (f"| | output | log p |\n|---|---|---|\n"
             f"| original | {_md_escape(r.text) or '(empty)'} | {fmt_logp(r.log_prob)} |\n"
             f"| ablated ({len(a.heads)} heads) | {_md_escape(a.text) or '(empty)'} ({same}) | "
             f"{fmt_logp(a.log_prob)} |\n\n"
             f"Log-probability of the original output under ablation: {fmt_logp(a.original_log_prob)} "
             f"(**Δ = {a.delta:+.3f}**)")
 
-    def __panel__(self):
-        return pn.Column(pn.Row(self._add, self._reset), self._choice, self._out, sizing_mode="stretch_width")
+
+# ------------------------------------------------------------------------------------------ lazy tabs
 
 
-class InternalsView(pn.viewable.Viewer):
-    """Positional encodings, the masks of a padded batch, the LR schedule next to the logged LR, training curves."""
+class LazyTab(pn.viewable.Viewer):
+    """A tab that works only while shown: `inputs()` on the event loop, `compute(*inputs)` off it (in the
+    session's worker threads when served), `render(answer)` back on it. A newer refresh drops older answers.
+
+    Subclasses name the session params that make the content stale (`follows`) and their own (`redraws`).
+    """
 
     session = param.ClassSelector(class_=Session)
+    active = param.Boolean(default=False, doc="The tab is on screen; hidden tabs do no work")
+
+    title: ClassVar[str] = "This tab"
+    follows: ClassVar[tuple[str, ...]] = ("version",)
+    redraws: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._box = pn.Column(sizing_mode="stretch_width", min_height=120)
+        self._stale = True
+        self._generation = 0
+        self._job = None
+        self.session.param.watch(self._changed, list(self.follows))
+        if self.redraws:
+            self.param.watch(self._changed, list(self.redraws))
+
+    @property
+    def content(self) -> list:
+        """What the tab shows now (the Panel objects of its body)."""
+        return list(self._box.objects)
+
+    def show(self) -> None:
+        self.active = True
+
+    @param.depends("active", watch=True)
+    def _activated(self) -> None:
+        if self.active and self._stale:
+            self.refresh()
+
+    def _changed(self, *_) -> None:
+        self._stale = True
+        if self.active:
+            self.refresh()
+
+    def refresh(self) -> None:
+        self._stale = False
+        self._generation += 1
+        gen = self._generation
+        if self._job is not None:
+            self._job.cancel()
+            self._job = None
+        try:
+            inputs = self.inputs()
+        except Exception as exc:
+            self._box.objects = [_fail(self.title, exc)]
+            return
+        if isinstance(inputs, str):  # nothing to compute: a placeholder line
+            self._box.loading = False
+            self._box.objects = [pn.pane.Markdown(inputs)]
+            return
+        self._box.loading = True
+        self._job = self.session.run(self.compute, *inputs, done=lambda answer: self._done(gen, answer),
+                                     failed=lambda exc: self._done(gen, exc))
+
+    def _done(self, gen: int, answer: Any) -> None:
+        if gen != self._generation:
+            return
+        self._job = None
+        self._box.loading = False
+        if isinstance(answer, Exception):
+            self._box.objects = [_fail(self.title, answer)]
+            return
+        try:
+            self._box.objects = list(self.render(answer))
+        except Exception as exc:
+            self._box.objects = [_fail(self.title, exc)]
+
+    def inputs(self) -> tuple | str:
+        """The compute arguments, read from the store now; a string instead means 'show this, compute nothing'."""
+        raise NotImplementedError
+
+    def compute(self, *inputs):
+        """The work (model calls, analyses, figure building); runs off the event loop, so it reads no params."""
+        raise NotImplementedError
+
+    def render(self, answer) -> list:
+        """Panel objects for the answer (on the event loop)."""
+        raise NotImplementedError
+
+
+class InternalsView(LazyTab):
+    """Positional encodings, the masks of a padded batch, the LR schedule next to the logged LR, training curves."""
+
     warmup = param.Integer(default=4000, bounds=(1, None))
     factor = param.Number(default=1.0, bounds=(0.0, None))
     steps = param.Integer(default=20000, bounds=(10, None))
 
+    title = "Internals"
+    follows = ("checkpoint", "version")
+
     def __init__(self, **params):
         super().__init__(**params)
-        self._box = pn.Column(sizing_mode="stretch_width")
-        self._masks_box = pn.Column()
-        self._lr = pn.Column()
-        self._loaded_for = None
-        self._shown = False  # built on first view: the tab's figures cost more than a translation
-        self.session.param.watch(self._refresh, ["checkpoint", "version"])
-        self.param.watch(self._refresh_lr, ["warmup", "factor", "steps"])
+        self._lr = pn.Column(sizing_mode="stretch_width")
+        self._log_rows: list[dict] = []
+        self._d_model = 0
+        self._schedule_for = None
+        self.param.watch(self._draw_lr, ["warmup", "factor", "steps"])
 
-    def show(self) -> None:
-        self._shown = True
-        self._refresh()
+    def inputs(self):
+        s = self.session
+        if s.entry is None:
+            return "*Load a checkpoint to see its internals.*"
+        r = s.result
+        return str(s.entry.path), (r.request.sentence if r else ""), (r.out_ids if r else ())
 
-    def _refresh(self, *_):
-        if not self._shown:
-            return
-        tm = self.session.model
-        if tm is None:
-            self._loaded_for = None
-            self._box.objects = [pn.pane.Markdown("*Load a checkpoint to see its internals.*")]
-            return
-        self._masks_box.objects = [self._try("Masks", self._masks, tm)]  # the only part that follows the sentence
-        if self._loaded_for == self.session.checkpoint:
-            return
-        self._loaded_for = self.session.checkpoint
-        train = dict(tm.meta.get("train") or {})
-        log_rows = self._log()
-        last = max((r.get("step", 0) for r in log_rows), default=0)
-        self.param.update(warmup=int(train.get("warmup", self.warmup)), factor=float(train.get("factor", 1.0)),
-                          steps=max(10, int(last * 1.2)) if last else self.steps)
-        parts = [pn.pane.Markdown("### Positional encodings"), self._try("Positional encodings", self._positions, tm)]
-        parts += [pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"), self._masks_box]
-        parts += [pn.pane.Markdown("### Learning-rate schedule"), self._lr_controls(), self._lr]
-        parts += [pn.pane.Markdown("### Training curves stored in the checkpoint"),
-                  self._try("Training curves", self._curves, log_rows)]
-        self._refresh_lr()
-        self._box.objects = parts
-
-    def _log(self):
-        try:
-            return loader.load_train_log(str(self.session.entries_by_label(self.session.checkpoint)))
-        except Exception:
-            return []
-
-    def _try(self, what, fn, *args):
-        try:
-            return fn(*args)
-        except Exception as exc:
-            return _fail(what, exc)
-
-    def _positions(self, tm):
-        r = self.session.result
-        length = min(tm.model.cfg.max_positions, max(50, len(r.src_pieces) if r else 50))
-        return pn.pane.Bokeh(positional_encoding_view(tm.model.cfg, length=length, model=tm.model))
-
-    def _masks(self, tm):
+    def compute(self, path, sentence, out_ids):
         import torch
 
+        from ..charts import mask_view, positional_encoding_view
 
-        r = self.session.result
+        tm = loader.load_model(path)
         cfg = tm.model.cfg
-        src_ids = tm.src_tokenizer.encode(r.request.sentence)[:40] if r else [5, 6, 7]
-        rows = [src_ids + [cfg.eos_id], src_ids[: len(src_ids) // 2] + [cfg.eos_id], src_ids[:2] + [cfg.eos_id]]
-        tgt_rows = [[cfg.start_id, *list(r.out_ids[:-1])[:40]] if r else [cfg.start_id, 5]]
-        tgt_rows += [tgt_rows[0][: max(1, len(tgt_rows[0]) // 2)], tgt_rows[0][:2]]
-        pad = lambda rs: torch.tensor([x + [cfg.pad_id] * (max(map(len, rs)) - len(x)) for x in rs])
-        return pn.pane.Bokeh(mask_view(pad(rows), pad(tgt_rows), pad_id=cfg.pad_id))
+        parts = {"train": dict(tm.meta.get("train") or {}), "d_model": cfg.d_model, "log": _train_log(path)}
+        try:
+            src_ids = tm.src_tokenizer.encode(sentence)[:40] if sentence else [5, 6, 7]
+            length = min(cfg.max_positions, max(50, len(src_ids) + 1))
+            parts["positions"] = _stretch(positional_encoding_view(cfg, length=length, model=tm.model))
+        except Exception as exc:
+            parts["positions"] = exc
+        try:
+            rows = [src_ids + [cfg.eos_id], src_ids[: len(src_ids) // 2] + [cfg.eos_id], src_ids[:2] + [cfg.eos_id]]
+            tgt = [cfg.start_id, *list(out_ids[:-1])[:40]] if out_ids else [cfg.start_id, 5]
+            tgt_rows = [tgt, tgt[: max(1, len(tgt) // 2)], tgt[:2]]
+            pad = lambda rs: torch.tensor([x + [cfg.pad_id] * (max(map(len, rs)) - len(x)) for x in rs])
+            parts["masks"] = mask_view(pad(rows), pad(tgt_rows), pad_id=cfg.pad_id)
+        except Exception as exc:
+            parts["masks"] = exc
+        return path, parts
 
-    def _lr_controls(self):
-        return pn.Row(pn.widgets.IntInput.from_param(self.param.warmup, name="warmup", width=110),
-                      pn.widgets.FloatInput.from_param(self.param.factor, name="factor", width=110),
-                      pn.widgets.IntInput.from_param(self.param.steps, name="steps shown", width=110))
+    def render(self, answer):
+        path, parts = answer
+        self._log_rows, self._d_model = parts["log"], parts["d_model"]
+        if self._schedule_for != path:  # a new checkpoint: its own schedule settings
+            self._schedule_for = path
+            train = parts["train"]
+            last = max((r.get("step", 0) for r in self._log_rows), default=0)
+            with param.parameterized.discard_events(self):
+                self.param.update(warmup=int(train.get("warmup", self.warmup)),
+                                  factor=float(train.get("factor", 1.0)),
+                                  steps=max(10, int(last * 1.2)) if last else self.steps)
+        self._draw_lr()
+        controls = pn.Row(pn.widgets.IntInput.from_param(self.param.warmup, name="warmup", width=110),
+                          pn.widgets.FloatInput.from_param(self.param.factor, name="factor", width=110),
+                          pn.widgets.IntInput.from_param(self.param.steps, name="steps shown", width=110))
+        return [pn.pane.Markdown("### Positional encodings"), _pane(parts["positions"], "Positional encodings"),
+                pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
+                _pane(parts["masks"], "Masks"),
+                pn.pane.Markdown("### Learning-rate schedule"), controls, self._lr,
+                pn.pane.Markdown("### Training curves stored in the checkpoint"), self._curves()]
 
-    def _refresh_lr(self, *_):
-        tm = self.session.model
-        if tm is None:
-            return
+    def _draw_lr(self, *_):
+        from ..charts import lr_schedule_chart
 
-        d = tm.model.cfg.d_model
+        d = self._d_model
         schedules = {f"noam(d={d}, warmup={self.warmup}, factor={self.factor:g})":
                      {"name": "noam", "d_model": d, "warmup": self.warmup, "factor": self.factor}}
-        log_rows = [r for r in self._log() if "lr" in r]
+        rows = [r for r in self._log_rows if "lr" in r]
         try:
-            chart = lr_schedule_chart(schedules, steps=self.steps, log=log_rows or None)
+            chart = lr_schedule_chart(schedules, steps=self.steps, log=rows or None)
             formula = ("lr(step) = factor · d_model<sup>-0.5</sup> · min(step<sup>-0.5</sup>, "
                        "step · warmup<sup>-1.5</sup>)")
             self._lr.objects = [pn.pane.HTML(formula), pn.pane.Vega(chart)]
         except Exception as exc:
             self._lr.objects = [_fail("Learning-rate chart", exc)]
 
-    def _curves(self, log_rows):
-        if not log_rows:
+    def _curves(self):
+        if not self._log_rows:
             return pn.pane.Markdown("*This checkpoint stores no training log.*")
+        from ..charts import training_curves_chart
 
-        return pn.pane.Vega(training_curves_chart(log_rows))
+        try:
+            return pn.pane.Vega(training_curves_chart(self._log_rows))
+        except Exception as exc:
+            return _fail("Training curves", exc)
 
-    def __panel__(self):
-        return self._box
+
+def _train_log(path: str) -> list[dict]:
+    try:
+        return loader.load_train_log(path)
+    except Exception as exc:  # a checkpoint without a readable log just shows none
+        log.warning("no training log for %s: %s", path, exc)
+        return []
 
 
-class CompareView(pn.viewable.Viewer):
-    """Two checkpoints on the same sentence: B is teacher-forced on A's output, so the rows line up."""
+def _pane(obj, what: str):
+    return _fail(what, obj) if isinstance(obj, Exception) else pn.pane.Bokeh(obj, sizing_mode="stretch_width")
 
-    session = param.ClassSelector(class_=Session)
-    other = param.Selector(default=None, objects=[])
+
+class CompareView(LazyTab):
+    """Two checkpoints on the same sentence: B is teacher-forced on A's output, so the rows line up.
+
+    B starts as a compatible checkpoint (same source and target languages; another snapshot of the same
+    run when there is one, see `loader.partner`), and the tab says why it was chosen, or that none fits.
+    """
+
+    other = param.Selector(default=None, objects=[], doc="Checkpoint B")
+
+    title = "Comparison"
+    follows = ("version", "kind", "layer", "head", "words")
+    redraws = ("other",)
 
     def __init__(self, **params):
         super().__init__(**params)
-        labels = list(self.session.param.checkpoint.objects)
-        self.param.other.objects = labels
-        others = [e for e in self.session.entries if e.label != self.session.checkpoint]
-        if others:
-            self.other = first_loadable(others)
-        elif labels:
-            self.other = labels[0]
-        self._box = pn.Column(sizing_mode="stretch_width")
-        self._picker = pn.widgets.Select.from_param(self.param.other, name="Compare with (B)", width=260,
-                                                    css_classes=["compare-picker"])
-        self.session.param.watch(self._redraw, ["version", "kind", "layer", "head", "words"])
-        self.param.watch(self._redraw, ["other"])
-        self._shown = False
+        self.param.other.objects = list(self.session.param.checkpoint.objects)
+        self._why = ""
+        self._chosen_by_user = False
+        self._pick_partner()
+        self.session.param.watch(lambda e: self._pick_partner(), ["checkpoint"])
+        self.param.watch(self._user_pick, ["other"])
 
-    def _redraw(self, *_):
-        if not self._shown:
+    def _pick_partner(self) -> None:
+        s = self.session
+        if s.checkpoint is None or self._chosen_by_user:
             return
+        entry, self._why = loader.partner(s.entries, s.checkpoint)
+        with param.parameterized.discard_events(self):
+            self.other = entry.label if entry is not None else None
+        self._changed()
+
+    def _user_pick(self, event) -> None:
+        if event.new is not None:
+            self._chosen_by_user = True
+            self._why = "chosen by you"
+
+    def inputs(self):
         s, r = self.session, self.session.result
-        if r is None or self.other is None:
-            self._box.objects = [pn.pane.Markdown("*Nothing to compare yet.*")]
-            return
+        if r is None:
+            return "*Nothing to compare yet.*"
+        if self.other is None:
+            return f"*No checkpoint to compare with by default: {self._why}. Pick one above to compare anyway.*"
+        return (r, str(s.entries_by_label(self.other)), s.kind, s.layer, s.head, s.words,
+                (f"A = {s.checkpoint}", f"B = {self.other}"), self._why)
 
-        path = str(s.entries_by_label(self.other))
-        ids = ()
-        try:  # same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words
-            if loader.load_model(path).tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces):
-                ids = tuple(r.out_ids)
-        except Exception:
-            pass  # compute() below reports an unloadable checkpoint
-        out = compute(Request(path, r.request.sentence, target=r.text or r.request.target or ".", beam=1,
-                              target_ids=ids))
-        if out.error or out.result is None:
-            self._box.objects = [pn.pane.Alert(out.error or "B produced no result", alert_type="warning")]
-            return
-        b = out.result
-        try:
-            kind = s.kind
-            layer_b = min(s.layer, b.trace.layers(kind) - 1)
-            heads = None if s.head < 0 else s.head
-            n_heads_b = b.trace.attention(kind, 0).size(1)
-            fig = compare_traces(r.trace, b.trace, kind, s.layer, heads, layer_b=layer_b,
-                                 heads_b=None if heads is None or heads >= n_heads_b else heads, words=s.words,
-                                 select_a=_select(r, kind), select_b=_select(b, kind),
-                                 labels=(f"A = {s.checkpoint}", f"B = {self.other}"))
-            note = pn.pane.Markdown(f"B reads A's output (teacher-forced): log p(A's output | B) = "
-                                    f"{fmt_logp(b.log_prob)} vs {fmt_logp(r.log_prob)} under A.")
-            self._box.objects = [note, pn.pane.Bokeh(fig)]
-        except Exception as exc:
-            self._box.objects = [_fail("Comparison", exc)]
+    def compute(self, r, path_b, kind, layer, head, words, labels, why):
+        from ..charts import compare_traces
 
-    def show(self):
-        self._shown = True
-        self._redraw()
+        tm_b = loader.load_model(path_b)
+        # Same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words.
+        same_vocab = tm_b.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
+        b = translate(tm_b, Request(path_b, r.request.sentence, target=r.text or r.request.target or ".",
+                                    target_ids=tuple(r.out_ids) if same_vocab else ()))
+        if b is None:
+            raise ValueError("checkpoint B produced no result for this sentence")
+        layer_b = min(layer, b.depth(kind) - 1)
+        heads = None if head < 0 else head
+        fig = compare_traces(r.trace, b.trace, kind, layer, heads, layer_b=layer_b,
+                             heads_b=None if heads is None or heads >= b.n_heads(kind) else heads, words=words,
+                             select_a=_select(r, kind), select_b=_select(b, kind), labels=labels,
+                             height=matrix_height(len(r.queries(kind))), width=420)
+        note = (f"B reads A's output (teacher-forced): log p(A's output | B) = {fmt_logp(b.log_prob)} vs "
+                f"{fmt_logp(r.log_prob)} under A. {labels[1]}: {why}.")
+        return note, fig
+
+    def render(self, answer):
+        note, fig = answer
+        panes = []
+        for child in fig.children:  # one pane each, so narrow pages wrap them (their ranges stay linked)
+            child.title.text_font_size = "12px"
+            panes.append(pn.pane.Bokeh(_stretch(child), min_width=380, sizing_mode="stretch_width",
+                                       styles={"flex": "1 1 380px"}))
+        return [pn.pane.Markdown(_md_escape(note), css_classes=["compare-note"], sizing_mode="stretch_width"),
+                pn.FlexBox(*panes, sizing_mode="stretch_width")]
 
     def __panel__(self):
-        return pn.Column(self._picker, self._box, sizing_mode="stretch_width")
+        picker = pn.widgets.Select.from_param(self.param.other, name="Compare with (B)", css_classes=["compare-picker"],
+                                              width=min(520, max(220, 8 * max(map(len, self.param.other.objects),
+                                                                              default=10) + 60)))
+        return pn.Column(picker, self._box, sizing_mode="stretch_width")
 
 
-class AnalysisView(pn.viewable.Viewer):
-    """Analyses of this sentence's trace from `workbench.analysis`: head statistics and decoder rollout.
+class AnalysisView(LazyTab):
+    """Analyses of this sentence's trace from `workbench.analysis`: head statistics and decoder rollout."""
 
-    Further analyses (alignment, attribution, beam replay, logit lens) join as entries of ANALYSES.
-    """
-
-    session = param.ClassSelector(class_=Session)
     analysis = param.Selector(default="head statistics", objects=["head statistics", "decoder rollout"])
     stat = param.Selector(default="entropy", objects=["entropy", "entropy_norm", "max", "distance", "diag_distance",
                                                       "self", "prev", "next", "first", "eos", "punct", "monotonic"])
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._box = pn.Column(sizing_mode="stretch_width")
-        self._shown = False
-        self.session.param.watch(self._redraw, ["version"])
-        self.param.watch(self._redraw, ["analysis", "stat"])
+    title = "Analysis"
+    redraws = ("analysis", "stat")
 
-    def show(self) -> None:
-        self._shown = True
-        self._redraw()
-
-    def _redraw(self, *_):
-        if not self._shown:
-            return
+    def inputs(self):
         r = self.session.result
-        if r is None:
-            self._box.objects = [pn.pane.Markdown("*Nothing to analyse yet.*")]
-            return
-        try:
-            self._box.objects = [pn.pane.Bokeh(self._build(r))]
-        except Exception as exc:
-            self._box.objects = [_fail(self.analysis.capitalize(), exc)]
+        return "*Nothing to analyse yet.*" if r is None else (r, self.analysis, self.stat)
 
-    def _build(self, r):
+    def compute(self, r, analysis, stat):
         import torch
 
         trace = r.trace.to(dtype=torch.float32)
-        if self.analysis == "head statistics":
-            tm = self.session.model
-            pad, eos = (tm.model.cfg.pad_id, tm.model.cfg.eos_id) if tm is not None else (0, 2)
-            stat = self.stat
-            table = head_stats(trace, pad_id=pad, eos_id=eos)
-            if stat not in table.summary().columns:
-                stat = "entropy"
-            return head_stats_view(table, stat)
+        if analysis == "head statistics":
+            from ..analysis.head_stats import head_stats
+            from ..charts.analysis import head_stats_view
+
+            table = head_stats(trace, pad_id=trace.meta.get("pad_id", 0), eos_id=trace.meta.get("eos_id", 2))
+            return _stretch(head_stats_view(table, stat if stat in table.summary().columns else "entropy"))
+        from ..analysis.rollout import decoder_rollout
+        from ..charts.analysis import decoder_rollout_view
 
         return decoder_rollout_view(decoder_rollout(trace), src_tokens=list(r.src_pieces),
                                     tgt_tokens=list(r.out_pieces))
+
+    def render(self, fig):
+        return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
 
     def __panel__(self):
         controls = pn.Row(pn.widgets.RadioButtonGroup.from_param(self.param.analysis, name=""),
@@ -503,5 +583,5 @@ def _md_escape(text: str) -> str:
     return cleaned
 
 
-__all__ = ["AblationPanel", "AnalysisView", "AttentionView", "CompareView", "InternalsView", "OutputPanel",
-           "SourcePanel"]
+__all__ = ["AblationPanel", "AnalysisView", "AttentionView", "CompareView", "InternalsView", "LazyTab",
+           "OutputPanel", "SourcePanel"]
