@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
-from .common import ConversionError, read_json
+from .errors import ConversionError
+from .reading import read_json
 
 __all__ = ["MosesBPETokenizer", "SpmVocabTokenizer", "fairseq_dictionary", "fairseq_tokenizers", "fsmt_tokenizers",
            "marian_tokenizers", "opennmt_tokenizers"]
