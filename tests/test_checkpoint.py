@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from model_helpers import make_batch, make_model
 from workbench import presets
 from workbench.checkpoint import (
     CheckpointError,
+    clean_stale,
     is_checkpoint,
     load_checkpoint,
     read_pointer,
@@ -154,3 +156,68 @@ def test_run_directory_pointer(tmp_path):
     assert read_pointer(tmp_path) == tmp_path / "step_0000010"
     assert is_checkpoint(tmp_path)
     assert load_checkpoint(tmp_path).path == tmp_path / "step_0000010"
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: raised from a rename, it skips the rest of the save (no except/finally of ours)."""
+
+
+class KillAt:
+    """Counts os.rename/os.replace calls together and raises `Killed` at call number `n` (from 0)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def wrap(self, real):
+        def wrapper(*args, **kw):
+            if self.calls == self.n:
+                raise Killed
+            self.calls += 1
+            return real(*args, **kw)
+        return wrapper
+
+
+def test_replacing_what_latest_and_best_name_leaves_them_complete_after_a_kill_at_any_rename(tmp_path, monkeypatch):
+    cfg = presets.tiny(vocab=50)
+    old, new = make_model(cfg, seed=1), make_model(cfg, seed=2)
+    src, tgt = make_batch(cfg)
+    outputs = {"old": old(src, tgt), "new": new(src, tgt)}
+    real_rename, real_replace = os.rename, os.replace
+    for kill_at in range(20):
+        run = tmp_path / f"run{kill_at}"
+        save_checkpoint(run / "step_0000001", old)
+        write_pointer(run, "latest", "step_0000001")
+        write_pointer(run, "best", "step_0000001")
+        kill = KillAt(kill_at)
+        monkeypatch.setattr(os, "rename", kill.wrap(real_rename))
+        monkeypatch.setattr(os, "replace", kill.wrap(real_replace))
+        try:
+            save_checkpoint(run / "step_0000001", new)
+            finished = True
+        except Killed:
+            finished = False
+        monkeypatch.undo()
+        for when in ("after the kill", "after clean_stale"):
+            for name in ("latest", "best"):
+                out = load_checkpoint(read_pointer(run, name)).model(src, tgt)
+                assert any(torch.equal(out, o) for o in outputs.values()), (kill_at, when, name)
+            clean_stale(run)
+        assert sorted(p.name for p in run.iterdir()) == ["best", "latest", "step_0000001"], kill_at
+        if finished:
+            assert torch.equal(load_checkpoint(run).model(src, tgt), outputs["new"])
+            break
+    assert kill_at >= 3, "replacing takes several renames; each was a kill point"
+
+
+def test_clean_stale_restores_a_checkpoint_an_older_version_left_moved_aside(tmp_path):
+    """Older versions renamed step_N to .step_N.old-*/step_N before renaming the new one in."""
+    model = make_model(presets.tiny(vocab=50))
+    save_checkpoint(tmp_path / ".step_0000004.old-abc" / "step_0000004", model)
+    save_checkpoint(tmp_path / ".step_0000004.tmp-def", model)
+    (tmp_path / ".latest.tmp-ghi").write_text("step_0000002\n")
+    write_pointer(tmp_path, "latest", "step_0000004")
+    with pytest.raises(CheckpointError, match="points at step_0000004, which does not exist"):
+        load_checkpoint(tmp_path)
+    removed = clean_stale(tmp_path)
+    assert sorted(removed) == [".latest.tmp-ghi", ".step_0000004.old-abc", ".step_0000004.tmp-def"]
+    assert load_checkpoint(tmp_path).path == tmp_path / "step_0000004"

@@ -1,0 +1,209 @@
+"""A diverging or killed run never leaves a bad or missing checkpoint behind, and the same command resumes.
+
+Divergence: every save checks the losses since the last save and the weights, so no checkpoint
+with a NaN/inf is ever written and `latest` (the one the error names) is always good. Kills: real
+SIGKILLs of a `workbench train` subprocess, at each rename/replace of its checkpoint writes and at
+random moments; afterwards `latest` and `best` resolve to complete, finite checkpoints, and the
+same command finishes the run with exactly the weights of an uninterrupted one.
+"""
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from workbench.checkpoint import load_checkpoint, read_pointer, save_checkpoint, write_pointer
+from workbench.cli import main as cli_main
+from workbench.config import TrainConfig
+from workbench.train import Trainer
+from workbench.training import run_dir
+
+
+def copy_cfg(out_dir, **changes) -> dict:
+    cfg = dict(
+        dataset="copy", preset="tiny", copy_vocab=11, copy_len=8, copy_pairs=600, max_tokens=270,
+        schedule="inverse_sqrt", lr=3e-3, warmup=30, label_smoothing=0.0, max_steps=8, log_every=1, eval_every=0,
+        bleu=False, best_metric="valid_loss", out_dir=str(out_dir), device="cpu", threads=1, model={"dropout": 0.1},
+    )
+    return cfg | changes
+
+
+def write_cfg(path, **cfg) -> str:
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def finite(ckpt) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in ckpt.model.state_dict().values())
+
+
+def step_dirs(run):
+    return sorted(p for p in run.iterdir() if p.name.startswith("step_"))
+
+
+# a huge peak lr reached by a long warm-up: finite for ~35 steps, then the gradient norm overflows
+DIVERGING = dict(lr=3000.0, warmup=1000, max_steps=60, log_every=10, keep_last=2)
+
+
+@pytest.mark.parametrize("saves", [{"save_every": 3}, {"eval_every": 3}], ids=["periodic", "validation"])
+def test_divergence_writes_no_bad_checkpoint_and_the_same_command_resumes_from_a_good_one(tmp_path, capsys, saves):
+    run = tmp_path / "run"
+    cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **DIVERGING, **saves))
+    assert cli_main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err  # one line
+    named = re.search(r"Last good checkpoint: (\S+)", err)
+    assert "training diverged" in err and named, err
+    latest = read_pointer(run)
+    assert named[1] == str(latest)
+    assert step_dirs(run), "some checkpoints were written before the divergence"
+    for path in step_dirs(run):  # none holds a NaN/inf, so keep_last pruned no good one away
+        assert finite(load_checkpoint(path)), path.name
+    for line in load_checkpoint(run).train_log:
+        assert all(v == v and abs(v) != float("inf") for v in line.values() if isinstance(v, float)), line
+    # the same command resumes from the good checkpoint, says so, and (same lr) diverges again, cleanly
+    assert cli_main(["train", cfg]) == 2
+    out, err = capsys.readouterr()
+    assert f"resumed from {latest} at step" in out
+    assert err.count("\n") == 1 and f"Last good checkpoint: {latest}" in err, err
+
+
+def test_resume_skips_a_non_finite_checkpoint_an_older_version_wrote(tmp_path, capsys):
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**copy_cfg(run, max_steps=4, save_every=2)), progress="none").fit()
+    good = load_checkpoint(run, with_train_state=True)
+    bad = load_checkpoint(run, with_train_state=True)
+    with torch.no_grad():
+        bad.model.enc[0].ffn.up_proj.weight[0, 0] = float("nan")
+    save_checkpoint(run / "step_0000006", bad.model, meta=bad.meta, train_log=bad.train_log,
+                    train_state=bad.train_state)
+    write_pointer(run, "latest", "step_0000006")
+    resumed = Trainer(TrainConfig(**copy_cfg(run, max_steps=4, save_every=2)), progress="terminal")
+    out = capsys.readouterr().out
+    assert "skipped step_0000006: non-finite weights" in out and f"resumed from {good.path}" in out
+    assert resumed.step == 4 and finite(resumed)
+
+
+def test_unknown_model_key_in_a_toml_config_is_one_line(tmp_path, capsys):
+    toml = tmp_path / "cfg.toml"
+    toml.write_text(f'[train]\ndataset = "copy"\nmax_steps = 2\nout_dir = "{tmp_path / "run"}"\n'
+                    '[model]\ndropout = 0.0\nd_modle = 64\n')
+    assert cli_main(["train", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model key 'd_modle'" in err and "d_model" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_each_step_is_saved_once(tmp_path, monkeypatch):
+    """max_steps % save_every == 0: the periodic save and the final validation are one save."""
+    saved = []
+    real = run_dir.save_checkpoint
+    monkeypatch.setattr(run_dir, "save_checkpoint",
+                        lambda path, *a, **kw: saved.append(path.name) or real(path, *a, **kw))
+    trainer = Trainer(TrainConfig(**copy_cfg(tmp_path / "run", max_steps=6, save_every=3)), progress="none").fit()
+    assert saved == ["step_0000003", "step_0000006"]
+    assert [r["step"] for r in trainer.log if r["kind"] == "valid"] == [6]
+    ck = load_checkpoint(tmp_path / "run")
+    assert ck.train_log[-1]["kind"] == "valid" and read_pointer(tmp_path / "run", "best") == ck.path
+
+
+# ------------------------------------------------------------------------------------------ kills
+
+# Runs `workbench train CFG` and, when K >= 0, SIGKILLs itself at its K-th os.rename/os.replace:
+# the moments between the renames of a checkpoint write are where a kill can do harm.
+CHILD = """
+import os, signal, sys
+from workbench.cli import main
+k = int(sys.argv[2])
+calls = [0]
+def killing(real):
+    def wrapper(*args, **kw):
+        if calls[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        calls[0] += 1
+        return real(*args, **kw)
+    return wrapper
+os.rename, os.replace = killing(os.rename), killing(os.replace)
+sys.exit(main(["train", sys.argv[1]]))
+"""
+
+
+def child(tmp_path, cfg: str, kill_at: int = -1) -> subprocess.Popen:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return subprocess.Popen([sys.executable, str(script), cfg, str(kill_at)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def assert_run_dir_sound(run):
+    """`latest` and `best` name complete, loadable, finite checkpoints (when a save got that far)."""
+    for name in ("latest", "best"):
+        target = read_pointer(run, name)
+        if target is not None:
+            ck = load_checkpoint(target)
+            assert finite(ck), (name, target)
+
+
+def final_weights(path):
+    return load_checkpoint(path).model.state_dict()
+
+
+@pytest.fixture
+def reference(tmp_path):
+    """Final weights of the run below, uninterrupted."""
+    def make(**changes):
+        cfg = TrainConfig(**copy_cfg(tmp_path / "ref", **changes))
+        return Trainer(cfg, resume=False, progress="none").fit().model.state_dict()
+    return make
+
+
+KILL_RUN = dict(max_steps=6, save_every=3, log_every=3, keep_last=1)
+
+
+@pytest.mark.slow  # about 25 s: one subprocess (torch import included) per kill point
+def test_a_kill_at_any_rename_leaves_a_loadable_run_and_the_same_command_finishes_it_exactly(tmp_path, reference):
+    ref = reference(**KILL_RUN)
+    # kill at the 0th, 1st, ... rename/replace of the run until one more than the run makes
+    for kill_at in range(16):
+        run = tmp_path / f"run{kill_at}"
+        cfg = write_cfg(tmp_path / f"cfg{kill_at}.json", **copy_cfg(run, **KILL_RUN))
+        proc = child(tmp_path, cfg, kill_at)
+        err = proc.communicate(timeout=120)[1]
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, (kill_at, proc.returncode, err)
+        assert_run_dir_sound(run)
+        assert cli_main(["train", cfg]) == 0  # the same command resumes and finishes
+        assert not [p.name for p in run.iterdir() if p.name.startswith(".")], kill_at  # stale ones cleaned up
+        assert_run_dir_sound(run)
+        got = final_weights(run)
+        for key, value in ref.items():
+            assert torch.equal(got[key], value), (kill_at, key)
+    assert kill_at >= 5, "two saves (directory, latest, best) make at least five renames"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sigkill_at_random_moments(tmp_path, reference, seed):
+    changes = dict(max_steps=40, save_every=2, eval_every=10, log_every=5, keep_last=2)
+    ref = reference(**changes)
+    run = tmp_path / "run"
+    cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **changes))
+    rng = random.Random(seed)
+    for _ in range(3):
+        proc = child(tmp_path, cfg)
+        time.sleep(rng.uniform(1.0, 6.0))  # start-up (imports) takes ~2 s; a tiny step a few ms
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=120)
+        assert_run_dir_sound(run)
+    assert cli_main(["train", cfg]) == 0
+    assert_run_dir_sound(run)
+    got = final_weights(run)
+    for key, value in ref.items():
+        assert torch.equal(got[key], value), key
