@@ -1,7 +1,8 @@
 """The Attention Workbench dashboard: `panel serve apps/attention.py [--args --checkpoints DIR...]`.
 
 Thin on purpose: the per-process model cache and checkpoint discovery live in `workbench.ui.loader`,
-the per-session store in `workbench.ui.session`, the views in `workbench.ui.views`.
+the per-session store in `workbench.ui.session`, the model work in `workbench.ui.work`, the views in
+`workbench.ui.views`.
 """
 
 import sys
@@ -9,12 +10,12 @@ import sys
 import panel as pn
 
 from workbench.ui import Workbench
-from workbench.ui.analysis_views import register as register_model_analysis
+from workbench.ui.analysis_views import TAB as MODEL_ANALYSIS
 from workbench.ui.loader import configure_torch_threads, parse_args
 from workbench.ui.workbench_app import TITLE
 
 pn.extension("vega", notifications=False)
 configure_torch_threads()
-register_model_analysis()  # the "Model analysis" tab (logit lens, attribution, beam replay, flow, norms)
 
-Workbench(checkpoints=parse_args(sys.argv[1:])).servable(title=TITLE)
+# The "Model analysis" tab: logit lens, attribution, beam replay, flow, norms.
+Workbench(checkpoints=parse_args(sys.argv[1:]), extra_tabs=[MODEL_ANALYSIS]).servable(title=TITLE)

@@ -1,9 +1,9 @@
 """The "Model analysis" tab: analyses of the current sentence that run the model again (logit lens,
 gradient attribution beside attention, beam-search replay, encoder rollout and flow, value norms).
 
-Registered as an extra tab (`register()`, called by the app script) so the assembler stays unchanged.
-Nothing is computed until an analysis is picked: attribution needs one backward pass per output token
-and the beam replay one decode plus one forward per step.
+Added through the app's constructor: `Workbench(extra_tabs=[TAB])`. It is a `LazyTab`: nothing is computed
+until the tab is shown and an analysis is picked (attribution needs one backward pass per output token and the
+beam replay one decode plus one forward per step), and the work runs off the event loop.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import panel as pn
 import param
 import torch
+from bokeh.layouts import column
 
 from ..analysis import (
     NORM_HOOKS,
@@ -24,53 +25,53 @@ from ..analysis import (
 )
 from ..charts import analysis as charts
 from ..decoding import beam_search
-from .session import Session
-from .workbench_app import Workbench
+from . import loader
+from .views import LazyTab
 
 ANALYSES = ["(pick one)", "logit lens", "attribution vs attention", "beam search replay", "encoder rollout",
             "attention flow", "value norms (cross, last layer)"]
 FLOW_MAX_TOKENS = 24  # attention flow is S² max-flows: ~3 s at 20 tokens on one CPU thread
 
 
-class ModelAnalysisView(pn.viewable.Viewer):
+class ModelAnalysisView(LazyTab):
     """Per-sentence analyses over the session's model and result (see `workbench.analysis`)."""
 
-    session = param.ClassSelector(class_=Session)
     analysis = param.Selector(default=ANALYSES[0], objects=ANALYSES)
     method = param.Selector(default="saliency", objects=["saliency", "input_x_gradient"])
     beam = param.Integer(default=4, bounds=(2, 8))
     step = param.Integer(default=0, bounds=(0, None))
 
+    title = "Model analysis"
+    redraws = ("analysis", "method", "beam", "step")
+
     def __init__(self, **params):
         super().__init__(**params)
-        self._box = pn.Column(sizing_mode="stretch_width")
-        self._replay = None
-        self.session.param.watch(self._changed, ["version"])
-        self.param.watch(self._redraw, ["analysis", "method", "step"])
-        self.param.watch(self._changed, ["beam"])
+        self._replay = None  # (key, replay): the beam replay of one sentence and beam, reused across steps
 
-    def _changed(self, *_):
-        self._replay = None
-        self._redraw()
-
-    def _redraw(self, *_):
+    def inputs(self):
         r = self.session.result
-        tm = self.session.model
         if self.analysis == ANALYSES[0]:
-            self._box.objects = [pn.pane.Markdown("*Pick an analysis; it runs on the sentence above.*")]
-            return
-        if r is None or tm is None:
-            self._box.objects = [pn.pane.Markdown("*Nothing to analyse yet.*")]
-            return
-        try:
-            self._box.objects = [pn.pane.Bokeh(self.build(r, tm))]
-        except Exception as exc:  # a failing analysis is a message, never a broken page
-            self._box.objects = [pn.pane.Alert(f"**{self.analysis}** could not be drawn: {exc}", alert_type="warning")]
+            return "*Pick an analysis; it runs on the sentence above.*"
+        if r is None:
+            return "*Nothing to analyse yet.*"
+        return r, self.analysis, self.method, self.beam, self.step
 
-    def build(self, r, tm):
-        """The Bokeh model of the chosen analysis (public so tests and notebooks can call it)."""
+    def compute(self, r, analysis, method, beam, step):
+        return self.build(r, loader.load_model(r.request.path), analysis=analysis, method=method, beam=beam,
+                          step=step)
 
+    def render(self, fig):
+        if self._replay is not None:
+            self.param.step.bounds = (0, len(self._replay[1].steps) - 1)
+        return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
 
+    def build(self, r, tm, *, analysis: str | None = None, method: str | None = None, beam: int | None = None,
+              step: int | None = None):
+        """The Bokeh model of an analysis (default: the chosen one) of result `r` under model `tm`."""
+        analysis = analysis or self.analysis
+        method = method or self.method
+        beam = beam or self.beam
+        step = self.step if step is None else step
         model = tm.model
         trace = r.trace.to(dtype=torch.float32)
         src = trace.src.to(model.device)
@@ -81,46 +82,44 @@ class ModelAnalysisView(pn.viewable.Viewer):
         def vocab(i: int) -> str:
             return tm.tgt_tokenizer.pieces([i])[0]
 
-        if self.analysis == "logit lens":
+        if analysis == "logit lens":
             lens = logit_lens(model, src, tgt, targets=targets, top_k=1)
             return charts.logit_lens_view(lens, tokens=vocab, positions=[f"→{t}" for t in out_tokens])
-        if self.analysis == "attribution vs attention":
+        if analysis == "attribution vs attention":
             attr = token_attribution(model, src, tgt, targets)
             cross = trace.attention("cross", trace.layers("cross") - 1)[0].mean(0).numpy()
             return charts.attribution_view(attr, attention=cross, src_tokens=src_tokens, tgt_tokens=out_tokens,
-                                           method=self.method)
-        if self.analysis == "beam search replay":
-            from bokeh.layouts import column
-
-            replay = self._beam_replay(model, src, len(out_tokens))
-            step = min(self.step, len(replay.steps) - 1)
+                                           method=method)
+        if analysis == "beam search replay":
+            replay = self._beam_replay(model, src, len(out_tokens), r, beam)
+            step = min(step, len(replay.steps) - 1)
             return column(charts.beam_tree_figure(replay, tokens=vocab),
                           charts.beam_step_view(replay, step, tokens=vocab, src_tokens=src_tokens))
-        if self.analysis == "encoder rollout":
+        if analysis == "encoder rollout":
             return charts.relevance_heatmap(encoder_rollout(trace)[0].numpy(), src_tokens, src_tokens,
                                             title="encoder rollout: share of each input token in each position")
-        if self.analysis == "attention flow":
+        if analysis == "attention flow":
             if len(src_tokens) > FLOW_MAX_TOKENS:
                 raise ValueError(f"attention flow is limited to {FLOW_MAX_TOKENS} source tokens here "
                                  f"(this sentence has {len(src_tokens)}); use encoder rollout")
             layers = trace.stack("enc.*.self_attn.hook_probs")[:, 0].mean(1)  # (L, S, S)
             return charts.relevance_heatmap(attention_flow(layers), src_tokens, src_tokens,
                                             title="attention flow (Abnar & Zuidema 2020) through the encoder")
-        if self.analysis.startswith("value norms"):
+        if analysis.startswith("value norms"):
             _, full = model.run_with_cache(src, tgt, names=NORM_HOOKS)
             layer = len(model.dec) - 1
             norms = value_norms(model, full, "cross", layer)
             return charts.relevance_heatmap(norms.combined[0].float().cpu().numpy(), out_tokens, src_tokens,
                                             title=f"‖Σ_h α·f(x)‖ (Kobayashi et al. 2020), cross layer {layer}",
                                             value_label="norm")
-        raise ValueError(f"unknown analysis {self.analysis!r}")
+        raise ValueError(f"unknown analysis {analysis!r}")
 
-    def _beam_replay(self, model, src, out_len: int):
-        if self._replay is None:
-            gen = beam_search(model, src, beam=self.beam, max_len=max(4, out_len + 8), record_steps=True)
-            self._replay = add_cross_attention(replay_beam(gen, 0), model, src[0])
-            self.param.step.bounds = (0, len(self._replay.steps) - 1)
-        return self._replay
+    def _beam_replay(self, model, src, out_len: int, r, beam: int):
+        key = (id(r), beam)
+        if self._replay is None or self._replay[0] != key:
+            gen = beam_search(model, src, beam=beam, max_len=max(4, out_len + 8), record_steps=True)
+            self._replay = (key, add_cross_attention(replay_beam(gen, 0), model, src[0]))
+        return self._replay[1]
 
     def __panel__(self):
         controls = pn.Row(
@@ -130,11 +129,8 @@ class ModelAnalysisView(pn.viewable.Viewer):
             pn.widgets.IntInput.from_param(self.param.beam, name="Beam", width=80),
             pn.widgets.IntInput.from_param(self.param.step, name="Beam step", width=100),
         )
-        self._redraw()
         return pn.Column(controls, self._box, sizing_mode="stretch_width")
 
 
-def register() -> None:
-    """Add the tab to every Workbench built afterwards."""
-
-    Workbench.add_tab("Model analysis", lambda session: ModelAnalysisView(session=session))
+TAB = ("Model analysis", lambda session: ModelAnalysisView(session=session))
+"""The tab as `Workbench(extra_tabs=[TAB])` takes it."""

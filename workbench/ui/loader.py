@@ -12,6 +12,9 @@ The URL carries a checkpoint's *label*, which is looked up in that list, never a
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +24,7 @@ from pathlib import Path
 import panel as pn
 
 from ..checkpoint import LATEST, is_checkpoint, read_log, resolve_checkpoint
-from ..translator import TranslationModel
+from ..translator import TranslationModel, decode_config_from_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT / "checkpoints"
@@ -136,3 +139,62 @@ def load_train_log(path: str) -> list[dict]:
     """The checkpoint's training log (train_log.jsonl), without loading its weights again."""
 
     return read_log(resolve_checkpoint(path) / "train_log.jsonl")
+
+
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint's meta.json without loading its weights ({} when missing or unreadable); re-read when it changes."""
+    meta_path = Path(path) / "meta.json"
+    try:
+        stamp = meta_path.stat().st_mtime_ns
+    except OSError:
+        return {}
+    return dict(_read_meta(str(meta_path), stamp))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_meta(path: str, _stamp: int) -> dict:
+    try:
+        meta = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def default_alpha(path: str | Path) -> float:
+    """The checkpoint's own length-penalty exponent (meta["generation"], read as loading the model reads it);
+    1.0 when it names none or the entry is malformed (loading the model reports that)."""
+    try:
+        value = decode_config_from_meta(read_meta(path).get("generation") or {}).alpha
+    except (TypeError, ValueError, AttributeError):
+        return 1.0
+    return 1.0 if math.isnan(value) else float(value)
+
+
+def partner(entries: Sequence[Entry], label: str) -> tuple[Entry | None, str]:
+    """(the checkpoint to compare `label` with, why it was chosen): same source and target languages, and
+    among those another snapshot of the same training run (the earliest) when there is one; (None, why not)."""
+    by_label = {e.label: e for e in entries}
+    if label not in by_label:
+        return None, f"{label!r} is not a listed checkpoint"
+    meta = read_meta(by_label[label].path)
+    langs = (meta.get("src_lang"), meta.get("tgt_lang"))
+    if None in langs:
+        others = [e for e in entries if e.label != label]
+        return (others[0], "its meta.json names no languages, so B is simply the next listed checkpoint") if others \
+            else (None, "no other checkpoint is listed")
+    fits = [e for e in entries if e.label != label and
+            (read_meta(e.path).get("src_lang"), read_meta(e.path).get("tgt_lang")) == langs]
+    pair = f"{langs[0]}→{langs[1]}"
+    if not fits:
+        return None, f"no other listed checkpoint translates {pair}"
+    run = (meta.get("train_config") or {}).get("out_dir")
+    same_run = [e for e in fits if run and (read_meta(e.path).get("train_config") or {}).get("out_dir") == run]
+    if same_run:
+        best = min(same_run, key=lambda e: _step(read_meta(e.path)))
+        return best, f"another snapshot (step {read_meta(best.path).get('step', '?')}) of the same run, {pair}"
+    return fits[0], f"the first other checkpoint that translates {pair}"
+
+
+def _step(meta: dict) -> float:
+    step = meta.get("step")
+    return float(step) if isinstance(step, (int, float)) else math.inf

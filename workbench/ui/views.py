@@ -14,8 +14,25 @@ from typing import Any, ClassVar
 
 import panel as pn
 import param
+import torch
 from bokeh import events
+from bokeh.models import LayoutDOM
+from bokeh.plotting import figure
 
+from ..analysis.head_stats import head_stats
+from ..analysis.rollout import decoder_rollout
+from ..charts import (
+    attention_heatmap,
+    compare_traces,
+    head_view,
+    lr_schedule_chart,
+    mask_view,
+    model_view,
+    positional_encoding_view,
+    to_html,
+    training_curves_chart,
+)
+from ..charts.analysis import decoder_rollout_view, head_stats_view
 from . import loader
 from .session import KINDS, Session, fmt_logp, head_label
 from .work import Request, translate
@@ -31,9 +48,6 @@ def _fail(what: str, exc: Exception) -> pn.pane.Alert:
 
 def _stretch(obj, height: int | None = None):
     """Let a Bokeh figure (or every figure of a layout) take the page's width; `height` in px if given."""
-    from bokeh.models import LayoutDOM
-    from bokeh.plotting import figure
-
     figs = [obj] if isinstance(obj, figure) else list(obj.select({"type": figure}))
     for f in figs:
         f.sizing_mode = "stretch_width"
@@ -145,8 +159,6 @@ class AttentionView(pn.viewable.Viewer):
 
     def build(self, r, *, interactive: bool = False):
         """The current view as a new Bokeh model (interactive: with the taps that select rows and tiles)."""
-        from ..charts import attention_heatmap, head_view, model_view
-
         s = self.session
         heads = None if s.head < 0 else s.head
         token = None if s.token < 0 else s.token
@@ -183,8 +195,6 @@ class AttentionView(pn.viewable.Viewer):
 
     def export_html(self) -> StringIO:
         """The current view as one offline HTML file: a fresh figure, not the one the page shows."""
-        from ..charts import to_html
-
         r = self.session.result
         if r is None:
             return StringIO("<p>nothing to export</p>")
@@ -367,10 +377,6 @@ class InternalsView(LazyTab):
         return str(s.entry.path), (r.request.sentence if r else ""), (r.out_ids if r else ())
 
     def compute(self, path, sentence, out_ids):
-        import torch
-
-        from ..charts import mask_view, positional_encoding_view
-
         tm = loader.load_model(path)
         cfg = tm.model.cfg
         parts = {"train": dict(tm.meta.get("train") or {}), "d_model": cfg.d_model, "log": _train_log(path)}
@@ -412,8 +418,6 @@ class InternalsView(LazyTab):
                 pn.pane.Markdown("### Training curves stored in the checkpoint"), self._curves()]
 
     def _draw_lr(self, *_):
-        from ..charts import lr_schedule_chart
-
         d = self._d_model
         schedules = {f"noam(d={d}, warmup={self.warmup}, factor={self.factor:g})":
                      {"name": "noam", "d_model": d, "warmup": self.warmup, "factor": self.factor}}
@@ -429,8 +433,6 @@ class InternalsView(LazyTab):
     def _curves(self):
         if not self._log_rows:
             return pn.pane.Markdown("*This checkpoint stores no training log.*")
-        from ..charts import training_curves_chart
-
         try:
             return pn.pane.Vega(training_curves_chart(self._log_rows))
         except Exception as exc:
@@ -495,8 +497,6 @@ class CompareView(LazyTab):
                 (f"A = {s.checkpoint}", f"B = {self.other}"), self._why)
 
     def compute(self, r, path_b, kind, layer, head, words, labels, why):
-        from ..charts import compare_traces
-
         tm_b = loader.load_model(path_b)
         # Same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words.
         same_vocab = tm_b.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
@@ -546,18 +546,10 @@ class AnalysisView(LazyTab):
         return "*Nothing to analyse yet.*" if r is None else (r, self.analysis, self.stat)
 
     def compute(self, r, analysis, stat):
-        import torch
-
         trace = r.trace.to(dtype=torch.float32)
         if analysis == "head statistics":
-            from ..analysis.head_stats import head_stats
-            from ..charts.analysis import head_stats_view
-
             table = head_stats(trace, pad_id=trace.meta.get("pad_id", 0), eos_id=trace.meta.get("eos_id", 2))
             return _stretch(head_stats_view(table, stat if stat in table.summary().columns else "entropy"))
-        from ..analysis.rollout import decoder_rollout
-        from ..charts.analysis import decoder_rollout_view
-
         return decoder_rollout_view(decoder_rollout(trace), src_tokens=list(r.src_pieces),
                                     tgt_tokens=list(r.out_pieces))
 

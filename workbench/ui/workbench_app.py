@@ -3,6 +3,7 @@
     from workbench.ui import Workbench
     Workbench("checkpoints/multi30k").servable()      # a notebook cell or a served script
     Workbench(checkpoints=["runs/"]).attention          # one view on its own
+    Workbench(extra_tabs=[("Heads", lambda session: HeadStats(session=session))])   # more tabs
 
 Served (`background=True`, the default under `panel serve`), model work runs in the process's worker
 threads and the page shows a spinner; in a notebook without a server it runs inline.
@@ -10,45 +11,53 @@ threads and the page shows a spinner; in a notebook without a server it runs inl
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from urllib.parse import parse_qsl, urlencode
 
 import panel as pn
 import param
 
 from . import loader
 from .session import Session
-from .views import AblationPanel, AnalysisView, AttentionView, CompareView, InternalsView, OutputPanel, SourcePanel
+from .views import (
+    AblationPanel,
+    AnalysisView,
+    AttentionView,
+    CompareView,
+    InternalsView,
+    LazyTab,
+    OutputPanel,
+    SourcePanel,
+)
 
 TITLE = "Attention Workbench"
 URL_PARAMS = {"checkpoint": "ckpt", "sentence": "src", "target": "tgt", "beam": "beam", "alpha": "alpha",
               "kind": "kind", "layer": "layer", "head": "head", "token": "tok", "words": "words", "view": "view",
               "ablate": "ablate"}
+# Applied from a link after the first result, when the model's layers and heads and the sentence's tokens are known.
+SELECTION = ("kind", "layer", "head", "token", "words", "view", "ablate")
 CSS = """
 .wb-header h1 { margin: 0 0 2px 0; font-size: 1.5em; }
 .wb-header p { margin: 0; color: #555; }
 """
 
+TabFactory = Callable[[Session], object]
+
 
 class Workbench(pn.viewable.Viewer):
-    """Store + views, assembled. `checkpoint` picks a directory directly (notebooks); `checkpoints`
-    adds directories to the discovered list; `sync_url` ties the store to the page's query string."""
+    """Store + views, assembled. `checkpoint` picks a directory directly (notebooks); `checkpoints` adds
+    directories to the discovered list; `sync_url` ties the store to the page's query string; `extra_tabs`
+    adds (title, factory(session)) tabs after the built-in ones."""
 
     session = param.ClassSelector(class_=Session)
 
-    # More tabs (the analysis views: head statistics, rollout, attribution, beam replay, logit lens) join
-    # here without touching this file: Workbench.add_tab("Heads", lambda session: HeadStats(session=session)).
-    extra_tabs: ClassVar[list[tuple[str, Callable[[Session], object]]]] = []
-
-    @classmethod
-    def add_tab(cls, title: str, factory: Callable[[Session], object]) -> None:
-        """Register a tab for every Workbench built afterwards; `factory(session)` returns a Panel object."""
-        cls.extra_tabs = [t for t in cls.extra_tabs if t[0] != title] + [(title, factory)]
-
     def __init__(self, checkpoint: str | Path | None = None, *, checkpoints: Sequence[str | Path] = (),
                  sentence: str | None = None, sync_url: bool | None = None, background: bool | None = None,
-                 default_dir: Path | None = loader.DEFAULT_DIR, **params):
+                 default_dir: Path | None = loader.DEFAULT_DIR, extra_tabs: Sequence[tuple[str, TabFactory]] = (),
+                 **params):
         dirs = [*checkpoints, *([checkpoint] if checkpoint is not None else [])]
         entries, problems = loader.discover(dirs, default=default_dir)
         chosen = None
@@ -59,10 +68,18 @@ class Workbench(pn.viewable.Viewer):
         extra = {"sentence": sentence} if sentence is not None else {}
         session = Session(entries, problems=problems, checkpoint=chosen, autorun=False, **extra)
         super().__init__(session=session, **params)
-        if served if sync_url is None else sync_url:
-            pn.state.location.sync(session, URL_PARAMS, on_error=self._bad_url)
-        session._autorun = True
+        sync = served if sync_url is None else sync_url
+        link = _link_values() if sync else {}
+        bad = self._apply_link({k: v for k, v in link.items() if k not in SELECTION})
+        session.autorun = True
         session.refresh()  # the first result inline, so the page opens on something real
+        bad += self._apply_link({k: v for k, v in link.items() if k in SELECTION})
+        if bad:
+            session.notes = [*session.notes, "Some settings in the link could not be used and were ignored: "
+                             + ", ".join(f"{URL_PARAMS[name]}={raw[:80]}" for name, raw in bad)]
+        if sync:
+            _drop_from_link([URL_PARAMS[name] for name, _ in bad])
+            pn.state.location.sync(session, URL_PARAMS, on_error=lambda values: None)  # already applied above
         session.background = served if background is None else background
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())
@@ -73,30 +90,78 @@ class Workbench(pn.viewable.Viewer):
         self.internals = InternalsView(session=session)
         self.compare = CompareView(session=session)
         self.analysis = AnalysisView(session=session)
+        self.tabs = [("Attention", None), ("Internals", self.internals), ("Compare", self.compare),
+                     ("Analysis", self.analysis), *[(title, factory(session)) for title, factory in extra_tabs]]
 
-    def _bad_url(self, values: dict) -> None:
-        """Panel applies a link's values all or nothing; apply the good ones one by one, name the bad ones."""
-        bad = {}
-        for name, value in values.items():
+    def _apply_link(self, values: dict[str, str]) -> list[tuple[str, str]]:
+        """Set each value from the link that the store accepts; return the (name, raw value) of the others."""
+        bad = []
+        for name, raw in values.items():
             try:
+                value = _coerce(self.session.param[name], raw)
+                if name == "ablate" and not all(self.session.head_exists(h) for h in value):
+                    raise ValueError(f"no such head in {value}")
                 setattr(self.session, name, value)
-            except Exception:
-                bad[URL_PARAMS.get(name, name)] = value
-        if bad:
-            self.session.notes_once.append("Some settings in the link could not be used and were ignored: "
-                                           + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+            except Exception:  # any value the store refuses is named in the page, never raised
+                bad.append((name, raw))
+        return bad
 
     def __panel__(self):
         header = pn.pane.Markdown(
             f"# {TITLE}\nType a sentence and see what the translation model attends to. Views: pick a kind, "
             "layer and head; tap a heatmap row to highlight a token; tap a grid tile to select a head to ablate.",
             css_classes=["wb-header"], stylesheets=[CSS], sizing_mode="stretch_width")
-        inspect = pn.Row(pn.Column(self.attention, sizing_mode="stretch_width"),
-                         pn.Column("### Ablate heads", self.ablation, width=420), sizing_mode="stretch_width")
-        extra = [(title, factory(self.session)) for title, factory in self.extra_tabs]
-        tabs = pn.Tabs(("Attention", inspect), ("Internals", self.internals), ("Compare", self.compare),
-                       ("Analysis", self.analysis), *extra,
+        inspect = pn.FlexBox(pn.Column(self.attention, sizing_mode="stretch_width", styles={"flex": "1 1 560px"}),
+                             pn.Column(self.ablation, width=400, styles={"flex": "0 0 400px"}),
+                             flex_wrap="wrap", align_items="start", sizing_mode="stretch_width")
+        views = [view for _, view in self.tabs]
+        tabs = pn.Tabs(*[(title, inspect if view is None else view) for title, view in self.tabs],
                        dynamic=True, css_classes=["main-tabs"], sizing_mode="stretch_width")
-        shows = {1: self.internals.show, 2: self.compare.show, 3: self.analysis.show}
-        tabs.param.watch(lambda e: shows[e.new]() if e.new in shows else None, "active")
+
+        def switched(event) -> None:
+            for i, view in enumerate(views):
+                if isinstance(view, LazyTab):
+                    view.active = i == event.new
+
+        tabs.param.watch(switched, "active")
         return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
+
+
+def _link_values() -> dict[str, str]:
+    """The store's values in the page's query string, as raw strings by param name (unknown keys ignored)."""
+    by_key = {key: name for name, key in URL_PARAMS.items()}
+    query = parse_qsl((pn.state.location.search or "").lstrip("?"), keep_blank_values=True)
+    return {by_key[k]: v for k, v in query if k in by_key}
+
+
+def _drop_from_link(keys: list[str]) -> None:
+    if keys:
+        kept = [(k, v) for k, v in parse_qsl((pn.state.location.search or "").lstrip("?"), keep_blank_values=True)
+                if k not in keys]
+        pn.state.location.search = "?" + urlencode(kept) if kept else ""
+
+
+def _coerce(p: param.Parameter, raw: str):
+    """A query-string value as the parameter's type; ValueError when it is not one (the param checks the range)."""
+    if isinstance(p, param.Boolean):
+        if raw.lower() not in ("true", "false"):
+            raise ValueError(raw)
+        return raw.lower() == "true"
+    if isinstance(p, param.Integer):
+        return int(raw)
+    if isinstance(p, param.Number):
+        value = float(raw)
+        if not math.isfinite(value):
+            raise ValueError(raw)
+        return value
+    if isinstance(p, param.List):
+        value = json.loads(raw)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(raw)
+        return value
+    if isinstance(p, param.Selector):
+        for value in p.objects:
+            if str(value) == raw:
+                return value
+        raise ValueError(raw)
+    return raw
