@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from workbench.cli import main
 
 
@@ -22,3 +24,30 @@ def test_info_on_a_missing_path_is_one_clear_line(capsys, tmp_path):
 def test_console_script_runs_as_module():
     out = subprocess.run([sys.executable, "-m", "workbench.cli", "--help"], capture_output=True, text=True, check=True)
     assert "info" in out.stdout
+
+
+def test_help_lists_every_subcommand(capsys):
+    from workbench.cli import COMMANDS
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS)
+
+
+@pytest.mark.parametrize(("command", "flag"), [("train", "--fresh"), ("average", "--last"), ("translate", "--beam"),
+                                               ("evaluate", "--ref"), ("import", "--spm"), ("info", "--hooks"),
+                                               ("views", "--min-weight"), ("heads", "--stat")])
+def test_subcommand_help_shows_its_own_flags(command, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    assert flag in capsys.readouterr().out
+
+
+def test_unknown_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["trian", "x.toml"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'trian'" in capsys.readouterr().err

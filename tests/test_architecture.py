@@ -1,0 +1,237 @@
+"""The import graph obeys docs/architecture.md: layers, no cycles, imports at the top, a light CLI.
+
+Every `import` of every module under workbench/ (and apps/) is read with `ast`, at module level and
+inside functions alike, so a lazy import cannot hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "workbench"
+
+# Layers, lowest first: a module may import its own layer (if that stays acyclic) and the ones below.
+LAYERS = ["core", "tokenizers", "pipeline", "importers", "analysis", "charts", "ui", "apps", "cli"]
+TOP_LEVEL = {  # modules directly under workbench/
+    "core": {"config", "heads", "hooks", "attention", "layers", "embedding", "masks", "model", "trace",
+             "interventions", "presets", "schedule", "loss", "progress", "version"},
+    "tokenizers": {"tokenizer", "toolkit_tokenizers", "checkpoint"},
+    "pipeline": {"data", "download", "train", "average", "decoding", "translator", "evaluate"},
+}
+SUBPACKAGES = {"training": "pipeline", "importers": "importers", "analysis": "analysis", "charts": "charts",
+               "ui": "ui", "cli": "cli"}
+
+# Optional or heavy third-party modules that may be imported inside a function without a comment:
+# extras (transformers, sacremoses), the drawing/serving stack (pandas, altair, bokeh, panel, vl_convert,
+# selenium, playwright), notebook display (IPython), scoring only when scoring (sacrebleu), DDP only under
+# torchrun (torch.distributed, torch.nn.parallel), and tomllib (Python 3.11+; JSON configs work on 3.10).
+OPTIONAL_HEAVY = {"transformers", "sacremoses", "pandas", "altair", "bokeh", "panel", "param", "vl_convert",
+                  "selenium", "playwright", "IPython", "sacrebleu", "torch.distributed", "torch.nn.parallel",
+                  "tomllib"}
+UI_LIBRARIES = {"panel", "param", "bokeh", "altair", "pandas", "vl_convert", "selenium"}
+
+
+@dataclass(frozen=True)
+class Import:
+    file: Path
+    line: int
+    target: str  # the imported module, resolved (relative imports made absolute)
+    in_function: bool
+    commented: bool  # the import line carries a comment (the reason it is inside a function)
+
+    def __str__(self) -> str:
+        return f"{self.file.relative_to(ROOT)}:{self.line}: {self.target}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "apps":
+        return "apps"
+    if module == "workbench":
+        return "cli"  # the package root: the public facade, on top (it imports lazily, via importlib)
+    if parts[1] in SUBPACKAGES:
+        return SUBPACKAGES[parts[1]]
+    return next((name for name, mods in TOP_LEVEL.items() if parts[1] in mods), None)
+
+
+def source_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "apps").glob("*.py"))
+
+
+MODULES = {module_name(f) for f in source_files()}
+
+
+def imports_of(path: Path) -> list[Import]:
+    """Every import in the file; `from pkg import name` yields pkg and, when it is a module, pkg.name."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found: list[Import] = []
+
+    def add(node: ast.stmt, target: str, in_function: bool) -> None:
+        found.append(Import(path, node.lineno, target, in_function, "#" in lines[node.lineno - 1]))
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    add(child, alias.name, in_function)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - child.level + 1] + ([child.module] if child.module else []))
+                else:
+                    base = child.module or ""
+                if base != "__future__":
+                    add(child, base, in_function)
+                    for alias in child.names:
+                        if f"{base}.{alias.name}" in MODULES:
+                            add(child, f"{base}.{alias.name}", in_function)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(text), False)
+    return found
+
+
+ALL_IMPORTS = [imp for f in source_files() for imp in imports_of(f)]
+
+
+def is_edge(imp: Import) -> bool:
+    """An import of another workbench module; a module's own enclosing packages do not count (Python
+    initialises them before the module, whatever it imports: `from .. import presets` needs presets)."""
+    src = module_name(imp.file)
+    return imp.target in MODULES and imp.target != src and not src.startswith(imp.target + ".")
+
+
+def own_edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for imp in ALL_IMPORTS:
+        if is_edge(imp):
+            graph[module_name(imp.file)].add(imp.target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle (as a closed path), or None; iterative depth-first search."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(m for m in MODULES if layer(m) is None)
+    assert not missing, f"give these modules a layer in tests/test_architecture.py and docs/architecture.md: {missing}"
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(own_edges())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_find_cycle_finds_one():  # the checker itself: a cycle three modules long, and none once it is cut
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    graph["c"] = {"d"}
+    assert find_cycle(graph) is None
+
+
+def test_imports_follow_the_layer_order():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    against = sorted({f"{imp} ({layer(module_name(imp.file))} imports {layer(imp.target)})" for imp in ALL_IMPORTS
+                      if is_edge(imp) and layer(module_name(imp.file)) and layer(imp.target)
+                      and rank[layer(imp.target)] > rank[layer(module_name(imp.file))]})
+    assert not against, "imports against the layer order:\n" + "\n".join(against)
+
+
+def test_apps_import_only_the_ui_and_the_library():
+    bad = [str(imp) for imp in ALL_IMPORTS if module_name(imp.file).startswith("apps.")
+           and imp.target.startswith("workbench") and layer(imp.target) in ("cli", "apps")]
+    assert not bad, f"apps import the command line or the package facade: {bad}"
+
+
+def test_model_side_never_imports_ui_or_plotting_libraries():
+    low = {"core", "tokenizers", "pipeline", "importers"}
+    bad = [str(imp) for imp in ALL_IMPORTS if layer(module_name(imp.file)) in low
+           and imp.target.split(".")[0] in UI_LIBRARIES]
+    assert not bad, f"model-side modules import UI/plotting/dataframe libraries: {bad}"
+
+
+def test_charts_never_import_panel():
+    bad = [str(imp) for imp in ALL_IMPORTS if layer(module_name(imp.file)) == "charts"
+           and imp.target.split(".")[0] in ("panel", "param")]
+    assert not bad, f"charts are data in, chart out, no Panel: {bad}"
+
+
+def test_no_workbench_module_is_imported_inside_a_function():
+    lazy = [str(imp) for imp in ALL_IMPORTS if imp.in_function and imp.target.split(".")[0] == "workbench"]
+    assert not lazy, "import these at the top of the file (a lazy import hides the graph):\n" + "\n".join(lazy)
+
+
+def test_function_level_imports_are_optional_heavy_or_say_why():
+    def allowed(target: str) -> bool:
+        return any(target == m or target.startswith(m + ".") for m in OPTIONAL_HEAVY)
+
+    bad = [str(imp) for imp in ALL_IMPORTS if imp.in_function and imp.target.split(".")[0] != "workbench"
+           and not allowed(imp.target) and not imp.commented]
+    assert not bad, ("import at the top, or add a one-line comment saying why it waits:\n" + "\n".join(bad))
+
+
+# ------------------------------------------------------------------------------ a light command line
+
+HEAVY = ["torch", "pandas", "altair", "bokeh", "panel", "transformers", "vl_convert", "sacrebleu"]
+PLOTTING = ["pandas", "altair", "bokeh", "panel", "transformers", "vl_convert"]
+
+
+def loaded_by(code: str) -> list[str]:
+    """Which HEAVY modules a fresh interpreter has loaded after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def help_of(*argv: str) -> str:
+    return ("from contextlib import redirect_stdout\nimport io\nfrom workbench.cli import main\n"
+            f"with redirect_stdout(io.StringIO()):\n    try:\n        main({list(argv)!r})\n"
+            "    except SystemExit:\n        pass")
+
+
+def test_workbench_help_imports_nothing_heavy():
+    assert loaded_by(help_of("--help")) == []
+
+
+def test_import_workbench_is_light():
+    assert loaded_by("import workbench") == []
+
+
+@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "import"])
+def test_subcommand_help_loads_no_plotting_library(command):
+    assert not set(loaded_by(help_of(command, "--help"))) & set(PLOTTING)
