@@ -25,7 +25,7 @@ def test_gradient_cache_equals_autograd_at_every_point_of_one_path(model):
     for name in names:
         leaf = {}
 
-        def make_leaf(x, hook):
+        def make_leaf(x, hook, leaf=leaf):
             leaf["x"] = x.detach().requires_grad_(True)
             return leaf["x"]
 

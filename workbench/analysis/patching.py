@@ -1,0 +1,452 @@
+"""Activation patching sweeps, ablations, path patching and attribution patching, batched.
+
+    sweep = patching_sweep(model, src, tgt, corrupted_src=csrc, sites="head", metric=logit_diff(3, good, bad))
+    sweep.values            # (rows, positions): metric with that site (row) at that position patched
+    sweep.rows, sweep.positions, sweep.clean_metric, sweep.corrupted_metric, sweep.normalized()
+    fast = attribution_patching(model, src, tgt, corrupted_src=csrc, sites="head", metric=...)  # same layout
+    pp = path_patching(model, src, tgt, corrupted_src=csrc, metric=...)   # (encoder senders, decoder layers)
+
+One sentence (src (1, S), tgt (1, T)). The clean and the corrupted run are captured once (two forwards) and
+reused for every site; the patched variants then run as rows of one batch (`batch_size` per forward), each
+row patching its own site. "noising" runs the clean input with one corrupted activation; "denoising" runs the
+corrupted input with one clean activation. Instead of a corrupted input, `ablation="zero" | "mean" |
+"resample"` patches zeros, the mean over a `reference` batch (real positions), or a reference sentence's
+activation at the same position.
+
+Site families (rows x columns):
+    resid_enc / resid_dec     the stream entering layer 0 and after every layer  x  source / target position
+    head_enc / head_dec_self / head_cross / head   each head's `hook_result`     x  its query position
+    pattern                   each head's attention row (`hook_probs`)            x  query position
+    cross_kv                  each decoder layer's cross-attention keys and values x source position
+With `positions="all"` each row patches every position at once (one column).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .gradients import run_with_grads
+
+FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
+DIRECTIONS = ("noising", "denoising")
+ABLATIONS = ("zero", "mean", "resample")
+TRANSLATION_METRICS = ("bleu", "chrf")
+ENCODER_SIDE = ("resid_enc", "head_enc", "cross_kv")
+
+Metric = Callable[[torch.Tensor], torch.Tensor]  # logits (N, T, V) -> (N,)
+
+
+# -------------------------------------------------------------------------------------------- metrics
+
+
+def logit_diff(position: int, token: int, baseline_token: int | None = None) -> Metric:
+    """Logit of `token` at decoder position `position` (minus `baseline_token`'s)."""
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        row = logits[:, position].float()
+        return row[:, token] - (0 if baseline_token is None else row[:, baseline_token])
+
+    metric.__name__ = f"logit_diff({position}, {token}, {baseline_token})"
+    return metric
+
+
+def log_prob(targets: Sequence[int] | torch.Tensor, positions: Sequence[int] | None = None) -> Metric:
+    """Summed log-probability of `targets` (T,) (e.g. the clean output, EOS included) at `positions` (all)."""
+    t = torch.as_tensor(targets, dtype=torch.long).view(-1)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        if logits.size(1) != t.numel():
+            raise ValueError(f"log_prob: {t.numel()} targets for logits of length {logits.size(1)}")
+        lp = logits.float().log_softmax(-1).gather(-1, t.to(logits.device)[None, :, None].expand(logits.size(0), -1, 1))
+        lp = lp[..., 0]
+        return (lp if positions is None else lp[:, list(positions)]).sum(-1)
+
+    metric.__name__ = "log_prob"
+    return metric
+
+
+# ---------------------------------------------------------------------------------------------- sites
+
+
+@dataclass
+class Site:
+    row: int
+    col: int
+    edits: list[tuple[str, tuple]]  # (hook name, index into one sentence's activation)
+
+
+@dataclass
+class PatchingResult:
+    """`values[row, col]`: the metric with that site patched (NaN where a row has no such position)."""
+
+    values: torch.Tensor  # (rows, cols) float64
+    rows: list[str]
+    positions: list[int | str]
+    clean_metric: float
+    corrupted_metric: float
+    forward_passes: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def normalized(self) -> torch.Tensor:
+        """(value - corrupted) / (clean - corrupted): 0 = as corrupted, 1 = as clean (any direction)."""
+        den = self.clean_metric - self.corrupted_metric
+        if den == 0:
+            raise ValueError("clean and corrupted metrics are equal; normalizing would divide by zero")
+        return (self.values - self.corrupted_metric) / den
+
+    def frame(self):
+        import pandas as pd  # optional: only the tabular view needs it
+
+        return pd.DataFrame(self.values.numpy(), index=self.rows, columns=self.positions)
+
+
+def _heads_of(model, kind: str) -> list[tuple[str, str, int, int]]:
+    stack, block = {"enc_self": ("enc", "self_attn"), "dec_self": ("dec", "self_attn"),
+                    "cross": ("dec", "cross_attn")}[kind]
+    out = []
+    for layer, mod in enumerate(getattr(model, stack)):
+        for h in range(getattr(mod, block).n_heads):
+            out.append((f"{kind}:{layer}:{h}", f"{stack}.{layer}.{block}", layer, h))
+    return out
+
+
+def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str = "each"
+                ) -> tuple[list[str], list[int | str], list[Site]]:
+    """Rows, column labels and the sites of a family (see the module docstring)."""
+    if family not in FAMILIES:
+        raise ValueError(f"sites must be one of {FAMILIES}, got {family!r}")
+    if positions not in ("each", "all"):
+        raise ValueError(f"positions must be 'each' or 'all', got {positions!r}")
+    rows: list[str] = []
+    per_row: list[tuple[list[str], int, Callable[[int], tuple]]] = []  # hooks, length, index(pos)
+    if family in ("resid_enc", "resid_dec"):
+        stack = family[-3:]
+        first = "hook_src_embed" if stack == "enc" else "hook_tgt_embed"
+        length = src_len if stack == "enc" else tgt_len
+        for name in [first, *(f"{stack}.{i}.hook_resid_ffn" for i in range(len(getattr(model, stack))))]:
+            rows.append(name)
+            per_row.append(([name], length, lambda p: (p,)))
+    elif family in ("head_enc", "head_dec_self", "head_cross", "head", "pattern"):
+        kinds = {"head_enc": ["enc_self"], "head_dec_self": ["dec_self"], "head_cross": ["cross"]}.get(
+            family, ["enc_self", "dec_self", "cross"])
+        leaf = "hook_probs" if family == "pattern" else "hook_result"
+        for kind in kinds:
+            length = src_len if kind == "enc_self" else tgt_len
+            for label, block, _, h in _heads_of(model, kind):
+                rows.append(label)
+                per_row.append(([f"{block}.{leaf}"], length, lambda p, h=h: (h, p)))
+    else:  # cross_kv
+        for i in range(len(model.dec)):
+            rows.append(f"dec.{i}.cross_attn.kv")
+            block = f"dec.{i}.cross_attn"
+            per_row.append(([f"{block}.hook_k", f"{block}.hook_v"], src_len, lambda p: (slice(None), p)))
+    sites: list[Site] = []
+    if positions == "all":
+        cols: list[int | str] = ["all"]
+        for r, (names, _, index) in enumerate(per_row):
+            sites.append(Site(r, 0, [(n, index(slice(None))) for n in names]))
+    else:
+        cols = list(range(max(length for _, length, _ in per_row)))
+        for r, (names, length, index) in enumerate(per_row):
+            for p in range(length):
+                sites.append(Site(r, p, [(n, index(p)) for n in names]))
+    return rows, cols, sites
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+def _one(ids, name: str, device) -> torch.Tensor:
+    t = torch.as_tensor(ids, dtype=torch.long)
+    t = t.view(1, -1) if t.dim() == 1 else t
+    if t.dim() != 2 or t.size(0) != 1:
+        raise ValueError(f"{name} must be one sentence, (L,) or (1, L); got shape {tuple(t.shape)}")
+    return t.to(device)
+
+
+def _donors(model, base_cache, names, ablation, reference, seed) -> dict[str, torch.Tensor]:
+    if ablation == "zero":
+        return {n: torch.zeros_like(base_cache[n]) for n in names}
+    if reference is None:
+        raise ValueError(f"ablation={ablation!r} needs reference=(sources, targets): a batch to average or sample")
+    ref_src, ref_tgt = reference
+    with torch.no_grad():
+        _, ref = model.run_with_cache(ref_src.to(model.device), ref_tgt.to(model.device), names=names)
+    pad = model.cfg.pad_id
+    out = {}
+    g = torch.Generator().manual_seed(seed)
+    for n in names:
+        acts = ref[n]  # (R, L, ...) or (R, H, L, ...); the position axis follows the head axis if any
+        head_axis = acts.dim() == 4
+        ids = ref_src if (n.startswith("enc.") or n == "hook_src_embed" or ".cross_attn.hook_k" in n
+                          or ".cross_attn.hook_v" in n) else ref_tgt
+        real = ids != pad  # (R, L)
+        base = base_cache[n]
+        length = base.size(2 if head_axis else 1)
+        if ablation == "mean":
+            m = real.to(acts.device, acts.dtype)
+            w = m[:, None, :, None] if head_axis else m[:, :, None]
+            mean = (acts * w).sum((0, 2 if head_axis else 1), keepdim=True) / w.sum((0, 2 if head_axis else 1),
+                                                                                  keepdim=True)
+            out[n] = mean.expand_as(base).clone()
+        else:  # resample: position p from a random reference sentence long enough to have one
+            donor = torch.empty_like(base)
+            lengths = real.sum(1)
+            for p in range(length):
+                ok = (lengths > p).nonzero()[:, 0]
+                if len(ok) == 0:
+                    raise ValueError(f"resample: no reference sentence has position {p} "
+                                     f"(longest: {int(lengths.max())})")
+                r = int(ok[torch.randint(len(ok), (1,), generator=g)])
+                if head_axis:
+                    donor[0, :, p] = acts[r, :, p]
+                else:
+                    donor[0, p] = acts[r, p]
+            out[n] = donor
+    return out
+
+
+def _patch_hook(assign: list[tuple[int, tuple]], donor: torch.Tensor):
+    def hook(x: torch.Tensor, point) -> torch.Tensor:
+        if donor.shape[1:] != x.shape[1:]:
+            raise ValueError(f"patch at {point.name}: donor activation {tuple(donor.shape)} does not fit "
+                             f"{tuple(x.shape)}; clean and corrupted inputs must have the same lengths")
+        x = x.clone()
+        d = donor.to(x.dtype)
+        for j, idx in assign:
+            x[j][idx] = d[0][idx]
+        return x
+
+    return hook
+
+
+def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Tensor], metric: Metric,
+                 batch_size: int, translate: Callable | None) -> tuple[list[float], int]:
+    values: list[float] = []
+    passes = 0
+    for start in range(0, len(sites), batch_size):
+        chunk = sites[start : start + batch_size]
+        per_hook: dict[str, list[tuple[int, tuple]]] = {}
+        for j, site in enumerate(chunk):
+            for name, idx in site.edits:
+                per_hook.setdefault(name, []).append((j, idx))
+        hooks = {name: _patch_hook(assign, donors[name]) for name, assign in per_hook.items()}
+        n = len(chunk)
+        with torch.no_grad(), model.hooks(hooks):
+            if translate is not None:
+                values += translate(src.expand(n, -1))
+            else:
+                values += metric(model(src.expand(n, -1), tgt.expand(n, -1))).double().cpu().tolist()
+        passes += 1
+    return values, passes
+
+
+def _translation_metric(model, name: str, detokenize, reference: str, decode_options: dict):
+    import sacrebleu  # optional: only translation metrics need it
+
+    from ..decoding import greedy
+
+    scorer = sacrebleu.sentence_bleu if name == "bleu" else sacrebleu.sentence_chrf
+
+    def translate(src: torch.Tensor) -> list[float]:
+        gen = greedy(model, src, **decode_options)
+        return [float(scorer(detokenize(h.tokens), [reference]).score) for h in gen.best]
+
+    return translate
+
+
+def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, sites: str = "head",
+                   metric: Metric | str, direction: str = "noising", ablation: str | None = None,
+                   reference: tuple[torch.Tensor, torch.Tensor] | None = None, positions: str = "each",
+                   batch_size: int = 64, detokenize: Callable[[list[int]], str] | None = None,
+                   reference_text: str | None = None, seed: int = 0, **decode_options: Any) -> PatchingResult:
+    """Patch one site at a time (each a row of a batch) and measure `metric` (see the module docstring).
+
+    `metric`: a function logits (N, T, V) -> (N,) (`logit_diff`, `log_prob`), or "bleu" / "chrf" of the
+    greedy re-decoded translation against `reference_text` (needs `detokenize`; encoder-side sites only,
+    as decoder positions shift when the output changes)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if ablation is not None and ablation not in ABLATIONS:
+        raise ValueError(f"ablation must be one of {ABLATIONS} or None, got {ablation!r}")
+    if ablation is not None and (corrupted_src is not None or corrupted_tgt is not None or direction != "noising"):
+        raise ValueError("ablation replaces the corrupted input: give no corrupted_src/corrupted_tgt and keep "
+                         "direction='noising'")
+    if ablation is None and corrupted_src is None and corrupted_tgt is None:
+        raise ValueError("give corrupted_src and/or corrupted_tgt, or an ablation")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if ablation in ("mean", "resample") and sites == "pattern":
+        raise ValueError("mean/resample ablation of attention patterns is undefined across source lengths; "
+                         "use ablation='zero' or a corrupted input")
+    dev = model.device
+    src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
+    c_src = src if corrupted_src is None else _one(corrupted_src, "corrupted_src", dev)
+    c_tgt = tgt if corrupted_tgt is None else _one(corrupted_tgt, "corrupted_tgt", dev)
+    if c_src.shape != src.shape or c_tgt.shape != tgt.shape:
+        raise ValueError(f"corrupted inputs must match the clean lengths position for position: src "
+                         f"{tuple(src.shape)} vs {tuple(c_src.shape)}, tgt {tuple(tgt.shape)} vs {tuple(c_tgt.shape)}")
+    translate = None
+    if isinstance(metric, str):
+        if metric not in TRANSLATION_METRICS:
+            raise ValueError(f"metric must be a function or one of {TRANSLATION_METRICS}, got {metric!r}")
+        if sites not in ENCODER_SIDE:
+            raise ValueError(f"metric={metric!r} re-decodes the translation; it supports the encoder-side sites "
+                             f"{ENCODER_SIDE}, not {sites!r}")
+        if detokenize is None or reference_text is None:
+            raise ValueError(f"metric={metric!r} needs detokenize= and reference_text=")
+        translate = _translation_metric(model, metric, detokenize, reference_text, decode_options)
+    rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
+    names = sorted({n for s in site_list for n, _ in s.edits})
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            clean_logits, clean = model.run_with_cache(src, tgt, names=names)
+            if ablation is None:
+                corr_logits, corrupted = model.run_with_cache(c_src, c_tgt, names=names)
+                passes = 2
+            else:
+                donors = _donors(model, clean, names, ablation, reference, seed)
+                with model.hooks({n: (lambda x, h, d=donors[n]: d.expand_as(x).to(x.dtype)) for n in names}):
+                    corr_logits = model(src, tgt)
+                passes = 2 + (ablation != "zero")
+            if translate is not None:
+                clean_m = translate(src)[0]
+                corr_m = translate(c_src)[0] if ablation is None else float("nan")
+            else:
+                clean_m, corr_m = (float(metric(x)[0]) for x in (clean_logits, corr_logits))
+            if direction == "noising":
+                base_src, base_tgt = src, tgt
+                donors = {n: corrupted[n] for n in names} if ablation is None else donors
+            else:
+                base_src, base_tgt, donors = c_src, c_tgt, {n: clean[n] for n in names}
+            vals, n_pass = _run_batches(model, base_src, base_tgt, site_list, donors, metric, batch_size, translate)
+    finally:
+        model.train(was)
+    values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
+    for site, v in zip(site_list, vals):
+        values[site.row, site.col] = v
+    return PatchingResult(values, rows, cols, clean_m, corr_m, passes + n_pass,
+                          {"sites": sites, "direction": direction, "ablation": ablation,
+                           "metric": getattr(metric, "__name__", str(metric))})
+
+
+def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, sites: str = "head",
+                         metric: Metric, direction: str = "noising", positions: str = "each") -> PatchingResult:
+    """Attribution patching (Nanda 2023; Syed et al. 2023): the first-order estimate of `patching_sweep`,
+    metric(base) + grad · (donor - base) at each site, from one forward + backward on the base input and one
+    forward on the donor. Same layout as `patching_sweep`; its agreement is measured in docs/analysis.md."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if corrupted_src is None and corrupted_tgt is None:
+        raise ValueError("give corrupted_src and/or corrupted_tgt")
+    if not callable(metric):
+        raise ValueError("attribution patching needs a differentiable metric function (logit_diff, log_prob)")
+    dev = model.device
+    src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
+    c_src = src if corrupted_src is None else _one(corrupted_src, "corrupted_src", dev)
+    c_tgt = tgt if corrupted_tgt is None else _one(corrupted_tgt, "corrupted_tgt", dev)
+    if c_src.shape != src.shape or c_tgt.shape != tgt.shape:
+        raise ValueError(f"corrupted inputs must match the clean lengths position for position: src "
+                         f"{tuple(src.shape)} vs {tuple(c_src.shape)}, tgt {tuple(tgt.shape)} vs {tuple(c_tgt.shape)}")
+    rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
+    names = sorted({n for s in site_list for n, _ in s.edits})
+    (b_src, b_tgt), (d_src, d_tgt) = ((src, tgt), (c_src, c_tgt)) if direction == "noising" else \
+        ((c_src, c_tgt), (src, tgt))
+    value, acts, grads = run_with_grads(model, b_src, b_tgt, lambda logits: metric(logits)[0], names)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            d_logits, donor = model.run_with_cache(d_src, d_tgt, names=names)
+    finally:
+        model.train(was)
+    base_m, donor_m = float(value), float(metric(d_logits)[0])
+    clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
+    values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
+    for site in site_list:
+        est = base_m
+        for name, idx in site.edits:
+            est += float((grads[name][0][idx].double() * (donor[name][0][idx] - acts[name][0][idx]).double()).sum())
+        values[site.row, site.col] = est
+    return PatchingResult(values, rows, cols, clean_m, corr_m, 2,
+                          {"sites": sites, "direction": direction, "estimate": "attribution",
+                           "backward_passes": 1})
+
+
+def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size: int = 64) -> PatchingResult:
+    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023) from encoder components to each decoder
+    layer's cross-attention, through its keys and values only.
+
+    Senders: every encoder head (`hook_result`) and FFN. For each sender, the encoder runs on the clean source
+    with that sender's output taken from the corrupted run and every other encoder component frozen at its
+    clean output, so the change reaches the memory only along the residual stream (norms still rescale it).
+    Each decoder layer's cross-attention keys/values are recomputed from that memory and patched, alone, into
+    a clean run. values[sender, receiver layer] is the metric. Forwards: 2 + senders/batch + senders x layers/batch."""
+    dev = model.device
+    src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
+    c_src = _one(corrupted_src, "corrupted_src", dev)
+    if c_src.shape != src.shape:
+        raise ValueError(f"corrupted_src must have the clean source's length: {tuple(src.shape)} vs "
+                         f"{tuple(c_src.shape)}")
+    senders: list[tuple[str, str, int | None]] = []
+    for i, layer in enumerate(model.enc):
+        senders += [(f"enc_self:{i}:{h}", f"enc.{i}.self_attn.hook_result", h) for h in range(layer.self_attn.n_heads)]
+        senders.append((f"enc.{i}.ffn", f"enc.{i}.ffn.hook_out", None))
+    comp_names = sorted({n for _, n, _ in senders})
+    kv_names = [f"dec.{i}.cross_attn.hook_{x}" for i in range(len(model.dec)) for x in ("k", "v")]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            clean_logits, clean = model.run_with_cache(src, tgt, names=comp_names)
+            corr_logits, corr = model.run_with_cache(c_src, tgt, names=comp_names)
+            passes = 2
+            new_kv: dict[str, list[torch.Tensor]] = {n: [] for n in kv_names}
+            for start in range(0, len(senders), batch_size):
+                chunk = senders[start : start + batch_size]
+                n = len(chunk)
+
+                def freeze(x, hook, chunk=chunk):
+                    out = clean[hook.name].expand_as(x).clone()
+                    for j, (_, name, h) in enumerate(chunk):
+                        if name == hook.name:
+                            if h is None:
+                                out[j] = corr[name][0]
+                            else:
+                                out[j, h] = corr[name][0, h]
+                    return out
+
+                with model.capture(kv_names) as store, model.hooks({n_: freeze for n_ in comp_names}):
+                    model(src.expand(n, -1), tgt.expand(n, -1))
+                passes += 1
+                for name in kv_names:
+                    new_kv[name].append(store[name][-1])
+            kv = {n: torch.cat(v) for n, v in new_kv.items()}  # (senders, H, S, Dh)
+            jobs = [(s, i) for s in range(len(senders)) for i in range(len(model.dec))]
+            vals: list[float] = []
+            for start in range(0, len(jobs), batch_size):
+                chunk = jobs[start : start + batch_size]
+
+                def put(x, hook, chunk=chunk):
+                    out = x.clone()
+                    layer = int(hook.name.split(".")[1])
+                    for j, (s, i) in enumerate(chunk):
+                        if i == layer:
+                            out[j] = kv[hook.name][s]
+                    return out
+
+                with model.hooks({n_: put for n_ in kv_names}):
+                    logits = model(src.expand(len(chunk), -1), tgt.expand(len(chunk), -1))
+                vals += metric(logits).double().cpu().tolist()
+                passes += 1
+    finally:
+        model.train(was)
+    values = torch.tensor(vals, dtype=torch.float64).view(len(senders), len(model.dec))
+    return PatchingResult(values, [s for s, _, _ in senders], [f"dec.{i}.cross_attn.kv" for i in range(len(model.dec))],
+                          float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
+                          {"sites": "path:enc->cross_kv"})
