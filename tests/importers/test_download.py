@@ -186,6 +186,22 @@ def test_gzip_download_for_datasets(server, tmp_path):
     assert not (tmp_path / "missing").exists() and not (tmp_path / "missing.part").exists()
 
 
+def test_named_dataset_downloads_through_the_same_module(server, tmp_path, monkeypatch):
+    import gzip
+
+    from workbench import data
+
+    server.put("corpus/train.de.gz", gzip.compress("Ein Hund läuft.\n".encode()))
+    server.put("corpus/train.en.gz", gzip.compress(b"A dog runs.\n"))
+    served = data.Dataset("served", {"train": "train", "test": "absent"}, ("de", "en"),
+                          url=f"{server.url}/corpus/{{stem}}.{{lang}}.gz")
+    monkeypatch.setitem(data.DATASETS, "served", served)
+    assert data.load_dataset("served", "train", "de", "en", tmp_path / "root") == (["Ein Hund läuft."],
+                                                                                   ["A dog runs."])
+    with pytest.raises(FileNotFoundError, match=r"absent\.de is missing and downloading .*HTTP 404.*offline"):
+        data.dataset_files("served", "test", "de", "en", tmp_path / "root")
+
+
 def _dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
