@@ -12,10 +12,13 @@ from __future__ import annotations
 from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
+from .decompose import Components, LogitAttribution, decompose_resid, direct_logit_attribution, source_attribution
+from .gradients import run_with_grads
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
 from .norms import NORM_HOOKS, ValueNorms, value_norms
+from .patching import PatchingResult, attribution_patching, log_prob, logit_diff, patching_sweep, path_patching
 from .positional_share import positional_share, score_terms
 from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
 
@@ -27,4 +30,7 @@ __all__ = [
     "Attribution", "gradient_attribution", "spearman", "step_agreement", "token_attribution",
     "BeamReplay", "add_cross_attention", "replay_beam",
     "head_importance", "intervention_effect", "patch_effect", "run_outcome",
+    "Components", "LogitAttribution", "decompose_resid", "direct_logit_attribution", "source_attribution",
+    "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
+    "patching_sweep",
 ]
