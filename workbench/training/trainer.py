@@ -150,9 +150,12 @@ class Trainer:
         self._since_save = torch.zeros((), dtype=torch.float64, device=self.device)
         self.last_good: Path | None = None  # the newest checkpoint known to hold finite weights
         self._saved_step: int | None = None
+        self._validated_step: int | None = None  # kept on every rank (only rank 0 logs validations)
         if ckpt is not None:
             self._load_train_state(ckpt.train_state, ckpt.train_log)
             self.last_good, self._saved_step = ckpt.path, self.step
+            valid = [r["step"] for r in self.log if r.get("kind") == "valid"]
+            self._validated_step = valid[-1] if valid else None
             if skipped:
                 self.progress.message(f"skipped {', '.join(p.name for p in skipped)}: non-finite weights")
             self.progress.message(f"resumed from {ckpt.path} at step {self.step} (epoch {self.epoch})")
@@ -202,7 +205,7 @@ class Trainer:
                     self.save()
             if acc.steps:
                 self._emit_log(acc, t_last)
-            if not self.log or self.log[-1].get("kind") != "valid" or self.log[-1]["step"] != self.step:
+            if self._validated_step != self.step:
                 self._validate_and_save()  # fit() called with nothing left to train: validate where it stands
             if c.average_last and self.dist.main:
                 self._write_average()
@@ -358,7 +361,7 @@ class Trainer:
             if better:
                 self.best = value
             self._write(best=better)
-        self._saved_step = self.step
+        self._saved_step = self._validated_step = self.step
         if self.dist.world > 1:
             dist.barrier()
 
