@@ -13,6 +13,7 @@ from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, 
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
 from .decompose import Components, LogitAttribution, decompose_resid, direct_logit_attribution, source_attribution
+from .generation_trace import generation_trace
 from .gradients import run_with_grads
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
@@ -32,5 +33,5 @@ __all__ = [
     "head_importance", "intervention_effect", "patch_effect", "run_outcome",
     "Components", "LogitAttribution", "decompose_resid", "direct_logit_attribution", "source_attribution",
     "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
-    "patching_sweep",
+    "patching_sweep", "generation_trace",
 ]
