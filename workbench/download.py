@@ -129,16 +129,17 @@ def _stale(stored: dict[str, Any], now: dict[str, Any] | None) -> bool:
                for k in ("etag", "size", "last_modified"))
 
 
-def fetch(url: str, dest: Path, *, quiet: bool = False) -> Path:
+def fetch(url: str, dest: Path, *, quiet: bool = False, check: bool = True) -> Path:
     """`url` downloaded to `dest`, reusing the copy there when this same URL wrote it and the server
-    reports the same ETag/size/date; a `dest.source.json` beside the file records which URL and facts."""
+    reports the same ETag/size/date (`check=False`: without asking); a `dest.source.json` beside the
+    file records which URL and facts."""
     record = dest.with_name(dest.name + ".source.json")
     if dest.is_file() and record.is_file():
         try:
             stored = json.loads(record.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             stored = {}
-        if stored.get("url") == url and not _stale(stored, _server_facts(url)):
+        if stored.get("url") == url and not (check and _stale(stored, _server_facts(url))):
             return dest
     record.unlink(missing_ok=True)
     facts = download(url, dest, quiet=quiet)
@@ -159,27 +160,40 @@ def _bar(name: str, done: int, total: int) -> None:
 
 
 def from_hub(repo: str, fmt: str, *, revision: str = "main") -> Path:
-    """Download a Marian/FSMT repository's files (hf:owner/name) into the cache; return the folder."""
+    """Download a Marian/FSMT repository's files (hf:owner/name) into the cache; return the folder.
+
+    Cached files are checked against the hub once it answers; offline, the cached copy is used."""
     if fmt not in HF_FILES:
         raise ValueError(f"hub ids are supported for {sorted(HF_FILES)}, not {fmt!r}; pass a local path or URL")
     folder = cache_dir() / "hf" / repo.replace("/", "--") / revision
     required, one_of, optional = HF_FILES[fmt]
-    base = f"https://huggingface.co/{repo}/resolve/{revision}/"
+    # HF_ENDPOINT: the hub's address, as huggingface_hub reads it (mirrors, a local server)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    base = f"{endpoint}/{repo}/resolve/{revision}/"
+    # one question decides whether the cached files are checked at all: behind a firewall that drops
+    # packets every HEAD would wait for its timeout
+    cached = (folder / required[0]).is_file()
+    check = not cached or _server_facts(base + required[0]) is not None
     for name in required:
-        fetch(base + name, folder / name)
+        fetch(base + name, folder / name, check=check)
     for names in one_of:
         errors = []
-        for name in names.split("|"):
+        choices = names.split("|")
+        if not check:  # offline: whichever alternative is cached
+            choices = [n for n in choices if (folder / n).is_file()] or choices
+        for name in choices:
             try:
-                fetch(base + name, folder / name)
+                fetch(base + name, folder / name, check=check)
                 break
             except FileNotFoundError as exc:
                 errors.append(str(exc))
         else:
             raise FileNotFoundError(f"{repo} has none of {names.split('|')}: {errors}")
     for name in optional:
+        if not check and not (folder / name).is_file():
+            continue  # offline: an optional file that was never there must not stop a cached model
         try:
-            fetch(base + name, folder / name)
+            fetch(base + name, folder / name, check=check)
         except FileNotFoundError:
             pass
     return folder

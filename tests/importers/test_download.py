@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from workbench.download import (
     NetworkUnreachable,
@@ -231,3 +232,30 @@ def test_old_download_names_are_re_exported():
 
     assert old.NetworkUnreachable is new.NetworkUnreachable and old.from_url is new.from_url
     assert old.resolve_source is new.resolve_source and old.cache_dir is new.cache_dir
+
+
+def test_hub_download_then_offline_reuse(server, tmp_path, monkeypatch):
+    """hf:owner/name from a local hub (HF_ENDPOINT): imported like the local folder; a second import
+    downloads nothing, and offline the cached files are used without the optional ones."""
+    pytest.importorskip("transformers", reason="the hub folder is a real MarianMTModel's")
+    from importer_helpers import write_marian_dir
+
+    from workbench.importers import import_checkpoint
+
+    write_marian_dir(server.root / "owner" / "opus-mt-xx-yy" / "resolve" / "main")
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    local = import_checkpoint("marian", server.root / "owner" / "opus-mt-xx-yy" / "resolve" / "main")
+    online = import_checkpoint("marian", "hf:owner/opus-mt-xx-yy")
+    files = lambda: [path for method, path in server.requests if method == "GET"]  # noqa: E731
+    fetched = files()
+    assert len(fetched) == 7  # config, 3 tokenizer files, weights, generation config; optional target_vocab: 404
+    for name, tensor in local.model.state_dict().items():
+        assert torch.equal(tensor, online.model.state_dict()[name]), name
+    text = "the cat sat on the mat ."
+    assert online.src_tokenizer.encode(text) == local.src_tokenizer.encode(text)
+    import_checkpoint("marian", "hf:owner/opus-mt-xx-yy")
+    # unchanged files are only HEAD-checked; the absent optional file is asked for again
+    assert files()[len(fetched):] == ["/owner/opus-mt-xx-yy/resolve/main/target_vocab.json"]
+    server.stop()
+    offline = import_checkpoint("marian", "hf:owner/opus-mt-xx-yy")
+    assert torch.equal(offline.model.output_proj.bias, local.model.output_proj.bias)
