@@ -60,8 +60,8 @@ def weights_file(directory: Path) -> Path:
 
 def stack_sizes(hf: Mapping[str, Any]) -> dict[str, Any]:
     """ModelConfig n_heads/d_ff (the encoder's) and dec_heads/dec_d_ff (where the decoder differs)."""
-    return per_stack(hf["encoder_attention_heads"], hf["decoder_attention_heads"], hf["encoder_ffn_dim"],
-                     hf["decoder_ffn_dim"])
+    heads, ffn = hf["encoder_attention_heads"], hf["encoder_ffn_dim"]
+    return per_stack(heads, hf.get("decoder_attention_heads", heads), ffn, hf.get("decoder_ffn_dim", ffn))
 
 
 def activation(hf: Mapping[str, Any], default: str) -> str:
