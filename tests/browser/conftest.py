@@ -1,7 +1,8 @@
 """Playwright against `panel serve apps/attention.py` with Debian's chromium (see ../shared/panel-browser-recipe.md).
 
-One server for the whole module, started on a free port with small checkpoints built for it (one real,
-one corrupt), so every browser test drives the same code a user gets.
+One server for the whole run, started on a free port with small checkpoints built for it (de->en ones from
+two runs, one of them with an early snapshot, an en->de one and a corrupt one), so every browser test drives
+the same code a user gets. Every test using it also asserts that the server logged no traceback meanwhile.
 """
 
 from __future__ import annotations
@@ -43,21 +44,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Served(str):
+    """The app's URL, with the path of the server's log."""
+
+    log: Path
+
+
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
-    """(url, log lines so far): the served app; at teardown the server log must hold no traceback."""
+    """The served app's URL (`.log`: its log); at teardown the whole log must hold no traceback."""
     root = tmp_path_factory.mktemp("app_ckpts")
-    build_checkpoint(root / "demo", steps=0)
-    build_checkpoint(root / "other", seed=1, steps=0)
+    build_checkpoint(root / "demo", steps=0, run="runs/demo", step=150)
+    build_checkpoint(root / "demo_early", steps=0, seed=2, run="runs/demo", step=10)
+    build_checkpoint(root / "other", seed=1, steps=0, run="runs/other", step=150)
+    build_checkpoint(root / "reverse", seed=3, steps=0, langs=("en", "de"))
     corrupt_checkpoint(root / "zz_broken")
     port = _free_port()
     log_path = root / "server.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port", str(port),
-         "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}", "--args", "--checkpoints",
-         str(root)],
-        stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+         "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
+         # closed pages' sessions are destroyed within a second, so the tests run on a server that has done so
+         "--check-unused-sessions", "300", "--unused-session-lifetime", "300",
+         "--args", "--checkpoints", str(root)],
+        stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     url = f"http://127.0.0.1:{port}/attention"
     deadline = time.monotonic() + 90
@@ -71,7 +82,9 @@ def app_server(tmp_path_factory):
                 proc.kill()
                 pytest.fail("panel serve did not start:\n" + log_path.read_text())
             time.sleep(0.3)
-    yield url
+    served = Served(url)
+    served.log = log_path
+    yield served
     proc.terminate()
     try:
         proc.wait(timeout=20)
@@ -79,6 +92,22 @@ def app_server(tmp_path_factory):
         log.close()
     errors = server_tracebacks(log_path.read_text())
     assert not errors, "\n\n".join(errors)
+
+
+@pytest.fixture(autouse=True)
+def no_server_traceback(request):
+    """Each test that talks to the server: the log lines written during the test hold no traceback."""
+    if "app_server" not in request.fixturenames:
+        yield
+        return
+    log = request.getfixturevalue("app_server").log
+    start = log.stat().st_size
+    yield
+    time.sleep(0.5)  # let the server finish writing what the test's last action caused
+    with log.open(encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        errors = server_tracebacks(f.read())
+    assert not errors, "the server logged:\n\n" + "\n\n".join(errors)
 
 
 # A browser closing its page while the server writes to it makes tornado log this from its own task;

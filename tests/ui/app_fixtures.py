@@ -20,9 +20,12 @@ DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30
 
 
 def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab: int = 600, steps: int = 150,
-                     preset: str = "tiny", generation: dict | None = None) -> Path:
+                     preset: str = "tiny", generation: dict | None = None, langs: tuple[str, str] = ("de", "en"),
+                     run: str | None = None, step: int | None = None) -> Path:
     """Write a checkpoint: a joint de+en tokenizer, a model of `preset` (tiny: 2+2 layers) trained `steps` Adam
-    steps on Multi30k with the noam schedule, and the real log of that run (loss and LR per step)."""
+    steps on Multi30k with the noam schedule, and the real log of that run (loss and LR per step).
+    `langs` is the (source, target) pair meta.json names; `run`/`step` name the training run (its out_dir) and
+    the step this is a snapshot of, as checkpoints written by `workbench train` do."""
     de = (DATA / "train.de").read_text(encoding="utf-8").splitlines()[:lines]
     en = (DATA / "train.en").read_text(encoding="utf-8").splitlines()[:lines]
     tok = SentencePieceTokenizer.train(sentences=de + en, vocab_size=vocab, num_threads=1)
@@ -33,8 +36,10 @@ def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab:
     log = _train(model, tok, de, en, steps) if steps else []
     model.eval()
     return save_checkpoint(directory, model, src_tokenizer=tok, tgt_tokenizer=tok,
-                           meta={"src_lang": "de", "tgt_lang": "en",
+                           meta={"src_lang": langs[0], "tgt_lang": langs[1],
                                  "generation": generation or {"beam": 1, "max_len": 16},
+                                 **({"step": step} if step is not None else {}),
+                                 **({"train_config": {"out_dir": run}} if run is not None else {}),
                                  "train": {"schedule": "noam", "warmup": WARMUP, "d_model": cfg.d_model,
                                            "factor": FACTOR}},
                            train_log=log)

@@ -1,5 +1,5 @@
 """The Model analysis tab without a browser: every analysis draws on a real (tiny) checkpoint, from the
-session's own result, and agrees with calling the analysis directly."""
+session's own result, and agrees with calling the analysis directly; the tab joins through the constructor."""
 
 from __future__ import annotations
 
@@ -12,27 +12,35 @@ from bokeh.models import Model
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 
-from workbench.ui import loader  # noqa: E402
-from workbench.ui.analysis_views import ANALYSES, ModelAnalysisView, register  # noqa: E402
+from workbench.ui import Workbench, loader  # noqa: E402
+from workbench.ui.analysis_views import ANALYSES, TAB, ModelAnalysisView  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
     build_checkpoint(root / "alpha", seed=0, steps=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def session(root):
     entries, problems = loader.discover([root], default=None)
     assert problems == []
     return Session(entries, checkpoint="alpha", sentence="Ein Hund läuft.")
 
 
+def _shown(view) -> list:
+    return [type(o).__name__ for o in view.content]
+
+
 @pytest.mark.parametrize("analysis", ANALYSES[1:])
 def test_every_analysis_draws(session, analysis):
     view = ModelAnalysisView(session=session, analysis=analysis)
-    fig = view.build(session.result, session.model)
-    assert isinstance(fig, Model)
-    view._redraw()
-    assert type(view._box.objects[0]).__name__ == "Bokeh"
+    assert isinstance(view.build(session.result, session.translation_model()), Model)
+    view.show()
+    assert _shown(view) == ["Bokeh"]
 
 
 def test_beam_replay_in_the_tab_ends_on_the_search_output(session):
@@ -40,29 +48,35 @@ def test_beam_replay_in_the_tab_ends_on_the_search_output(session):
     from workbench.decoding import beam_search
 
     view = ModelAnalysisView(session=session, analysis="beam search replay", beam=3)
-    view.build(session.result, session.model)
-    replay = view._replay
-    tm = session.model
+    view.show()
+    tm = session.translation_model()
     src = session.result.trace.src
     gen = beam_search(tm.model, src, beam=3, max_len=max(4, len(session.result.out_ids) + 8), record_steps=True)
-    assert replay.final[0] == gen.hypotheses[0][0].tokens == replay_beam(gen, 0).final[0]
-    assert view.param.step.bounds == (0, len(replay.steps) - 1)
+    replay = replay_beam(gen, 0)
+    assert view.param.step.bounds == (0, len(replay.steps) - 1)  # the step picker spans the replayed search
+    view.step = len(replay.steps) - 1
+    assert _shown(view) == ["Bokeh"]
 
 
-def test_nothing_runs_until_an_analysis_is_picked_and_errors_are_messages(session):
-    view = ModelAnalysisView(session=session)
-    view._redraw()
-    assert "Pick an analysis" in view._box.objects[0].object
+def test_nothing_runs_until_shown_and_an_analysis_is_picked(session):
+    view = ModelAnalysisView(session=session, analysis="attribution vs attention")
+    assert view.content == []  # hidden: no work
+    view.analysis = "(pick one)"
+    view.show()
+    assert "Pick an analysis" in view.content[0].object
     view.analysis = "attribution vs attention"
-    assert type(view._box.objects[0]).__name__ == "Bokeh"
+    assert _shown(view) == ["Bokeh"]
 
 
-def test_register_adds_the_tab():
-    from workbench.ui.workbench_app import Workbench
+def test_a_failing_analysis_is_a_message(session):
+    view = ModelAnalysisView(session=Session(session.entries, checkpoint="alpha", sentence="Hund " * 40),
+                             analysis="attention flow")
+    view.show()
+    assert "could not be drawn" in view.content[0].object and "limited to 24 source tokens" in view.content[0].object
 
-    before = list(Workbench.extra_tabs)
-    try:
-        register()
-        assert [t for t, _ in Workbench.extra_tabs].count("Model analysis") == 1
-    finally:
-        Workbench.extra_tabs = before
+
+def test_the_tab_joins_through_the_constructor_only(root):
+    with_tab = Workbench(root / "alpha", default_dir=None, extra_tabs=[TAB])
+    plain = Workbench(root / "alpha", default_dir=None)
+    assert [t for t, _ in with_tab.tabs][-1] == "Model analysis"
+    assert "Model analysis" not in [t for t, _ in plain.tabs]  # no registry shared between apps

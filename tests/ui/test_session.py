@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import panel as pn
 import pytest
 import torch
 
@@ -16,7 +17,8 @@ from app_fixtures import build_checkpoint, corrupt_checkpoint  # noqa: E402
 
 from workbench.interventions import ablate_heads  # noqa: E402
 from workbench.ui import loader  # noqa: E402
-from workbench.ui.session import Request, Session, compute  # noqa: E402
+from workbench.ui.session import Session  # noqa: E402
+from workbench.ui.work import Request, compute  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
 
@@ -67,7 +69,7 @@ def test_opens_on_a_translation_with_cross_attention(session):
 
 
 def test_store_agrees_with_the_translation_api(session):
-    tm = session.model
+    tm = session.translation_model()
     for beam in (1, 3):
         session.beam = beam
         api = tm.translate([SENTENCE], beam=beam, n_best=1, alpha=session.alpha, return_scores=True)[0]
@@ -78,16 +80,13 @@ def test_store_agrees_with_the_translation_api(session):
 def test_teacher_forcing_scores_what_greedy_produced(session):
     """Two paths: greedy's own log-probability vs teacher-forcing its output through the store."""
     greedy = session.result
-    tm = session.model
+    tm = session.translation_model()
     forced_text = "A dog runs through the park."
     session.target = forced_text
     r = session.result
     assert r.forced and list(r.out_ids) == tm.tgt_tokenizer.encode(forced_text) + [tm.model.cfg.eos_id]
-    from workbench.ui.session import _forced
-
-    src = torch.tensor([tm.encode_source(SENTENCE)[0]])
-    lp, _ = _forced(tm, src, list(greedy.out_ids))
-    assert lp == pytest.approx(greedy.log_prob, abs=1e-3)
+    again = compute(Request(greedy.request.path, SENTENCE, target_ids=greedy.out_ids)).result
+    assert again.forced and again.log_prob == pytest.approx(greedy.log_prob, abs=1e-3)
 
 
 def test_ablation_changes_log_prob_and_matches_a_direct_intervention(session):
@@ -95,7 +94,7 @@ def test_ablation_changes_log_prob_and_matches_a_direct_intervention(session):
     session.ablate = ["cross:0:1", "enc_self:1:0"]
     a = session.ablation
     assert a is not None and a.heads == (("cross", 0, 1), ("enc_self", 1, 0))
-    tm = session.model
+    tm = session.translation_model()
     src = torch.tensor([tm.encode_source(SENTENCE)[0]])
     tgt_in = torch.tensor([[tm.model.cfg.start_id, *base.out_ids[:-1]]])
     with tm.model.intervene(ablate_heads({("cross", 0): [1], ("enc_self", 1): [0]})), torch.no_grad():
@@ -116,7 +115,7 @@ def test_toggle_head_uses_the_selection(session):
     assert session.ablate == []
     session.head = -1
     session.toggle_head()
-    assert "Pick one head" in session.message and session.ablate == []
+    assert "Pick one head" in session.message and session.ablate == [] and session.error == ""
 
 
 def test_sessions_do_not_share_ablations_across_threads(entries):
@@ -141,12 +140,18 @@ def test_sessions_do_not_share_ablations_across_threads(entries):
             assert out.ablation.original_log_prob == alone[req].ablation.original_log_prob
 
 
-def test_selection_is_clamped_to_the_model(session):
-    session.param.update(layer=1, head=3, token=2)
-    session.head = 99
-    session.sentence = "Hallo."
-    assert session.head == -1 or session.head < 4
-    assert session.token < session.query_count()
+def test_the_selection_offers_only_what_the_model_and_sentence_have(session):
+    r = session.result
+    assert list(session.param.layer.objects) == [0, 1] and list(session.param.head.objects) == [-1, 0, 1, 2, 3]
+    assert list(session.param.token.objects) == list(range(-1, len(r.out_pieces)))
+    assert session.param.head.names["head 2"] == 2 and session.param.head.names["all (mean)"] == -1
+    with pytest.raises(ValueError):
+        session.head = 99  # refused, not clamped later
+    session.param.update(layer=1, head=3, token=len(r.out_pieces) - 1)
+    session.sentence = "Hallo."  # fewer tokens: the token falls back to none
+    assert session.token < session.query_count() and (session.layer, session.head) == (1, 3)
+    session.kind = "enc_self"
+    assert list(session.param.token.objects) == list(range(-1, len(session.result.src_pieces)))
 
 
 @pytest.mark.parametrize("text, expect", [
@@ -158,6 +163,7 @@ def test_selection_is_clamped_to_the_model(session):
 def test_bad_input_gives_a_message(session, text, expect):
     session.sentence = text
     assert expect in session.message
+    assert bool(session.error) == (expect == "Type a sentence")  # an error, or a note beside a result
     session.sentence = SENTENCE
     assert session.message == "" and session.result is not None
 
@@ -169,12 +175,12 @@ UNUSUAL = ["Ein Hund 🐕 läuft 🎉", "كلب يجري في الحديقة", "
 def test_unusual_text_is_translated(session, text):
     session.sentence = text
     assert session.result is not None and session.result.request.sentence == text
-    assert not session.message.startswith(("Cannot", "The model"))
+    assert session.error == ""
 
 
 def test_corrupt_checkpoint_is_a_message_and_the_session_recovers(session):
     session.checkpoint = "broken"
-    assert session.message.startswith("Cannot load this checkpoint") and session.result is None
+    assert session.error.startswith("Cannot load this checkpoint") and session.result is None
     session.checkpoint = "beta"
     assert session.message == "" and session.result is not None
 
@@ -182,14 +188,14 @@ def test_corrupt_checkpoint_is_a_message_and_the_session_recovers(session):
 def test_no_checkpoints_is_a_message(tmp_path):
     entries, problems = loader.discover([tmp_path / "missing"], default=None)
     s = Session(entries, problems=problems)
-    assert s.result is None and "No workbench checkpoint found" in s.message and "missing" in s.message
+    assert s.result is None and "No workbench checkpoint found" in s.error and "missing" in s.error
 
 
 def test_a_stale_result_is_dropped(entries):
     """Background mode: the second request supersedes the first; only the last sentence's result lands."""
     async def main():
         s = Session(entries, checkpoint="alpha", sentence=SENTENCE, autorun=False, background=True)
-        s._autorun = True
+        s.autorun = True
         s.sentence = "Erster Satz."
         s.sentence = "Zweiter Satz, der zählt."
         while s.busy or s.result is None:
@@ -215,31 +221,37 @@ def test_attention_view_draws_every_kind_and_mode(session):
             assert view.figure is not None, (kind, mode)
     session.param.update(kind="cross", view="heatmap", layer=1, head=2)
     assert view.figure.title.text.startswith("cross-attention, layer 1, head 2")
-    assert view._head.value == 2 and view._layer.value == 1
+    html = view.export_html().getvalue()  # a fresh figure of the same view, self-contained
+    assert "cross-attention, layer 1, head 2" in html and "<script src" not in html
 
 
 def test_workbench_assembles_for_notebooks(ckpt_dir):
     from workbench.ui import Workbench
 
-    wb = Workbench(ckpt_dir / "beta", default_dir=None)
+    wb = Workbench(ckpt_dir / "beta", checkpoints=[ckpt_dir], default_dir=None)
     assert wb.session.checkpoint == "beta" and wb.session.result is not None
     assert wb.session.background is False  # no server: inline
     wb.__panel__()
     wb.compare.show()
-    assert wb.compare._box.objects and not _alerts(wb.compare._box)
+    assert _figures(wb.compare.content) == 3 and not _alerts(wb.compare.content)  # A, B, B - A
     wb.internals.show()  # positional encodings, masks, LR formula vs log, curves: all drawn, none failed
-    assert len(wb.internals._box.objects) == 9 and not _alerts(wb.internals._box)
+    headings = " ".join(o.object for o in wb.internals.content if isinstance(o, pn.pane.Markdown))
+    for part in ("Positional encodings", "Masks", "Learning-rate schedule", "Training curves"):
+        assert part in headings
+    assert _figures(wb.internals.content) == 2 and not _alerts(wb.internals.content)
     assert wb.internals.warmup == 30  # read from the checkpoint's meta["train"]
     wb.analysis.show()
     for analysis in ("head statistics", "decoder rollout"):
         wb.analysis.analysis = analysis
-        assert len(wb.analysis._box.objects) == 1 and not _alerts(wb.analysis._box), analysis
+        assert _figures(wb.analysis.content) == 1 and not _alerts(wb.analysis.content), analysis
 
 
-def _alerts(layout) -> list:
-    import panel as pn
+def _alerts(objects) -> list:
+    return [a for o in objects for a in pn.Column(o).select(pn.pane.Alert)]
 
-    return [o for o in layout.select(pn.pane.Alert)]
+
+def _figures(objects) -> int:
+    return sum(len(pn.Column(o).select(pn.pane.Bokeh)) for o in objects)
 
 
 def test_the_example_sentence_follows_the_checkpoints_source_language(entries, tmp_path):
@@ -256,7 +268,7 @@ def test_the_example_sentence_follows_the_checkpoints_source_language(entries, t
     both = [loader.Entry("english", english), entries[0]]
     s = Session(both, checkpoint="english", autorun=False)
     assert s.sentence == EXAMPLES["en"]
-    s._autorun = True
+    s.autorun = True
     s.checkpoint = entries[0].label  # German source: the example follows, and the result is for it
     assert s.sentence == EXAMPLES["de"] and s.result.request.sentence == EXAMPLES["de"]
     s.sentence = "Ein Hund."
@@ -277,7 +289,7 @@ def test_the_length_penalty_starts_at_the_checkpoints_own_default(entries, tmp_p
     both = [loader.Entry("tuned", tuned), entries[0]]
     s = Session(both, checkpoint="tuned", autorun=False)
     assert s.alpha == pytest.approx(1.6)
-    s._autorun = True
+    s.autorun = True
     s.checkpoint = entries[0].label  # names no alpha: back to 1.0, and the result used it
     assert s.alpha == 1.0 and s.result.request.alpha == 1.0
     s.alpha = 0.4
@@ -288,3 +300,53 @@ def test_the_length_penalty_starts_at_the_checkpoints_own_default(entries, tmp_p
     assert Session(both, checkpoint="tuned", autorun=False).alpha == 2.0  # clipped to the slider's range
     (tuned / "meta.json").write_text(json.dumps(meta | {"generation": {"length_penalty": {"alpha": "x"}}}))
     assert Session(both, checkpoint="tuned", autorun=False).alpha == 1.0  # malformed: the plain default
+
+
+def test_served_model_work_runs_off_the_event_loop_under_the_callers_hooks(entries):
+    """Background mode: while the model sits in a hook, the event loop keeps running; the hook (entered around
+    the change, in the caller's context) is seen by the worker thread, so call-scoped interventions apply."""
+    started, release = threading.Event(), threading.Event()
+
+    def hook(x, point):
+        started.set()
+        assert release.wait(60), "the event loop never got to release the model"
+
+    async def main():
+        s = Session(entries, checkpoint="alpha", sentence=SENTENCE, autorun=False, background=True)
+        s.autorun = True
+        with s.translation_model().model.hooks({"hook_src_embed": hook}):
+            s.sentence = "Ein anderer Satz."
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, started.wait, 60), "the hook never ran in the worker"
+            assert s.busy and s.result is None  # the loop is free while the model works
+            release.set()
+            while s.busy:
+                await asyncio.sleep(0.01)
+        return s
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        s = pool.submit(asyncio.run, main()).result(timeout=120)
+    assert s.result.request.sentence == "Ein anderer Satz." and s.error == ""
+
+
+def test_compare_defaults_to_a_checkpoint_of_the_same_languages_and_run(tmp_path):
+    root = tmp_path / "ckpts"
+    build_checkpoint(root / "final", steps=0, run="runs/a", step=500)
+    build_checkpoint(root / "early", steps=0, seed=1, run="runs/a", step=50)
+    build_checkpoint(root / "stranger", steps=0, seed=2, run="runs/b", step=500)
+    build_checkpoint(root / "reverse", steps=0, seed=3, langs=("en", "de"))
+    entries, _ = loader.discover([root], default=None)
+    assert loader.partner(entries, "final")[0].label == "early"  # same run: the early snapshot
+    assert loader.partner(entries, "early")[0].label == "final"
+    assert loader.partner(entries, "stranger")[0].label in ("early", "final")  # same languages, another run
+    none, why = loader.partner(entries, "reverse")
+    assert none is None and why == "no other listed checkpoint translates en→de"
+
+    from workbench.ui.views import CompareView
+
+    view = CompareView(session=Session(entries, checkpoint="reverse", sentence="A dog runs."))
+    assert view.other is None
+    view.show()
+    assert "no other listed checkpoint translates en→de" in view.content[0].object
+    view.session.checkpoint = "final"
+    assert view.other == "early" and "same run" in view.content[0].object

@@ -12,7 +12,6 @@ The URL carries a checkpoint's *label*, which is looked up in that list, never a
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -142,19 +141,10 @@ def load_train_log(path: str) -> list[dict]:
 
 
 def read_meta(path: str | Path) -> dict:
-    """A checkpoint's meta.json without loading its weights ({} when missing or unreadable); re-read when it changes."""
-    meta_path = Path(path) / "meta.json"
+    """A checkpoint's meta.json without loading its weights ({} when missing or unreadable). Read when needed
+    (a checkpoint switch, the Compare tab's default), never per keystroke."""
     try:
-        stamp = meta_path.stat().st_mtime_ns
-    except OSError:
-        return {}
-    return dict(_read_meta(str(meta_path), stamp))
-
-
-@functools.lru_cache(maxsize=64)
-def _read_meta(path: str, _stamp: int) -> dict:
-    try:
-        meta = json.loads(Path(path).read_text(encoding="utf-8"))
+        meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
@@ -173,25 +163,25 @@ def default_alpha(path: str | Path) -> float:
 def partner(entries: Sequence[Entry], label: str) -> tuple[Entry | None, str]:
     """(the checkpoint to compare `label` with, why it was chosen): same source and target languages, and
     among those another snapshot of the same training run (the earliest) when there is one; (None, why not)."""
-    by_label = {e.label: e for e in entries}
-    if label not in by_label:
+    metas = {e.label: read_meta(e.path) for e in entries}
+    if label not in metas:
         return None, f"{label!r} is not a listed checkpoint"
-    meta = read_meta(by_label[label].path)
-    langs = (meta.get("src_lang"), meta.get("tgt_lang"))
-    if None in langs:
-        others = [e for e in entries if e.label != label]
-        return (others[0], "its meta.json names no languages, so B is simply the next listed checkpoint") if others \
-            else (None, "no other checkpoint is listed")
-    fits = [e for e in entries if e.label != label and
-            (read_meta(e.path).get("src_lang"), read_meta(e.path).get("tgt_lang")) == langs]
-    pair = f"{langs[0]}→{langs[1]}"
+    others = [e for e in entries if e.label != label]
+    langs = lambda m: (m.get("src_lang"), m.get("tgt_lang"))
+    run = lambda m: (m.get("train_config") or {}).get("out_dir")
+    mine = metas[label]
+    if None in langs(mine):
+        if others:
+            return others[0], "its meta.json names no languages, so B is simply the next listed checkpoint"
+        return None, "no other checkpoint is listed"
+    pair = "→".join(langs(mine))
+    fits = [e for e in others if langs(metas[e.label]) == langs(mine)]
     if not fits:
         return None, f"no other listed checkpoint translates {pair}"
-    run = (meta.get("train_config") or {}).get("out_dir")
-    same_run = [e for e in fits if run and (read_meta(e.path).get("train_config") or {}).get("out_dir") == run]
+    same_run = [e for e in fits if run(mine) and run(metas[e.label]) == run(mine)]
     if same_run:
-        best = min(same_run, key=lambda e: _step(read_meta(e.path)))
-        return best, f"another snapshot (step {read_meta(best.path).get('step', '?')}) of the same run, {pair}"
+        best = min(same_run, key=lambda e: _step(metas[e.label]))
+        return best, f"another snapshot (step {metas[best.label].get('step', '?')}) of the same run, {pair}"
     return fits[0], f"the first other checkpoint that translates {pair}"
 
 

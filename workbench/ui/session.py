@@ -76,6 +76,7 @@ class Session(param.Parameterized):
         self._generation = 0
         self._job = None
         self._pending_notes: list[str] = []  # shown with the next answer (e.g. ignored link settings)
+        self._ready = False  # input watchers wait for the end of __init__
         autorun = params.pop("autorun", True)
         default = params.pop("checkpoint", None)
         super().__init__(autorun=False, **params)
@@ -92,6 +93,7 @@ class Session(param.Parameterized):
         self._alpha_for = (self.checkpoint, self.default_alpha())  # the checkpoint whose default alpha is shown
         if "alpha" not in params:
             self.alpha = self._alpha_for[1]
+        self._ready = True
         self.autorun = autorun
         if autorun:
             self.refresh()
@@ -204,7 +206,7 @@ class Session(param.Parameterized):
 
     @param.depends("checkpoint", "sentence", "target", "beam", "alpha", "ablate", watch=True)
     def _inputs_changed(self) -> None:
-        if not self._match_example() and not self._match_alpha() and self.autorun:
+        if self._ready and not self._match_example() and not self._match_alpha() and self.autorun:
             self.refresh()
 
     def refresh(self) -> None:

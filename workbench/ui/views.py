@@ -212,7 +212,7 @@ class AttentionView(pn.viewable.Viewer):
                                            css_classes=["words-toggle"], align="end", margin=(5, 10, 12, 10)),
             align_items="end", sizing_mode="stretch_width")
         export = pn.widgets.FileDownload(callback=self.export_html, filename="attention.html",
-                                         label="Export view (offline HTML)", button_type="light",
+                                         label="Export view (offline HTML)", color="light",
                                          css_classes=["export-html"], width=220)
         modes = pn.widgets.RadioButtonGroup.from_param(s.param.view, name="", css_classes=["view-picker"])
         return pn.Column(controls, pn.Row(modes, export), self._box, sizing_mode="stretch_width")
@@ -235,8 +235,8 @@ class AblationPanel(pn.viewable.Viewer):
         choice = pn.widgets.MultiChoice.from_param(
             s.param.ablate, name="Ablated heads (kind:layer:head)", css_classes=["ablate-choice"],
             options=pn.bind(self._options, s.param.result, s.param.ablate), sizing_mode="stretch_width")
-        add = pn.widgets.Button(name="Ablate the selected head", button_type="primary", css_classes=["ablate-btn"])
-        reset = pn.widgets.Button(name="Reset", css_classes=["reset-btn"])
+        add = pn.widgets.Button(label="Ablate the selected head", color="primary", css_classes=["ablate-btn"])
+        reset = pn.widgets.Button(label="Reset", css_classes=["reset-btn"])
         add.on_click(lambda e: self.session.toggle_head())
         reset.on_click(lambda e: self.session.reset_ablation())
         out = pn.pane.Markdown(pn.bind(_ablation_md, s.param.ablate, s.param.ablation, s.param.result),
@@ -350,6 +350,9 @@ class LazyTab(pn.viewable.Viewer):
         """Panel objects for the answer (on the event loop)."""
         raise NotImplementedError
 
+    def __panel__(self):
+        return self._box
+
 
 class InternalsView(LazyTab):
     """Positional encodings, the masks of a padded batch, the LR schedule next to the logged LR, training curves."""
@@ -458,7 +461,7 @@ class CompareView(LazyTab):
     run when there is one, see `loader.partner`), and the tab says why it was chosen, or that none fits.
     """
 
-    other = param.Selector(default=None, objects=[], doc="Checkpoint B")
+    other = param.Selector(default=None, objects=[], allow_None=True, doc="Checkpoint B")
 
     title = "Comparison"
     follows = ("version", "kind", "layer", "head", "words")
@@ -467,6 +470,7 @@ class CompareView(LazyTab):
     def __init__(self, **params):
         super().__init__(**params)
         self.param.other.objects = list(self.session.param.checkpoint.objects)
+        self.param.other.check_on_set = True  # off by default when the class declares no objects
         self._why = ""
         self._chosen_by_user = False
         self._pick_partner()

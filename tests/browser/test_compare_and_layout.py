@@ -1,0 +1,81 @@
+"""The Compare tab's default partner, and the page's layout at 1500 and 1000 px (screenshots of every tab).
+
+`UPDATE_SCREENSHOT=1` writes the screenshots to docs/ (docs/screenshot.png is the 1500 px Attention tab)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_app import FIGURE_JS, TIMEOUT, open_app, text
+
+ROOT = Path(__file__).resolve().parents[2]
+TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis")
+
+
+def open_tab(page, title: str) -> None:
+    page.locator(".main-tabs").get_by_text(title, exact=True).click()
+
+
+def test_compare_opens_on_the_early_snapshot_of_the_same_run(page, app_server):
+    watch = open_app(page, app_server + "?ckpt=demo")
+    open_tab(page, "Compare")
+    picker = page.locator(".compare-picker select")
+    picker.wait_for(timeout=TIMEOUT)
+    page.get_by_text("B reads A's output").wait_for(timeout=TIMEOUT)
+    assert picker.evaluate("s => s.options[s.selectedIndex].text") == "demo_early"
+    assert "demo_early" in text(page, ".compare-note")
+    assert watch.errors == []
+
+
+def test_compare_never_defaults_to_the_opposite_direction(page, app_server):
+    open_app(page, app_server + "?ckpt=reverse&src=A+dog+runs.")  # en->de: the de->en test models do not fit
+    open_tab(page, "Compare")
+    page.locator(".compare-note").wait_for(timeout=TIMEOUT)
+    label = page.locator(".compare-picker select").evaluate("s => s.options[s.selectedIndex].text")
+    assert label not in ("demo", "demo_early", "other")
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+
+
+TEXT_WIDTH_JS = """([el, font]) => { const c = document.createElement('canvas').getContext('2d');
+    c.font = font; return c.measureText(el).width; }"""
+
+
+@pytest.mark.parametrize("width", [1500, 1000])
+def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, width):
+    page.set_viewport_size({"width": width, "height": 1000})
+    watch = open_app(page, app_server + "?src=Two+young+men+are+playing+football+on+a+green+field+today.")
+    body = page.locator("body").inner_text()
+    assert "version=" not in body
+    # the words checkbox and the ablation heading do not overlap
+    words = page.locator(".words-toggle").first.bounding_box()
+    heading = page.locator(".ablate-heading").first.bounding_box()
+    assert words and heading and not _overlap(words, heading), (words, heading)
+    # the heatmap: a good share of the page, and its title fits
+    fig = page.evaluate("""() => { const v = [...Bokeh.index.all_views()].filter(
+        v => v.model.name === 'attn_fig' && v.el.isConnected)[0];
+        return {w: v.el.getBoundingClientRect().width, title: v.model.title.text}; }""")
+    assert fig["w"] >= (0.55 if width >= 1500 else 0.4) * width, fig
+    assert page.evaluate(TEXT_WIDTH_JS, [fig["title"], "bold 13px helvetica"]) < fig["w"] - 60, fig
+    # the checkpoint picker shows its whole label
+    sel = page.locator(".ckpt-picker select")
+    label, font, inner = sel.evaluate("""s => [s.options[s.selectedIndex].text, getComputedStyle(s).font,
+                                                s.clientWidth]""")
+    assert page.evaluate(TEXT_WIDTH_JS, [label, font]) <= inner - 24, (label, inner)
+    update = os.environ.get("UPDATE_SCREENSHOT")
+    out = ROOT / "docs" if update else tmp_path
+    for tab in TABS:
+        open_tab(page, tab)
+        page.wait_for_timeout(1500)
+        name = f"screenshot_{tab.lower().replace(' ', '_')}_{width}.png"
+        page.screenshot(path=str(out / name), full_page=True)
+        if tab == "Attention":
+            page.wait_for_function(f"({FIGURE_JS})() !== null", timeout=TIMEOUT)
+            if update and width == 1500:
+                page.screenshot(path=str(ROOT / "docs" / "screenshot.png"), full_page=True)
+    assert watch.errors == []
