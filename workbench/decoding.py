@@ -26,11 +26,13 @@ and the tests check it equals a teacher-forced `run_with_cache` over the produce
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
-from .config import DecodeConfig, LengthPenaltyKind
+from .config import DecodeConfig, LengthPenaltyKind, config_keys, replace
 from .model import DecoderCache, Transformer
 from .trace import Trace
 
@@ -115,23 +117,39 @@ def normalized_score(log_prob: float, length: int, kind: LengthPenaltyKind = "av
     return float(log_prob / penalty_divisor(float(length), kind, alpha))
 
 
-def length_limits(
-    model: Transformer, src: torch.Tensor, *, max_len_a: float, max_len_b: int, max_len: int | None
-) -> torch.Tensor:
-    """(B,) most tokens each sentence may generate before its EOS: min(a·|src| + b, max_len, positions - 1)."""
+def length_limits(model: Transformer, src: torch.Tensor, cfg: DecodeConfig | None = None, **options) -> torch.Tensor:
+    """(B,) most tokens each sentence may generate before its EOS: min(a·|src| + b, max_len, positions - 1).
+
+    `options` (max_len_a=, max_len_b=, max_len=) override `cfg`'s fields.
+    """
+    cfg = decode_config(cfg, options)
     src_len = (src != model.cfg.pad_id).sum(1)
-    limit = (max_len_a * src_len.double()).floor().long() + max_len_b
+    limit = (cfg.max_len_a * src_len.double()).floor().long() + cfg.max_len_b
     cap = model.cfg.max_positions - 1  # the decoder reads start + limit tokens
-    if max_len is not None:
-        cap = min(cap, max_len)
+    if cfg.max_len is not None:
+        cap = min(cap, cfg.max_len)
     return limit.clamp(max=cap)
 
 
+def decode_config(cfg: DecodeConfig | None = None, options: dict | None = None) -> DecodeConfig:
+    """`cfg` (default DecodeConfig()) with keyword `options` applied: how every search reads its settings."""
+    cfg = cfg or DecodeConfig()
+    if not options:
+        return cfg
+    unknown = sorted(set(options) - config_keys(DecodeConfig))
+    if unknown:
+        valid = sorted(f.name for f in dataclasses.fields(DecodeConfig))
+        raise TypeError(f"unknown decoding options {unknown}; valid: {valid}")
+    return replace(cfg, **options)
+
+
 def _constrain(
-    logp: torch.Tensor, generated: torch.Tensor, step: int, limits: torch.Tensor, *, eos: int, pad: int,
-    min_len: int, no_repeat_ngram: int, first_limit: int = 0,
+    logp: torch.Tensor, generated: torch.Tensor, step: int, limits: torch.Tensor, cfg: DecodeConfig, *, eos: int,
+    pad: int, first_limit: int = 0,
 ) -> torch.Tensor:
-    """Apply bans to (N, V) log-probabilities of rows that generated `generated` (N, step) so far."""
+    """Apply cfg's bans (min_len, no_repeat_ngram, length limits) to (N, V) log-probabilities of rows
+    that generated `generated` (N, step) so far."""
+    min_len, no_repeat_ngram = cfg.min_len, cfg.no_repeat_ngram
     eos_logp = logp[:, eos].clone()  # what a forced EOS costs, even where min_len bans it
     logp[:, pad] = NEG_INF
     if step < min_len:
@@ -216,41 +234,39 @@ class _Recorder:
 def greedy(
     model: Transformer,
     src: torch.Tensor,
+    config: DecodeConfig | None = None,
     *,
-    max_len_a: float = 0.0,
-    max_len_b: int = 200,
-    max_len: int | None = None,
-    min_len: int = 0,
-    no_repeat_ngram: int = 0,
-    length_penalty: LengthPenaltyKind = "average",
-    alpha: float = 1.0,
     trace: bool = False,
     check_every: int | None = None,
+    **options,
 ) -> Generation:
-    """Arg-max decoding of a (B, S) source batch; scores are normalised as beam search's are."""
+    """Arg-max decoding of a (B, S) source batch; scores are normalised as beam search's are.
+
+    Settings come from `config` (a DecodeConfig; its beam and n_best are ignored) with keyword
+    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields.
+    """
+    cfg = decode_config(config, options)
     _check_model(model, src)
-    cfg = model.cfg
-    eos, pad = cfg.eos_id, cfg.pad_id
+    eos, pad = model.cfg.eos_id, model.cfg.pad_id
     batch = src.size(0)
     every = _check_every(src.device, check_every)
-    limits = length_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_len=max_len)
+    limits = length_limits(model, src, cfg)
     horizon, first_limit = int(limits.max()), int(limits.min())  # one host sync before the loop
     results: list[list[Hypothesis] | None] = [None] * batch
     finals: dict[int, tuple[int, int]] = {}  # sentence -> (last step, row) for traces
 
     recorder = _Recorder(model) if trace else None
-    with recorder if recorder is not None else _nullcontext():
+    with recorder if recorder is not None else contextlib.nullcontext():
         encoded = model.encode(src)
         cache = model.start_cache(encoded)
         sent = torch.arange(batch, device=src.device)
-        tokens = torch.full((batch, 1), cfg.start_id, dtype=torch.long, device=src.device)
+        tokens = torch.full((batch, 1), model.cfg.start_id, dtype=torch.long, device=src.device)
         scores = torch.zeros(batch, device=src.device)
         ended_at = torch.full((batch,), -1, dtype=torch.long, device=src.device)
         for step in range(horizon + 1):
             logits, cache = model.decode(tokens[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
-            logp = _constrain(logp, tokens[:, 1:], step, limits, eos=eos, pad=pad, min_len=min_len,
-                              no_repeat_ngram=no_repeat_ngram, first_limit=first_limit)
+            logp = _constrain(logp, tokens[:, 1:], step, limits, cfg, eos=eos, pad=pad, first_limit=first_limit)
             best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
             running = ended_at < 0
             tok = torch.where(running[:, None], tok, torch.full_like(tok, pad))
@@ -264,10 +280,10 @@ def greedy(
                 continue
             done = ended_at >= 0
             if bool(done.all()) or last:
-                _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, length_penalty, alpha)
+                _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, cfg)
                 break
             if bool(done.any()):
-                _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, length_penalty, alpha)
+                _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, cfg)
                 keep = (~done).nonzero()[:, 0]
                 sent, tokens, scores, ended_at = sent[keep], tokens[keep], scores[keep], ended_at[keep]
                 limits = limits[keep]
@@ -283,7 +299,7 @@ def greedy(
     return Generation(_complete(results), traces=traces, meta={"search": "greedy"})
 
 
-def _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, kind, alpha) -> None:
+def _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, cfg: DecodeConfig) -> None:
     idx = done.nonzero()[:, 0].tolist()
     if not idx:
         return
@@ -294,7 +310,7 @@ def _collect_greedy(results, finals, sent, tokens, scores, ended_at, done, kind,
         n = int(ends[r]) + 1
         toks = rows_tokens[r, :n].tolist()
         # float32 division, exactly as beam search normalises (beam 1 == greedy, scores included)
-        score = float(raw[r] / length_penalty_value(n, kind, alpha))
+        score = float(raw[r] / length_penalty_value(n, cfg.length_penalty, cfg.alpha))
         results[int(sent[r])] = [Hypothesis(toks, score, float(raw[r]))]
         finals[int(sent[r])] = (n - 1, r)
 
@@ -313,136 +329,172 @@ def _check_model(model: Transformer, src: torch.Tensor) -> None:
         raise ValueError(f"src must be a non-empty (batch, length) id tensor, got shape {tuple(src.shape)}")
 
 
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-
 # ---------------------------------------------------------------------------- beam search
+
+
+@dataclass
+class _Beams:
+    """The search state of the sentences still searching: b rows of K beams each (rows = sentences).
+
+    Live beams: `alive` (b·K, t) ids so far, start token first, and their log-probabilities. The
+    finished pool: the K best EOS-terminated hypotheses per sentence, normalised score first.
+    """
+
+    sent: torch.Tensor  # (b,) input-batch index of each row
+    limits: torch.Tensor  # (b,) length limit per sentence
+    limits_rows: torch.Tensor  # (b·K,) the same, per beam
+    alive: torch.Tensor  # (b·K, t)
+    alive_score: torch.Tensor  # (b, K) summed log-probabilities
+    fin_score: torch.Tensor  # (b, K) normalised scores, -inf where empty
+    fin_raw: torch.Tensor  # (b, K) summed log-probabilities
+    fin_tok: torch.Tensor  # (b, K, width) ids, EOS-terminated, pad after
+    fin_len: torch.Tensor  # (b, K)
+    fin_row: torch.Tensor  # (b, K) the beam row that fed each hypothesis's last step (for traces)
+    done: torch.Tensor  # (b,) bool
+
+    @classmethod
+    def start(cls, limits: torch.Tensor, K: int, width: int, *, start_id: int, pad: int) -> _Beams:
+        batch, dev = limits.size(0), limits.device
+        alive_score = torch.full((batch, K), NEG_INF, device=dev)
+        alive_score[:, 0] = 0.0  # the first step expands one beam only
+        return cls(
+            sent=torch.arange(batch, device=dev), limits=limits, limits_rows=limits.repeat_interleave(K),
+            alive=torch.full((batch * K, 1), start_id, dtype=torch.long, device=dev), alive_score=alive_score,
+            fin_score=torch.full((batch, K), NEG_INF, device=dev), fin_raw=torch.full((batch, K), NEG_INF, device=dev),
+            fin_tok=torch.full((batch, K, width), pad, dtype=torch.long, device=dev),
+            fin_len=torch.zeros((batch, K), dtype=torch.long, device=dev),
+            fin_row=torch.zeros((batch, K), dtype=torch.long, device=dev),
+            done=torch.zeros(batch, dtype=torch.bool, device=dev),
+        )
+
+    def keep(self, keep: torch.Tensor, rows: torch.Tensor) -> None:
+        """Drop finished sentences: `keep` indexes sentence rows, `rows` their beam rows."""
+        self.sent, self.done, self.limits = self.sent[keep], self.done[keep], self.limits[keep]
+        self.alive_score, self.fin_score = self.alive_score[keep], self.fin_score[keep]
+        self.fin_raw = self.fin_raw[keep]
+        self.fin_tok, self.fin_len = self.fin_tok[keep], self.fin_len[keep]
+        # rows of finished hypotheses refer to this step's rows; they stay valid for traces
+        self.fin_row = self.fin_row[keep]
+        self.alive, self.limits_rows = self.alive[rows], self.limits_rows[rows]
+
+
+@dataclass
+class _Candidates:
+    """The 2K best continuations of each sentence's live beams at one step."""
+
+    score: torch.Tensor  # (b, 2K) total log-probabilities
+    beam: torch.Tensor  # (b, 2K) which live beam each extends
+    token: torch.Tensor  # (b, 2K)
+    is_eos: torch.Tensor  # (b, 2K)
+    base: torch.Tensor  # (b, 1) first beam row of each sentence
+
+
+def _candidates(beams: _Beams, logp: torch.Tensor, K: int, eos: int) -> _Candidates:
+    b, vocab = beams.sent.size(0), logp.size(-1)
+    cand = (beams.alive_score.view(-1, 1) + logp).view(b, K * vocab)
+    top_score, top_idx = cand.topk(min(2 * K, K * vocab), dim=-1)  # (b, 2K)
+    token = top_idx % vocab
+    base = (torch.arange(b, device=logp.device) * K)[:, None]
+    return _Candidates(top_score, top_idx // vocab, token, token == eos, base)
+
+
+def _merge_finished(beams: _Beams, cands: _Candidates, step: int, K: int, cfg: DecodeConfig, eos: int, pad: int
+                    ) -> torch.Tensor:
+    """Move EOS among the top K candidates into the finished pool; returns which did, (b, K)."""
+    b, width = beams.sent.size(0), beams.fin_tok.size(2)
+    new_fin = cands.is_eos[:, :K] & ~beams.done[:, None]
+    # on CPU a host check is free and skips the pool update on most steps; on an accelerator the
+    # update always runs, so the loop needs no sync here
+    if beams.alive.device.type == "cpu" and not bool(new_fin.any()):
+        return new_fin
+    new_raw = cands.score[:, :K]
+    new_norm = new_raw / length_penalty_value(step + 1, cfg.length_penalty, cfg.alpha)
+    new_norm = new_norm.masked_fill(~new_fin, NEG_INF)
+    new_rows = cands.base + cands.beam[:, :K]  # (b, K)
+    new_tok = torch.full((b, K, width), pad, dtype=torch.long, device=new_rows.device)
+    new_tok[:, :, :step] = beams.alive[:, 1:].index_select(0, new_rows.view(-1)).view(b, K, step)
+    new_tok[:, :, step] = eos
+    pool = torch.cat([beams.fin_score, new_norm], 1)
+    beams.fin_score, pick = pool.topk(K, dim=-1)
+    beams.fin_raw = torch.cat([beams.fin_raw, new_raw], 1).gather(1, pick)
+    beams.fin_len = torch.cat([beams.fin_len, torch.full_like(beams.fin_len, step + 1)], 1).gather(1, pick)
+    beams.fin_row = torch.cat([beams.fin_row, new_rows], 1).gather(1, pick)
+    beams.fin_tok = torch.cat([beams.fin_tok, new_tok], 1).gather(1, pick[:, :, None].expand(b, K, width))
+    return new_fin
+
+
+def _advance(beams: _Beams, cands: _Candidates, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Live beams become the K best non-EOS candidates; returns (parent row per new beam, survivors)."""
+    survivors_score, survivors = cands.score.masked_fill(cands.is_eos, NEG_INF).topk(K, dim=-1)
+    beams.alive_score = survivors_score
+    parent = (cands.base + cands.beam.gather(1, survivors)).view(-1)
+    beams.alive = torch.cat([beams.alive.index_select(0, parent), cands.token.gather(1, survivors).view(-1, 1)], 1)
+    return parent, survivors
 
 
 @torch.no_grad()  # not inference_mode: traces and ids must be usable with autograd later
 def beam_search(
     model: Transformer,
     src: torch.Tensor,
+    config: DecodeConfig | None = None,
     *,
-    beam: int = 5,
-    length_penalty: LengthPenaltyKind = "average",
-    alpha: float = 1.0,
-    max_len_a: float = 0.0,
-    max_len_b: int = 200,
-    max_len: int | None = None,
-    min_len: int = 0,
-    no_repeat_ngram: int = 0,
-    n_best: int = 1,
     record_steps: bool = False,
     trace: bool = False,
     check_every: int | None = None,
+    **options,
 ) -> Generation:
-    """Beam search over a (B, S) source batch; see the module docstring for the search rules."""
-    if beam < 1 or not 1 <= n_best <= beam:
-        raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
+    """Beam search over a (B, S) source batch; see the module docstring for the search rules.
+
+    Settings come from `config` (a DecodeConfig) with keyword `options` (beam=, n_best=, alpha=, ...)
+    overriding its fields.
+    """
+    cfg = decode_config(config, options)
     _check_model(model, src)
-    cfg = model.cfg
-    eos, pad = cfg.eos_id, cfg.pad_id
+    eos, pad = model.cfg.eos_id, model.cfg.pad_id
     dev = src.device
-    batch, K = src.size(0), beam
+    batch, K = src.size(0), cfg.beam
     every = _check_every(dev, check_every)
-    limits = length_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_len=max_len)
+    limits = length_limits(model, src, cfg)
     horizon, first_limit = int(limits.max()), int(limits.min())
-    width = horizon + 1  # generated tokens incl. EOS
     results: list[list[Hypothesis] | None] = [None] * batch
     finals: dict[int, tuple[int, int]] = {}
     steps: list[BeamStep] | None = [] if record_steps else None
 
     recorder = _Recorder(model) if trace else None
-    with recorder if recorder is not None else _nullcontext():
+    with recorder if recorder is not None else contextlib.nullcontext():
         encoded = model.encode(src)
         cache = model.start_cache(encoded)
         expand = torch.arange(batch, device=dev).repeat_interleave(K)
         encoded = encoded.index_select(expand)
         cache = cache.index_select(expand)
-        limits_rows = limits.repeat_interleave(K)
-
-        sent = torch.arange(batch, device=dev)
-        alive = torch.full((batch * K, 1), cfg.start_id, dtype=torch.long, device=dev)
-        alive_score = torch.full((batch, K), NEG_INF, device=dev)
-        alive_score[:, 0] = 0.0  # the first step expands one beam only
-        fin_score = torch.full((batch, K), NEG_INF, device=dev)
-        fin_raw = torch.full((batch, K), NEG_INF, device=dev)
-        fin_tok = torch.full((batch, K, width), pad, dtype=torch.long, device=dev)
-        fin_len = torch.zeros((batch, K), dtype=torch.long, device=dev)
-        fin_row = torch.zeros((batch, K), dtype=torch.long, device=dev)  # row that fed the last step
-        done = torch.zeros(batch, dtype=torch.bool, device=dev)
+        beams = _Beams.start(limits, K, horizon + 1, start_id=model.cfg.start_id, pad=pad)  # width: tokens + EOS
 
         for step in range(horizon + 1):
-            b = sent.size(0)
-            logits, cache = model.decode(alive[:, -1:], encoded, cache)
+            logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
-            logp = _constrain(logp, alive[:, 1:], step, limits_rows, eos=eos, pad=pad, min_len=min_len,
-                              no_repeat_ngram=no_repeat_ngram, first_limit=first_limit)
-            vocab = logp.size(-1)
-            cand = (alive_score.view(-1, 1) + logp).view(b, K * vocab)
-            top_score, top_idx = cand.topk(min(2 * K, K * vocab), dim=-1)  # (b, 2K)
-            cand_beam = top_idx // vocab
-            cand_tok = top_idx % vocab
-            is_eos = cand_tok == eos
-            base = (torch.arange(b, device=dev) * K)[:, None]
-
-            # finished pool: EOS among the top K candidates of sentences still searching
-            new_fin = is_eos[:, :K] & ~done[:, None]
-            # on CPU a host check is free and skips the pool update on most steps; on an
-            # accelerator the update always runs, so the loop needs no sync here
-            merge = dev.type != "cpu" or bool(new_fin.any())
-            new_raw = top_score[:, :K]
-            if merge:
-                new_norm = new_raw / length_penalty_value(step + 1, length_penalty, alpha)
-                new_norm = new_norm.masked_fill(~new_fin, NEG_INF)
-                new_rows = base + cand_beam[:, :K]  # (b, K)
-                new_tok = torch.full((b, K, width), pad, dtype=torch.long, device=dev)
-                new_tok[:, :, :step] = alive[:, 1:].index_select(0, new_rows.view(-1)).view(b, K, step)
-                new_tok[:, :, step] = eos
-                pool = torch.cat([fin_score, new_norm], 1)
-                fin_score, pick = pool.topk(K, dim=-1)
-                fin_raw = torch.cat([fin_raw, new_raw], 1).gather(1, pick)
-                fin_len = torch.cat([fin_len, torch.full_like(fin_len, step + 1)], 1).gather(1, pick)
-                fin_row = torch.cat([fin_row, new_rows], 1).gather(1, pick)
-                fin_tok = torch.cat([fin_tok, new_tok], 1).gather(1, pick[:, :, None].expand(b, K, width))
-            done = done | (fin_score > NEG_INF).all(1) | (step >= limits)
-
-            # live beams: the K best non-EOS candidates
-            survivors_score, survivors = top_score.masked_fill(is_eos, NEG_INF).topk(K, dim=-1)
-            alive_score = survivors_score
-            parent = (base + cand_beam.gather(1, survivors)).view(-1)
-            alive = torch.cat([alive.index_select(0, parent), cand_tok.gather(1, survivors).view(-1, 1)], 1)
+            logp = _constrain(logp, beams.alive[:, 1:], step, beams.limits_rows, cfg, eos=eos, pad=pad,
+                              first_limit=first_limit)
+            cands = _candidates(beams, logp, K, eos)
+            new_fin = _merge_finished(beams, cands, step, K, cfg, eos, pad)
+            beams.done = beams.done | (beams.fin_score > NEG_INF).all(1) | (step >= beams.limits)
+            parent, survivors = _advance(beams, cands, K)
             if steps is not None:
-                steps.append(BeamStep(step, sent.cpu(), cand_beam.cpu(), cand_tok.cpu(), top_score.cpu(),
-                                      torch.cat([new_fin, torch.zeros_like(new_fin)], 1)[:, : top_score.size(1)].cpu(),
-                                      survivors.cpu(), alive_score.cpu()))
+                steps.append(_record_step(step, beams, cands, new_fin, survivors))
 
             last = step == horizon
             check = last or (step + 1) % every == 0
-            all_done = check and (last or bool(done.all()))
-            if check and (all_done or bool(done.any())):
-                _collect_beam(results, finals, sent, done, fin_score, fin_raw, fin_tok, fin_len, fin_row, n_best)
+            all_done = check and (last or bool(beams.done.all()))
+            if check and (all_done or bool(beams.done.any())):
+                _collect_beam(results, finals, beams, cfg.n_best)
             if all_done:
                 break
-            if check and bool(done.any()):
-                keep = (~done).nonzero()[:, 0]
+            if check and bool(beams.done.any()):
+                keep = (~beams.done).nonzero()[:, 0]
                 rows = (keep[:, None] * K + torch.arange(K, device=dev)).view(-1)
-                sent, done, limits = sent[keep], done[keep], limits[keep]
-                alive_score, fin_score, fin_raw = alive_score[keep], fin_score[keep], fin_raw[keep]
-                fin_tok, fin_len = fin_tok[keep], fin_len[keep]
-                # rows of finished hypotheses refer to this step's rows; they stay valid for traces
-                fin_row = fin_row[keep]
-                alive, limits_rows = alive[rows], limits_rows[rows]
+                beams.keep(keep, rows)
                 parent = parent[rows]
                 encoded = encoded.index_select(rows)
-                cross = [kv.index_select(rows) for kv in cache.cross_kv]
-                cache = DecoderCache(cache.self_kv, cross)
+                cache = DecoderCache(cache.self_kv, [kv.index_select(rows) for kv in cache.cross_kv])
             # the self-attention K/V follow their beams; cross K/V are the same within a sentence
             cache = DecoderCache([None if kv is None else kv.index_select(parent) for kv in cache.self_kv],
                                  cache.cross_kv)
@@ -453,18 +505,25 @@ def beam_search(
         if recorder is not None:
             traces = [recorder.assemble(src, i, results[i][0].tokens, *finals[i]) for i in range(batch)]
     return Generation(_complete(results), steps=steps, traces=traces,
-                      meta={"search": "beam", "beam": beam, "length_penalty": length_penalty, "alpha": alpha})
+                      meta={"search": "beam", "beam": K, "length_penalty": cfg.length_penalty, "alpha": cfg.alpha})
+
+
+def _record_step(step: int, beams: _Beams, cands: _Candidates, new_fin: torch.Tensor, survivors: torch.Tensor
+                 ) -> BeamStep:
+    finished = torch.cat([new_fin, torch.zeros_like(new_fin)], 1)[:, : cands.score.size(1)]
+    return BeamStep(step, beams.sent.cpu(), cands.beam.cpu(), cands.token.cpu(), cands.score.cpu(), finished.cpu(),
+                    survivors.cpu(), beams.alive_score.cpu())
 
 
 def length_penalty_value(length: int, kind: LengthPenaltyKind, alpha: float) -> float:
     return float(penalty_divisor(float(length), kind, alpha))
 
 
-def _collect_beam(results, finals, sent, done, fin_score, fin_raw, fin_tok, fin_len, fin_row, n_best) -> None:
-    idx = done.nonzero()[:, 0].tolist()
-    scores, raws, toks, lens = fin_score.cpu(), fin_raw.cpu(), fin_tok.cpu(), fin_len.cpu()
+def _collect_beam(results, finals, beams: _Beams, n_best: int) -> None:
+    idx = beams.done.nonzero()[:, 0].tolist()
+    scores, raws, toks, lens = beams.fin_score.cpu(), beams.fin_raw.cpu(), beams.fin_tok.cpu(), beams.fin_len.cpu()
     for r in idx:
-        s = int(sent[r])
+        s = int(beams.sent[r])
         if results[s] is not None:
             continue
         hyps = []
@@ -474,7 +533,7 @@ def _collect_beam(results, finals, sent, done, fin_score, fin_raw, fin_tok, fin_
             n = int(lens[r, j])
             hyps.append(Hypothesis(toks[r, j, :n].tolist(), float(scores[r, j]), float(raws[r, j])))
         results[s] = hyps
-        finals[s] = (int(lens[r, 0]) - 1, int(fin_row[r, 0]))
+        finals[s] = (int(lens[r, 0]) - 1, int(beams.fin_row[r, 0]))
 
 
 # ---------------------------------------------------------------------------- one entry point
@@ -483,9 +542,7 @@ def _collect_beam(results, finals, sent, done, fin_score, fin_raw, fin_tok, fin_
 def generate(model: Transformer, src: torch.Tensor, cfg: DecodeConfig | None = None, **options) -> Generation:
     """Greedy when cfg.beam == 1, else beam search; `options` (trace, record_steps, check_every) pass through."""
     cfg = cfg or DecodeConfig()
-    limits = dict(max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, max_len=cfg.max_len, min_len=cfg.min_len,
-                  no_repeat_ngram=cfg.no_repeat_ngram, length_penalty=cfg.length_penalty, alpha=cfg.alpha)
     if cfg.beam == 1 and not options.get("record_steps"):
         options.pop("record_steps", None)
-        return greedy(model, src, **limits, **options)
-    return beam_search(model, src, beam=cfg.beam, n_best=cfg.n_best, **limits, **options)
+        return greedy(model, src, cfg, **options)
+    return beam_search(model, src, cfg, **options)
