@@ -1,0 +1,80 @@
+"""Clean/corrupted sentence pairs for patching: swap one source noun, keep every length.
+
+    pairs = noun_swaps(tm, sentences)          # German nouns are capitalised; each swap is one piece for another
+    p = pairs[0]
+    p.src, p.corrupted_src, p.tgt            # (1, S), (1, S), (1, T): the clean greedy output, teacher-forced
+    p.position, p.good, p.bad                # the first output position where the two translations differ,
+                                             # and the clean and corrupted tokens there (a logit difference)
+
+Only swaps that change the translation are kept: the question "which heads carry the noun into the output"
+needs an output token that depends on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+NOUNS = ("Mann", "Frau", "Hund", "Kind", "Junge", "Mädchen", "Auto", "Ball", "Haus", "Straße", "Pferd", "Katze",
+         "Wasser", "Fahrrad", "Strand", "Gitarre", "Boot", "Baum", "Hut", "Buch")
+
+
+@dataclass
+class ContrastPair:
+    src: torch.Tensor  # (1, S) clean source ids (EOS-terminated)
+    corrupted_src: torch.Tensor  # (1, S)
+    tgt: torch.Tensor  # (1, T) decoder input: start + the clean greedy output without its EOS
+    position: int  # decoder position whose next token differs between the two outputs
+    good: int  # the clean output's token there
+    bad: int  # the corrupted output's token there
+    swapped: int  # source position of the swapped noun
+    text: str
+    corrupted_text: str
+    output: str
+    corrupted_output: str
+
+
+def _one_piece(tm, word: str) -> int | None:
+    ids = tm.src_tokenizer.encode(word)
+    return ids[0] if len(ids) == 1 else None
+
+
+def noun_swaps(tm, sentences: Sequence[str], nouns: Sequence[str] = NOUNS, max_pairs: int | None = None,
+               max_len: int = 60) -> list[ContrastPair]:
+    """For each sentence, swap its first noun from `nouns` for the next one in the list that changes the greedy
+    translation (lengths are unchanged: both are single pieces)."""
+    noun_ids = {w: i for w in nouns if (i := _one_piece(tm, w)) is not None}
+    by_id = {i: w for w, i in noun_ids.items()}
+    cfg = tm.model.cfg
+    pairs: list[ContrastPair] = []
+    for text in sentences:
+        ids, _ = tm.encode_source(text)
+        if not ids or len(ids) > max_len:
+            continue
+        hit = next((k for k, t in enumerate(ids) if t in by_id), None)
+        if hit is None:
+            continue
+        clean = tm.translate(text, return_tokens=True, beam=1)[0]
+        for wid in noun_ids.values():
+            if wid == ids[hit]:
+                continue
+            swapped = ids[:hit] + [wid] + ids[hit + 1:]
+            c_text = tm.src_tokenizer.decode(swapped[:-1] if swapped[-1] == cfg.eos_id else swapped)
+            corr = tm.translate(c_text, return_tokens=True, beam=1)[0]
+            a, b = list(clean.tokens), list(corr.tokens)
+            if tm.src_tokenizer.encode(c_text) + [cfg.eos_id] != swapped:
+                continue  # the text does not re-encode to the swapped ids; keep pairs exact
+            diff = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), None)
+            if diff is None:
+                continue
+            dev = tm.model.device
+            pairs.append(ContrastPair(
+                src=torch.tensor([ids], device=dev), corrupted_src=torch.tensor([swapped], device=dev),
+                tgt=torch.tensor([[cfg.start_id, *a[:-1]]], device=dev), position=diff, good=a[diff], bad=b[diff],
+                swapped=hit, text=text, corrupted_text=c_text, output=clean.text, corrupted_output=corr.text))
+            break
+        if max_pairs is not None and len(pairs) >= max_pairs:
+            break
+    return pairs
