@@ -75,7 +75,7 @@ MODULES = {module_name(f) for f in source_files()}
 
 
 def imports_of(path: Path) -> list[Import]:
-    """Every import in the file; `from pkg import name` yields pkg and, when it is a module, pkg.name."""
+    """Every import in the file; `from pkg import name` yields pkg.name when that is a module, else pkg."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     text = path.read_text(encoding="utf-8")
@@ -96,11 +96,11 @@ def imports_of(path: Path) -> list[Import]:
                     base = ".".join(parts[: len(parts) - child.level + 1] + ([child.module] if child.module else []))
                 else:
                     base = child.module or ""
-                if base != "__future__":
-                    add(child, base, in_function)
-                    for alias in child.names:
-                        if f"{base}.{alias.name}" in MODULES:
-                            add(child, f"{base}.{alias.name}", in_function)
+                submodules = [f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in MODULES]
+                if base != "__future__" and len(submodules) < len(child.names):
+                    add(child, base, in_function)  # a name defined in base: needs base's own code
+                for target in submodules:
+                    add(child, target, in_function)
             visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(ast.parse(text), False)
@@ -111,10 +111,9 @@ ALL_IMPORTS = [imp for f in source_files() for imp in imports_of(f)]
 
 
 def is_edge(imp: Import) -> bool:
-    """An import of another workbench module; a module's own enclosing packages do not count (Python
-    initialises them before the module, whatever it imports: `from .. import presets` needs presets)."""
-    src = module_name(imp.file)
-    return imp.target in MODULES and imp.target != src and not src.startswith(imp.target + ".")
+    """An import of another workbench module (`from . import __version__` in a submodule is one: it
+    needs the package root's code to have run)."""
+    return imp.target in MODULES and imp.target != module_name(imp.file)
 
 
 def own_edges() -> dict[str, set[str]]:
