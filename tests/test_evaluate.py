@@ -75,3 +75,32 @@ def test_cli_evaluate_refuses_mismatched_references(data, tmp_path, capsys):
     rc = main(["evaluate", "--checkpoint", str(tmp_path / "ck"), "--src", str(tmp_path / "src"),
                "--ref", str(tmp_path / "ref")])
     assert rc == 2 and f"has {len(src) - 1} lines but" in capsys.readouterr().err
+
+
+def test_nothing_to_score_is_one_clear_error(data, tmp_path, capsys):
+    from workbench.checkpoint import save_checkpoint
+
+    with pytest.raises(ValueError, match="nothing to score: 0 hypotheses and 0 reference lines"):
+        score([], [[]])
+    tm, _, _ = data
+    with pytest.raises(ValueError, match="nothing to score"):
+        evaluate(tm, [], [[]])
+    save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
+    (tmp_path / "src").write_bytes(b"")
+    (tmp_path / "ref").write_bytes(b"")
+    rc = main(["evaluate", "--checkpoint", str(tmp_path / "ck"), "--src", str(tmp_path / "src"),
+               "--ref", str(tmp_path / "ref")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("workbench evaluate: error: nothing to score")
+
+
+def test_alpha_nan_is_refused_on_the_command_line(data, tmp_path, capsys):
+    from workbench.checkpoint import save_checkpoint
+
+    tm, src, _ = data
+    save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
+    (tmp_path / "src").write_text(src[0] + "\n", encoding="utf-8")
+    rc = main(["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(tmp_path / "src"), "--alpha", "nan"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "alpha (nan) must be a finite number >= 0" in err and "Traceback" not in err

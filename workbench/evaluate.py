@@ -46,6 +46,9 @@ def score(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> Sco
     for k, r in enumerate(refs):
         if len(r) != len(hyps):
             raise ValueError(f"reference set {k + 1} has {len(r)} lines but there are {len(hyps)} hypotheses")
+    if not hyps:  # sacrebleu would fail with an IndexError deep inside its statistics
+        raise ValueError("nothing to score: 0 hypotheses and 0 reference lines "
+                         "(is the source or reference file empty?)")
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hyps, refs)
     c = chrf.corpus_score(hyps, refs)

@@ -34,8 +34,9 @@ import torch.distributed as dist
 
 from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer
 from ..config import TrainConfig
-from ..data import ParallelData, shard
+from ..data import ParallelData, pad_sequences, shard, token_batches
 from ..decoding import greedy
+from ..evaluate import score
 from ..loss import label_smoothed_nll
 from ..model import Transformer
 from ..progress import make_progress
@@ -312,37 +313,26 @@ class Trainer:
 
     def _translate_ids(self, sources: list[list[int]], batch_tokens: int, greedy) -> list[list[int]]:
         cfg, model = self.model_cfg, self.model
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        rows = [[*s, cfg.eos_id] for s in sources]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         out: list[list[int]] = [[] for _ in sources]
-        k = 0
-        while k < len(order):
-            width = len(sources[order[min(len(order) - 1, k)]]) + 1
-            n = max(1, batch_tokens // max(width, 1))
-            chunk = order[k : k + n]
-            width = max(len(sources[i]) for i in chunk) + 1
-            src = torch.full((len(chunk), width), cfg.pad_id, dtype=torch.long)
-            for r, i in enumerate(chunk):
-                src[r, : len(sources[i])] = torch.tensor(sources[i], dtype=torch.long)
-                src[r, len(sources[i])] = cfg.eos_id
+        for chunk in token_batches([len(r) for r in rows], batch_tokens, order):
+            src = pad_sequences([rows[i] for i in chunk], cfg.pad_id, device=self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-                gen = greedy(model, src.to(self.device), max_len_a=1.2, max_len_b=10)
+                gen = greedy(model, src, max_len_a=1.2, max_len_b=10)
             for i, hyp in zip(chunk, gen.best):
                 out[i] = hyp.tokens
-            k += len(chunk)
         return out
 
     def score_bleu(self) -> dict[str, Any]:
-        import sacrebleu
-
         src_text, ref_text = self.valid_text
         if self.cfg.valid_limit:
             src_text, ref_text = src_text[: self.cfg.valid_limit], ref_text[: self.cfg.valid_limit]
         ids = [self.src_tok.encode(s)[: self.model_cfg.max_positions - 1] for s in src_text]
         hyps = [self.tgt_tok.decode(h) for h in self.translate_ids(ids)]
-        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-        b, ch = bleu.corpus_score(hyps, [ref_text]), chrf.corpus_score(hyps, [ref_text])
-        return {"valid_bleu": round(b.score, 2), "valid_chrf": round(ch.score, 2),
-                "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+        scores = score(hyps, [ref_text])  # the same scoring as `workbench evaluate`
+        return {"valid_bleu": round(scores.bleu, 2), "valid_chrf": round(scores.chrf, 2),
+                "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
                 "valid_example": hyps[0] if hyps else ""}
 
     def _validate_and_save(self) -> None:
