@@ -10,6 +10,7 @@ Each module has one job; see docs/analysis.md for the definitions and the litera
 from __future__ import annotations
 
 from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
+from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
 from .decompose import Components, LogitAttribution, decompose_resid, direct_logit_attribution, source_attribution
@@ -34,4 +35,5 @@ __all__ = [
     "Components", "LogitAttribution", "decompose_resid", "direct_logit_attribution", "source_attribution",
     "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
+    "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion",
 ]
