@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+from workbench import Transformer, presets
+from workbench.checkpoint import save_checkpoint
+from workbench.tokenizer import SentencePieceTokenizer
+from workbench.toolkit_tokenizers import SpmVocabTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "workbench"
@@ -234,3 +240,28 @@ def test_import_workbench_is_light():
 @pytest.mark.parametrize("command", ["train", "translate", "evaluate", "import"])
 def test_subcommand_help_loads_no_plotting_library(command):
     assert not set(loaded_by(help_of(command, "--help"))) & set(PLOTTING)
+
+
+# ------------------------------------------------------------------- own checkpoints skip the importers
+
+def _checkpoint(directory: Path, *, toolkit: bool) -> Path:
+    """A tiny untrained checkpoint; `toolkit`: with an imported model's tokenizer kind (spm_vocab)."""
+    words = "the a dog cat runs sleeps on grass red blue house small big man woman child".split()
+    sentences = [" ".join(words[(i * k) % len(words)] for k in range(1, 7)) for i in range(200)]
+    tok = SentencePieceTokenizer.train(sentences=sentences, vocab_size=40, byte_fallback=False, num_threads=1)
+    if toolkit:
+        specials = {role: tok.pieces([getattr(tok, f"{role}_id")])[0] for role in ("unk", "pad", "eos", "bos")}
+        tok = SpmVocabTokenizer(tok.proto, tok.pieces(list(range(tok.vocab_size))), **specials)
+    torch.manual_seed(0)
+    model = Transformer(presets.tiny(vocab=tok.vocab_size))
+    return save_checkpoint(directory, model, src_tokenizer=tok, tgt_tokenizer=tok)
+
+
+@pytest.mark.parametrize("toolkit", [False, True], ids=["sentencepiece", "spm_vocab"])
+def test_load_of_a_checkpoint_directory_never_imports_the_importers(tmp_path, toolkit):
+    path = _checkpoint(tmp_path / "ck", toolkit=toolkit)
+    code = (f"import sys, workbench\ntm = workbench.load({str(path)!r}, beam=1, max_len=5)\n"
+            "print(tm.src_tokenizer.kind, len(tm.translate(['the dog'])), "
+            "sorted(m for m in sys.modules if m.startswith('workbench.importers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["spm_vocab" if toolkit else "sentencepiece", "1", "[]"]
