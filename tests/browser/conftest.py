@@ -65,8 +65,8 @@ def app_server(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port", str(port),
          "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
-         # closed pages' sessions are destroyed within a second, so the tests run on a server that has done so
-         "--check-unused-sessions", "300", "--unused-session-lifetime", "300",
+         # closed pages' sessions are destroyed within ~6 s (a page's own session must outlive its script loading)
+         "--check-unused-sessions", "1000", "--unused-session-lifetime", "5000",
          "--args", "--checkpoints", str(root)],
         stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

@@ -57,7 +57,9 @@ def text(page, css: str) -> str:
 
 
 def version(page) -> int:
-    return int(re.search(r"version=(\d+)", text(page, ".status")).group(1))
+    """How many answers the page has applied (a hidden status element: textContent, not innerText)."""
+    content = page.locator(".status").first.evaluate("el => (el.shadowRoot || el).textContent", timeout=TIMEOUT)
+    return int(re.search(r"version=(\d+)", content).group(1))
 
 
 def wait_version(page, above: int) -> int:

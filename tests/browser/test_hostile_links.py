@@ -10,7 +10,7 @@ BAD_LINKS = [  # (query, what the message must name)
     ("head=999", "head=999"),
     ("layer=7", "layer=7"),
     ("kind=enc_self&layer=2", "layer=2"),
-    ("head=abc", "head='abc'"),
+    ("head=abc", "head=abc"),
     ("layer=-4", "layer=-4"),
     ("beam=100000000000000000000", "beam="),
     ("alpha=1e308", "alpha="),
