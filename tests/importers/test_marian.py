@@ -159,6 +159,8 @@ def test_hub_download_offline_says_network_unreachable(tmp_path, monkeypatch, ca
     # a proxy on a closed local port: the request fails the way it does without a network
     for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("no_proxy", "NO_PROXY", "HF_ENDPOINT"):  # the machine's own settings must not change the route
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     code = main(["import", "marian", "hf:Helsinki-NLP/opus-mt-en-de", "--out", str(tmp_path / "ckpt")])
     err = capsys.readouterr().err
