@@ -80,3 +80,24 @@ def test_capture_to_cpu_and_keep_graph(traced):
     assert trace["hook_memory"].requires_grad
     trace["hook_memory"].sum().backward()  # gradient flows to the parameters through the captured tensor
     assert model.src_embed.weight.grad is not None
+
+
+def test_token_strings_are_pieces_and_old_keys_still_work(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    trace = Trace({"hook_memory": torch.zeros(1, 2, 4)}, src=torch.tensor([[5, 2]]))
+    trace.meta["src_pieces"] = ["▁Hund", "</s>"]
+    with pytest.warns(FutureWarning, match=r"trace.meta\['src_tokens'\] is now trace.meta\['src_pieces'\]"):
+        assert trace.meta["src_tokens"] == ["▁Hund", "</s>"]
+    with pytest.warns(FutureWarning):
+        trace.meta.update(out_tokens=["▁dog"])
+    assert dict(trace.meta) == {"src_pieces": ["▁Hund", "</s>"], "out_pieces": ["▁dog"]}
+    # a file written before the rename loads under the new names, silently
+    old = tmp_path / "old.safetensors"
+    save_file({"hook_memory": torch.zeros(1, 2, 4), "__src__": torch.tensor([[5, 2]])}, str(old),
+              metadata={"workbench_trace": json.dumps({"src_tokens": ["▁Hund", "</s>"]})})
+    loaded = Trace.load(old)
+    assert dict(loaded.meta) == {"src_pieces": ["▁Hund", "</s>"]}
+    assert dict(loaded.to("cpu").meta) == dict(loaded.meta)

@@ -150,7 +150,7 @@ class TranslationModel:
         return results if rich else [r.text for r in results]
 
     def trace(self, text: str, **options: Any) -> Translation:
-        """One sentence with its whole-generation attention trace (token strings in trace.meta)."""
+        """One sentence with its whole-generation attention trace (token strings in trace.meta["*_pieces"])."""
         return self.translate([text], return_traces=True, **options)[0]  # type: ignore[return-value]
 
     def score(self, source: str | Sequence[int], output: str | Sequence[int], *, trace: bool = False) -> Translation:
@@ -189,8 +189,8 @@ class TranslationModel:
         pieces = self.tgt_tokenizer.pieces(out_ids)
         text = self.detokenize(out_ids)
         if captured is not None:
-            captured.meta.update(src_tokens=self.src_tokenizer.pieces(src_ids),
-                                 tgt_tokens=self.tgt_tokenizer.pieces(tgt_in[0].tolist()), out_tokens=pieces,
+            captured.meta.update(src_pieces=self.src_tokenizer.pieces(src_ids),
+                                 tgt_pieces=self.tgt_tokenizer.pieces(tgt_in[0].tolist()), out_pieces=pieces,
                                  translation=text, log_prob=log_prob)
         return Translation(source=source if isinstance(source, str) else "", text=text, tokens=out_ids,
                            pieces=pieces, source_tokens=src_ids, log_prob=log_prob, trace=captured, truncated=cut)
@@ -245,8 +245,8 @@ class TranslationModel:
             r.n_best = [(self.detokenize(h.tokens), h.score) for h in hyps]
             if gen.traces is not None:
                 t = gen.traces[j]
-                t.meta.update(src_tokens=self.src_tokenizer.pieces(t.src[0].tolist()),
-                              tgt_tokens=tok.pieces(t.tgt[0].tolist()), out_tokens=r.pieces,
+                t.meta.update(src_pieces=self.src_tokenizer.pieces(t.src[0].tolist()),
+                              tgt_pieces=tok.pieces(t.tgt[0].tolist()), out_pieces=r.pieces,
                               source=r.source, translation=r.text, score=r.score)
                 r.trace = t
 

@@ -61,19 +61,19 @@ class Attention:
 
 
 def token_strings(trace: Trace, side: str, batch: int = 0, given: Sequence[str] | None = None) -> list[str]:
-    """Token strings of one sentence: given ones, else `trace.meta[f"{side}_tokens"]`, else the ids."""
+    """Token strings of one sentence: given ones, else `trace.meta[f"{side}_pieces"]`, else the ids."""
     if given is not None:
         return [str(t) for t in given]
-    meta = trace.meta.get(f"{side}_tokens")
+    meta = trace.meta.get(f"{side}_pieces")
     if meta is not None:
         if meta and isinstance(meta[0], (list, tuple)):
             return [str(t) for t in meta[batch]]
         if batch:
-            raise ValueError(f"trace.meta['{side}_tokens'] holds one sentence; batch {batch} was asked for")
+            raise ValueError(f"trace.meta['{side}_pieces'] holds one sentence; batch {batch} was asked for")
         return [str(t) for t in meta]
     ids = getattr(trace, side)
     if ids is None:
-        raise ValueError(f"trace has no {side} ids or meta['{side}_tokens']; pass the token strings")
+        raise ValueError(f"trace has no {side} ids or meta['{side}_pieces']; pass the token strings")
     return [str(int(i)) for i in ids[batch]]
 
 

@@ -157,8 +157,8 @@ def translate(tm, req: Request) -> Result | None:
     out_pieces = tm.tgt_tokenizer.pieces(out_ids)
     # float16 on CPU: a 200-token sentence through a 6+6-layer, 8-head model stays ~10 MB per session.
     compact = trace.to("cpu", torch.float16)
-    compact.meta.update(src_tokens=src_pieces, tgt_tokens=tm.tgt_tokenizer.pieces([cfg.start_id, *out_ids[:-1]]),
-                        out_tokens=out_pieces, pad_id=cfg.pad_id, eos_id=cfg.eos_id)
+    compact.meta.update(src_pieces=src_pieces, tgt_pieces=tm.tgt_tokenizer.pieces([cfg.start_id, *out_ids[:-1]]),
+                        out_pieces=out_pieces, pad_id=cfg.pad_id, eos_id=cfg.eos_id)
     return Result(req, tm.detokenize(out_ids), tuple(src_pieces), tuple(out_pieces), tuple(out_ids), tuple(src_ids),
                   log_prob, compact, forced, tuple(notes), time.perf_counter() - start)
 
