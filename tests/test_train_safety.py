@@ -196,12 +196,20 @@ def test_sigkill_at_random_moments(tmp_path, reference, seed):
     run = tmp_path / "run"
     cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **changes))
     rng = random.Random(seed)
+    killed_mid_run = 0
     for _ in range(3):
+        before = read_pointer(run)
         proc = child(tmp_path, cfg)
-        time.sleep(rng.uniform(1.0, 6.0))  # start-up (imports) takes ~2 s; a tiny step a few ms
+        # start-up (imports, data) takes seconds under load: kill at a random moment after the next save
+        while read_pointer(run) == before and proc.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=120)
         assert_run_dir_sound(run)
+        latest = read_pointer(run)
+        killed_mid_run += proc.returncode == -signal.SIGKILL and latest is not None and latest.name < "step_0000040"
+    assert killed_mid_run, "no kill landed between the first checkpoint and the end"
     assert cli_main(["train", cfg]) == 0
     assert_run_dir_sound(run)
     got = final_weights(run)
