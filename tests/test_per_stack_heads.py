@@ -1,15 +1,18 @@
 """A model whose encoder and decoder have their own head counts and FFN widths, through the analyses
-that enumerate heads (corpus head statistics, head importance) and the analysis CLI's head count."""
+that enumerate heads (corpus head statistics, head importance) and the attention views."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from model_helpers import make_model
+from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.analysis.head_stats import HeadStats, corpus_head_stats
 from workbench.analysis.interventions_effect import head_importance
+from workbench.charts.head_view import head_view
+from workbench.charts.model_view import model_view
+from workbench.charts.select import combined_attention, select_attention
 
 SOURCES = [[5, 6, 7, 2], [8, 9, 2], [10, 11, 12, 13, 2]]
 TARGETS = [[6, 7, 2], [9, 2], [11, 12, 2]]
@@ -37,3 +40,17 @@ def test_head_importance_ablates_every_head_of_each_stack():
     table = head_importance(_model(), SOURCES, TARGETS, max_len_b=6)
     assert table.groupby("kind")["head"].max().to_dict() == {"enc_self": 1, "dec_self": 7, "cross": 7}
     assert len(table) == 2 * 2 + 2 * 8 + 2 * 8
+
+
+def test_views_draw_each_stack_with_its_own_heads():
+    model = _model()
+    src, tgt = make_batch(model.cfg)
+    _, trace = model.run_with_cache(src, tgt, names="*.hook_probs")
+    assert select_attention(trace, "enc_self", 0).values.shape[0] == 2
+    assert select_attention(trace, "cross", 1).values.shape[0] == 8
+    model_view(trace)
+    head_view(trace, "cross")
+    assert combined_attention(trace, 1, heads=[0, 1]).values.shape[0] == 2
+    with pytest.raises(ValueError, match=r"2 encoder and 8 decoder heads are selected; choose heads both stacks "
+                                         r"have \(0\.\.1\)"):
+        combined_attention(trace, 0)

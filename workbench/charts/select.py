@@ -177,7 +177,10 @@ def combined_attention(
     dself = select_attention(trace, "dec_self", dec_layer, heads, **select_kw)
     cross = select_attention(trace, "cross", dec_layer, heads, **select_kw)
     if enc.values.shape[0] != dself.values.shape[0]:
-        raise ValueError(f"encoder has {enc.values.shape[0]} heads selected, decoder {dself.values.shape[0]}")
+        # stacks with their own head counts (ModelConfig enc_heads/dec_heads): "all heads" differs per block
+        raise ValueError(f"the source+target view needs the same heads in both stacks, but {enc.values.shape[0]} "
+                         f"encoder and {dself.values.shape[0]} decoder heads are selected; choose heads both stacks "
+                         f"have (0..{min(enc.n_heads_total, dself.n_heads_total) - 1}) or a single-stack view")
     s, t = len(enc.queries), len(dself.queries)
     h = enc.values.shape[0]
     values = np.zeros((h, s + t, s + t), dtype=np.float32)
