@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import DecodeConfig, LengthPenaltyKind, config_keys, replace
+from .data import pad_sequences
 from .model import DecoderCache, Transformer
 from .trace import Trace
 
@@ -88,11 +89,7 @@ class Generation:
 
     def tokens(self, pad_id: int = 0) -> torch.Tensor:
         """Best outputs as one right-padded (B, T) tensor."""
-        width = max(h.length for h in self.best)
-        out = torch.full((len(self.best), width), pad_id, dtype=torch.long)
-        for i, h in enumerate(self.best):
-            out[i, : h.length] = torch.tensor(h.tokens, dtype=torch.long)
-        return out
+        return pad_sequences([h.tokens for h in self.best], pad_id)
 
 
 # ---------------------------------------------------------------------------- scoring and limits

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from .head_stats import capture_attention, pad_batch
+from ..data import pad_sequences
+from .head_stats import capture_attention
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
 
@@ -160,8 +161,8 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
             for n, t in enumerate(tgt_rows):
                 if len(t) < 2:
                     raise ValueError(f"target {start + n} has {len(t)} tokens: need at least one word and EOS")
-            src = pad_batch(src_rows, cfg.pad_id, model.device)
-            tgt = pad_batch([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, model.device)
+            src = pad_sequences(src_rows, cfg.pad_id, device=model.device)
+            tgt = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
             trace = capture_attention(model, src, tgt, names)
             cross = trace.stack("dec.*.cross_attn.hook_probs").float().cpu().numpy()  # (L, B, H, T, S)
             for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):

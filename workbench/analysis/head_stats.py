@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..data import pad_sequences
 from ..heads import KINDS, AttentionKind, kind_of
 from ..trace import Trace
 
@@ -302,11 +303,8 @@ def punctuation_ids(pieces: Sequence[str]) -> list[int]:
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-    return out if device is None else out.to(device)
+    """Kept for existing imports; `data.pad_sequences` is the one padding helper."""
+    return pad_sequences(rows, pad_id, device=device)
 
 
 @dataclass(frozen=True)
@@ -384,9 +382,9 @@ def corpus_head_stats(
     parts = []
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        src = pad_batch([sources[i] for i in idx], cfg.pad_id, dev)
-        tgt = pad_batch([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
-                        cfg.pad_id, dev)
+        src = pad_sequences([sources[i] for i in idx], cfg.pad_id, device=dev)
+        tgt = pad_sequences([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
+                            cfg.pad_id, device=dev)
         trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
                                 tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx]))

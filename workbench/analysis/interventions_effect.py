@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..data import pad_sequences
 from ..decoding import greedy
 from ..evaluate import score
 from ..heads import KINDS
 from ..heads import n_heads as heads_of
 from ..interventions import ablate_heads, patch
-from .head_stats import pad_batch
 
 UNITS = ("head", "block")
 
@@ -55,10 +55,10 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
     outputs: list[list[int]] = []
     with model.hooks(hooks or {}):
         for start in range(0, len(sources), batch_size):
-            src = pad_batch(sources[start : start + batch_size], cfg.pad_id, model.device)
+            src = pad_sequences(sources[start : start + batch_size], cfg.pad_id, device=model.device)
             tgt_rows = [list(t) for t in targets[start : start + batch_size]]
-            tgt_in = pad_batch([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, model.device)
-            tgt_out = pad_batch(tgt_rows, cfg.pad_id, model.device)
+            tgt_in = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
+            tgt_out = pad_sequences(tgt_rows, cfg.pad_id, device=model.device)
             logp = model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]
             lp[start : start + len(tgt_rows)] = (logp * (tgt_out != cfg.pad_id)).sum(1).double().cpu().numpy()
             if decode:

@@ -17,8 +17,9 @@ import math
 
 import param
 
+from ..heads import KINDS, Head  # noqa: F401  (KINDS re-exported: views import it from here)
 from . import loader
-from .work import KINDS, Outcome, Request, Result, compute, run
+from .work import Outcome, Request, Result, compute, run
 
 VIEWS = ("heatmap", "lines", "grid")
 EXAMPLES = {  # the first sentence shown, in the checkpoint's source language
@@ -30,15 +31,12 @@ EXAMPLE = EXAMPLES["de"]
 
 
 def parse_head(spec: str) -> tuple[str, int, int]:
-    """'cross:1:2' -> ('cross', 1, 2); a clear ValueError otherwise."""
-    parts = str(spec).split(":")
-    if len(parts) != 3 or parts[0] not in KINDS or not parts[1].isdigit() or not parts[2].isdigit():
-        raise ValueError(f"head {spec!r} is not kind:layer:head with kind in {KINDS}")
-    return parts[0], int(parts[1]), int(parts[2])
+    """'cross:1:2' -> ('cross', 1, 2); a clear ValueError otherwise (heads.Head is the one spelling)."""
+    return tuple(Head.parse(str(spec)))  # type: ignore[return-value]
 
 
 def head_label(kind: str, layer: int, head: int) -> str:
-    return f"{kind}:{layer}:{head}"
+    return str(Head(kind, layer, head))  # type: ignore[arg-type]
 
 
 class Session(param.Parameterized):

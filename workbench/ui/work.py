@@ -10,7 +10,6 @@ and hands the answer back on the event loop, so a model call never blocks the se
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 import warnings
@@ -21,12 +20,13 @@ from typing import Any
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
+from ..heads import KINDS  # noqa: F401  (re-exported: session and views import it from here)
+from ..hooks import submit
 from ..trace import Trace
 from . import loader
 
 log = logging.getLogger(__name__)
 
-KINDS = ("enc_self", "dec_self", "cross")
 MAX_CHARS = 5000  # longer input is cut here (the model's max_positions cuts tokens after that)
 
 
@@ -205,7 +205,7 @@ def run(fn: Callable[..., Any], *args: Any, background: bool, done: Callable[[An
         else:
             done(answer)
         return Job()
-    future = loader.EXECUTOR.submit(contextvars.copy_context().run, fn, *args)
+    future = submit(loader.EXECUTOR, fn, *args)  # the caller's hooks come along (hooks.submit)
     job = Job(future)
 
     async def finish():
