@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from test_app import TIMEOUT, open_app
 
+from workbench.charts import external_references
+
 FIGURE_DRAWN_JS = """() => typeof Bokeh !== 'undefined' && [...Bokeh.index.all_views()].some(
     v => v.model.type === 'Figure' && v.has_finished() && v.el.isConnected)"""
 
@@ -25,7 +27,7 @@ def test_export_downloads_a_file_that_draws_offline(browser, app_server, tmp_pat
     path = tmp_path / "attention.html"
     info.value.save_as(path)
     html = path.read_text(encoding="utf-8")
-    assert "cdn.jsdelivr.net" not in html and "mathjax" not in html.lower()
+    assert "cdn.jsdelivr.net" not in html and external_references(html) == []  # no CDN, not even MathJax's
     ctx.close()
 
     offline = browser.new_context(offline=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import panel as pn
+import torch
 
 from ..checkpoint import LATEST, is_checkpoint, read_log, resolve_checkpoint
 from ..translator import TranslationModel, decode_config_from_meta
@@ -42,8 +43,6 @@ def configure_torch_threads() -> int:
     30-token translation with traces take 7.9 s instead of 0.39 s on a busy 2-core machine (measured,
     docs/app.md): the small per-step ops spend their time synchronising threads.
     """
-    import torch
-
     n = int(os.environ.get("WORKBENCH_TORCH_THREADS", "1"))
     torch.set_num_threads(n)
     return n

@@ -78,8 +78,13 @@ class Workbench(pn.viewable.Viewer):
             session.notes = [*session.notes, "Some settings in the link could not be used and were ignored: "
                              + ", ".join(f"{URL_PARAMS[name]}={raw[:80]}" for name, raw in bad)]
         if sync:
-            _drop_from_link([URL_PARAMS[name] for name, _ in bad])
-            pn.state.location.sync(session, URL_PARAMS, on_error=lambda values: None)  # already applied above
+            # Written by us, not `location.sync`: that one also re-reads the page's query (the browser reports
+            # its URL after loading) and would apply a value refused above, such as an ablated head that the
+            # model lacks, straight into the store.
+            location = pn.state.location
+            _drop_from_link(location, [URL_PARAMS[name] for name, _ in bad])
+            session.param.watch(lambda *events: location.update_query(
+                **{URL_PARAMS[e.name]: _serialize(e.new) for e in events}), list(URL_PARAMS))
         session.background = served if background is None else background
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())
@@ -134,11 +139,20 @@ def _link_values() -> dict[str, str]:
     return {by_key[k]: v for k, v in query if k in by_key}
 
 
-def _drop_from_link(keys: list[str]) -> None:
+def _drop_from_link(location, keys: list[str]) -> None:
     if keys:
-        kept = [(k, v) for k, v in parse_qsl((pn.state.location.search or "").lstrip("?"), keep_blank_values=True)
+        kept = [(k, v) for k, v in parse_qsl((location.search or "").lstrip("?"), keep_blank_values=True)
                 if k not in keys]
-        pn.state.location.search = "?" + urlencode(kept) if kept else ""
+        location.search = "?" + urlencode(kept) if kept else ""
+
+
+def _serialize(value) -> str:
+    """A store value as the query string carries it (what `_coerce` reads back)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return json.dumps(value)
+    return "" if value is None else str(value)
 
 
 def _coerce(p: param.Parameter, raw: str):
