@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..decoding import greedy
 from .gradients import run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
@@ -246,8 +247,6 @@ def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Ten
 
 def _translation_metric(model, name: str, detokenize, reference: str, decode_options: dict):
     import sacrebleu  # optional: only translation metrics need it
-
-    from ..decoding import greedy
 
     scorer = sacrebleu.sentence_bleu if name == "bleu" else sacrebleu.sentence_chrf
 
