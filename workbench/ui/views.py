@@ -33,6 +33,7 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
+from ..data import pad_sequences
 from . import loader
 from .session import KINDS, Session, fmt_logp, head_label
 from .work import Request, translate
@@ -393,8 +394,8 @@ class InternalsView(LazyTab):
             rows = [src_ids + [cfg.eos_id], src_ids[: len(src_ids) // 2] + [cfg.eos_id], src_ids[:2] + [cfg.eos_id]]
             tgt = [cfg.start_id, *list(out_ids[:-1])[:40]] if out_ids else [cfg.start_id, 5]
             tgt_rows = [tgt, tgt[: max(1, len(tgt) // 2)], tgt[:2]]
-            pad = lambda rs: torch.tensor([x + [cfg.pad_id] * (max(map(len, rs)) - len(x)) for x in rs])
-            parts["masks"] = mask_view(pad(rows), pad(tgt_rows), pad_id=cfg.pad_id)
+            parts["masks"] = mask_view(pad_sequences(rows, cfg.pad_id), pad_sequences(tgt_rows, cfg.pad_id),
+                                       pad_id=cfg.pad_id)
         except Exception as exc:
             parts["masks"] = exc
         return path, parts
