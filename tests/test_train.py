@@ -144,7 +144,7 @@ def test_cli_train_with_overrides_and_average(tmp_path, capsys):
 
 
 def test_lr_schedule_used_matches_formula(tmp_path):
-    cfg = copy_cfg(tmp_path, schedule="noam", lr=2.0, warmup=4, max_steps=6, eval_every=6)
+    cfg = copy_cfg(tmp_path, schedule="noam", noam_factor=2.0, warmup=4, max_steps=6, eval_every=6)
     trainer = Trainer(cfg, progress="none").fit()
     lrs = [r["lr"] for r in trainer.log if r["kind"] == "train"]
     expected = [2.0 * 32**-0.5 * min(s**-0.5, s * 4**-1.5) for s in range(1, 7)]

@@ -131,6 +131,7 @@ def write_pointer(run_dir: str | Path, name: str, target: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, run_dir / name)
+    _fsync(run_dir)
 
 
 def read_pointer(run_dir: str | Path, name: str = LATEST) -> Path | None:

@@ -7,8 +7,10 @@ non-finite ones, which `load_resume_point` skips.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,11 @@ def prune(run_dir: Path, keep_last: int, upto: int | None = None) -> list[str]:
     removed = []
     for p in steps[: max(0, len(steps) - keep_last)]:
         if p.name not in keep:
-            shutil.rmtree(p, ignore_errors=True)
+            # renamed away first: a kill inside rmtree leaves a hidden .old-* (clean_stale removes it),
+            # never a half-deleted step_* that averaging or a resume could pick up
+            doomed = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=run_dir))
+            os.rename(p, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
             removed.append(p.name)
     return removed
 
