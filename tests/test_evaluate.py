@@ -104,3 +104,20 @@ def test_alpha_nan_is_refused_on_the_command_line(data, tmp_path, capsys):
     rc = main(["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(tmp_path / "src"), "--alpha", "nan"])
     err = capsys.readouterr().err
     assert rc == 2 and "alpha (nan) must be a finite number >= 0" in err and "Traceback" not in err
+
+
+def test_old_cli_spellings_work_with_one_line_of_notice(data, tmp_path, capsys):
+    from workbench.checkpoint import save_checkpoint
+
+    tm, src, _ = data
+    save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
+    (tmp_path / "src").write_text("\n".join(src[:4]) + "\n", encoding="utf-8")
+    common = ["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(tmp_path / "src"), "--beam", "1",
+              "--max-len-b", "3"]
+    assert main([*common, "--max-tokens", "20"]) == 0
+    new = capsys.readouterr()
+    assert main([*common, "--batch-tokens", "20"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and new.err == ""
+    assert old.err == ("workbench translate: --batch-tokens is now --max-tokens; the old flag goes away in the next "
+                       "release\n")

@@ -22,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="local path, hf:owner/name (marian, fsmt) or an http(s) URL")
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--spm", default=None, help="opennmt: sentencepiece model (default: *.model beside the .pt)")
-    parser.add_argument("--lenpen", type=float, default=None, help="fairseq: length penalty to record (default 1.0)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="fairseq: length-penalty exponent to record, as translate --alpha (default 1.0)")
+    parser.add_argument("--lenpen", type=float, default=None, help=argparse.SUPPRESS)  # old spelling of --alpha
     parser.add_argument("--quiet", action="store_true", help="print only the output path")
 
 
@@ -31,7 +33,11 @@ def run(args: argparse.Namespace) -> int:
     if args.spm is not None:
         options["spm"] = args.spm
     if args.lenpen is not None:
-        options["lenpen"] = args.lenpen
+        print("workbench import: --lenpen is now --alpha (as in translate); the old flag goes away in the next "
+              "release", file=sys.stderr)
+    alpha = args.alpha if args.alpha is not None else args.lenpen
+    if alpha is not None:
+        options["lenpen"] = alpha
     try:
         imported = import_checkpoint(args.format, args.source, **options)
     except NetworkUnreachable as exc:

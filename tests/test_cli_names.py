@@ -1,0 +1,36 @@
+"""Old command-line spellings keep working for one release, each with one line on stderr."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.cli import import_ as import_cli
+from workbench.cli import main
+
+
+class _Imported:
+    src_tokenizer = object()
+
+    class report:  # noqa: N801  (stands in for the ConversionReport attribute)
+        @staticmethod
+        def summary() -> str:
+            return "converted"
+
+    def save(self, out):
+        return out
+
+
+@pytest.mark.parametrize(("flag", "notice"), [("--alpha", ""), ("--lenpen", "workbench import: --lenpen is now "
+                                                                           "--alpha (as in translate); the old flag "
+                                                                           "goes away in the next release\n")])
+def test_import_records_the_length_penalty_exponent(monkeypatch, capsys, tmp_path, flag, notice):
+    seen = {}
+
+    def fake_import(fmt, source, **options):
+        seen.update(options, fmt=fmt)
+        return _Imported()
+
+    monkeypatch.setattr(import_cli, "import_checkpoint", fake_import)
+    assert main(["import", "fairseq", str(tmp_path), "--out", str(tmp_path / "ck"), flag, "0.6", "--quiet"]) == 0
+    assert seen == {"fmt": "fairseq", "lenpen": 0.6}
+    assert capsys.readouterr().err == notice
