@@ -210,3 +210,18 @@ def test_thread_pool_jobs_carry_the_hooks_they_were_submitted_under(tiny_model, 
     assert hooks_module._ACTIVE_COUNT == 0
     with torch.no_grad():  # and nothing leaked into this thread
         torch.testing.assert_close(tiny_model(src, tgt), clean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_post_norm_norm_and_resid_hooks_hold_the_same_tensor(tiny_config, norm_first):
+    # as the layers' docstrings say: post-norm normalises after the add, so the two names coincide
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_config, norm_first=norm_first)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    _, trace = model.run_with_cache(src, tgt, names=["*.hook_norm_*", "*.hook_resid_*"])
+    pairs = [(n, n.replace("hook_norm_", "hook_resid_")) for n in trace if ".hook_norm_" in n]
+    assert len(pairs) == 2 * cfg.enc_layers + 3 * cfg.dec_layers
+    same = [torch.equal(trace[a], trace[b]) for a, b in pairs]
+    assert all(same) if not norm_first else not any(same)

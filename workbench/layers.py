@@ -65,6 +65,15 @@ def _attention(cfg: ModelConfig, stack: str) -> MultiHeadAttention:
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each one residual line.
+
+    hook_norm_{sub} is the {sub} norm's output. Pre-norm (norm_first): that is the sub-layer's
+    input, and hook_resid_{sub} is the stream after the sub-layer added to it. Post-norm (the
+    paper's, Marian's, FSMT's): the norm comes after the add, so hook_norm_{sub} and
+    hook_resid_{sub} hold the same tensor (the norm hook runs first; an edit there reaches the
+    resid hook and the rest of the model).
+    """
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
@@ -74,9 +83,9 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, S, D)
-        self.hook_norm_self_attn = HookPoint()  # (B, S, D): the self-attention norm's output
+        self.hook_norm_self_attn = HookPoint()  # (B, S, D): the self-attention norm's output (post-norm: = resid)
         self.hook_resid_self_attn = HookPoint()  # (B, S, D): after self-attention has written
-        self.hook_norm_ffn = HookPoint()  # (B, S, D)
+        self.hook_norm_ffn = HookPoint()  # (B, S, D): the FFN norm's output (post-norm: = hook_resid_ffn)
         self.hook_resid_ffn = HookPoint()  # (B, S, D): the layer's output
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -95,6 +104,9 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Self-attention, cross-attention, feed-forward; hook_norm_* / hook_resid_* as in EncoderLayer
+    (post-norm: each hook_norm_{sub} holds the same tensor as hook_resid_{sub})."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
