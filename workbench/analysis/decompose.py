@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from ..heads import kind_of
+
 STACKS = ("enc", "dec")
 
 
@@ -109,7 +111,7 @@ def _events(model, stack: str, layers: int, trace) -> list[tuple]:
     for i in range(layers):
         layer = getattr(model, stack)[i]
         for b in blocks:
-            kind = "enc_self" if stack == "enc" else ("dec_self" if b == "self_attn" else "cross")
+            kind = kind_of(f"{stack}.{i}.{b}")
             attn = getattr(layer, b)
             ev.append(("write", f"{stack}.{i}.{b}.head", {"stack": stack, "kind": kind, "layer": i, "head": "*"},
                        trace[f"{stack}.{i}.{b}.hook_result"]))

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..decoding import greedy
+from ..heads import Head, block_path, stack_of
 from .gradients import run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
@@ -105,12 +106,11 @@ class PatchingResult:
 
 
 def _heads_of(model, kind: str) -> list[tuple[str, str, int, int]]:
-    stack, block = {"enc_self": ("enc", "self_attn"), "dec_self": ("dec", "self_attn"),
-                    "cross": ("dec", "cross_attn")}[kind]
     out = []
-    for layer, mod in enumerate(getattr(model, stack)):
-        for h in range(getattr(mod, block).n_heads):
-            out.append((f"{kind}:{layer}:{h}", f"{stack}.{layer}.{block}", layer, h))
+    for layer in range(len(getattr(model, stack_of(kind)))):
+        block = block_path(kind, layer)
+        for h in range(model.get_submodule(block).n_heads):
+            out.append((str(Head(kind, layer, h)), block, layer, h))  # type: ignore[arg-type]
     return out
 
 

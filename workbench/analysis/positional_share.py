@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from ..masks import causal_mask
+
 TERMS = ("token·token", "token·position", "position·token", "position·position", "bias")
 
 
@@ -79,7 +81,7 @@ def positional_share(model, src: torch.Tensor, tgt: torch.Tensor, kinds=("enc_se
         vis = real[:, None, :, None] & real[:, None, None, :]
         if kind == "dec_self":
             n = ids.size(1)
-            vis = vis & torch.ones(n, n, dtype=torch.bool).tril()
+            vis = vis & causal_mask(n, device=ids.device)
         count = vis.sum((0, 2, 3)).clamp(min=1)  # per head (broadcast H=1)
         means = {t: ((v.abs() * vis).sum((0, 2, 3)) / count).double() for t, v in terms.items()}
         total = sum(means.values())
