@@ -46,3 +46,13 @@ def test_check_names_the_missing_head():
     with pytest.raises(ValueError, match=f"head cross:9:0 does not exist: this model has {cfg.dec_layers} cross "
                                          f"layers of {cfg.heads('dec')} heads"):
         Head("cross", 9, 0).check(cfg)
+
+
+def test_ablation_reads_every_head_spelling():
+    from workbench.analysis.ablation import check_heads
+
+    cfg = presets.tiny(src_vocab=20, tgt_vocab=20)
+    assert check_heads(cfg, ["cross:1:0", ("cross", 1, 2), Head("enc_self", 0, 3)]) == {("cross", 1): [0, 2],
+                                                                                        ("enc_self", 0): [3]}
+    with pytest.raises(ValueError, match="head cross:7:0 does not exist"):
+        check_heads(cfg, ["cross:7:0"])

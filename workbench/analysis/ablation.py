@@ -36,8 +36,9 @@ class AblationEffect:
     """original_log_prob minus the unablated model's log-probability of the original output."""
 
 
-def check_heads(cfg, heads: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], list[int]]:
-    """{(kind, layer): [heads]} for `ablate_heads`; a ValueError naming the first head the model lacks."""
+def check_heads(cfg, heads: Iterable[Head | str | tuple[str, int, int]]) -> dict[tuple[str, int], list[int]]:
+    """{(kind, layer): [heads]} for `ablate_heads`; a ValueError naming the first head the model lacks.
+    Heads may be spelled any way `Head.parse` reads (Head, "cross:1:0", ("cross", 1, 0))."""
     spec: dict[tuple[str, int], list[int]] = {}
     for spelled in heads:
         kind, layer, head = Head.parse(spelled).check(cfg)
@@ -45,12 +46,12 @@ def check_heads(cfg, heads: Iterable[tuple[str, int, int]]) -> dict[tuple[str, i
     return spec
 
 
-def ablation_effect(tm, source_ids: Sequence[int], output_ids: Sequence[int], heads: Iterable[tuple[str, int, int]],
-                    **decode_options: Any) -> AblationEffect:
+def ablation_effect(tm, source_ids: Sequence[int], output_ids: Sequence[int],
+                    heads: Iterable[Head | str | tuple[str, int, int]], **decode_options: Any) -> AblationEffect:
     """Decode `source_ids` with `heads` zeroed (`decode_options`: beam=, alpha=, ... as `translate`), and
     teacher-force `output_ids` (the original output, EOS-terminated) with and without the ablation."""
 
-    heads = tuple(sorted(set(heads)))
+    heads = tuple(sorted({tuple(Head.parse(h)) for h in heads}))  # (kind, layer, head) tuples, as before
     hooks = ablate_heads(check_heads(tm.model.cfg, heads))
     clean = tm.score(source_ids, output_ids).log_prob
     src = torch.tensor([list(source_ids)], dtype=torch.long, device=tm.device)
