@@ -48,7 +48,7 @@ def test_missing_key_names_close_matches(traced):
 
 def test_save_load_round_trip_with_tokens_and_meta(traced, tmp_path):
     _, src, tgt, trace = traced
-    trace.meta["src_tokens"] = [["▁Ein", "▁Hund"]]
+    trace.meta["src_pieces"] = [["▁Ein", "▁Hund"]]
     trace.save(tmp_path / "t.safetensors")
     again = Trace.load(tmp_path / "t.safetensors")
     assert set(again) == set(trace) and again.meta == trace.meta
