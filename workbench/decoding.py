@@ -1,6 +1,7 @@
 """Batched greedy and beam search over the model's KV cache, with optional whole-generation traces.
 
     gen = beam_search(model, src, beam=5, length_penalty="gnmt", alpha=0.6, n_best=3)
+    gen = beam_search(model, src, DecodeConfig(beam=5, alpha=0.6), n_best=3)   # the same search
     gen.hypotheses[0][0].tokens        # best output of sentence 0 (ends with EOS)
     gen = greedy(model, src, trace=True)
     gen.traces[0]["dec.1.cross_attn.hook_probs"]   # (1, H, T, S): every step, every head
