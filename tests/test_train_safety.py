@@ -21,7 +21,7 @@ import torch
 from workbench.checkpoint import load_checkpoint, read_pointer, save_checkpoint, write_pointer
 from workbench.cli import main as cli_main
 from workbench.config import TrainConfig
-from workbench.train import Trainer
+from workbench.train import Trainer, TrainingDiverged
 from workbench.training import run_dir
 
 
@@ -88,6 +88,16 @@ def test_resume_skips_a_non_finite_checkpoint_an_older_version_wrote(tmp_path, c
     out = capsys.readouterr().out
     assert "skipped step_0000006: non-finite weights" in out and f"resumed from {good.path}" in out
     assert resumed.step == 4 and finite(resumed)
+
+
+def test_a_save_refuses_non_finite_weights_even_when_every_loss_was_finite(tmp_path):
+    trainer = Trainer(TrainConfig(**copy_cfg(tmp_path / "run", save_every=2)), progress="none").fit(steps=2)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    with torch.no_grad():
+        trainer.model.dec[0].cross_attn.v_proj.weight[1, 2] = float("inf")
+    with pytest.raises(TrainingDiverged, match=r"non-finite between step 2 and step 2.*Last good .*step_0000002"):
+        trainer.save()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
 
 
 def test_unknown_model_key_in_a_toml_config_is_one_line(tmp_path, capsys):
