@@ -3,7 +3,8 @@
     setup.py        config -> model config, LR schedule, optimiser, data and tokenizers
     distributed.py  torchrun process group, device choice
     run_dir.py      the run directory: which checkpoint to save, resume from, keep or prune
-    trainer.py      `Trainer`: the loop, validation, exact-resume state
+    validation.py   held-out loss and greedy BLEU/chrF of a model
+    trainer.py      `Trainer`: the loop, divergence checks, validation and save decisions, exact-resume state
 
 `workbench.train` re-exports the public names, so `from workbench.train import Trainer` keeps working.
 """

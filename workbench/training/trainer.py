@@ -34,14 +34,12 @@ import torch.distributed as dist
 
 from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer
 from ..config import TrainConfig
-from ..data import ParallelData, pad_sequences, shard, token_batches
-from ..decoding import greedy
-from ..evaluate import score
+from ..data import ParallelData, shard
 from ..loss import label_smoothed_nll
 from ..model import Transformer
 from ..progress import make_progress
 from ..tokenizer import check_special_ids
-from . import run_dir
+from . import run_dir, validation
 from .distributed import init_distributed, pick_device
 from .setup import load_run_data, lr_schedule, make_optimizer, model_config
 
@@ -277,63 +275,39 @@ class Trainer:
         return now
 
     # ------------------------------------------------------------------------------ validation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Validation loss (teacher forcing) and, with tokenizers and `bleu`, greedy sacreBLEU/chrF."""
-        out: dict[str, Any] = {}
         if self.valid_data is None:
-            return out
-        model, cfg = self.model, self.model_cfg
-        model.eval()
-        loss = nll = tokens = 0.0
-        for idx in self.valid_data.batches(self.cfg.max_tokens, shuffle=False):
-            batch = self.valid_data.collate(idx, cfg).to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-                logits = model(batch.src, batch.tgt_in)
-            l_, n_, t_ = label_smoothed_nll(logits, batch.tgt_out, smoothing=self.cfg.label_smoothing,
-                                            ignore_index=cfg.pad_id)
-            loss, nll, tokens = loss + float(l_), nll + float(n_), tokens + float(t_)
-        out["valid_loss"] = loss / tokens
-        out["valid_nll"] = nll / tokens
-        out["valid_ppl"] = math.exp(min(nll / tokens, 50.0))
-        if self.cfg.bleu and self.tgt_tok is not None and self.valid_text is not None:
-            out.update(self.score_bleu())
-        model.train()
-        return out
-
-    @torch.no_grad()
-    def translate_ids(self, sources: list[list[int]], batch_tokens: int = 4096) -> list[list[int]]:
-        model = self.model
-        was_training = model.training
-        model.eval()
+            return {}
+        was_training = self.model.training
+        self.model.eval()
         try:
-            return self._translate_ids(sources, batch_tokens, greedy)
+            out: dict[str, Any] = validation.valid_loss(self.model, self.valid_data, max_tokens=self.cfg.max_tokens,
+                                                        smoothing=self.cfg.label_smoothing, amp=self.amp)
+            if self.cfg.bleu and self.tgt_tok is not None and self.valid_text is not None:
+                out.update(self.score_bleu())
         finally:
-            model.train(was_training)
-
-    def _translate_ids(self, sources: list[list[int]], batch_tokens: int, greedy) -> list[list[int]]:
-        cfg, model = self.model_cfg, self.model
-        rows = [[*s, cfg.eos_id] for s in sources]
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        out: list[list[int]] = [[] for _ in sources]
-        for chunk in token_batches([len(r) for r in rows], batch_tokens, order):
-            src = pad_sequences([rows[i] for i in chunk], cfg.pad_id, device=self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-                gen = greedy(model, src, max_len_a=1.2, max_len_b=10)
-            for i, hyp in zip(chunk, gen.best):
-                out[i] = hyp.tokens
+            self.model.train(was_training)
         return out
+
+    def translate_ids(self, sources: list[list[int]], batch_tokens: int = 4096) -> list[list[int]]:
+        """Greedy outputs of the model as it stands, for source ids without EOS."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return validation.greedy_ids(self.model, sources, max_tokens=batch_tokens, amp=self.amp)
+        finally:
+            self.model.train(was_training)
 
     def score_bleu(self) -> dict[str, Any]:
-        src_text, ref_text = self.valid_text
-        if self.cfg.valid_limit:
-            src_text, ref_text = src_text[: self.cfg.valid_limit], ref_text[: self.cfg.valid_limit]
-        ids = [self.src_tok.encode(s)[: self.model_cfg.max_positions - 1] for s in src_text]
-        hyps = [self.tgt_tok.decode(h) for h in self.translate_ids(ids)]
-        scores = score(hyps, [ref_text])  # the same scoring as `workbench evaluate`
-        return {"valid_bleu": round(scores.bleu, 2), "valid_chrf": round(scores.chrf, 2),
-                "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
-                "valid_example": hyps[0] if hyps else ""}
+        """Greedy sacreBLEU/chrF (with signatures) on the first `valid_limit` validation lines."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return validation.bleu_chrf(self.model, self.src_tok, self.tgt_tok, self.valid_text,
+                                        limit=self.cfg.valid_limit, amp=self.amp)
+        finally:
+            self.model.train(was_training)
 
     def _validate_and_save(self) -> None:
         self._check_finite()
