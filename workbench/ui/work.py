@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
+from ..decoding import generate
 from ..heads import KINDS  # noqa: F401  (re-exported: session and views import it from here)
 from ..hooks import submit
 from ..trace import Trace
@@ -145,8 +146,6 @@ def translate(tm, req: Request) -> Result | None:
         scored = tm.score(src_ids, out_ids, trace=True)
         log_prob, trace = scored.log_prob, scored.trace
     else:
-        from ..decoding import generate
-
         src = torch.tensor([src_ids], dtype=torch.long, device=tm.device)
         with torch.no_grad():
             gen = generate(tm.model, src, tm.config_with(beam=req.beam, alpha=req.alpha, n_best=1), trace=True)
