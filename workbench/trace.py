@@ -37,12 +37,12 @@ class TraceMeta(dict):
         self.update(data, **kwargs)
 
     @staticmethod
-    def _key(key: Any) -> Any:
+    def _key(key: Any, stacklevel: int = 3) -> Any:
         new = _RENAMED_META.get(key) if isinstance(key, str) else None
         if new is None:
             return key
         warnings.warn(f"trace.meta[{key!r}] is now trace.meta[{new!r}] (strings are pieces, ids are tokens); "
-                      "the old key goes away in the next release", FutureWarning, stacklevel=3)
+                      "the old key goes away in the next release", FutureWarning, stacklevel=stacklevel)
         return new
 
     def __getitem__(self, key: Any) -> Any:
@@ -68,7 +68,7 @@ class TraceMeta(dict):
 
     def update(self, data: Any = (), /, **kwargs: Any) -> None:
         for key, value in [*(data.items() if hasattr(data, "items") else data), *kwargs.items()]:
-            self[key] = value
+            super().__setitem__(self._key(key, stacklevel=4), value)  # the warning names the caller's line
 
     def copy(self) -> TraceMeta:
         return TraceMeta(dict(self))
