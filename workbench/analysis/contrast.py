@@ -56,16 +56,18 @@ def noun_swaps(tm, sentences: Sequence[str], nouns: Sequence[str] = NOUNS, max_p
         hit = next((k for k, t in enumerate(ids) if t in by_id), None)
         if hit is None:
             continue
-        clean = tm.translate(text, return_tokens=True, beam=1)[0]
+        swaps = []
         for wid in noun_ids.values():
             if wid == ids[hit]:
                 continue
             swapped = ids[:hit] + [wid] + ids[hit + 1:]
             c_text = tm.src_tokenizer.decode(swapped[:-1] if swapped[-1] == cfg.eos_id else swapped)
-            corr = tm.translate(c_text, return_tokens=True, beam=1)[0]
-            a, b = list(clean.tokens), list(corr.tokens)
-            if tm.src_tokenizer.encode(c_text) + [cfg.eos_id] != swapped:
-                continue  # the text does not re-encode to the swapped ids; keep pairs exact
+            if tm.encode_source(c_text)[0] == swapped:  # keep pairs exact: the text re-encodes to the ids
+                swaps.append((swapped, c_text))
+        outs = tm.translate([text] + [c for _, c in swaps], return_tokens=True, beam=1)  # one batch
+        a = list(outs[0].tokens)
+        for (swapped, c_text), corr in zip(swaps, outs[1:]):
+            b = list(corr.tokens)
             diff = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), None)
             if diff is None:
                 continue
@@ -73,7 +75,7 @@ def noun_swaps(tm, sentences: Sequence[str], nouns: Sequence[str] = NOUNS, max_p
             pairs.append(ContrastPair(
                 src=torch.tensor([ids], device=dev), corrupted_src=torch.tensor([swapped], device=dev),
                 tgt=torch.tensor([[cfg.start_id, *a[:-1]]], device=dev), position=diff, good=a[diff], bad=b[diff],
-                swapped=hit, text=text, corrupted_text=c_text, output=clean.text, corrupted_output=corr.text))
+                swapped=hit, text=text, corrupted_text=c_text, output=outs[0].text, corrupted_output=corr.text))
             break
         if max_pairs is not None and len(pairs) >= max_pairs:
             break
