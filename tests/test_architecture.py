@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import workbench
+import workbench.importers
+import workbench.translator
 from workbench import Transformer, presets
 from workbench.checkpoint import save_checkpoint
 from workbench.tokenizer import SentencePieceTokenizer
@@ -265,3 +268,15 @@ def test_load_of_a_checkpoint_directory_never_imports_the_importers(tmp_path, to
             "sorted(m for m in sys.modules if m.startswith('workbench.importers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["spm_vocab" if toolkit else "sentencepiece", "1", "[]"]
+
+
+def test_load_sends_only_format_specs_to_the_importers(monkeypatch):
+    calls = []
+    monkeypatch.setattr(workbench.importers, "load", lambda spec, **kw: calls.append(("importers", spec, kw)))
+    monkeypatch.setattr(workbench.translator, "load", lambda spec, **kw: calls.append(("translator", spec, kw)))
+    workbench.load("marian:hf:Helsinki-NLP/opus-mt-en-de", beam=2)
+    workbench.load("runs/marian:copy", device="cpu")  # a directory whose name has a colon
+    workbench.load("fairseq:")  # nothing after the colon: not a spec
+    assert calls == [("importers", "marian:hf:Helsinki-NLP/opus-mt-en-de", {"device": "cpu", "beam": 2}),
+                     ("translator", "runs/marian:copy", {"device": "cpu"}),
+                     ("translator", "fairseq:", {"device": "cpu"})]
