@@ -289,7 +289,8 @@ def override(cfg: C, args: list[str], prefix: str = "") -> C:
                 continue
             key = key[len(prefix) + 1 :]
         if key not in names:
-            raise ValueError(f"unknown key {key!r} for {type(cfg).__name__}; valid keys: {sorted(names)}")
+            valid = sorted(f.name for f in fields(cfg))  # type: ignore[arg-type]
+            raise ValueError(f"unknown key {key!r} for {type(cfg).__name__}; valid keys: {valid}")
         try:
             value: Any = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
