@@ -73,7 +73,7 @@ def test_dla_sums_to_the_logit_and_the_logit_difference(model):
 @pytest.mark.parametrize("name", ["pre_norm", "post_norm_final_norms"])
 def test_removing_a_component_changes_the_logit_by_its_attribution_on_the_linear_path(name):
     """Zero the last FFN's output with every norm after it held at its clean scale: the logit moves by exactly
-    minus the FFN's DLA. Letting the scales move too is the approximation the docs state; bounded here."""
+    minus the FFN's DLA. Letting the scale move too is the approximation the docs state: pinned down here."""
     model = model_for(name)
     src, tgt = make_batch(model.cfg, batch=1, pad=False)
     pos, tok = 3, 11
@@ -85,10 +85,18 @@ def test_removing_a_component_changes_the_logit_by_its_attribution_on_the_linear
     with model.hooks({**zero, **{n: (lambda x, h, v=clean[n]: v) for n in scales}}):
         frozen = model(src, tgt)[0, pos, tok].item()
     assert frozen - dla.logit == pytest.approx(-part, abs=1e-4)
-    with model.hooks(zero):
+    if name != "pre_norm":
+        return
+    # pre-norm: the only norm on the path is the final one, and the approximation is exactly its rescaling:
+    # real = bias terms + (frozen - bias terms) * s / s', with |s' - s| <= |centred FFN output| / sqrt(D)
+    with model.capture(["dec_norm.hook_scale", "dec.1.ffn.hook_out"]) as free_run, model.hooks(zero):
         free = model(src, tgt)[0, pos, tok].item()
-    # not exact: the norm rescales; on this model the linear estimate is within a factor of the real change
-    assert abs((free - dla.logit) - (-part)) < abs(part) + 1.0
+    s, s_new = clean["dec_norm.hook_scale"][0, pos, 0].item(), free_run["dec_norm.hook_scale"][0][0, pos, 0].item()
+    bias = dla.values[dla.labels.index("dec_norm.bias")].item() + dla.values[dla.labels.index("output_bias")].item() \
+        if "output_bias" in dla.labels else dla.values[dla.labels.index("dec_norm.bias")].item()
+    assert free == pytest.approx(bias + (frozen - bias) * s / s_new, abs=1e-4)
+    c = free_run["dec.1.ffn.hook_out"][0][0, pos]
+    assert abs(s_new - s) <= (c - c.mean()).norm().item() / model.cfg.d_model ** 0.5 + 1e-6
 
 
 def test_source_attribution_splits_each_heads_dla_over_the_keys(model):
