@@ -128,3 +128,27 @@ def test_refuses_what_it_cannot_handle():
         direct_logit_attribution(model, src[0], tgt[0], position=0, token=50)
     with pytest.raises(ValueError, match="kind must be 'cross' or 'dec_self'"):
         source_attribution(model, src[0], tgt[0], position=0, token=1, kind="enc_self")
+
+
+def test_per_head_results_and_norm_scales_cost_nothing_unless_listened(monkeypatch):
+    from workbench import layers
+    from workbench.attention import MultiHeadAttention
+
+    model = model_for("post_norm")
+    src, tgt = make_batch(model.cfg)
+    by_head, explicit, fused_norms = [], [], []
+    orig_by_head, orig_explicit, orig_ln = MultiHeadAttention._by_head, MultiHeadAttention._explicit, \
+        layers.F.layer_norm
+    monkeypatch.setattr(MultiHeadAttention, "_by_head", lambda self, c: by_head.append(1) or orig_by_head(self, c))
+    monkeypatch.setattr(MultiHeadAttention, "_explicit", lambda self, *a: explicit.append(1) or orig_explicit(self, *a))
+    monkeypatch.setattr(layers.F, "layer_norm", lambda *a, **k: fused_norms.append(1) or orig_ln(*a, **k))
+    with model.hooks({"dec.0.cross_attn.hook_context": lambda x, h: None, "dec.0.ffn_norm.hook_in": lambda x, h: None}):
+        model(src, tgt)
+    n_norms = len(fused_norms)
+    assert by_head == [] and explicit == [] and n_norms == 2 * 2 + 2 * 3
+    fused_norms.clear()
+    listen = {"dec.0.cross_attn.hook_result": lambda x, h: None, "dec.0.ffn_norm.hook_scale": lambda x, h: None}
+    with model.hooks(listen):
+        model(src, tgt)
+    assert by_head == [1] and explicit == []  # one block takes the per-head path, still on the fused kernel
+    assert len(fused_norms) == n_norms - 1  # one norm takes the explicit path
