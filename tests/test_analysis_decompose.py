@@ -59,7 +59,7 @@ def test_components_sum_to_the_stream(model, stack, layer):
 
 def test_dla_sums_to_the_logit_and_the_logit_difference(model):
     src, tgt = make_batch(model.cfg, batch=1, pad=False)
-    logits = model(src, tgt)[0, 2].double()
+    logits = model(src, tgt)[0, 2].detach().double()
     dla = direct_logit_attribution(model, src[0], tgt[0], position=2, token=17)
     assert dla.values.sum().item() == pytest.approx(dla.logit, abs=1e-4)
     assert dla.logit == pytest.approx(float(logits[17]), abs=1e-4)

@@ -227,7 +227,7 @@ def logit_direction(model, token: int, baseline_token: int | None = None) -> tup
         if t is not None and not 0 <= int(t) < vocab:
             raise ValueError(f"token {t} out of range: the target vocabulary has {vocab} entries")
     w = model.output_proj.weight.detach().double()
-    b = model.output_proj.bias
+    b = None if model.output_proj.bias is None else model.output_proj.bias.detach()
     d = w[int(token)].clone()
     bias = 0.0 if b is None else float(b[int(token)])
     if baseline_token is not None:
