@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..decoding import greedy
@@ -366,12 +367,16 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
         model.train(was)
     base_m, donor_m = float(value), float(metric(d_logits)[0])
     clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
+    # grad . (donor - base) summed over the dims a site does not index, once per hook; then each site is a lookup
+    reduced: dict[tuple[str, int], np.ndarray] = {}
+    for site in site_list:
+        for name, idx in site.edits:
+            if (name, len(idx)) not in reduced:
+                prod = grads[name][0].double() * (donor[name][0] - acts[name][0]).double()
+                reduced[name, len(idx)] = prod.sum(tuple(range(len(idx), prod.dim()))).cpu().numpy()
     values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
     for site in site_list:
-        est = base_m
-        for name, idx in site.edits:
-            est += float((grads[name][0][idx].double() * (donor[name][0][idx] - acts[name][0][idx]).double()).sum())
-        values[site.row, site.col] = est
+        values[site.row, site.col] = base_m + sum(float(reduced[name, len(idx)][idx].sum()) for name, idx in site.edits)
     return PatchingResult(values, rows, cols, clean_m, corr_m, 2,
                           {"sites": sites, "direction": direction, "estimate": "attribution",
                            "backward_passes": 1})
