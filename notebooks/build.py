@@ -27,8 +27,10 @@ import torch
 from bokeh.io import output_notebook, show
 from bokeh.resources import INLINE
 
-output_notebook(INLINE, hide_banner=True)         # BokehJS is inlined: the charts render with no internet
-alt.renderers.enable("html", template="inline")  # Vega is inlined too (from vl-convert), not fetched from a CDN
+from workbench.charts.notebook import enable_altair
+
+output_notebook(INLINE, hide_banner=True)  # BokehJS is inlined: the charts render with no internet
+enable_altair()  # Altair charts as Vega specs, drawn by JupyterLab's own Vega renderer: offline, any number of them
 if QUICK:
     torch.set_num_threads(1)  # tiny models on a busy 2-core CI box run faster on one thread'''
 

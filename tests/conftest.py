@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -79,6 +80,17 @@ def no_leaked_state():
         _restore(before)
         pytest.fail("the test leaked global state (use monkeypatch or restore it):\n  " + "\n  ".join(found),
                     pytrace=False)
+
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """pytest-playwright launches Debian's chromium (Playwright's own download host is unreachable)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make test` installs it (apt-get), or set CHROMIUM_PATH")
+    return {**browser_type_launch_args, "executable_path": CHROMIUM}
 
 
 def pytest_collection_modifyitems(config, items):
