@@ -13,6 +13,7 @@ from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, 
 from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
+from .contrast import ContrastPair, noun_swaps
 from .decompose import Components, LogitAttribution, decompose_resid, direct_logit_attribution, source_attribution
 from .generation_trace import generation_trace
 from .gradients import run_with_grads
@@ -35,5 +36,5 @@ __all__ = [
     "Components", "LogitAttribution", "decompose_resid", "direct_logit_attribution", "source_attribution",
     "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
-    "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion",
+    "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
 ]
