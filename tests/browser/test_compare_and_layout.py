@@ -1,6 +1,7 @@
 """The Compare tab's default partner, and the page's layout at 1500 and 1000 px (screenshots of every tab).
 
-`UPDATE_SCREENSHOT=1` writes the screenshots to docs/ (docs/screenshot.png is the 1500 px Attention tab)."""
+`UPDATE_SCREENSHOT=1` writes the screenshots to docs/screenshots/ and docs/screenshot.png (the 1500 px
+Attention tab)."""
 
 from __future__ import annotations
 
@@ -68,12 +69,14 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
                                                 s.clientWidth]""")
     assert page.evaluate(TEXT_WIDTH_JS, [label, font]) <= inner - 24, (label, inner)
     update = os.environ.get("UPDATE_SCREENSHOT")
-    out = ROOT / "docs" if update else tmp_path
+    out = ROOT / "docs" / "screenshots" if update else tmp_path
+    out.mkdir(exist_ok=True)
     for tab in TABS:
         open_tab(page, tab)
         page.wait_for_timeout(1500)
         name = f"screenshot_{tab.lower().replace(' ', '_')}_{width}.png"
         page.screenshot(path=str(out / name), full_page=True)
+        assert page.locator(".view-error").count() == 0, tab
         if tab == "Attention":
             page.wait_for_function(f"({FIGURE_JS})() !== null", timeout=TIMEOUT)
             if update and width == 1500:

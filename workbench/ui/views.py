@@ -387,7 +387,7 @@ class InternalsView(LazyTab):
         try:
             src_ids = tm.src_tokenizer.encode(sentence)[:40] if sentence else [5, 6, 7]
             length = min(cfg.max_positions, max(50, len(src_ids) + 1))
-            parts["positions"] = _stretch(positional_encoding_view(cfg, length=length, model=tm.model))
+            parts["positions"] = positional_encoding_view(cfg, length=length, model=tm.model)
         except Exception as exc:
             parts["positions"] = exc
         try:
@@ -504,7 +504,10 @@ class CompareView(LazyTab):
     def compute(self, r, path_b, kind, layer, head, words, labels, why):
         tm_b = loader.load_model(path_b)
         # Same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words.
-        same_vocab = tm_b.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
+        try:
+            same_vocab = tm_b.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
+        except Exception:  # noqa: BLE001 - an id beyond B's vocabulary (sentencepiece raises its own error types)
+            same_vocab = False
         b = translate(tm_b, Request(path_b, r.request.sentence, target=r.text or r.request.target or ".",
                                     target_ids=tuple(r.out_ids) if same_vocab else ()))
         if b is None:
@@ -554,7 +557,7 @@ class AnalysisView(LazyTab):
         trace = r.trace.to(dtype=torch.float32)
         if analysis == "head statistics":
             table = head_stats(trace, pad_id=trace.meta.get("pad_id", 0), eos_id=trace.meta.get("eos_id", 2))
-            return _stretch(head_stats_view(table, stat if stat in table.summary().columns else "entropy"))
+            return head_stats_view(table, stat if stat in table.summary().columns else "entropy")
         return decoder_rollout_view(decoder_rollout(trace), src_tokens=list(r.src_pieces),
                                     tgt_tokens=list(r.out_pieces))
 
