@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_app.py [--checkpoint DIR] [--sessions 10] [--seconds 40]
 
-1. In-process: model work (`session.compute`: translation + whole-generation trace) and figure building
+1. In-process: model work (`work.compute`: translation + whole-generation trace) and figure building
    for a 30- and a 200-token source sentence, median of 3.
 2. Browser, one session: time from pressing Enter in the sentence box to the page showing the new
    result AND the heatmap holding the new sentence's tokens (all visible views updated), median of 3
@@ -91,7 +91,7 @@ def pick_checkpoint(arg: str | None) -> tuple[Path, str]:
 
 def in_process(path: Path, texts: dict[int, list[str]]) -> dict:
     from workbench.charts import attention_heatmap, head_view, model_view
-    from workbench.ui.session import Request, compute
+    from workbench.ui.work import Request, compute
 
     out = {}
     for n, group in texts.items():
