@@ -1,12 +1,10 @@
 """The served app in a real Chromium: loads clean and offline, reacts to input, shares state by URL, isolates sessions.
 
-Marker `browser` (added by conftest). Run: `pytest tests/browser -q`; `UPDATE_SCREENSHOT=1` also
-rewrites docs/screenshot.png from the first test.
+Marker `browser` (added by conftest). Run: `pytest tests/browser -q` (screenshots: test_compare_and_layout.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -94,8 +92,7 @@ def test_loads_clean_offline_and_reacts(page, app_server, tmp_path):
     fig = figure(page)
     assert fig["title"].startswith("cross-attention, layer 0")
     assert fig["keys"] == source_tokens(page)
-    shot = ROOT / "docs" / "screenshot.png" if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"
-    page.screenshot(path=str(shot), full_page=True)
+    page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
 
     # typing a sentence updates the translation and the heatmap
     before = text(page, ".translation")
