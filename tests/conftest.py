@@ -21,12 +21,22 @@ from workbench import presets  # noqa: E402
 # keeps the suite's time steady on CI's 2 cores. Tests that spawn processes (DDP) set their own.
 torch.set_num_threads(1)
 
+# urlopen() builds and keeps a process-wide opener on its first call, with the proxy variables of that
+# moment (third-party code calls it: selenium's driver check, for one). Build it now, from the session's
+# own environment, so no test's monkeypatched proxies can be baked into it; a test that replaces it with
+# install_opener still fails the guard below.
+urllib.request.install_opener(urllib.request.build_opener())
+
+# Set once per process by libraries on first use, not by tests: joblib (imported by sacremoses) sets
+# KMP_INIT_AT_FORK at import, torch sets TORCHINDUCTOR_CACHE_DIR at an optimizer's first step.
+_SET_BY_LIBRARIES = {"PYTEST_CURRENT_TEST", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
+
 
 def _global_state() -> dict:
     """Process-wide state a test could change for the tests after it (cheap to read: no deep copies of objects)."""
     return {
         "sys.path": list(sys.path),
-        "os.environ": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},  # pytest's own
+        "os.environ": {k: v for k, v in os.environ.items() if k not in _SET_BY_LIBRARIES},
         "torch threads": torch.get_num_threads(),
         "torch default dtype": torch.get_default_dtype(),
         "urllib global opener": urllib.request._opener,  # set by urllib.request.install_opener
@@ -35,7 +45,7 @@ def _global_state() -> dict:
 
 def _restore(state: dict) -> None:
     sys.path[:] = state["sys.path"]
-    for key in set(os.environ) - set(state["os.environ"]) - {"PYTEST_CURRENT_TEST"}:
+    for key in set(os.environ) - set(state["os.environ"]) - _SET_BY_LIBRARIES:
         del os.environ[key]
     os.environ.update(state["os.environ"])
     torch.set_num_threads(state["torch threads"])
