@@ -97,8 +97,10 @@ import panel as pn
 import torch
 
 import workbench
+from workbench.ui.notebook import offline_notebook
 
 pn.extension("vega", inline=True)  # Bokeh, Vega and Panel's JS inlined: renders with no internet
+offline_notebook()  # ...and Panel's stylesheets too, also in the updates the dashboard gets from this kernel
 if QUICK:
     torch.set_num_threads(1)'''),
     ("md", "## A model\n\nThe trainer writes a workbench checkpoint (`config.json`, `model.safetensors`, "
