@@ -12,10 +12,11 @@ import panel as pn
 from workbench.ui import Workbench
 from workbench.ui.analysis_views import TAB as MODEL_ANALYSIS
 from workbench.ui.loader import configure_torch_threads, parse_args
+from workbench.ui.why_view import TAB as WHY
 from workbench.ui.workbench_app import TITLE
 
 pn.extension("vega", notifications=False)
 configure_torch_threads()
 
-# The "Model analysis" tab: logit lens, attribution, beam replay, flow, norms.
-Workbench(checkpoints=parse_args(sys.argv[1:]), extra_tabs=[MODEL_ANALYSIS]).servable(title=TITLE)
+# "Model analysis": logit lens, attribution, beam replay, flow, norms. "Why": logit attribution and patching.
+Workbench(checkpoints=parse_args(sys.argv[1:]), extra_tabs=[MODEL_ANALYSIS, WHY]).servable(title=TITLE)
