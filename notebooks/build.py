@@ -599,6 +599,10 @@ eos = wmt.model.cfg.eos_id
 wmt_src = [wmt.encode_source(s)[0] for s in src_lines]
 wmt_tgt = [wmt.tgt_tokenizer.encode(r) + [eos] for r in ref_lines]
 wmt_stats = corpus_head_stats(wmt.model, wmt_src, wmt_tgt, kinds=["cross"])
+# newstest has sentences longer than the model's positions: references are cut (exact for the rows kept, the
+# decoder being causal), over-long sources are skipped; both are counted
+print(f"{len(wmt_stats.sentence_ids)} sentences, {len(wmt_stats.truncated)} references cut to "
+      f"max_positions={wmt.model.cfg.max_positions}, {len(wmt_stats.skipped)} skipped")
 wmt_stats.rank("max", kind="cross").head(8)"""),
     ("md", """\
 ## Compare with the workbench's own model

@@ -190,7 +190,8 @@ def _screenshots(page, prefix: Path) -> None:
     scroller = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"
     total, step = page.evaluate(f"() => {{ const s = document.querySelector('{scroller}'); "
                                 f"return [s.scrollHeight, s.clientHeight]; }}")
-    for i, top in enumerate(range(0, max(total, 1), max(step - 50, 100))):
+    last = max(total - step, 0)
+    for i, top in enumerate([*range(0, last, max(step - 50, 100)), last]):
         page.evaluate(f"() => {{ document.querySelector('{scroller}').scrollTop = {top}; }}")
         page.wait_for_timeout(300)
         page.screenshot(path=f"{prefix}_{i:02d}.png")
