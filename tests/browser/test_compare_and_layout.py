@@ -12,7 +12,7 @@ import pytest
 from test_app import FIGURE_JS, TIMEOUT, open_app, text
 
 ROOT = Path(__file__).resolve().parents[2]
-TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis")
+TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why")
 
 
 def open_tab(page, title: str) -> None:

@@ -20,7 +20,6 @@ import torch
 from ..analysis.contrast import noun_swaps
 from ..analysis.decompose import direct_logit_attribution, source_attribution
 from ..analysis.patching import log_prob, patching_sweep
-from ..charts.analysis import relevance_heatmap
 from ..charts.why import logit_attribution_bars, patching_heatmap
 from . import loader
 from .views import LazyTab, _md_escape, _pane, _stretch
@@ -79,7 +78,7 @@ class WhyView(LazyTab):
         reads = source_attribution(model, src, tgt, position, token)  # (L, H, S)
         layers, heads = reads.shape[:2]
         rows = [f"cross {i}.{h}" for i in range(layers) for h in range(heads)]
-        out["reads"] = _stretch(relevance_heatmap(
+        out["reads"] = _stretch(patching_heatmap(  # diverging: a head can push the logit down through a token
             reads.reshape(layers * heads, -1).numpy(), rows, list(r.src_pieces), value_label="logit",
             title=f"what each cross-attention head read for {piece!r} (logit share per source token)"))
         if corrupted is None:
