@@ -71,21 +71,36 @@ class Workbench(pn.viewable.Viewer):
         sync = served if sync_url is None else sync_url
         link = _link_values() if sync else {}
         bad = self._apply_link({k: v for k, v in link.items() if k not in SELECTION})
-        session.autorun = True
-        session.refresh()  # the first result inline, so the page opens on something real
-        bad += self._apply_link({k: v for k, v in link.items() if k in SELECTION})
-        if bad:
-            session.notes = [*session.notes, "Some settings in the link could not be used and were ignored: "
-                             + ", ".join(f"{URL_PARAMS[name]}={raw[:80]}" for name, raw in bad)]
-        if sync:
+        location = pn.state.location if sync else None
+        if location is not None:
             # Written by us, not `location.sync`: that one also re-reads the page's query (the browser reports
-            # its URL after loading) and would apply a value refused above, such as an ablated head that the
-            # model lacks, straight into the store.
-            location = pn.state.location
-            _drop_from_link(location, [URL_PARAMS[name] for name, _ in bad])
+            # its URL after loading) and would apply a refused value, such as an ablated head that the model
+            # lacks, straight into the store.
             session.param.watch(lambda *events: location.update_query(
                 **{URL_PARAMS[e.name]: _serialize(e.new) for e in events}), list(URL_PARAMS))
+
+        def finish_link() -> None:
+            """The link's selection, checked against the first result; the refused values named and dropped."""
+            refused = bad + self._apply_link({k: v for k, v in link.items() if k in SELECTION})
+            if refused:
+                note = ("Some settings in the link could not be used and were ignored: "
+                        + ", ".join(f"{URL_PARAMS[name]}={raw[:80]}" for name, raw in refused))
+                if session.busy:  # the link's ablation is running: the note comes with its answer
+                    session.note_next(note)
+                else:
+                    session.notes = [*session.notes, note]
+            if location is not None:
+                _drop_from_link(location, [URL_PARAMS[name] for name, _ in refused])
+
+        session.autorun = True
         session.background = served if background is None else background
+        if session.background:  # served: even the first translation runs off the event loop
+            first = []
+            first.append(session.param.watch(lambda _e: (session.param.unwatch(first[0]), finish_link()), "version"))
+            session.refresh()
+        else:
+            session.refresh()  # notebooks: the first result inline, so the cell opens on something real
+            finish_link()
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())
         self.source = SourcePanel(session=session)
