@@ -108,3 +108,19 @@ def test_views_command_writes_offline_pages(tmp_path, capsys):
     assert all(external_references(p.read_text()) == [] for p in (tmp_path / "out").iterdir())
     assert main(["views", str(tmp_path / "missing.safetensors"), "-o", str(tmp_path)]) == 2
     assert "no trace file" in capsys.readouterr().err
+
+
+def test_html_export_inside_a_closed_sessions_curdoc():
+    """A server callback can run with curdoc() set to a destroyed session's document (its callback manager
+    emptied); Bokeh's file_html copies that curdoc's JS callbacks and failed with AttributeError there."""
+    from bokeh.document import Document
+    from bokeh.io.doc import patch_curdoc
+    from bokeh.plotting import figure
+
+    closed = Document()
+    closed.callbacks.destroy()  # what Bokeh's server does to a discarded session's document
+    fig = figure(title="exported")
+    fig.line([1, 2], [3, 4])
+    with patch_curdoc(closed):
+        html = to_html(fig)
+    assert "exported" in html and external_references(html) == []
