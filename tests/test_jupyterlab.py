@@ -113,7 +113,8 @@ def _shot_dir(tmp_path: Path) -> Path:
 
 
 def _run_all(page, lab: Lab, name: str) -> None:
-    page.goto(f"{lab.url}/lab/tree/notebooks/{name}?token={lab.token}")
+    # a workspace of its own: JupyterLab would otherwise reopen the notebooks of the earlier tests beside it
+    page.goto(f"{lab.url}/lab/workspaces/{Path(name).stem}/tree/notebooks/{name}?token={lab.token}")
     # the notebook's cells are in and the kernel has started ("Python 3 (ipykernel) | Idle" in the status bar)
     page.wait_for_function(
         """() => document.querySelectorAll('.jp-NotebookPanel .jp-Cell').length > 1
@@ -125,7 +126,7 @@ def _run_all(page, lab: Lab, name: str) -> None:
     # Run All queues every cell ([*]); done when none is queued or running and the kernel is idle. A cell that
     # raises cancels the ones after it (their prompt goes blank): the saved notebook then says which did not run.
     prompts = f"[...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent)"
-    page.wait_for_function(f"() => {prompts}.some(t => /\\[(\\*|\\d+)\\]/.test(t))", timeout=60_000)
+    page.wait_for_function(f"() => {prompts}.some(t => /\\[(\\*|\\d+)\\]/.test(t))", timeout=120_000)
     page.wait_for_function(
         f"""() => !{prompts}.some(t => t.includes('*'))
                   && /\\| Idle/.test(document.querySelector('#jp-main-statusbar').textContent)""",
