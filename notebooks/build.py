@@ -692,8 +692,8 @@ i = int(odd["sentence"].iloc[0])
 src = torch.tensor([sources[i]])
 tgt = torch.tensor([[tm.model.cfg.start_id, *targets[i][:-1]]])
 _, trace = tm.model.run_with_cache(src, tgt)
-trace.meta.update(src_tokens=tm.src_tokenizer.pieces(sources[i]),
-                  tgt_tokens=tm.tgt_tokenizer.pieces([tm.model.cfg.start_id, *targets[i][:-1]]))
+trace.meta.update(src_pieces=tm.src_tokenizer.pieces(sources[i]),
+                  tgt_pieces=tm.tgt_tokenizer.pieces([tm.model.cfg.start_id, *targets[i][:-1]]))
 show(attention_heatmap(trace, "enc_self", layer=layer, heads=head))"""),
     ("md", """\
 ## Head importance by ablation on BLEU
