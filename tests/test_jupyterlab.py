@@ -174,10 +174,11 @@ def _blank_outputs(page, skip: list[int]) -> list[str]:
                     const box = out.getBoundingClientRect();
                     if (box.height < 5 || box.width < 5)
                         found.push(`cell ${i}: ${mime || 'output'} is blank (${box.width}x${box.height})`);
-                    if (mime.startsWith('application/vnd.vega')) {
-                        const drawn = out.querySelector('.vega-embed canvas, .vega-embed svg.marks');
-                        if (!drawn) found.push(`cell ${i}: Vega chart not drawn`);
-                    }
+                    // a Vega output, or an HTML one holding a Vega/Altair chart, must have drawn its marks
+                    const vega = mime.startsWith('application/vnd.vega')
+                        || out.querySelector('.vega-embed, [id^="altair-viz"]');
+                    if (vega && !out.querySelector('canvas, svg.marks'))
+                        found.push(`cell ${i}: Vega chart not drawn`);
                 });
             });
             return found;
