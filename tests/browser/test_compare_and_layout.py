@@ -13,6 +13,8 @@ from test_app import FIGURE_JS, TIMEOUT, open_app, text
 
 ROOT = Path(__file__).resolve().parents[2]
 TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why")
+READY = {"Attention": "Ablate heads", "Internals": "Training curves stored", "Compare": "B reads A's output",
+         "Analysis": "Head statistics", "Model analysis": "Pick an analysis", "Why": "Patching against"}
 
 
 def open_tab(page, title: str) -> None:
@@ -73,7 +75,8 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
     out.mkdir(exist_ok=True)
     for tab in TABS:
         open_tab(page, tab)
-        page.wait_for_timeout(1500)
+        page.get_by_text(READY[tab]).first.wait_for(timeout=TIMEOUT * 2)  # the tab's work is done
+        page.wait_for_timeout(1000)  # and its figures painted
         name = f"screenshot_{tab.lower().replace(' ', '_')}_{width}.png"
         page.screenshot(path=str(out / name), full_page=True)
         assert page.locator(".view-error").count() == 0, tab
