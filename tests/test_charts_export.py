@@ -33,8 +33,8 @@ def base_trace_300():
     with torch.no_grad():
         _, trace = make_model(cfg).run_with_cache(src, tgt)
     rng = np.random.default_rng(0)
-    trace.meta["src_tokens"] = [("▁" if rng.random() < 0.6 else "") + f"w{i}" for i in range(300)]
-    trace.meta["tgt_tokens"] = ["<s>"] + [f"▁v{i}" for i in range(299)]
+    trace.meta["src_pieces"] = [("▁" if rng.random() < 0.6 else "") + f"w{i}" for i in range(300)]
+    trace.meta["tgt_pieces"] = ["<s>"] + [f"▁v{i}" for i in range(299)]
     return trace
 
 
@@ -98,7 +98,7 @@ def test_views_command_writes_offline_pages(tmp_path, capsys):
     cfg = presets.tiny(vocab=30, dec_layers=3)
     src, tgt = make_batch(cfg, batch=2, src_len=6, tgt_len=5)
     _, trace = make_model(cfg).run_with_cache(src, tgt)
-    trace.meta["src_tokens"] = [[f"▁s{i}" for i in range(6)]] * 2
+    trace.meta["src_pieces"] = [[f"▁s{i}" for i in range(6)]] * 2
     trace.save(tmp_path / "t.safetensors")
     assert main(["views", str(tmp_path / "t.safetensors"), "-o", str(tmp_path / "out"), "--words"]) == 0
     pages = sorted(p.name for p in (tmp_path / "out").iterdir())

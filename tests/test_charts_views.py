@@ -32,8 +32,8 @@ def trace():
     cfg = presets.tiny(vocab=50, dec_layers=3)
     src, tgt = make_batch(cfg, batch=3, src_len=7, tgt_len=6)
     _, tr = make_model(cfg).run_with_cache(src, tgt)
-    tr.meta["src_tokens"] = [[f"▁s{b}_{i}" if i % 2 == 0 else f"x{i}" for i in range(7)] for b in range(3)]
-    tr.meta["tgt_tokens"] = [["<s>"] + [f"▁t{b}_{i}" for i in range(1, 6)] for b in range(3)]
+    tr.meta["src_pieces"] = [[f"▁s{b}_{i}" if i % 2 == 0 else f"x{i}" for i in range(7)] for b in range(3)]
+    tr.meta["tgt_pieces"] = [["<s>"] + [f"▁t{b}_{i}" for i in range(1, 6)] for b in range(3)]
     return tr
 
 
@@ -60,7 +60,7 @@ def test_heatmap_array_equals_trace_and_hover_names_tokens(trace, kind):
     assert img.dtype == np.float32
     np.testing.assert_allclose(img, expected, rtol=0, atol=0)
     q_tok, k_tok = _hover_tokens(fig)
-    src, tgt = trace.meta["src_tokens"][0][:s_real], trace.meta["tgt_tokens"][0]
+    src, tgt = trace.meta["src_pieces"][0][:s_real], trace.meta["tgt_pieces"][0]
     assert (q_tok, k_tok) == {"enc_self": (src, src), "dec_self": (tgt, tgt), "cross": (tgt, src)}[kind]
 
 
@@ -184,7 +184,7 @@ def _two_models():
         src[0, -1] = cfg.eos_id
         tgt = torch.tensor([[cfg.start_id, 5, 6]])
         _, tr = make_model(cfg, seed=heads).run_with_cache(src, tgt)
-        tr.meta.update(src_tokens=pieces, tgt_tokens=["<s>", "▁Die", "▁Katze"])
+        tr.meta.update(src_pieces=pieces, tgt_pieces=["<s>", "▁Die", "▁Katze"])
         traces.append(tr)
     return traces
 
@@ -203,7 +203,7 @@ def test_compare_aligns_different_tokenizers_by_words():
 
 def test_compare_refuses_different_sentences():
     a_tr, b_tr = _two_models()
-    b_tr.meta["src_tokens"] = ["▁A", "▁dog", "▁ran", "▁off", "▁now", "</s>"]
+    b_tr.meta["src_pieces"] = ["▁A", "▁dog", "▁ran", "▁off", "▁now", "</s>"]
     with pytest.raises(ValueError, match="cannot align"):
         difference(select_attention(a_tr, "enc_self", 0), select_attention(b_tr, "enc_self", 0))
 

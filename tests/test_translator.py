@@ -91,8 +91,8 @@ def test_trace_matches_teacher_forced_forward(tm):
     r = tm.trace(ODD[0])
     trace = r.trace
     assert trace.meta["translation"] == r.text
-    assert trace.meta["src_tokens"] == tm.src_tokenizer.pieces(r.source_tokens)
-    assert len(trace.meta["tgt_tokens"]) == trace.tgt.size(1) == len(r.tokens)
+    assert trace.meta["src_pieces"] == tm.src_tokenizer.pieces(r.source_tokens)
+    assert len(trace.meta["tgt_pieces"]) == trace.tgt.size(1) == len(r.tokens)
     _, ref = tm.model.run_with_cache(trace.src, trace.tgt)
     for name in ref:
         torch.testing.assert_close(trace[name], ref[name], atol=1e-6, rtol=0)
