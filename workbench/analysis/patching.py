@@ -169,6 +169,18 @@ def _one(ids, name: str, device) -> torch.Tensor:
     return t.to(device)
 
 
+
+def _clean_and_corrupted(model, src, tgt, corrupted_src, corrupted_tgt):
+    """(src, tgt, corrupted src, corrupted tgt) as (1, L) tensors on the model's device, clean where not given."""
+    dev = model.device
+    src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
+    c_src = src if corrupted_src is None else _one(corrupted_src, "corrupted_src", dev)
+    c_tgt = tgt if corrupted_tgt is None else _one(corrupted_tgt, "corrupted_tgt", dev)
+    if c_src.shape != src.shape or c_tgt.shape != tgt.shape:
+        raise ValueError(f"corrupted inputs must match the clean lengths position for position: src "
+                         f"{tuple(src.shape)} vs {tuple(c_src.shape)}, tgt {tuple(tgt.shape)} vs {tuple(c_tgt.shape)}")
+    return src, tgt, c_src, c_tgt
+
 def _donors(model, base_cache, names, ablation, reference, seed) -> dict[str, torch.Tensor]:
     if ablation == "zero":
         return {n: torch.zeros_like(base_cache[n]) for n in names}
@@ -282,13 +294,7 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
     if ablation in ("mean", "resample") and sites == "pattern":
         raise ValueError("mean/resample ablation of attention patterns is undefined across source lengths; "
                          "use ablation='zero' or a corrupted input")
-    dev = model.device
-    src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
-    c_src = src if corrupted_src is None else _one(corrupted_src, "corrupted_src", dev)
-    c_tgt = tgt if corrupted_tgt is None else _one(corrupted_tgt, "corrupted_tgt", dev)
-    if c_src.shape != src.shape or c_tgt.shape != tgt.shape:
-        raise ValueError(f"corrupted inputs must match the clean lengths position for position: src "
-                         f"{tuple(src.shape)} vs {tuple(c_src.shape)}, tgt {tuple(tgt.shape)} vs {tuple(c_tgt.shape)}")
+    src, tgt, c_src, c_tgt = _clean_and_corrupted(model, src, tgt, corrupted_src, corrupted_tgt)
     translate = None
     if isinstance(metric, str):
         if metric not in TRANSLATION_METRICS:
@@ -346,13 +352,7 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
         raise ValueError("give corrupted_src and/or corrupted_tgt")
     if not callable(metric):
         raise ValueError("attribution patching needs a differentiable metric function (logit_diff, log_prob)")
-    dev = model.device
-    src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
-    c_src = src if corrupted_src is None else _one(corrupted_src, "corrupted_src", dev)
-    c_tgt = tgt if corrupted_tgt is None else _one(corrupted_tgt, "corrupted_tgt", dev)
-    if c_src.shape != src.shape or c_tgt.shape != tgt.shape:
-        raise ValueError(f"corrupted inputs must match the clean lengths position for position: src "
-                         f"{tuple(src.shape)} vs {tuple(c_src.shape)}, tgt {tuple(tgt.shape)} vs {tuple(c_tgt.shape)}")
+    src, tgt, c_src, c_tgt = _clean_and_corrupted(model, src, tgt, corrupted_src, corrupted_tgt)
     rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
     names = sorted({n for s in site_list for n, _ in s.edits})
     (b_src, b_tgt), (d_src, d_tgt) = ((src, tgt), (c_src, c_tgt)) if direction == "noising" else \

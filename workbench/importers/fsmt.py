@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import activation, generation_defaults, layer_table, position_tables, read_folder, stack_sizes
+from .hf import bart_family_sizes, generation_defaults, layer_table, position_tables, read_folder
 from .keymap import Source, build_model, check_aliases, convert, copy, target_state
 from .result import Imported, ImportReport
 from .tokenizers import fsmt_tokenizers
@@ -27,18 +27,7 @@ def fsmt_config(hf: dict[str, Any]) -> ModelConfig:
     return ModelConfig(
         src_vocab=hf["src_vocab_size"],
         tgt_vocab=hf["tgt_vocab_size"],
-        d_model=hf["d_model"],
-        **stack_sizes(hf),
-        enc_layers=hf["encoder_layers"],
-        dec_layers=hf["decoder_layers"],
-        dropout=float(hf.get("dropout", 0.1)),
-        attn_dropout=float(hf.get("attention_dropout", 0.0)),
-        act_dropout=float(hf.get("activation_dropout", 0.0)),
-        activation=activation(hf, "relu"),  # type: ignore[arg-type]
-        norm_first=False,
-        enc_final_norm=False,
-        dec_final_norm=False,
-        layer_norm_eps=1e-5,
+        **bart_family_sizes(hf, default_activation="relu"),
         positions="sinusoidal_t2t",
         position_offset=pad + 1,
         max_positions=hf.get("max_position_embeddings", 1024),

@@ -64,6 +64,20 @@ def stack_sizes(hf: Mapping[str, Any]) -> dict[str, Any]:
     return per_stack(heads, hf.get("decoder_attention_heads", heads), ffn, hf.get("decoder_ffn_dim", ffn))
 
 
+def bart_family_sizes(hf: Mapping[str, Any], *, default_activation: str) -> dict[str, Any]:
+    """The ModelConfig fields Marian and FSMT configs spell alike: sizes, dropouts, activation, and the
+    post-norm layout without final norms that both use (transformers' BART-family layers)."""
+    return dict(
+        d_model=hf["d_model"], **stack_sizes(hf),
+        enc_layers=hf["encoder_layers"], dec_layers=hf["decoder_layers"],
+        dropout=float(hf.get("dropout", 0.1)),
+        attn_dropout=float(hf.get("attention_dropout", 0.0)),
+        act_dropout=float(hf.get("activation_dropout", 0.0)),
+        activation=activation(hf, default_activation),
+        norm_first=False, enc_final_norm=False, dec_final_norm=False, layer_norm_eps=1e-5,
+    )
+
+
 def activation(hf: Mapping[str, Any], default: str) -> str:
     act = hf.get("activation_function", default)
     if act not in ACTIVATIONS:

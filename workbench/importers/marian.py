@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import activation, generation_defaults, layer_table, position_tables, read_folder, stack_sizes
+from .hf import bart_family_sizes, generation_defaults, layer_table, position_tables, read_folder
 from .keymap import Source, build_model, check_aliases, convert, copy, first_present, flatten, target_state
 from .result import Imported, ImportReport
 from .tokenizers import marian_tokenizers
@@ -36,18 +36,7 @@ def marian_config(hf: dict[str, Any], *, unk_id: int = 1) -> ModelConfig:
     return ModelConfig(
         src_vocab=src_vocab,
         tgt_vocab=tgt_vocab,
-        d_model=hf["d_model"],
-        **stack_sizes(hf),
-        enc_layers=hf["encoder_layers"],
-        dec_layers=hf["decoder_layers"],
-        dropout=float(hf.get("dropout", 0.1)),
-        attn_dropout=float(hf.get("attention_dropout", 0.0)),
-        act_dropout=float(hf.get("activation_dropout", 0.0)),
-        activation=activation(hf, "gelu"),  # type: ignore[arg-type]
-        norm_first=False,
-        enc_final_norm=False,
-        dec_final_norm=False,
-        layer_norm_eps=1e-5,
+        **bart_family_sizes(hf, default_activation="gelu"),
         positions="sinusoidal_halves",
         position_offset=0,
         max_positions=hf.get("max_position_embeddings", 512),
