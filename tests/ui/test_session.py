@@ -350,3 +350,39 @@ def test_compare_defaults_to_a_checkpoint_of_the_same_languages_and_run(tmp_path
     assert "no other listed checkpoint translates en→de" in view.content[0].object
     view.session.checkpoint = "final"
     assert view.other == "early" and "same run" in view.content[0].object
+
+
+def test_a_served_page_loads_its_first_model_off_the_event_loop(ckpt_dir, monkeypatch):
+    """A served page built from the discovered list: the (deliberately slow) first model load runs in a worker
+    while the event loop stays free and the page shows busy; the translation follows once it is loaded."""
+    from workbench.ui import Workbench
+
+    real, loop_thread, threads = loader.load_model, [], []
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load(path):
+        threads.append(threading.current_thread())
+        if threading.current_thread() is not loop_thread[0]:  # on the loop it would hang the test: recorded instead
+            started.set()
+            assert release.wait(60), "the event loop never got to release the load"
+        return real(path)
+
+    monkeypatch.setattr(loader, "load_model", slow_load)
+    monkeypatch.setattr(loader, "DEFAULT_DIR", ckpt_dir)  # no DEFAULT marker there: the first listed is the default
+
+    async def main():
+        loop_thread.append(threading.current_thread())
+        wb = Workbench(checkpoints=[ckpt_dir], default_dir=None, background=True)
+        s = wb.session
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, started.wait, 60), "the model was never loaded in a worker"
+        assert s.busy and s.result is None  # the page is built and waiting; the loop is free
+        release.set()
+        while s.busy or s.result is None:
+            await asyncio.sleep(0.01)
+        return s
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        s = pool.submit(asyncio.run, main()).result(timeout=120)
+    assert loop_thread[0] not in threads and threads
+    assert s.checkpoint == "alpha" and s.error == "" and s.result.text

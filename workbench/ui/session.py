@@ -81,7 +81,10 @@ class Session(param.Parameterized):
         self.param.checkpoint.objects = list(self._entries)
         self.param.checkpoint.check_on_set = True  # off by default when the class declares no objects
         if default is None and self._entries:
-            default = first_loadable(list(self._entries.values()))
+            # Served (background), loading a model here would hold the event loop: the default is taken as
+            # named, and `Workbench` falls back to the first loadable one off the loop.
+            listed = list(self._entries.values())
+            default = loader.default_entry(listed).label if params.get("background") else first_loadable(listed)
         if default is not None:
             if default not in self._entries:
                 raise ValueError(f"checkpoint {default!r} is not in the list: {sorted(self._entries)}")

@@ -21,7 +21,7 @@ import panel as pn
 import param
 
 from . import loader
-from .session import Session
+from .session import Session, first_loadable
 from .views import (
     AblationPanel,
     AnalysisView,
@@ -66,7 +66,9 @@ class Workbench(pn.viewable.Viewer):
             chosen = next((e.label for e in entries if e.path == target), None)
         served = pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
         extra = {"sentence": sentence} if sentence is not None else {}
-        session = Session(entries, problems=problems, checkpoint=chosen, autorun=False, **extra)
+        background = served if background is None else background
+        session = Session(entries, problems=problems, checkpoint=chosen, autorun=False, background=background,
+                          **extra)
         super().__init__(session=session, **params)
         sync = served if sync_url is None else sync_url
         link = _link_values() if sync else {}
@@ -93,11 +95,13 @@ class Workbench(pn.viewable.Viewer):
                 _drop_from_link(location, [URL_PARAMS[name] for name, _ in refused])
 
         session.autorun = True
-        session.background = served if background is None else background
-        if session.background:  # served: even the first translation runs off the event loop
+        if session.background:  # served: even the first model load and translation run off the event loop
             first = []
             first.append(session.param.watch(lambda _e: (session.param.unwatch(first[0]), finish_link()), "version"))
-            session.refresh()
+            if chosen is None and "checkpoint" not in link and session.entries:
+                _open_first_loadable(session)
+            else:
+                session.refresh()
         else:
             session.refresh()  # notebooks: the first result inline, so the cell opens on something real
             finish_link()
@@ -145,6 +149,20 @@ class Workbench(pn.viewable.Viewer):
 
         tabs.param.watch(switched, "active")
         return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
+
+
+def _open_first_loadable(session: Session) -> None:
+    """Load the default checkpoint in a worker (the page shows busy meanwhile); if it fails, switch to the
+    first one that loads. The switch runs the first translation; otherwise it is started here."""
+    session.busy = True
+
+    def picked(label: str) -> None:
+        if label != session.checkpoint:
+            session.checkpoint = label  # its change event runs the model
+        else:
+            session.refresh()
+
+    session.run(first_loadable, session.entries, done=picked, failed=lambda _exc: session.refresh())
 
 
 def _link_values() -> dict[str, str]:
