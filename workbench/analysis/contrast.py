@@ -1,6 +1,6 @@
 """Clean/corrupted sentence pairs for patching: swap one source noun, keep every length.
 
-    pairs = noun_swaps(tm, sentences)          # German nouns are capitalised; each swap is one piece for another
+    pairs = noun_swaps(tm, sentences)          # a German noun (else an English one) swapped, one piece for another
     p = pairs[0]
     p.src, p.corrupted_src, p.tgt            # (1, S), (1, S), (1, T): the clean greedy output, teacher-forced
     p.position, p.good, p.bad                # the first output position where the two translations differ,
@@ -19,6 +19,9 @@ import torch
 
 NOUNS = ("Mann", "Frau", "Hund", "Kind", "Junge", "Mädchen", "Auto", "Ball", "Haus", "Straße", "Pferd", "Katze",
          "Wasser", "Fahrrad", "Strand", "Gitarre", "Boot", "Baum", "Hut", "Buch")
+NOUNS_EN = ("man", "woman", "dog", "child", "boy", "girl", "animal", "car", "ball", "house", "street", "horse", "cat",
+            "water", "bike", "beach", "guitar", "boat", "tree", "hat", "book", "bird", "city", "table")
+"""English nouns (lower case, as they stand mid-sentence) for English sources; tried after the German list."""
 
 
 @dataclass
@@ -41,23 +44,26 @@ def _one_piece(tm, word: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def noun_swaps(tm, sentences: Sequence[str], nouns: Sequence[str] = NOUNS, max_pairs: int | None = None,
+def noun_swaps(tm, sentences: Sequence[str], nouns: Sequence[str] | None = None, max_pairs: int | None = None,
                max_len: int = 60) -> list[ContrastPair]:
     """For each sentence, swap its first noun from `nouns` for the next one in the list that changes the greedy
-    translation (lengths are unchanged: both are single pieces)."""
-    noun_ids = {w: i for w in nouns if (i := _one_piece(tm, w)) is not None}
-    by_id = {i: w for w, i in noun_ids.items()}
+    translation (lengths are unchanged: both are single pieces). Default: the German list (NOUNS), and for a
+    sentence with none of those, the English one (NOUNS_EN)."""
+    lists = [nouns] if nouns is not None else [NOUNS, NOUNS_EN]
+    vocab = [[i for w in words if (i := _one_piece(tm, w)) is not None] for words in lists]
+    vocab = [list(dict.fromkeys(ids)) for ids in vocab]  # two words may share a piece
     cfg = tm.model.cfg
     pairs: list[ContrastPair] = []
     for text in sentences:
         ids, _ = tm.encode_source(text)
         if not ids or len(ids) > max_len:
             continue
-        hit = next((k for k, t in enumerate(ids) if t in by_id), None)
-        if hit is None:
+        found = next(((k, choices) for choices in vocab for k, t in enumerate(ids) if t in choices), None)
+        if found is None:
             continue
+        hit, choices = found
         swaps = []
-        for wid in noun_ids.values():
+        for wid in choices:
             if wid == ids[hit]:
                 continue
             swapped = ids[:hit] + [wid] + ids[hit + 1:]
