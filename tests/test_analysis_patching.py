@@ -168,3 +168,13 @@ def test_refuses_what_it_cannot_handle(model):
         patching_sweep(model, torch.cat([src, src]), tgt, corrupted_src=c_src, metric=m)
     with pytest.raises(ValueError, match="positions must be 'each' or 'all'"):
         build_sites(model, "head", 3, 3, positions="some")
+
+
+def test_progress_is_reported_after_each_batch(model):
+    src, tgt, c_src, _ = pair(model.cfg)
+    seen = []
+    res = patching_sweep(model, src, tgt, corrupted_src=c_src, sites="head", metric=logit_diff(4, 11, 12),
+                         batch_size=3, progress=lambda done, total: seen.append((done, total)))
+    n_sites = int((~res.values.isnan()).sum())
+    assert seen == [(min(k, n_sites), n_sites) for k in range(3, n_sites + 3, 3)]
+    assert res.forward_passes == 2 + len(seen)

@@ -238,7 +238,8 @@ def _patch_hook(assign: list[tuple[int, tuple]], donor: torch.Tensor):
 
 
 def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Tensor], metric: Metric,
-                 batch_size: int, translate: Callable | None) -> tuple[list[float], int]:
+                 batch_size: int, translate: Callable | None,
+                 progress: Callable[[int, int], None] | None = None) -> tuple[list[float], int]:
     values: list[float] = []
     passes = 0
     for start in range(0, len(sites), batch_size):
@@ -255,6 +256,8 @@ def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Ten
             else:
                 values += metric(model(src.expand(n, -1), tgt.expand(n, -1))).double().cpu().tolist()
         passes += 1
+        if progress is not None:
+            progress(len(values), len(sites))
     return values, passes
 
 
@@ -274,8 +277,10 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
                    metric: Metric | str, direction: str = "noising", ablation: str | None = None,
                    reference: tuple[torch.Tensor, torch.Tensor] | None = None, positions: str = "each",
                    batch_size: int = 64, detokenize: Callable[[list[int]], str] | None = None,
-                   reference_text: str | None = None, seed: int = 0, **decode_options: Any) -> PatchingResult:
+                   reference_text: str | None = None, seed: int = 0,
+                   progress: Callable[[int, int], None] | None = None, **decode_options: Any) -> PatchingResult:
     """Patch one site at a time (each a row of a batch) and measure `metric` (see the module docstring).
+    `progress(done, total)`, if given, is called with the number of sites patched after each batch.
 
     `metric`: a function logits (N, T, V) -> (N,) (`logit_diff`, `log_prob`), or "bleu" / "chrf" of the
     greedy re-decoded translation against `reference_text` (needs `detokenize`; encoder-side sites only,
@@ -330,7 +335,8 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
                 donors = {n: corrupted[n] for n in names} if ablation is None else donors
             else:
                 base_src, base_tgt, donors = c_src, c_tgt, {n: clean[n] for n in names}
-            vals, n_pass = _run_batches(model, base_src, base_tgt, site_list, donors, metric, batch_size, translate)
+            vals, n_pass = _run_batches(model, base_src, base_tgt, site_list, donors, metric, batch_size, translate,
+                                        progress)
     finally:
         model.train(was)
     values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
