@@ -6,12 +6,16 @@
 - A corrupted source (prefilled: the sentence with one noun swapped, `analysis.contrast.noun_swaps`; any text
   with the same number of tokens): activation patching of the clean output's log-probability, encoder stream
   by layer x source position and every head by query position (`analysis.patching`), normalized so 1 = as
-  clean and 0 = as corrupted.
+  clean and 0 = as corrupted. While the sweeps run, a bar and "patched N of M sites" follow them, batch by
+  batch (reported from the worker, applied on the event loop).
 
 A `LazyTab`: computed only while shown, off the event loop. Added by `Workbench(extra_tabs=[TAB])`.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextvars
 
 import panel as pn
 import param
@@ -40,6 +44,8 @@ class WhyView(LazyTab):
         super().__init__(**params)
         self._prefilled_for = None  # the sentence whose swap `corrupted` holds (None: typed by the user)
         self._prefilling = False
+        self._bar = pn.indicators.Progress(value=0, max=1, visible=False, width=240, css_classes=["why-progress-bar"])
+        self._progress_text = pn.pane.Markdown("", visible=False, css_classes=["why-progress"], margin=(0, 10))
         self.session.param.watch(self._follow, ["result"])
         self._follow()
 
@@ -61,9 +67,37 @@ class WhyView(LazyTab):
         if r is None:
             return "*Nothing to explain yet.*"
         prefill = self._prefilled_for is not None and self._prefilled_for != r.request.sentence or not self.corrupted
-        return r, self.position, None if prefill else self.corrupted
+        self._show_progress(self._generation, None)
+        return r, self.position, None if prefill else self.corrupted, self._reporter()
 
-    def compute(self, r, position, corrupted):
+    def _reporter(self):
+        """report(what, done, total) for the worker: applied on the event loop when served, directly when inline."""
+        gen = self._generation
+        if not self.session.background:
+            return lambda what, done, total: self._show_progress(gen, (what, done, total))
+        loop, ctx = asyncio.get_running_loop(), contextvars.copy_context()  # the page's document comes along
+        return lambda what, done, total: loop.call_soon_threadsafe(self._show_progress, gen, (what, done, total),
+                                                                   context=ctx)
+
+    def _show_progress(self, gen: int, step: tuple[str, int, int] | None) -> None:
+        """Show the sweep's progress (None: hide it); a report from an older request is dropped."""
+        if gen != self._generation:
+            return
+        if step is None:
+            self._bar.visible = self._progress_text.visible = False
+            return
+        what, done, total = step
+        self._bar.value = 0  # the value's bounds follow max: lower it first
+        self._bar.max = max(total, 1)
+        self._bar.param.update(value=min(done, total), visible=True)
+        self._progress_text.param.update(object=f"Patching {what}: patched {done} of {total} sites", visible=True)
+
+    def _done(self, gen: int, answer) -> None:
+        super()._done(gen, answer)
+        if gen == self._generation:
+            self._show_progress(gen, None)
+
+    def compute(self, r, position, corrupted, report=None):
         tm = loader.load_model(r.request.path)
         model, cfg = tm.model, tm.model.cfg
         src = torch.tensor([list(r.src_ids)], device=tm.device)
@@ -85,10 +119,10 @@ class WhyView(LazyTab):
             pairs = noun_swaps(tm, [r.request.sentence])
             corrupted = pairs[0].corrupted_text if pairs else ""
             out["corrupted"] = corrupted
-        out["patching"] = self._patching(tm, r, src, tgt, corrupted)
+        out["patching"] = self._patching(tm, r, src, tgt, corrupted, report)
         return out
 
-    def _patching(self, tm, r, src, tgt, corrupted: str):
+    def _patching(self, tm, r, src, tgt, corrupted: str, report=None):
         """(note, [figures]) of patching the clean output's log p against `corrupted`."""
         if not corrupted.strip():
             return ("No noun of the swap list in this sentence: type the sentence with one word changed "
@@ -101,8 +135,10 @@ class WhyView(LazyTab):
                     "the same positions, so change one word for one of the same length in tokens.", [])
         c_src = torch.tensor([c_ids], device=tm.device)
         metric = log_prob(list(r.out_ids))
-        sweeps = [patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=s, metric=metric)
-                  for s in ("resid_enc", "head")]
+        sweeps = [patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=s, metric=metric,
+                                 progress=None if report is None else
+                                 (lambda done, total, what=what: report(what, done, total)))
+                  for s, what in (("resid_enc", "encoder stream (1 of 2)"), ("head", "heads (2 of 2)"))]
         clean, corr = sweeps[0].clean_metric, sweeps[0].corrupted_metric
         note = (f"log p of the output: {clean:.3f} clean, {corr:.3f} with the changed source. Each cell runs the "
                 "clean input with one activation taken from the changed run (1 = as clean, 0 = as changed).")
@@ -147,7 +183,7 @@ class WhyView(LazyTab):
                                               css_classes=["why-corrupted"], sizing_mode="stretch_width")
         box.param.watch(self._user_typed, "value")
         return pn.Column(pn.pane.Markdown("Tap an output token to see which components wrote it."), tokens, box,
-                         self._box, sizing_mode="stretch_width")
+                         pn.Row(self._bar, self._progress_text), self._box, sizing_mode="stretch_width")
 
 
 TAB = ("Why", lambda session: WhyView(session=session))
