@@ -45,6 +45,18 @@ def _overlap(a: dict, b: dict) -> bool:
                 or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
 
 
+# The right edge of the widest visible element (shadow roots included) and the page's own scroll width, so
+# that content scrolling sideways inside a pane counts as overflow too.
+OVERFLOW_JS = """() => { let worst = {right: 0, what: ''};
+    const walk = root => { for (const el of root.querySelectorAll('*')) {
+        const r = el.getBoundingClientRect();
+        if (r.width > 0 && r.height > 0 && r.right > worst.right)
+            worst = {right: Math.round(r.right), what: el.tagName + '.' + el.classList + ' w=' + Math.round(r.width)
+                     + ' in ' + (root.host ? root.host.className : 'document')};
+        // a plot's renderer layers may extend past its frame, which clips them: the frame itself is measured
+        if (el.shadowRoot && !el.classList.contains('bk-CartesianFrame')) walk(el.shadowRoot); } };
+    walk(document);
+    return {...worst, page: document.documentElement.clientWidth, scroll: document.documentElement.scrollWidth}; }"""
 TEXT_WIDTH_JS = """([el, font]) => { const c = document.createElement('canvas').getContext('2d');
     c.font = font; return c.measureText(el).width; }"""
 
@@ -80,6 +92,8 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
         name = f"screenshot_{tab.lower().replace(' ', '_')}_{width}.png"
         page.screenshot(path=str(out / name), full_page=True)
         assert page.locator(".view-error").count() == 0, tab
+        edge = page.evaluate(OVERFLOW_JS)
+        assert edge["right"] <= edge["page"] and edge["scroll"] <= edge["page"], (tab, edge)  # no sideways scroll
         if tab == "Attention":
             page.wait_for_function(f"({FIGURE_JS})() !== null", timeout=TIMEOUT)
             if update and width == 1500:

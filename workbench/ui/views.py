@@ -415,9 +415,9 @@ class InternalsView(LazyTab):
         controls = pn.Row(pn.widgets.IntInput.from_param(self.param.warmup, name="warmup", width=110),
                           pn.widgets.FloatInput.from_param(self.param.factor, name="factor", width=110),
                           pn.widgets.IntInput.from_param(self.param.steps, name="steps shown", width=110))
-        return [pn.pane.Markdown("### Positional encodings"), _pane(parts["positions"], "Positional encodings"),
+        return [pn.pane.Markdown("### Positional encodings"), _wrapped(parts["positions"], "Positional encodings"),
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
-                _pane(parts["masks"], "Masks"),
+                _wrapped(parts["masks"], "Masks"),
                 pn.pane.Markdown("### Learning-rate schedule"), controls, self._lr,
                 pn.pane.Markdown("### Training curves stored in the checkpoint"), self._curves()]
 
@@ -453,6 +453,14 @@ def _train_log(path: str) -> list[dict]:
 
 def _pane(obj, what: str):
     return _fail(what, obj) if isinstance(obj, Exception) else pn.pane.Bokeh(obj, sizing_mode="stretch_width")
+
+
+def _wrapped(grid, what: str):
+    """A Bokeh row, or column of rows, of fixed-size figures as one wrapping box: as many a row as the page fits."""
+    if isinstance(grid, Exception):
+        return _fail(what, grid)
+    figs = [f for r in grid.children for f in getattr(r, "children", [r])]
+    return pn.FlexBox(*[pn.pane.Bokeh(f) for f in figs], flex_wrap="wrap", sizing_mode="stretch_width")
 
 
 class CompareView(LazyTab):
