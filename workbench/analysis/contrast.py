@@ -20,7 +20,8 @@ import torch
 NOUNS = ("Mann", "Frau", "Hund", "Kind", "Junge", "Mädchen", "Auto", "Ball", "Haus", "Straße", "Pferd", "Katze",
          "Wasser", "Fahrrad", "Strand", "Gitarre", "Boot", "Baum", "Hut", "Buch")
 NOUNS_EN = ("man", "woman", "dog", "child", "boy", "girl", "animal", "car", "ball", "house", "street", "horse", "cat",
-            "water", "bike", "beach", "guitar", "boat", "tree", "hat", "book", "bird", "city", "table")
+            "water", "bike", "beach", "guitar", "boat", "tree", "hat", "book", "bird", "city", "table", "field", "park",
+            "men", "women", "people", "children", "boys", "girls", "dogs", "football", "game", "shirt", "road", "river")
 """English nouns (lower case, as they stand mid-sentence) for English sources; tried after the German list."""
 
 
