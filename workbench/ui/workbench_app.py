@@ -157,12 +157,14 @@ def _open_first_loadable(session: Session) -> None:
     session.busy = True
 
     def picked(label: str) -> None:
+        if not session.autorun:  # the page closed meanwhile (Session.close)
+            return
         if label != session.checkpoint:
             session.checkpoint = label  # its change event runs the model
         else:
             session.refresh()
 
-    session.run(first_loadable, session.entries, done=picked, failed=lambda _exc: session.refresh())
+    session.run(first_loadable, session.entries, done=picked, failed=lambda _exc: picked(session.checkpoint))
 
 
 def _link_values() -> dict[str, str]:
