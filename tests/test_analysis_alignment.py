@@ -69,3 +69,26 @@ def test_corpus_cross_attention_rows_and_shift():
     full = trace.stack("dec.*.cross_attn.hook_probs")[:, 0].numpy()  # (L, H, 3, 4)
     np.testing.assert_allclose(pred[0], full[:, :, 0:2, :3], atol=1e-6)
     np.testing.assert_allclose(inp[0], full[:, :, 1:3, :3], atol=1e-6)
+
+
+def test_long_sentences_are_skipped_and_the_references_follow():
+    """A pair longer than max_positions is left out with a warning; the head scores take the corpus's
+    references and pick the ones of the sentences kept."""
+    import pytest
+    from model_helpers import make_model
+
+    from workbench import presets
+    from workbench.analysis.alignment import alignment_head_scores, corpus_cross_attention
+
+    model = make_model(presets.tiny(vocab=30, max_positions=5))
+    sources = [[5, 6, 7, 2], [5, 6, 7, 8, 9, 10, 2], [8, 9, 2]]
+    targets = [[9, 10, 2], [9, 10, 2], [11, 12, 2]]
+    refs = [{(0, 0), (1, 1)}, {(5, 1)}, {(0, 0), (1, 1)}]  # the skipped sentence's links lie outside any kept one
+    with pytest.warns(UserWarning, match=r"1 sentence\(s\) skipped"):
+        cross = corpus_cross_attention(model, sources, targets)
+    assert cross.ids == [0, 2] and cross.skipped == [1] and len(cross) == 2
+    kept = corpus_cross_attention(model, [sources[0], sources[2]], [targets[0], targets[2]])
+    for a, b in zip(cross, kept):
+        np.testing.assert_allclose(a, b)
+    table = alignment_head_scores(cross, refs)
+    assert table.equals(alignment_head_scores(kept, [refs[0], refs[2]]))

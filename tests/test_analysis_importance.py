@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from model_helpers import make_model
 
@@ -64,3 +65,19 @@ def test_patching_the_memory_reproduces_the_donor():
     assert not torch.allclose(out["clean"], out["donor"])
     same = patch_effect(model, "hook_memory", src, tgt, src, tgt)
     torch.testing.assert_close(same["patched"], same["clean"])
+
+
+def test_sentences_longer_than_the_positions_are_skipped_and_reported():
+    """A corpus with one pair longer than max_positions (as newstest has): run_outcome warns, leaves that pair
+    out (a cut reference would change its log p), keeps the others exactly, and filters the references to match."""
+    cfg = presets.tiny(vocab=20, max_positions=6)
+    model = make_model(cfg, seed=3)
+    long_src, long_tgt = [5, 6, 7, 8, 9, 10, 11, 2], [6, 7, 2]
+    sources, targets = [SOURCES[0], long_src, SOURCES[1]], [TARGETS[0], long_tgt, TARGETS[1]]
+    with pytest.warns(UserWarning, match=r"run_outcome: 0 target\(s\) cut .* 1 sentence\(s\) skipped"):
+        out = run_outcome(model, sources, targets, detokenize=lambda ids: " ".join(map(str, ids)),
+                          references=["6 7", "long", "9"], **DECODE)
+    alone = run_outcome(model, [SOURCES[0], SOURCES[1]], [TARGETS[0], TARGETS[1]], **DECODE)
+    assert out.skipped == [1]
+    np.testing.assert_allclose(out.ref_log_prob, alone.ref_log_prob)
+    assert out.outputs == alone.outputs and out.bleu is not None

@@ -16,13 +16,14 @@ averaged over every head of every layer ("model-average aligner"), reported as 1
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 
 from ..data import pad_sequences
-from .head_stats import capture_attention
+from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
 
@@ -107,6 +108,9 @@ def alignment_head_scores(
         sure = [attention_links(a.mean((0, 1)), method="argmax") for a in arrays]
         possible = None
     else:
+        ids = getattr(cross, "ids", None)
+        if ids is not None and len(references) == len(ids) + len(cross.skipped) != len(arrays):
+            references = [references[i] for i in ids]  # the corpus's references; cross skipped some sentences
         if len(references) != len(arrays):
             raise ValueError(f"{len(references)} references for {len(arrays)} sentences")
         label = "reference alignments"
@@ -137,21 +141,34 @@ def alignment_head_scores(
     return df.sort_values("aer", kind="stable").reset_index(drop=True)
 
 
+class CorpusAttention(list):
+    """A list of per-sentence arrays that also says which corpus sentences they are (`ids`) and which were
+    left out (`skipped`: longer than the model's positions)."""
+
+    def __init__(self, arrays, ids: Sequence[int], skipped: Sequence[int]):
+        super().__init__(arrays)
+        self.ids, self.skipped = list(ids), list(skipped)
+
+
 def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
-                           shift: str = "predict", batch_size: int = 64) -> list[np.ndarray]:
+                           shift: str = "predict", batch_size: int = 64) -> CorpusAttention:
     """Per sentence the (L, H, T, S) cross-attention to score as alignments, teacher-forced on `targets`.
 
     Sources and targets end with EOS; both EOS are dropped (references do not link them), so row t is
     target token t and column s source token s. `shift`: "predict" (the row that predicts y_t) or "input"
-    (the row that reads y_t).
+    (the row that reads y_t). A pair with a side longer than the model's max_positions is skipped (alignments
+    need whole sentences) with a warning; `.ids`/`.skipped` on the result say which, and
+    `alignment_head_scores` picks the matching references by those ids.
     """
-
-
     if shift not in ("predict", "input"):
         raise ValueError(f"shift must be 'predict' or 'input', got {shift!r}")
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     cfg = model.cfg
+    fitted = fit_to_positions(cfg.max_positions, sources, targets, cut_targets=False)
+    if fitted.report():
+        warnings.warn(fitted.report("corpus_cross_attention"), stacklevel=2)
+    sources, targets = fitted.sources, fitted.targets
     names = model.hook_names("dec.*.cross_attn.hook_probs")
     out: list[np.ndarray] = []
     with torch.no_grad():
@@ -169,4 +186,4 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
                 n_words = len(t) - 1
                 rows = slice(0, n_words) if shift == "predict" else slice(1, n_words + 1)
                 out.append(cross[:, b, :, rows, : len(s) - 1])
-    return out
+    return CorpusAttention(out, fitted.ids, fitted.skipped)

@@ -14,6 +14,7 @@ change (1 - difflib ratio), and, given a detokenizer and reference texts, the BL
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from ..evaluate import score
 from ..heads import KINDS
 from ..heads import n_heads as heads_of
 from ..interventions import ablate_heads, patch
+from .head_stats import fit_to_positions
 
 UNITS = ("head", "block")
 
@@ -38,6 +40,7 @@ class Outcome:
     outputs: list[list[int]] = field(default_factory=list)  # greedy outputs (EOS included), if decoded
     bleu: float | None = None
     chrf: float | None = None
+    skipped: list[int] = field(default_factory=list)  # corpus ids left out: longer than the model's positions
 
 
 @torch.no_grad()
@@ -51,6 +54,13 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
     if references is not None and len(references) != len(sources):
         raise ValueError(f"{len(references)} reference texts for {len(sources)} sources")
     cfg = model.cfg
+    # whole sentences only: a cut reference would change its log-probability and BLEU
+    fitted = fit_to_positions(cfg.max_positions, sources, targets, cut_targets=False)
+    if fitted.report():
+        warnings.warn(fitted.report("run_outcome"), stacklevel=2)
+    sources, targets = fitted.sources, fitted.targets
+    if references is not None:
+        references = [references[i] for i in fitted.ids]
     lp = np.zeros(len(sources))
     outputs: list[list[int]] = []
     with model.hooks(hooks or {}):
@@ -63,7 +73,7 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
             lp[start : start + len(tgt_rows)] = (logp * (tgt_out != cfg.pad_id)).sum(1).double().cpu().numpy()
             if decode:
                 outputs += [h.tokens for h in greedy(model, src, **decode_options).best]
-    out = Outcome(lp, outputs)
+    out = Outcome(lp, outputs, skipped=fitted.skipped)
     if decode and detokenize is not None and references is not None:
         s = score([detokenize(o) for o in outputs], [list(references)])
         out.bleu, out.chrf = s.bleu, s.chrf
