@@ -200,7 +200,14 @@ def test_charts_never_import_panel():
 
 
 def test_no_workbench_module_is_imported_inside_a_function():
-    lazy = [str(imp) for imp in ALL_IMPORTS if imp.in_function and imp.target.split(".")[0] == "workbench"]
+    """One exception: a CLI subcommand may import the chart modules (Bokeh, Altair) in its `run`, with a comment,
+    so that its `--help` stays light; the layer test above still sees those edges."""
+    def cli_charts(imp: Import) -> bool:
+        return (imp.file.is_relative_to(ROOT / "workbench" / "cli") and imp.commented
+                and imp.target.startswith("workbench.charts"))
+
+    lazy = [str(imp) for imp in ALL_IMPORTS if imp.in_function and imp.target.split(".")[0] == "workbench"
+            and not cli_charts(imp)]
     assert not lazy, "import these at the top of the file (a lazy import hides the graph):\n" + "\n".join(lazy)
 
 
@@ -240,7 +247,7 @@ def test_import_workbench_is_light():
     assert loaded_by("import workbench") == []
 
 
-@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "import"])
+@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "import", "views", "heads", "average", "info"])
 def test_subcommand_help_loads_no_plotting_library(command):
     assert not set(loaded_by(help_of(command, "--help"))) & set(PLOTTING)
 

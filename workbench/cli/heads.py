@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 
 from ..analysis.head_stats import STATS, corpus_head_stats, punctuation_ids
-from ..charts import save_html
-from ..charts.analysis import head_stats_view
 from ..data import dataset_files, read_parallel
 from ..translator import load
 
@@ -33,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the chart modules load Bokeh and Altair: only when the command runs, so `workbench heads --help` stays light
+    from ..charts import save_html  # CLI: loaded when run
+    from ..charts.analysis import head_stats_view  # CLI: loaded when run
+
     if args.stat not in STATS:
         raise ValueError(f"unknown statistic {args.stat!r}; known: {sorted(STATS)}")
     if args.dataset:

@@ -9,11 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..charts.export import save_html
-from ..charts.head_view import head_view
-from ..charts.heatmap import attention_heatmap
-from ..charts.model_view import model_view
-from ..charts.select import KINDS
+from ..heads import KINDS
 from ..trace import Trace
 
 
@@ -27,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the chart modules load Bokeh and Altair: only when the command runs, so `workbench views --help` stays light
+    from ..charts.export import save_html  # CLI: loaded when run
+    from ..charts.head_view import head_view  # CLI: loaded when run
+    from ..charts.heatmap import attention_heatmap  # CLI: loaded when run
+    from ..charts.model_view import model_view  # CLI: loaded when run
+
     if not args.trace.is_file():
         raise FileNotFoundError(f"no trace file at {args.trace}")
     trace = Trace.load(args.trace)
