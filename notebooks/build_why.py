@@ -180,6 +180,23 @@ frozen norms), patching counts everything downstream of it too, and attention co
 what it writes. Where the three rank heads alike, attention is a fair guide for this question on this model;
 where they differ, the patching number is the causal one. `docs/analysis.md` §9 measures the same
 agreements, and attribution patching's, over a test set."""),
+    ("md", """## 4. The same, interactively: the app's Why view in the notebook
+
+The dashboard's *Why* tab is a Panel view of the same library calls; here it opens on the first pair's clean
+sentence, with the swapped sentence prefilled for patching. Tap an output token to see its direct logit
+attribution and what each cross-attention head read; edit the changed source to patch against another one."""),
+    ("code", """import panel as pn
+
+from workbench.ui import Workbench
+from workbench.ui.notebook import offline_notebook
+from workbench.ui.why_view import WhyView
+
+pn.extension("vega", inline=True)  # everything inlined: renders with no internet
+offline_notebook()
+wb = Workbench("../checkpoints/multi30k-de-en", sentence=p.text)
+why = WhyView(session=wb.session)
+why.show()  # a tab computes only while shown; in a notebook, from here on
+why"""),
 ]
 
 
