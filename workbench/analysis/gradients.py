@@ -35,8 +35,9 @@ def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable
         acts[hook.name] = x.detach()
         return x + zero
 
-    was = model.training
-    model.eval()
+    was = model.training  # toggled only when needed: eval()/train() visit every module
+    if was:
+        model.eval()
     try:
         with torch.enable_grad(), model.hooks([(n, tap) for n in chosen]):
             value = metric(model(src, tgt))
@@ -46,6 +47,7 @@ def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable
             order = list(zeros)
             grads = torch.autograd.grad(value.reshape(()), [zeros[n] for n in order], allow_unused=True)
     finally:
-        model.train(was)
+        if was:
+            model.train()
     grad_map = {n: torch.zeros_like(zeros[n]) if g is None else g.detach() for n, g in zip(order, grads)}
     return value.detach(), Trace(acts, src=src, tgt=tgt), Trace(grad_map, src=src, tgt=tgt)

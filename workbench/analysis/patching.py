@@ -312,8 +312,9 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
         translate = _translation_metric(model, metric, detokenize, reference_text, decode_options)
     rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
     names = sorted({n for s in site_list for n, _ in s.edits})
-    was = model.training
-    model.eval()
+    was = model.training  # toggled only when needed: eval()/train() visit every module
+    if was:
+        model.eval()
     try:
         with torch.no_grad():
             clean_logits, clean = model.run_with_cache(src, tgt, names=names)
@@ -338,7 +339,8 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
             vals, n_pass = _run_batches(model, base_src, base_tgt, site_list, donors, metric, batch_size, translate,
                                         progress)
     finally:
-        model.train(was)
+        if was:
+            model.train()
     values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
     for site, v in zip(site_list, vals):
         values[site.row, site.col] = v
@@ -364,13 +366,15 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
     (b_src, b_tgt), (d_src, d_tgt) = ((src, tgt), (c_src, c_tgt)) if direction == "noising" else \
         ((c_src, c_tgt), (src, tgt))
     value, acts, grads = run_with_grads(model, b_src, b_tgt, lambda logits: metric(logits)[0], names)
-    was = model.training
-    model.eval()
+    was = model.training  # toggled only when needed: eval()/train() visit every module
+    if was:
+        model.eval()
     try:
         with torch.no_grad():
             d_logits, donor = model.run_with_cache(d_src, d_tgt, names=names)
     finally:
-        model.train(was)
+        if was:
+            model.train()
     base_m, donor_m = float(value), float(metric(d_logits)[0])
     clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
     # grad . (donor - base) summed over the dims a site does not index, once per hook; then each site is a lookup
@@ -380,9 +384,21 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
             if (name, len(idx)) not in reduced:
                 prod = grads[name][0].double() * (donor[name][0] - acts[name][0]).double()
                 reduced[name, len(idx)] = prod.sum(tuple(range(len(idx), prod.dim()))).cpu().numpy()
+    # each site is base + the sum of its lookups; integer lookups are gathered per hook in one indexing op
+    total = np.full(len(site_list), base_m)
+    gathers: dict[tuple[str, int], tuple[list[int], list[tuple]]] = {}
+    for i, site in enumerate(site_list):
+        for name, idx in site.edits:
+            if all(isinstance(j, int) for j in idx):
+                at, where = gathers.setdefault((name, len(idx)), ([], []))
+                at.append(i)
+                where.append(idx)
+            else:  # a slice (all positions at once): summed here
+                total[i] += float(reduced[name, len(idx)][idx].sum())
+    for key, (at, where) in gathers.items():
+        np.add.at(total, at, reduced[key][tuple(np.array(where).T)])
     values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
-    for site in site_list:
-        values[site.row, site.col] = base_m + sum(float(reduced[name, len(idx)][idx].sum()) for name, idx in site.edits)
+    values[[s.row for s in site_list], [s.col for s in site_list]] = torch.from_numpy(total)
     return PatchingResult(values, rows, cols, clean_m, corr_m, 2,
                           {"sites": sites, "direction": direction, "estimate": "attribution",
                            "backward_passes": 1})
@@ -409,8 +425,9 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
         senders.append((f"enc.{i}.ffn", f"enc.{i}.ffn.hook_out", None))
     comp_names = sorted({n for _, n, _ in senders})
     kv_names = [f"dec.{i}.cross_attn.hook_{x}" for i in range(len(model.dec)) for x in ("k", "v")]
-    was = model.training
-    model.eval()
+    was = model.training  # toggled only when needed: eval()/train() visit every module
+    if was:
+        model.eval()
     try:
         with torch.no_grad():
             clean_logits, clean = model.run_with_cache(src, tgt, names=comp_names)
@@ -455,7 +472,8 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
                 vals += metric(logits).double().cpu().tolist()
                 passes += 1
     finally:
-        model.train(was)
+        if was:
+            model.train()
     values = torch.tensor(vals, dtype=torch.float64).view(len(senders), len(model.dec))
     return PatchingResult(values, [s for s, _, _ in senders], [f"dec.{i}.cross_attn.kv" for i in range(len(model.dec))],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
