@@ -9,10 +9,10 @@ only explains the method.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 NAME = "06_why.ipynb"
@@ -201,17 +201,11 @@ why"""),
 
 
 def notebook() -> nbformat.NotebookNode:
-    out = []
-    for number, (kind, text) in enumerate(CELLS):
-        cell = new_markdown_cell(text) if kind == "md" else new_code_cell(text)
-        if kind == "params":
-            cell.metadata["tags"] = ["parameters"]
-        cell.id = f"cell-{number:02d}"  # stable ids: a rebuild changes only the cells whose text changed
-        out.append(cell)
-    book = new_notebook(cells=out)
-    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    book.metadata["language_info"] = {"name": "python"}
-    return book
+    """The notebook, through build.py's cell writer (stable cell ids, kernelspec), loaded without sys.path."""
+    spec = importlib.util.spec_from_file_location("workbench_notebooks_build", HERE / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build.nb(CELLS)
 
 
 def main() -> None:

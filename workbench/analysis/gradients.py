@@ -11,12 +11,27 @@ correct), and the model's own parameters need not require grad.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 from ..hooks import HookPoint, NameFilter
 from ..trace import Trace
+
+
+@contextmanager
+def evaluating(model) -> Iterator[None]:
+    """Eval mode for the block, the model's mode restored after; no toggle when it is in eval mode already
+    (eval()/train() visit every module: slower than a small model's backward pass)."""
+    was = model.training
+    if was:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was:
+            model.train()
 
 
 def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable[[torch.Tensor], torch.Tensor],
@@ -35,10 +50,7 @@ def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable
         acts[hook.name] = x.detach()
         return x + zero
 
-    was = model.training  # toggled only when needed: eval()/train() visit every module
-    if was:
-        model.eval()
-    try:
+    with evaluating(model):
         with torch.enable_grad(), model.hooks([(n, tap) for n in chosen]):
             value = metric(model(src, tgt))
             if not isinstance(value, torch.Tensor) or value.numel() != 1:
@@ -46,8 +58,5 @@ def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable
                 raise ValueError(f"metric must return a scalar tensor, got {shape}")
             order = list(zeros)
             grads = torch.autograd.grad(value.reshape(()), [zeros[n] for n in order], allow_unused=True)
-    finally:
-        if was:
-            model.train()
     grad_map = {n: torch.zeros_like(zeros[n]) if g is None else g.detach() for n, g in zip(order, grads)}
     return value.detach(), Trace(acts, src=src, tgt=tgt), Trace(grad_map, src=src, tgt=tgt)

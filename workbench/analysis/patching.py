@@ -32,7 +32,7 @@ import torch
 
 from ..decoding import greedy
 from ..heads import Head, block_path, stack_of
-from .gradients import run_with_grads
+from .gradients import evaluating, run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
 DIRECTIONS = ("noising", "denoising")
@@ -312,10 +312,7 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
         translate = _translation_metric(model, metric, detokenize, reference_text, decode_options)
     rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
     names = sorted({n for s in site_list for n, _ in s.edits})
-    was = model.training  # toggled only when needed: eval()/train() visit every module
-    if was:
-        model.eval()
-    try:
+    with evaluating(model):
         with torch.no_grad():
             clean_logits, clean = model.run_with_cache(src, tgt, names=names)
             if ablation is None:
@@ -338,9 +335,6 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
                 base_src, base_tgt, donors = c_src, c_tgt, {n: clean[n] for n in names}
             vals, n_pass = _run_batches(model, base_src, base_tgt, site_list, donors, metric, batch_size, translate,
                                         progress)
-    finally:
-        if was:
-            model.train()
     values = torch.full((len(rows), len(cols)), float("nan"), dtype=torch.float64)
     for site, v in zip(site_list, vals):
         values[site.row, site.col] = v
@@ -366,15 +360,9 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
     (b_src, b_tgt), (d_src, d_tgt) = ((src, tgt), (c_src, c_tgt)) if direction == "noising" else \
         ((c_src, c_tgt), (src, tgt))
     value, acts, grads = run_with_grads(model, b_src, b_tgt, lambda logits: metric(logits)[0], names)
-    was = model.training  # toggled only when needed: eval()/train() visit every module
-    if was:
-        model.eval()
-    try:
+    with evaluating(model):
         with torch.no_grad():
             d_logits, donor = model.run_with_cache(d_src, d_tgt, names=names)
-    finally:
-        if was:
-            model.train()
     base_m, donor_m = float(value), float(metric(d_logits)[0])
     clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
     # grad . (donor - base) summed over the dims a site does not index, once per hook; then each site is a lookup
@@ -425,10 +413,7 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
         senders.append((f"enc.{i}.ffn", f"enc.{i}.ffn.hook_out", None))
     comp_names = sorted({n for _, n, _ in senders})
     kv_names = [f"dec.{i}.cross_attn.hook_{x}" for i in range(len(model.dec)) for x in ("k", "v")]
-    was = model.training  # toggled only when needed: eval()/train() visit every module
-    if was:
-        model.eval()
-    try:
+    with evaluating(model):
         with torch.no_grad():
             clean_logits, clean = model.run_with_cache(src, tgt, names=comp_names)
             corr_logits, corr = model.run_with_cache(c_src, tgt, names=comp_names)
@@ -471,9 +456,6 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
                     logits = model(src.expand(len(chunk), -1), tgt.expand(len(chunk), -1))
                 vals += metric(logits).double().cpu().tolist()
                 passes += 1
-    finally:
-        if was:
-            model.train()
     values = torch.tensor(vals, dtype=torch.float64).view(len(senders), len(model.dec))
     return PatchingResult(values, [s for s, _, _ in senders], [f"dec.{i}.cross_attn.kv" for i in range(len(model.dec))],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
