@@ -9,6 +9,10 @@ the *same* pairs (peers.make_train_batch, same seed) go through the real trainer
 optimiser step, so each step does the peers' work: the same sentences, one update. Reported:
 real (non-pad) target tokens/s, padding share, and MFU with peers.py's analytic FLOP count over the
 same non-pad lengths, so MFU stays proportional to tokens/s across all rows.
+
+The peak is measured in the same run unless --peak-tflops is given: the median rate of a 2048^3 fp32
+matmul (CPU; bf16 8192^3 on CUDA) with the run's thread count, so "share of peak" means the share of
+what this machine's BLAS reaches on a large square product at that moment.
 """
 
 from __future__ import annotations
@@ -76,6 +80,24 @@ def time_trainer(peers, args, compiled: bool) -> dict:
     }
 
 
+def measure_peak(device: torch.device, reps: int = 10) -> float:
+    """Achievable dense matmul rate in TFLOP/s: fp32 2048^3 on CPU, bf16 8192^3 on CUDA; median of `reps` after 3."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
+    x = torch.randn(n, n, device=device, dtype=dtype)
+    y = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(3 + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        torch.mm(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -87,12 +109,17 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also torch.compile (trainer and peers)")
     ap.add_argument("--peers", default="torch,hf-marian-sdpa", help="peers.py peers to time in the same run")
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--peak-tflops", type=float, default=None, help="default: measured in this run (measure_peak)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
-    args.max_tokens = args.max_tokens or (16384 if cuda else 1024)
-    args.steps = args.steps or (20 if cuda else 5)
+    args.max_tokens = args.max_tokens or (16384 if cuda else 2048)
+    args.steps = args.steps or (20 if cuda else 10)
+    peak_measured = args.peak_tflops is None
+    if peak_measured:
+        args.peak_tflops = measure_peak(torch.device(args.device))
+        print(f"measured matmul peak: {args.peak_tflops * 1e3:.1f} GFLOP/s "
+              f"({'bf16 8192^3' if cuda else 'fp32 2048^3'}, {torch.get_num_threads()} threads)", flush=True)
 
     peers = load_peers()
     install(peers)
@@ -117,8 +144,18 @@ def main() -> None:
             mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
             print(f"  {r['peer']:26s} {r['tgt_tokens_per_s']:>10.0f} tok/s  "
                   f"step {r['step_ms_median']:9.1f} ms  MFU {mfu}")
+    ours = max((r for r in results if r["peer"].startswith("workbench")), key=lambda r: r["tgt_tokens_per_s"])
+    others = [r for r in results if "tgt_tokens_per_s" in r and not r["peer"].startswith("workbench")]
+    ratio = None
+    if others:
+        fastest = max(others, key=lambda r: r["tgt_tokens_per_s"])
+        ratio = ours["tgt_tokens_per_s"] / fastest["tgt_tokens_per_s"]
+        print(f"  {ours['peer']} / fastest peer ({fastest['peer']}): {ratio:.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results}, indent=1))
+        meta = {"command": " ".join(sys.argv), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "peak_tflops": args.peak_tflops, "peak_measured_in_run": peak_measured,
+                "max_tokens": args.max_tokens, "steps": args.steps, "ratio_to_fastest_peer": ratio}
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.loss import label_smoothed_nll, smoothed_distribution
+from workbench import presets
+from workbench.loss import label_smoothed_nll, output_loss, smoothed_distribution, teacher_forced_loss
+from workbench.model import Transformer
 
 PAD = 0
 
@@ -70,3 +72,79 @@ def test_bad_input_is_refused():
         label_smoothed_nll(logits, target, smoothing=1.0, ignore_index=PAD)
     with pytest.raises(ValueError, match="disagree"):
         label_smoothed_nll(logits, target[:, :-1], ignore_index=PAD)
+
+
+def _unfused(hidden, weight, bias, target, eps):
+    return label_smoothed_nll(F.linear(hidden, weight, bias), target, smoothing=eps, ignore_index=0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("chunk", [4, 5, 512])
+def test_fused_output_loss_has_the_unfused_sums_and_gradients(eps, with_bias, chunk):
+    # (3, 7) positions, some padding, chunks that do and do not divide the 15 real rows
+    torch.manual_seed(0)
+    v, d = 23, 6
+    target = torch.randint(1, v, (3, 7))
+    target[0, 5:] = 0
+    target[2, 3:] = 0
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(1)
+        hidden = torch.randn(3, 7, d, requires_grad=True)
+        weight = torch.randn(v, d, requires_grad=True)
+        bias = torch.randn(v, requires_grad=True) if with_bias else None
+        if fused:
+            loss, nll, n = output_loss(hidden, weight, bias, target, smoothing=eps, ignore_index=0, chunk=chunk)
+        else:
+            loss, nll, n = _unfused(hidden, weight, bias, target, eps)
+        (2.5 * loss).backward()
+        grads = [hidden.grad, weight.grad] + ([bias.grad] if with_bias else [])
+        results.append((loss.detach(), nll, n, grads))
+    (l0, n0, c0, g0), (l1, n1, c1, g1) = results
+    torch.testing.assert_close(l1, l0)
+    torch.testing.assert_close(n1, n0)
+    assert int(c1) == int(c0) == 15
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert not n1.requires_grad
+
+
+def test_fused_output_loss_without_grad_computes_only_the_loss():
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(4, 9, 8), torch.randn(30, 8)
+    target = torch.randint(1, 30, (4, 9))
+    with torch.no_grad():
+        loss, nll, n = output_loss(hidden, weight, None, target, smoothing=0.1, ignore_index=0, chunk=7)
+    ref = _unfused(hidden, weight, None, target, 0.1)
+    torch.testing.assert_close(loss, ref[0])
+    torch.testing.assert_close(nll, ref[1])
+    with pytest.raises(ValueError, match="disagree"):
+        output_loss(hidden, weight, None, target[:, :3], smoothing=0.1, ignore_index=0)
+    with pytest.raises(ValueError, match="smoothing"):
+        output_loss(hidden, weight, None, target, smoothing=1.0, ignore_index=0)
+
+
+def test_teacher_forced_loss_trains_the_model_as_the_logits_path_would():
+    # the trainer's loss on a real model: same value and the same gradient on every parameter (tied embeddings too)
+    cfg = presets.tiny(vocab=40, tie_embeddings="all")
+    torch.manual_seed(0)
+    src = torch.randint(4, 40, (3, 6))
+    tgt = torch.randint(4, 40, (3, 5))
+    src[1, 4:] = cfg.pad_id
+    tgt[2, 3:] = cfg.pad_id
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    grads = []
+    for fused in (False, True):
+        torch.manual_seed(3)
+        model = Transformer(cfg).eval()
+        if fused:
+            loss, nll, n = teacher_forced_loss(model, src, tgt_in, tgt_out, smoothing=0.1)
+        else:
+            loss, nll, n = label_smoothed_nll(model(src, tgt_in), tgt_out, smoothing=0.1, ignore_index=cfg.pad_id)
+        loss.backward()
+        grads.append((loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+    assert grads[1][1].keys() == grads[0][1].keys()
+    for k in grads[0][1]:
+        torch.testing.assert_close(grads[1][1][k], grads[0][1][k], atol=1e-5, rtol=1e-4, msg=k)

@@ -85,20 +85,25 @@ def test_weight_tying(tie, shared):
     assert int(same_out) + int(same_src) == shared
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_kv_cache_decoding_equals_full_decoding_token_by_token(norm_first):
-    cfg = presets.tiny(vocab=50, norm_first=norm_first, enc_layers=3, dec_layers=2)
-    model = make_model(cfg)
-    src, tgt = make_batch(cfg, batch=3, tgt_len=8, pad=True)
+def _assert_incremental_equals_full(model, src, tgt):
+    """Token-by-token decoding with the KV cache gives the full forward's logits at every position."""
     tgt = tgt.clone()
     tgt[1, -2:] = 7  # no target padding in incremental decoding
     encoded = model.encode(src)
     full = model.decode(tgt, encoded)[0]
     cache = model.start_cache(encoded)
     for t in range(tgt.size(1)):
-        step_logits, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
-        torch.testing.assert_close(step_logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+        step, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
+        torch.testing.assert_close(step[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
     assert cache.length == tgt.size(1)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_kv_cache_decoding_equals_full_decoding_token_by_token(norm_first):
+    cfg = presets.tiny(vocab=50, norm_first=norm_first, enc_layers=3, dec_layers=2)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=3, tgt_len=8, pad=True)
+    _assert_incremental_equals_full(model, src, tgt)
 
 
 def test_kv_cache_prefill_then_steps_and_reorder():
@@ -163,11 +168,14 @@ def test_per_stack_heads_and_ffn_widths_shape_the_modules_and_the_trace():
     _, trace = model.run_with_cache(src, tgt)
     assert trace.attention("enc_self", 0).shape[1] == 2
     assert trace.attention("dec_self", 1).shape[1] == 8 and trace.attention("cross", 0).shape[1] == 8
-    tgt = tgt.clone()
-    tgt[1, -2:] = 7  # no target padding in incremental decoding
-    encoded = model.encode(src)
-    full = model.decode(tgt, encoded)[0]
-    cache = model.start_cache(encoded)
-    for t in range(tgt.size(1)):
-        step, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
-        torch.testing.assert_close(step[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+    _assert_incremental_equals_full(model, src, tgt)
+
+
+def test_forward_without_projection_is_the_decoder_output_the_logits_come_from():
+    cfg = presets.tiny(vocab=50, output_bias=True)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=3, tgt_len=6, pad=True)
+    hidden = model(src, tgt, project=False)
+    logits, trace = model.run_with_cache(src, tgt, names="hook_dec_out")
+    torch.testing.assert_close(hidden, trace["hook_dec_out"])
+    torch.testing.assert_close(model.output_proj(hidden), logits)

@@ -19,6 +19,26 @@ ACTIVATIONS = {
 }
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout whose CPU training mask costs a fifth: 16 random bits per element, not a Bernoulli draw.
+
+    `torch.bernoulli_` draws one double per element on CPU (7.3 ms for 0.5M floats on 2 cores, 14 % of
+    a Multi30k training step); here one 64-bit draw gives four 16-bit uniforms (1.4 ms, mask and scale
+    included), so p is rounded to a multiple of 1/65536. Same RNG (torch's generator, so seeds and the
+    trainer's RNG-state resume hold), same expectation (kept values scaled by 1/(1-p')). Elsewhere
+    (eval, CUDA, p = 0 or 1) it is nn.Dropout.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        threshold = round(self.p * 65536)
+        if not self.training or x.device.type != "cpu" or not 0 < threshold < 65536 or self.inplace:
+            return super().forward(x)
+        n = x.numel()
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= threshold - 32768
+        return x * keep * (65536 / (65536 - threshold))
+
+
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm (same parameters and state-dict keys) with its input and scale observable.
 
@@ -51,7 +71,7 @@ class FeedForward(nn.Module):
         self.up_proj = nn.Linear(cfg.d_model, width, bias=cfg.bias)
         self.down_proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.activation = ACTIVATIONS[cfg.activation]
-        self.act_dropout = nn.Dropout(cfg.act_dropout)
+        self.act_dropout = Dropout(cfg.act_dropout)
         self.hook_hidden = HookPoint()  # (B, L, F): after the activation
         self.hook_out = HookPoint()  # (B, L, D)
 
@@ -81,7 +101,7 @@ class EncoderLayer(nn.Module):
         self.self_attn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg, "enc")
         self.ffn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, S, D)
         self.hook_norm_self_attn = HookPoint()  # (B, S, D): the self-attention norm's output (post-norm: = resid)
         self.hook_resid_self_attn = HookPoint()  # (B, S, D): after self-attention has written
@@ -116,7 +136,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg, "dec")
         self.ffn_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.hook_resid_in = HookPoint()  # (B, T, D)
         self.hook_norm_self_attn = HookPoint()  # (B, T, D)
         self.hook_resid_self_attn = HookPoint()  # (B, T, D)

@@ -62,3 +62,134 @@ def smoothed_distribution(target: torch.Tensor, vocab: int, smoothing: float, ig
     dist[rows, flat[keep]] += 1.0 - smoothing
     dist[~keep] = 0.0
     return dist
+
+
+def output_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor,
+    *,
+    smoothing: float = 0.1,
+    ignore_index: int,
+    chunk: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`label_smoothed_nll(F.linear(hidden, weight, bias), target)` without the (N, V) logits tensor.
+
+    The training loss of the output layer, fused (Liger-Kernel's and Apple's cut-cross-entropy idea,
+    in plain PyTorch for CPUs): padding rows are dropped first, then `chunk` rows at a time get their
+    logits, log-sum-exp and *gradients* (softmax minus the smoothed target, times the weight and the
+    hidden rows) while the chunk is still in cache; backward only scales the stored gradients. On the
+    Multi30k config (3.6k target tokens, V = 8000, d = 128, 2 cores) the output layer and loss take
+    163 ms instead of 336 ms for logits + `label_smoothed_nll` + autograd: the (N, V) tensors that
+    the unfused path writes and reads about ten times are memory-bound, the three matmuls are not.
+
+    Same sums and gradients as the unfused path (tested); `nll` is detached. Gradients are computed in
+    the forward pass only when autograd needs them, so validation pays for the loss alone. Expects
+    float32 (the trainer uses the logits path under bf16 autocast).
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing ({smoothing}) must be in [0, 1)")
+    if hidden.shape[:-1] != target.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree")
+    flat_target = target.reshape(-1)
+    keep = flat_target != ignore_index
+    rows = keep.nonzero().squeeze(1)
+    h = hidden.reshape(-1, hidden.size(-1)).index_select(0, rows)
+    t = flat_target.index_select(0, rows)
+    grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                         or (bias is not None and bias.requires_grad))
+    loss, nll = _OutputLoss.apply(h, weight, bias, t, smoothing, chunk, grads)
+    return loss, nll, keep.sum()
+
+
+class _OutputLoss(torch.autograd.Function):
+    """Chunked linear + label-smoothed cross-entropy whose gradients are computed in `forward`.
+
+    Per chunk of rows h (c, D) with targets t and logits z = h Wᵀ + b: lse = m + log Σ exp(z - m);
+    nll = lse - z_t; smoothed = (1-ε)·nll + ε·(lse - mean z). d loss/dz = p - ε/V - (1-ε)·onehot(t),
+    p = exp(z - lse). The ε/V and one-hot terms are applied as rank-1 corrections and row gathers on
+    the (c, D) / (V, D) side, and the softmax's 1/Σ scales rows of h and of p·W, so the only passes
+    over the (c, V) block are the matmul, its max, mean and gold gather, one exp and one sum.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, t, smoothing, chunk, grads):  # noqa: D102
+        n, v = h.size(0), weight.size(0)
+        eps = float(smoothing)
+        loss = torch.zeros((), dtype=torch.float64, device=h.device)
+        nll = torch.zeros((), dtype=torch.float64, device=h.device)
+        if grads:
+            grad_h = torch.empty_like(h)
+            grad_w = torch.zeros_like(weight)
+            grad_b = None if bias is None else torch.zeros_like(bias)
+            w_sum = weight.sum(0)
+        for s in range(0, n, chunk):
+            hc, tc = h[s : s + chunk], t[s : s + chunk]
+            z = hc @ weight.t() if bias is None else torch.addmm(bias, hc, weight.t())
+            m = z.amax(-1, keepdim=True)
+            z_gold = z.gather(1, tc.unsqueeze(1)).squeeze(1)
+            z_mean = z.mean(-1)
+            p = z.sub_(m).exp_()  # unnormalised softmax, in place of the logits
+            total = p.sum(-1)
+            lse = m.squeeze(1) + total.log()
+            nll_c = (lse - z_gold).sum()
+            loss += (1.0 - eps) * nll_c + eps * (lse - z_mean).sum()
+            nll += nll_c
+            if not grads:
+                continue
+            inv = total.reciprocal().unsqueeze(1)
+            gh = torch.mm(p, weight).mul_(inv)
+            if eps:
+                gh.sub_(w_sum, alpha=eps / v)
+            gh.sub_(weight.index_select(0, tc), alpha=1.0 - eps)
+            grad_h[s : s + chunk] = gh
+            grad_w.addmm_(p.t(), hc * inv)
+            if eps:
+                grad_w.sub_(hc.sum(0), alpha=eps / v)
+            grad_w.index_add_(0, tc, hc, alpha=-(1.0 - eps))
+            if grad_b is not None:
+                grad_b.add_((p * inv).sum(0))
+                grad_b.sub_(eps * hc.size(0) / v)
+                grad_b.index_add_(0, tc, torch.full_like(z_gold, -(1.0 - eps)))
+        ctx.has_bias = bias is not None
+        if grads:
+            ctx.save_for_backward(grad_h, grad_w, *(() if grad_b is None else (grad_b,)))
+        loss, nll = loss.to(h.dtype), nll.to(h.dtype)
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):  # noqa: D102
+        saved = ctx.saved_tensors
+        grad_h, grad_w = saved[0] * grad_loss, saved[1] * grad_loss
+        grad_b = saved[2] * grad_loss if ctx.has_bias else None
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def teacher_forced_loss(
+    model: torch.nn.Module,
+    src: torch.Tensor,
+    tgt_in: torch.Tensor,
+    tgt_out: torch.Tensor,
+    *,
+    smoothing: float,
+    amp: bool = False,
+    call: torch.nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss_sum, nll_sum, n_tokens) of a `Transformer` on one padded batch: what training and validation use.
+
+    fp32: the decoder output goes through `output_loss` (the output layer fused with the loss); under
+    bf16 autocast (`amp`, CUDA) the logits are computed and scored by `label_smoothed_nll`. `call` is
+    the module to run (a torch.compile or DDP wrapper of `model`), `model` the one whose output layer
+    and pad id are read.
+    """
+    call = model if call is None else call
+    pad = model.cfg.pad_id
+    if amp:
+        with torch.autocast(src.device.type, dtype=torch.bfloat16):
+            logits = call(src, tgt_in)
+        return label_smoothed_nll(logits, tgt_out, smoothing=smoothing, ignore_index=pad)
+    hidden = call(src, tgt_in, project=False)
+    proj = model.output_proj
+    return output_loss(hidden, proj.weight, proj.bias, tgt_out, smoothing=smoothing, ignore_index=pad)

@@ -23,7 +23,7 @@ from .attention import KVCache
 from .config import ModelConfig
 from .embedding import Positions, init_embedding
 from .hooks import HookFn, HookPoint, NameFilter, hooks, name_hook_points, select_names
-from .layers import DecoderLayer, EncoderLayer, LayerNorm
+from .layers import DecoderLayer, Dropout, EncoderLayer, LayerNorm
 from .masks import padding_mask
 from .trace import Trace
 
@@ -74,7 +74,7 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0
         self.src_emb_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.emb_norm else None
         self.tgt_emb_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.emb_norm else None
-        self.emb_dropout = nn.Dropout(cfg.embedding_dropout)
+        self.emb_dropout = Dropout(cfg.embedding_dropout)
         self.enc = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.enc_layers)])
         self.dec = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.dec_layers)])
         self.enc_norm = LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.has_enc_final_norm else None
@@ -162,13 +162,14 @@ class Transformer(nn.Module):
         return DecoderCache([None] * len(self.dec), cross)
 
     def decode(
-        self, tgt: torch.Tensor, encoded: Encoded, cache: DecoderCache | None = None
+        self, tgt: torch.Tensor, encoded: Encoded, cache: DecoderCache | None = None, *, project: bool = True
     ) -> tuple[torch.Tensor, DecoderCache]:
         """Logits (B, T, V) for decoder input `tgt`.
 
         Without `cache`, `tgt` is the whole prefix. With one (from `start_cache` or a previous
         call), `tgt` holds only the new tokens, placed after the cached ones; the returned cache
-        includes them. Both give the same logits (tested token by token).
+        includes them. Both give the same logits (tested token by token). `project=False` stops
+        before the output layer: the decoder output (B, T, D), as `hook_dec_out` sees it.
         """
         if self.check_inputs and cache is None:
             _check_ids(tgt, self.cfg.tgt_vocab, "target")
@@ -182,12 +183,18 @@ class Transformer(nn.Module):
         if self.dec_norm is not None:
             x = self.dec_norm(x)
         x = self.hook_dec_out(x)
+        if not project:
+            return x, DecoderCache(new_self, cache.cross_kv)
         logits = self.hook_logits(self.output_proj(x))
         return logits, DecoderCache(new_self, cache.cross_kv)
 
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V)."""
-        return self.decode(tgt, self.encode(src))[0]
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, project: bool = True) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V); `project=False`: the decoder output (B, T, D) instead.
+
+        The trainer takes the decoder output and applies `loss.output_loss` (the output layer fused with
+        the loss, never writing the (B, T, V) logits), so `hook_logits` does not run in training.
+        """
+        return self.decode(tgt, self.encode(src), project=project)[0]
 
     # -- observation and intervention -------------------------------------------------------
     def run_with_cache(

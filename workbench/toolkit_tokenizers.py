@@ -76,7 +76,7 @@ class SpmVocabTokenizer:
     def load(cls, directory: str | Path, spec: dict[str, Any]) -> SpmVocabTokenizer:
         directory = Path(directory)
         dec = spec.get("decode_model")
-        return cls((directory / spec["model"]).read_bytes(), _read_json(directory / spec["vocab"]),
+        return cls((directory / spec["model"]).read_bytes(), read_json(directory / spec["vocab"]),
                    **spec["tokens"], lang_codes=spec.get("lang_codes", False), skip_unk=spec.get("skip_unk", False),
                    decode_proto=(directory / dec).read_bytes() if dec else None)
 
@@ -184,7 +184,7 @@ class MosesBPETokenizer:
 
     @classmethod
     def load(cls, directory: str | Path, spec: dict[str, Any]) -> MosesBPETokenizer:
-        data = _read_json(Path(directory) / spec["file"])
+        data = read_json(Path(directory) / spec["file"])
         return cls(lang=spec["lang"], vocab=data["vocab"], merges=[tuple(m) for m in data["merges"]],
                    style=spec["style"], specials=spec["specials"], normalize=spec["normalize"],
                    lowercase=spec["lowercase"], skip_unk=spec.get("skip_unk"))
@@ -193,7 +193,8 @@ class MosesBPETokenizer:
         return f"MosesBPETokenizer({self.style}, lang={self.lang}, vocab_size={self.vocab_size})"
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file of a tokenizer or of an imported checkpoint; a missing or broken file is a one-line error."""
     if not path.is_file():
         raise FileNotFoundError(f"expected {path.name} in {path.parent}")
     try:

@@ -5,7 +5,6 @@ allow-list, inert stand-ins for other libraries' pickled classes, safetensors, J
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from ..toolkit_tokenizers import read_json  # noqa: F401  (one JSON reader; the importers' own name for it)
 from .errors import ConversionError, UnsafeCheckpointError
 
 
@@ -117,15 +117,6 @@ def read_state_dict(path: str | Path, **kwargs: Any) -> dict[str, torch.Tensor]:
     if not isinstance(data, Mapping):
         raise ConversionError(f"{path} holds a {type(data).__name__}, not a state dict")
     return dict(data)
-
-
-def read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(f"expected {path.name} in {path.parent}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConversionError(f"{path} is not valid JSON: {exc}") from None
 
 
 def namespace_dict(obj: Any) -> dict[str, Any]:

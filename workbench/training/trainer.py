@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer
 from ..config import TrainConfig
 from ..data import ParallelData, shard
-from ..loss import label_smoothed_nll
+from ..loss import teacher_forced_loss
 from ..model import Transformer
 from ..progress import make_progress
 from ..tokenizer import check_special_ids
@@ -239,10 +239,8 @@ class Trainer:
             if d.world > 1 and j < len(group) - 1:
                 sync = self.train_model.no_sync()
             with sync:
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-                    logits = self.train_model(batch.src, batch.tgt_in)
-                loss, nll, _ = label_smoothed_nll(logits, batch.tgt_out, smoothing=c.label_smoothing,
-                                                  ignore_index=cfg.pad_id)
+                loss, nll, _ = teacher_forced_loss(self.model, batch.src, batch.tgt_in, batch.tgt_out,
+                                                   smoothing=c.label_smoothing, amp=self.amp, call=self.train_model)
                 (loss * weight).backward()
             if share:
                 acc.add(loss.detach(), nll, batch.n_tgt_tokens, batch.n_src_tokens)

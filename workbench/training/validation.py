@@ -14,7 +14,7 @@ import torch
 from ..data import ParallelData, pad_sequences, token_batches
 from ..decoding import greedy
 from ..evaluate import score
-from ..loss import label_smoothed_nll
+from ..loss import teacher_forced_loss
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 
@@ -27,9 +27,7 @@ def valid_loss(model: Transformer, data: ParallelData, *, max_tokens: int, smoot
     loss = nll = tokens = 0.0
     for idx in data.batches(max_tokens, shuffle=False):
         batch = data.collate(idx, cfg).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(batch.src, batch.tgt_in)
-        l_, n_, t_ = label_smoothed_nll(logits, batch.tgt_out, smoothing=smoothing, ignore_index=cfg.pad_id)
+        l_, n_, t_ = teacher_forced_loss(model, batch.src, batch.tgt_in, batch.tgt_out, smoothing=smoothing, amp=amp)
         loss, nll, tokens = loss + float(l_), nll + float(n_), tokens + float(t_)
     return {"valid_loss": loss / tokens, "valid_nll": nll / tokens, "valid_ppl": math.exp(min(nll / tokens, 50.0))}
 
