@@ -18,7 +18,11 @@ its final point is the average of its last 5 epoch snapshots with beam 5 at its 
 
 Throughput of both: target tokens per second of training (each counts its own tokenizer's pieces: the same
 sentencepiece settings, so nearly the same counts) and training sentence pairs per second, which no tokenizer
-choice changes. Results go to --json (default benchmarks/results/time_to_quality_cpu.json).
+choice changes. Share of peak: training FLOPs per pair (3x peers.py's analytic forward count on our tokenizer's
+lengths of every training pair, padding not counted; the reference has the same model and nearly the same
+lengths) times pairs/s, over the fp32 matmul peak measured at the start of the same invocation
+(peer_adapter.measure_peak: 2048^3, median of 10). Results go to --json (default
+benchmarks/results/time_to_quality_cpu.json).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peer_adapter import load_peers, measure_peak  # noqa: E402
 
 from workbench.checkpoint import load_checkpoint  # noqa: E402
 from workbench.data import load_dataset  # noqa: E402
@@ -83,15 +91,23 @@ def run_ours(args) -> dict:
     t_done = time.time()
     print(f"ours: test2016 {test['bleu']:.2f} (alpha {best_alpha}) after {(t_done - t0) / 60:.2f} min", flush=True)
 
-    log = [json.loads(line) for line in (final / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    last = sorted(out_dir.glob("step_*"))[-1]
+    log = [json.loads(line) for line in (last / "train_log.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in log if r.get("kind") == "train"]
     train_s = max(r["time"] for r in train)
     tokens = sum(r["tokens"] for r in train)
-    cfg = json.loads((final / "meta.json").read_text())["train_config"]
+    cfg = json.loads((last / "meta.json").read_text())["train_config"]
     steps = max(r["step"] for r in train)
-    tok = load_checkpoint(final).tgt_tokenizer
-    targets = load_dataset("multi30k", "train", "de", "en", str(DATA.parent))[1]
-    per_pair = sum(len(tok.encode(t)) + 1 for t in targets) / len(targets)  # + EOS, as the trainer counts
+    ckpt = load_checkpoint(final)
+    sources, targets = load_dataset("multi30k", "train", "de", "en", str(DATA.parent))
+    src_lens = [len(ckpt.src_tokenizer.encode(t)) + 1 for t in sources]  # + EOS, as the trainer counts
+    tgt_lens = [len(ckpt.tgt_tokenizer.encode(t)) + 1 for t in targets]
+    per_pair = sum(tgt_lens) / len(tgt_lens)
+    c = ckpt.config
+    dims = {"d_model": c.d_model, "enc_layers": c.enc_layers, "dec_layers": c.dec_layers, "heads": c.n_heads,
+            "d_ff": c.d_ff, "vocab": c.tgt_vocab}
+    dense, attn = load_peers().forward_flops(dims, src_lens, tgt_lens)
+    flops_per_pair = 3 * (dense + attn) / len(tgt_lens)
     curve = []
     for ckpt in sorted(out_dir.glob("step_*")):
         minute = (ckpt.stat().st_mtime - t0) / 60
@@ -106,7 +122,7 @@ def run_ours(args) -> dict:
                   "signature": test["bleu_signature"]},
         "train_s": round(train_s, 1), "steps": steps, "epochs_started": max(r["epoch"] for r in train),
         "tgt_tokens_per_s": round(tokens / train_s, 1), "tgt_tokens_per_pair": round(per_pair, 3),
-        "pairs_per_s": round(tokens / train_s / per_pair, 2),
+        "pairs_per_s": round(tokens / train_s / per_pair, 2), "train_flops_per_pair": round(flops_per_pair),
         "curve": curve,
     }
 
@@ -156,16 +172,24 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
     })
+    peak = measure_peak(torch.device("cpu"))
+    print(f"fp32 matmul peak: {peak * 1e3:.1f} GFLOP/s", flush=True)
     for side in ("ours", "ref"):
         if args.only not in (None, side):
             continue
         results[side] = run_ours(args) if side == "ours" else run_ref(args)
+        results[side]["peak_gflops_measured_before"] = round(peak * 1e3, 1)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1))
     if "ours" in results and "ref" in results:
         o, r = results["ours"], results["ref"]
         results["ratios"] = {"tgt_tokens_per_s": round(o["tgt_tokens_per_s"] / r["tgt_tokens_per_s"], 3),
                              "pairs_per_s": round(o["pairs_per_s"] / r["pairs_per_s"], 3)}
+        for side in (o, r):  # the same FLOPs per pair (same model, same tokenizer settings)
+            gflops = side["pairs_per_s"] * o["train_flops_per_pair"] / 1e9
+            side["achieved_gflops"] = round(gflops, 1)
+            peak = side.get("peak_gflops_measured_before", o["peak_gflops_measured_before"])
+            side["share_of_peak"] = round(gflops / peak, 3)
         path.write_text(json.dumps(results, indent=1))
         print(json.dumps(results["ratios"]))
 

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peer_adapter import install, load_peers, workbench_config  # noqa: E402
+from peer_adapter import install, load_peers, measure_peak, workbench_config  # noqa: E402
 
 from workbench.config import TrainConfig  # noqa: E402
 from workbench.data import ParallelData, padding_fraction  # noqa: E402
@@ -78,24 +78,6 @@ def time_trainer(peers, args, compiled: bool) -> dict:
         "achieved_tflops": flops / med / 1e12, "mfu": flops / med / peak if peak else None,
         "mean_loss": loss, "amp_bf16": trainer.amp, "fused_adam": dev.type == "cuda",
     }
-
-
-def measure_peak(device: torch.device, reps: int = 10) -> float:
-    """Achievable dense matmul rate in TFLOP/s: fp32 2048^3 on CPU, bf16 8192^3 on CUDA; median of `reps` after 3."""
-    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
-    x = torch.randn(n, n, device=device, dtype=dtype)
-    y = torch.randn(n, n, device=device, dtype=dtype)
-    times = []
-    for i in range(3 + reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        torch.mm(x, y)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= 3:
-            times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e12
 
 
 def main() -> None:

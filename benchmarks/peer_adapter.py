@@ -8,7 +8,9 @@ peers' own code and figures stay untouched and every peer runs in the same proce
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -129,3 +131,21 @@ def install(peers) -> None:
     peers.Peer = Peer
     peers.PEERS[:0] = ["workbench"]
     _cpu_peak_memory(peers)
+
+
+def measure_peak(device: torch.device, reps: int = 10) -> float:
+    """Achievable dense matmul rate in TFLOP/s: fp32 2048^3 on CPU, bf16 8192^3 on CUDA; median of `reps` after 3."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
+    x = torch.randn(n, n, device=device, dtype=dtype)
+    y = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(3 + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        torch.mm(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e12

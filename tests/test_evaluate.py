@@ -9,7 +9,7 @@ import sacrebleu
 from test_translator import build_translation_model
 
 from workbench.cli import main
-from workbench.evaluate import evaluate, score
+from workbench.evaluate import evaluate, repetition_share, score
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +121,17 @@ def test_old_cli_spellings_work_with_one_line_of_notice(data, tmp_path, capsys):
     assert old.out == new.out and new.err == ""
     assert old.err == ("workbench translate: --batch-tokens is now --max-tokens; the old flag goes away in the next "
                        "release\n")
+
+
+def test_repetition_share_counts_outputs_that_loop():
+    hyps = [
+        "die Ergebnisse der Forschung der Forschung der Forschung der Forschung .",  # a 4-gram three times
+        "der Mann und der Hund und der Mann und der Hund .",  # 4-grams twice only
+        "the the the the the the",  # one 4-gram, three times
+        "",
+        "kurz",
+    ]
+    assert repetition_share(hyps) == pytest.approx(2 / 5)
+    assert repetition_share(hyps, min_count=2) == pytest.approx(3 / 5)
+    assert repetition_share([]) == 0.0
+    assert score(hyps, [hyps]).looping == pytest.approx(40.0)

@@ -11,6 +11,7 @@ detokenised text, so numbers compare with published sacrebleu scores.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ class Scores:
     """sacrebleu's one-line BLEU report (precisions, brevity penalty, lengths)."""
     sentences: int
     references: int
+    looping: float = 0.0
+    """Percent of hypotheses in which some word 4-gram occurs three or more times (`repetition_share`)."""
     hypotheses: list[str] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -54,7 +57,24 @@ def score(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> Sco
     c = chrf.corpus_score(hyps, refs)
     return Scores(bleu=b.score, chrf=c.score, bleu_signature=str(bleu.get_signature()),
                   chrf_signature=str(chrf.get_signature()), bleu_detail=str(b), sentences=len(hyps),
-                  references=len(refs), hypotheses=hyps)
+                  references=len(refs), looping=100.0 * repetition_share(hyps), hypotheses=hyps)
+
+
+def repetition_share(hypotheses: Sequence[str], *, n: int = 4, min_count: int = 3) -> float:
+    """Share (0-1) of hypotheses in which some word n-gram occurs at least `min_count` times: a repetition loop.
+
+    "…der Forschung der Forschung der Forschung…" counts; a sentence that says "the" five times does not
+    (n = 4 by default). Words are whitespace-separated, as written.
+    """
+    hyps = list(hypotheses)
+    if not hyps:
+        return 0.0
+    looping = 0
+    for h in hyps:
+        words = h.split()
+        counts = Counter(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
+        looping += bool(counts) and max(counts.values()) >= min_count
+    return looping / len(hyps)
 
 
 def evaluate(model, sources: Sequence[str], references: Sequence[Sequence[str]], **options: Any) -> Scores:

@@ -42,5 +42,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"BLEU = {result.bleu:.2f}  {result.bleu_signature}")
         print(f"     {result.bleu_detail}")
         print(f"chrF = {result.chrf:.2f}  {result.chrf_signature}")
+        print(f"looping: {result.looping:.2f}% of outputs repeat a word 4-gram three or more times")
     sys.stdout.flush()
     return 0
