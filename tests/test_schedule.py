@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from workbench.schedule import constant, inverse_sqrt, make_schedule, noam, warmup_cosine
+from workbench.schedule import budget_cosine, constant, inverse_sqrt, make_schedule, noam, warmup_cosine
 
 
 def test_noam_matches_formula_and_peaks_at_warmup():
@@ -48,3 +48,11 @@ def test_make_schedule_binds_and_validates():
         make_schedule("noam", d_model=512)  # warmup missing
     with pytest.raises(ValueError, match="negative"):
         noam(-1, d_model=512, warmup=10)
+
+
+def test_budget_cosine_runs_from_one_to_zero_and_clamps():
+    assert budget_cosine(0.0) == 1.0 and budget_cosine(1.0) == 0.0
+    assert budget_cosine(0.5) == pytest.approx(0.5)
+    assert budget_cosine(-0.1) == 1.0 and budget_cosine(1.7) == 0.0
+    values = [budget_cosine(i / 20) for i in range(21)]
+    assert values == sorted(values, reverse=True)

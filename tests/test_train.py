@@ -149,3 +149,18 @@ def test_lr_schedule_used_matches_formula(tmp_path):
     lrs = [r["lr"] for r in trainer.log if r["kind"] == "train"]
     expected = [2.0 * 32**-0.5 * min(s**-0.5, s * 4**-1.5) for s in range(1, 7)]
     assert all(math.isclose(a, b) for a, b in zip(lrs, expected))
+
+
+def test_warmup_cosine_over_a_time_budget_ends_at_min_lr_when_the_minutes_do(tmp_path):
+    # max_steps = 0: the cosine follows the fraction of max_minutes spent, so the run stops near min_lr
+    cfg = copy_cfg(tmp_path, schedule="warmup_cosine", lr=3e-3, warmup=5, max_steps=0, max_minutes=0.05,
+                   min_lr=1e-5, log_every=1)
+    trainer = Trainer(cfg, progress="none").fit()
+    lrs = [r["lr"] for r in trainer.log if r["kind"] == "train"]
+    assert trainer.step > 10 and trainer.train_seconds >= 3.0
+    assert max(lrs) > 2e-3  # warmed up to about the peak
+    assert lrs[-1] < 0.1 * max(lrs)  # and decayed by the time the budget ran out
+    peak_at = lrs.index(max(lrs))
+    assert all(a >= b for a, b in zip(lrs[peak_at:], lrs[peak_at + 1 :]))  # monotone after the peak
+    with pytest.raises(ValueError, match="time budget"):
+        TrainConfig(schedule="warmup_cosine", max_steps=0, max_epochs=3, warmup=10)

@@ -465,7 +465,9 @@ class TrainConfig:
     warmup^-1.5). When unset, `lr` is read as the factor with a warning (the old behaviour)."""
     warmup: int = 4000
     min_lr: float = 0.0
-    """warmup_cosine: final learning rate."""
+    """warmup_cosine: final learning rate. With max_steps = 0 and max_minutes set, warmup_cosine decays over the
+    *time* budget instead (the fraction of max_minutes spent, `schedule.budget_cosine`): the run ends at
+    min_lr whatever the machine's speed, at the price of a step count (and so weights) that depend on it."""
     adam_betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -534,8 +536,10 @@ class TrainConfig:
                           f"{self.lr} instead (lr as noam's factor goes away in the next release)", FutureWarning,
                           stacklevel=4)
             object.__setattr__(self, "noam_factor", self.lr)
-        if self.schedule == "warmup_cosine" and self.max_steps <= self.warmup:
-            raise ValueError(f"schedule 'warmup_cosine' needs max_steps ({self.max_steps}) > warmup ({self.warmup})")
+        if self.schedule == "warmup_cosine" and self.max_steps <= self.warmup and not (
+                self.max_steps == 0 and self.max_minutes):
+            raise ValueError(f"schedule 'warmup_cosine' needs max_steps ({self.max_steps}) > warmup ({self.warmup}), "
+                             "or max_steps = 0 and max_minutes to decay over the time budget")
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("set at least one of max_steps, max_epochs, max_minutes: the run would never end")
         if self.dataset == "files" and (not self.train_files or len(self.train_files) != 2):

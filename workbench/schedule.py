@@ -53,6 +53,16 @@ def warmup_cosine(step: int, *, peak_lr: float, warmup: int, total: int, min_lr:
     return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def budget_cosine(fraction: float) -> float:
+    """½·(1 + cos(π·f)) for the spent fraction f of a budget, clamped to [0, 1]: 1 at the start, 0 at the end.
+
+    The trainer multiplies a warmed-up constant rate by it when warmup_cosine runs over a time budget
+    (max_steps = 0, max_minutes set), so the decay ends when the minutes do, on any machine.
+    """
+    f = min(1.0, max(0.0, float(fraction)))
+    return 0.5 * (1.0 + math.cos(math.pi * f))
+
+
 def constant(step: int, *, lr: float, warmup: int = 0) -> float:
     """`lr` throughout, after an optional linear warm-up."""
     _check(step=step, warmup=warmup)

@@ -37,6 +37,8 @@ def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
         return make_schedule("noam", d_model=d_model, warmup=cfg.warmup, factor=cfg.noam_factor)
     if cfg.schedule == "inverse_sqrt":
         return make_schedule("inverse_sqrt", peak_lr=cfg.lr, warmup=cfg.warmup)
+    if cfg.schedule == "warmup_cosine" and not cfg.max_steps:  # over the time budget: the trainer decays it
+        return make_schedule("constant", lr=cfg.lr, warmup=cfg.warmup)
     if cfg.schedule == "warmup_cosine":
         return make_schedule("warmup_cosine", peak_lr=cfg.lr, warmup=cfg.warmup, total=cfg.max_steps,
                              min_lr=cfg.min_lr)
@@ -44,9 +46,13 @@ def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """Adam (AdamW when weight_decay is set); the fused implementation on CUDA and CPU (one kernel over all tensors)."""
+    """Adam (AdamW when weight_decay is set); fused on CUDA, torch's multi-tensor (foreach) default on CPU.
+
+    The fused CPU kernel was 2x slower than foreach for the Multi30k model on this machine (torch 2.13),
+    which made the whole step ~25 % slower.
+    """
     kw: dict[str, Any] = dict(lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-    if device.type in ("cuda", "cpu"):
+    if device.type == "cuda":
         kw["fused"] = True
     opt_cls = torch.optim.AdamW if cfg.weight_decay else torch.optim.Adam
     return opt_cls(model.parameters(), **kw)

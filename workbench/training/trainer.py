@@ -38,6 +38,7 @@ from ..data import ParallelData, shard
 from ..loss import teacher_forced_loss
 from ..model import Transformer
 from ..progress import make_progress
+from ..schedule import budget_cosine
 from ..tokenizer import check_special_ids
 from . import run_dir, validation
 from .distributed import init_distributed, pick_device
@@ -246,6 +247,8 @@ class Trainer:
                 acc.add(loss.detach(), nll, batch.n_tgt_tokens, batch.n_src_tokens)
                 self._since_save += loss.detach().double()
         lr = self.schedule(self.step + 1)
+        if c.schedule == "warmup_cosine" and not c.max_steps:  # cosine over the time budget (max_minutes)
+            lr = c.min_lr + (lr - c.min_lr) * budget_cosine(self.train_seconds / (60.0 * c.max_minutes))
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm or float("inf"))
