@@ -20,7 +20,7 @@ Throughput of both: target tokens per second of training (each counts its own to
 sentencepiece settings, so nearly the same counts) and training sentence pairs per second, which no tokenizer
 choice changes. Share of peak: training FLOPs per pair (3x peers.py's analytic forward count on our tokenizer's
 lengths of every training pair, padding not counted; the reference has the same model and nearly the same
-lengths) times pairs/s, over the fp32 matmul peak measured at the start of the same invocation
+lengths) times pairs/s, over the fp32 matmul peak measured just before that side's run
 (peer_adapter.measure_peak: 2048^3, median of 10). Results go to --json (default
 benchmarks/results/time_to_quality_cpu.json).
 """
@@ -172,11 +172,11 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
     })
-    peak = measure_peak(torch.device("cpu"))
-    print(f"fp32 matmul peak: {peak * 1e3:.1f} GFLOP/s", flush=True)
     for side in ("ours", "ref"):
         if args.only not in (None, side):
             continue
+        peak = measure_peak(torch.device("cpu"))  # before each side: this machine's speed drifts
+        print(f"fp32 matmul peak before {side}: {peak * 1e3:.1f} GFLOP/s", flush=True)
         results[side] = run_ours(args) if side == "ours" else run_ref(args)
         results[side]["peak_gflops_measured_before"] = round(peak * 1e3, 1)
         path.parent.mkdir(parents=True, exist_ok=True)

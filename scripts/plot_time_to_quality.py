@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/time_to_quality.png")
     args = ap.parse_args()
     res = json.loads(Path(args.json).read_text())
-    names = {"ours": "workbench (configs/multi30k_de_en.toml)", "ref": "reference trainer (ref_multi30k.py)"}
+    names = {"ours": "workbench: multi30k_de_en.toml", "ref": "reference: ref_multi30k.py"}
     rows, finals = [], []
     for side in ("ours", "ref"):
         if side not in res:
@@ -34,7 +34,7 @@ def main() -> None:
         f = res[side]["final"]
         minute = res[side]["wall_min_total"] if side == "ours" else f["minute"]
         finals.append({"run": names[side], "minute": minute, "BLEU": f["test2016_beam5"]})
-    color = alt.Color("run:N", title=None, legend=alt.Legend(orient="bottom-right"))
+    color = alt.Color("run:N", title=None, legend=alt.Legend(orient="bottom-right", labelLimit=400))
     x = alt.X("minute:Q", title="wall minutes since launch (2 CPU cores)")
     y = alt.Y("BLEU:Q", title="test2016 BLEU (cased, sacreBLEU 13a)", scale=alt.Scale(domain=[0, 45]))
     lines = alt.Chart(pd.DataFrame(rows)).mark_line(point=True).encode(x=x, y=y, color=color)
