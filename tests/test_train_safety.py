@@ -225,3 +225,31 @@ def test_sigkill_at_random_moments(tmp_path, reference, seed):
     got = final_weights(run)
     for key, value in ref.items():
         assert torch.equal(got[key], value), key
+
+
+def test_sigterm_saves_the_step_reached_and_the_same_command_finishes_the_run_exactly(tmp_path, reference):
+    """`kill PID` (a background run, `docker stop`, a preemption) saves as Ctrl-C does; nothing is lost."""
+    changes = dict(max_steps=300, save_every=50, eval_every=0, log_every=10, keep_last=2)
+    ref = reference(**changes)
+    run = tmp_path / "run"
+    cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **changes))
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", cfg], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    while read_pointer(run) is None and proc.poll() is None:
+        time.sleep(0.005)
+    time.sleep(0.05)  # a few steps past the periodic save
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, out)
+    latest = read_pointer(run)
+    stopped = re.search(r"interrupted at step (\d+): saving", out)
+    if stopped:  # the step reached is the one saved
+        assert latest.name == f"step_{int(stopped.group(1)):07d}", (latest, out)
+    else:  # the signal came right after a periodic save, which already holds the step reached
+        assert int(latest.name[5:]) % 50 == 0, (latest, out)
+    assert latest.name < "step_0000300"
+    assert_run_dir_sound(run)
+    assert cli_main(["train", cfg]) == 0
+    got = final_weights(run)
+    for key, value in ref.items():
+        assert torch.equal(got[key], value), key

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,12 +189,13 @@ class Trainer:
                     self.epoch, self.batch_pos = self.epoch + 1, 0
                     continue
                 group = plan[self.batch_pos : self.batch_pos + c.accum]
-                self._train_step(group, acc)
-                self.batch_pos += len(group)
-                self.step += 1
-                epoch_end = self.batch_pos >= len(plan)
-                if epoch_end:
-                    self.epoch, self.batch_pos = self.epoch + 1, 0
+                with _interrupts_after_the_step():  # the weights and the step counter change together
+                    self._train_step(group, acc)
+                    self.batch_pos += len(group)
+                    self.step += 1
+                    epoch_end = self.batch_pos >= len(plan)
+                    if epoch_end:
+                        self.epoch, self.batch_pos = self.epoch + 1, 0
                 self.train_seconds = time.time() - t_start
                 # one decision per step, so a step is saved at most once (a periodic save at the last
                 # step would otherwise be followed by the final validation's save of the same step)
@@ -447,3 +451,36 @@ class _Accumulator:
             sums[4] = gnorm
         loss, nll, tokens, src, gnorm = sums.tolist()
         return {"loss": loss, "nll": nll, "tokens": tokens, "src_tokens": src, "grad_norm": gnorm}
+
+
+@contextlib.contextmanager
+def _interrupts_after_the_step() -> Iterator[None]:
+    """Hold Ctrl-C (and a SIGTERM with a Python handler, as `workbench train` installs) until the block ends.
+
+    An interrupt between `optimizer.step()` and `step += 1` would save weights one update ahead of their step
+    count, and the resumed run would apply that batch twice. The held signal is delivered, through the handler
+    that was in place, as soon as the step is complete; a second one while held is delivered at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+    previous: dict[int, Any] = {}
+
+    def hold(signum: int, frame: Any) -> None:
+        if held:  # asked twice: stop now
+            previous[signum](signum, frame)
+        held.append((signum, frame))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # leave ignored and default (process-ending) dispositions alone
+            previous[signum] = signal.signal(signum, hold)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signum, frame = held[0]
+            previous[signum](signum, frame)
