@@ -33,11 +33,11 @@ from workbench.translator import load as load_translator  # noqa: E402
 DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))
 
 
-def build(source: Path, out: Path, last: int, alpha: float | None = None) -> Path:
+def build(source: Path, out: Path, last: int, alpha: float | None = None, no_repeat_ngram: int = 0) -> Path:
     """Average the last N checkpoints of a run (or take one checkpoint) and save fp16 without train state.
 
-    `alpha` becomes the checkpoint's default length-penalty exponent (meta["generation"]), so
-    `workbench evaluate` and the app decode the way the card was measured."""
+    `alpha` becomes the checkpoint's default length-penalty exponent and `no_repeat_ngram` its default n-gram
+    guard (meta["generation"]), so `workbench evaluate` and the app decode the way the card was measured."""
     with tempfile.TemporaryDirectory() as tmp:
         if last > 1:
             src = average_checkpoints(last_checkpoints(source, last), Path(tmp) / "avg")
@@ -47,6 +47,8 @@ def build(source: Path, out: Path, last: int, alpha: float | None = None) -> Pat
         meta = {k: v for k, v in ck.meta.items() if k not in ("files", "created", "created_by", "format_version")}
         if alpha is not None:
             meta["generation"] = {**meta.get("generation", {}), "length_penalty": {"kind": "average", "alpha": alpha}}
+        if no_repeat_ngram:
+            meta["generation"] = {**meta.get("generation", {}), "no_repeat_ngram": no_repeat_ngram}
         return save_checkpoint(out, ck.model, src_tokenizer=ck.src_tokenizer, tgt_tokenizer=ck.tgt_tokenizer,
                                meta=meta, train_log=ck.train_log, dtype=torch.float16)
 
@@ -67,7 +69,8 @@ def evaluate(out: Path, sets: dict[str, str], default_beam: int) -> dict[str, di
         lower = score([h.lower() for h in hyps], [[r.lower() for r in ref]])
         results[name] = {"file": f"{prefix}.{src_lang}", "sentences": len(src), "beam": beam,
                          "bleu": round(cased.bleu, 2), "bleu_lowercased": round(lower.bleu, 2),
-                         "chrf": round(cased.chrf, 2), "bleu_signature": cased.bleu_signature,
+                         "chrf": round(cased.chrf, 2), "looping": round(cased.looping, 2),
+                         "bleu_signature": cased.bleu_signature,
                          "chrf_signature": cased.chrf_signature, "seconds_cpu": round(seconds, 1),
                          "example": {"src": src[0], "hyp": hyps[0], "ref": ref[0]}}
     return results
@@ -117,12 +120,17 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         f"`workbench evaluate --checkpoint checkpoints/{out.name} "
         "--src FILE --ref FILE --beam N` (N: the table's beam) reproduces the cased figures.", "",
         f"Decoding: length penalty log p / len^{1.0 if args.alpha is None else args.alpha} (the checkpoint's "
-        f"default{'' if args.alpha is None else ', chosen on val'}); sentences are batched by length.", "",
-        "| set | sentences | beam | BLEU (cased) | BLEU (lowercased) | chrF |", "|---|---|---|---|---|---|",
+        f"default{'' if args.alpha is None else ', chosen on val'}); "
+        + (f"no repeated {args.no_repeat_ngram}-gram in an output (the checkpoint's default guard; "
+           "`--no-repeat-ngram 0` turns it off)" if args.no_repeat_ngram else "no n-gram guard")
+        + "; sentences are batched by length. *Looping*: % of outputs in which some word 4-gram occurs three or more "
+        "times (`workbench.evaluate.repetition_share`).", "",
+        "| set | sentences | beam | BLEU (cased) | BLEU (lowercased) | chrF | looping % |",
+        "|---|---|---|---|---|---|---|",
     ]
     for set_name, r in results.items():
         lines.append(f"| {set_name} (`{r['file']}`) | {r['sentences']} | {r['beam']} | {r['bleu']} | "
-                     f"{r['bleu_lowercased']} | {r['chrf']} |")
+                     f"{r['bleu_lowercased']} | {r['chrf']} | {r['looping']} |")
     if results:
         first = next(iter(results.values()))
         lines += ["", f"BLEU signature: `{first['bleu_signature']}`; chrF: `{first['chrf_signature']}`.",
@@ -142,6 +150,8 @@ def main() -> None:
     ap.add_argument("--eval", action="append", default=[], metavar="NAME=PREFIX[@BEAM]")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--alpha", type=float, help="default length-penalty exponent (choose it on a validation set)")
+    ap.add_argument("--no-repeat-ngram", type=int, default=0,
+                    help="default n-gram guard stored in the checkpoint (0: none); say on the card why")
     ap.add_argument("--config", default="configs/multi30k_de_en.toml")
     ap.add_argument("--command", required=True, help="the exact training command, for the card")
     ap.add_argument("--hardware", required=True)
@@ -150,7 +160,7 @@ def main() -> None:
     ap.add_argument("--limits", required=True)
     args = ap.parse_args()
     sets = dict(e.split("=", 1) for e in args.eval)
-    out = build(args.source, args.out, args.last, args.alpha)
+    out = build(args.source, args.out, args.last, args.alpha, args.no_repeat_ngram)
     results = evaluate(out, sets, args.beam)
     (out / "eval.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "README.md").write_text(card(out, args.out.name, results, args), encoding="utf-8")
