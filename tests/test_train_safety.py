@@ -253,3 +253,26 @@ def test_sigterm_saves_the_step_reached_and_the_same_command_finishes_the_run_ex
     got = final_weights(run)
     for key, value in ref.items():
         assert torch.equal(got[key], value), key
+
+
+@pytest.mark.slow
+def test_time_spent_stopped_does_not_count_against_the_time_budget(tmp_path):
+    """`kill -STOP` / `-CONT` (or Ctrl-Z, fg) pauses a `max_minutes` run: its schedule and budget go on where they were."""
+    changes = dict(schedule="warmup_cosine", warmup=5, max_steps=0, max_minutes=0.1, save_every=20, log_every=1,
+                   keep_last=2)
+    run = tmp_path / "run"
+    cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **changes))
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", cfg], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while read_pointer(run) is None and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGSTOP)
+    stopped_at = read_pointer(run)
+    time.sleep(8.0)  # longer than the whole 6-second budget
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    log = load_checkpoint(run).train_log
+    train = [r for r in log if r["kind"] == "train"]
+    assert 6.0 <= train[-1]["time"] < 8.0, train[-1]  # the budget, not the budget plus the stop
+    assert train[-1]["step"] > int(stopped_at.name[5:]) + 50  # it trained on after the stop

@@ -178,35 +178,11 @@ class Trainer:
         if self._rng is not None:  # this run's dropout stream, whatever ran in the process since
             self._set_rng(self._rng)
         acc = _Accumulator(self.device)
-        t_last = time.time()
-        t_start = time.time() - self.train_seconds
-        plan, plan_epoch = [], None
+        clock = _RunClock(self.train_seconds)
+        t_last = clock.seconds
         try:
-            while not self._done(stop_at, t_start):
-                if plan_epoch != self.epoch:
-                    plan, plan_epoch = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch), self.epoch
-                if self.batch_pos >= len(plan):  # a checkpoint written at an epoch's last batch by older versions
-                    self.epoch, self.batch_pos = self.epoch + 1, 0
-                    continue
-                group = plan[self.batch_pos : self.batch_pos + c.accum]
-                with _interrupts_after_the_step():  # the weights and the step counter change together
-                    self._train_step(group, acc)
-                    self.batch_pos += len(group)
-                    self.step += 1
-                    epoch_end = self.batch_pos >= len(plan)
-                    if epoch_end:
-                        self.epoch, self.batch_pos = self.epoch + 1, 0
-                self.train_seconds = time.time() - t_start
-                # one decision per step, so a step is saved at most once (a periodic save at the last
-                # step would otherwise be followed by the final validation's save of the same step)
-                last = self._done(stop_at, t_start)
-                validate = last or (c.eval_every and self.step % c.eval_every == 0) or (not c.eval_every and epoch_end)
-                if self.step % c.log_every == 0 or (validate and acc.steps):
-                    t_last = self._emit_log(acc, t_last)
-                if validate:
-                    self._validate_and_save()
-                elif c.save_every and self.step % c.save_every == 0:
-                    self.save()
+            with clock.not_counting_stops():
+                t_last = self._loop(stop_at, acc, clock, t_last)
             if acc.steps:
                 self._emit_log(acc, t_last)
             if self._validated_step != self.step:
@@ -223,13 +199,44 @@ class Trainer:
             self.progress.close()
         return self
 
-    def _done(self, stop_at: int | None, t_start: float) -> bool:
+    def _loop(self, stop_at: int | None, acc: _Accumulator, clock: _RunClock, t_last: float) -> float:
+        """Steps until a limit; returns the clock reading of the last log record."""
+        c = self.cfg
+        plan, plan_epoch = [], None
+        while not self._done(stop_at, clock.now()):
+            if plan_epoch != self.epoch:
+                plan, plan_epoch = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch), self.epoch
+            if self.batch_pos >= len(plan):  # a checkpoint written at an epoch's last batch by older versions
+                self.epoch, self.batch_pos = self.epoch + 1, 0
+                continue
+            group = plan[self.batch_pos : self.batch_pos + c.accum]
+            with _interrupts_after_the_step():  # the weights and the step counter change together
+                self._train_step(group, acc)
+                self.batch_pos += len(group)
+                self.step += 1
+                epoch_end = self.batch_pos >= len(plan)
+                if epoch_end:
+                    self.epoch, self.batch_pos = self.epoch + 1, 0
+            self.train_seconds = clock.tick()
+            # one decision per step, so a step is saved at most once (a periodic save at the last
+            # step would otherwise be followed by the final validation's save of the same step)
+            last = self._done(stop_at, self.train_seconds)
+            validate = last or (c.eval_every and self.step % c.eval_every == 0) or (not c.eval_every and epoch_end)
+            if self.step % c.log_every == 0 or (validate and acc.steps):
+                t_last = self._emit_log(acc, t_last)
+            if validate:
+                self._validate_and_save()
+            elif c.save_every and self.step % c.save_every == 0:
+                self.save()
+        return t_last
+
+    def _done(self, stop_at: int | None, seconds: float) -> bool:
         c = self.cfg
         if stop_at is not None and self.step >= stop_at:
             return True
         if c.max_epochs and self.epoch >= c.max_epochs:
             return True
-        return bool(c.max_minutes) and time.time() - t_start >= c.max_minutes * 60
+        return bool(c.max_minutes) and seconds >= c.max_minutes * 60
 
     def _train_step(self, group: list[list[int]], acc: _Accumulator) -> None:
         c, cfg, d = self.cfg, self.model_cfg, self.dist
@@ -263,7 +270,7 @@ class Trainer:
 
     def _emit_log(self, acc: _Accumulator, t_last: float) -> float:
         sums = acc.collect(self.dist.world > 1)
-        now = time.time()
+        now = self.train_seconds
         n = max(sums["tokens"], 1.0)
         record = {
             "kind": "train", "step": self.step, "epoch": self.epoch, "loss": sums["loss"] / n, "nll": sums["nll"] / n,
@@ -484,3 +491,46 @@ def _interrupts_after_the_step() -> Iterator[None]:
         if held:
             signum, frame = held[0]
             previous[signum](signum, frame)
+
+
+class _RunClock:
+    """Seconds a run has trained, across resumes (`max_minutes`, the time-budget cosine, the log's `time`).
+
+    Monotonic, so clock changes do not move it. Time the process spends stopped (`kill -STOP`, Ctrl-Z) is not
+    counted: after a SIGCONT the interval that held the stop counts as long as the interval before it, so a run
+    paused while the cores do other work continues its schedule where it was."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last = time.monotonic()
+        self._previous_interval = 0.0
+        self.continued = False
+
+    def now(self) -> float:
+        """The reading if a tick happened now (no side effects)."""
+        interval = time.monotonic() - self._last
+        return self.seconds + (min(interval, self._previous_interval) if self.continued else interval)
+
+    def tick(self) -> float:
+        now = time.monotonic()
+        interval, self._last = now - self._last, now
+        if self.continued:
+            self.continued, interval = False, min(interval, self._previous_interval)
+        self._previous_interval = interval
+        self.seconds += interval
+        return self.seconds
+
+    @contextlib.contextmanager
+    def not_counting_stops(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():  # handlers live on the main thread
+            yield
+            return
+
+        def continued(signum: int, frame: Any) -> None:
+            self.continued = True
+
+        previous = signal.signal(signal.SIGCONT, continued)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGCONT, previous)
