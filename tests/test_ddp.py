@@ -49,3 +49,43 @@ def test_two_process_gloo_matches_one_process(tmp_path):
             # rounding noise (which differs with the reduction order) into full-size steps
             continue
         assert torch.allclose(p, q, atol=1e-5), k
+
+
+# Each rank trains through the same code as `workbench train` and writes its own weights, so the test can see
+# whether the ranks stayed identical.
+RANK_SCRIPT = """
+import os, sys, torch
+from safetensors.torch import save_file
+from workbench.config import TrainConfig
+from workbench.train import Trainer
+import json
+trainer = Trainer(TrainConfig(**json.loads(open(sys.argv[1]).read())), progress="none").fit()
+state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}  # tied weights: copies
+save_file(state, os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.safetensors"),
+          metadata={"step": str(trainer.step)})
+"""
+
+
+@pytest.mark.slow
+def test_ranks_agree_on_a_time_budget(tmp_path):
+    """max_minutes and the time-budget cosine under DDP: the ranks stop at the same step with identical weights."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    cfg = CFG | {"out_dir": str(tmp_path / "ddp"), "schedule": "warmup_cosine", "max_steps": 0, "max_minutes": 0.05,
+                 "log_every": 5}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
+           str(tmp_path / "rank.py"), str(tmp_path / "cfg.json"), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = []
+    for rank in (0, 1):
+        with safe_open(str(tmp_path / f"rank{rank}.safetensors"), "pt") as f:
+            steps.append(int(f.metadata()["step"]))
+    assert steps[0] == steps[1] > 10, steps
+    zero, one = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
+    for key, value in zero.items():
+        assert torch.equal(value, one[key]), key

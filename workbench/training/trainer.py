@@ -203,7 +203,7 @@ class Trainer:
         """Steps until a limit; returns the clock reading of the last log record."""
         c = self.cfg
         plan, plan_epoch = [], None
-        while not self._done(stop_at, clock.now()):
+        while not self._done(stop_at, self.train_seconds):
             if plan_epoch != self.epoch:
                 plan, plan_epoch = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch), self.epoch
             if self.batch_pos >= len(plan):  # a checkpoint written at an epoch's last batch by older versions
@@ -217,7 +217,7 @@ class Trainer:
                 epoch_end = self.batch_pos >= len(plan)
                 if epoch_end:
                     self.epoch, self.batch_pos = self.epoch + 1, 0
-            self.train_seconds = clock.tick()
+            self.train_seconds = self._agreed_seconds(clock.tick())
             # one decision per step, so a step is saved at most once (a periodic save at the last
             # step would otherwise be followed by the final validation's save of the same step)
             last = self._done(stop_at, self.train_seconds)
@@ -229,6 +229,15 @@ class Trainer:
             elif c.save_every and self.step % c.save_every == 0:
                 self.save()
         return t_last
+
+    def _agreed_seconds(self, seconds: float) -> float:
+        """Under DDP with a time budget, rank 0's clock for every rank: the ranks must stop at the same step and
+        use the same time-budget lr, or they deadlock in the next all-reduce or drift apart."""
+        if self.dist.world == 1 or not self.cfg.max_minutes:
+            return seconds
+        reading = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.broadcast(reading, src=0)
+        return float(reading.item())
 
     def _done(self, stop_at: int | None, seconds: float) -> bool:
         c = self.cfg
@@ -505,11 +514,6 @@ class _RunClock:
         self._last = time.monotonic()
         self._previous_interval = 0.0
         self.continued = False
-
-    def now(self) -> float:
-        """The reading if a tick happened now (no side effects)."""
-        interval = time.monotonic() - self._last
-        return self.seconds + (min(interval, self._previous_interval) if self.continued else interval)
 
     def tick(self) -> float:
         now = time.monotonic()
