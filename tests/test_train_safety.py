@@ -257,7 +257,7 @@ def test_sigterm_saves_the_step_reached_and_the_same_command_finishes_the_run_ex
 
 @pytest.mark.slow
 def test_time_spent_stopped_does_not_count_against_the_time_budget(tmp_path):
-    """`kill -STOP` / `-CONT` (or Ctrl-Z, fg) pauses a `max_minutes` run: its schedule and budget go on where they were."""
+    """`kill -STOP` / `-CONT` (or Ctrl-Z, fg) pauses a `max_minutes` run; budget and schedule resume as they were."""
     changes = dict(schedule="warmup_cosine", warmup=5, max_steps=0, max_minutes=0.1, save_every=20, log_every=1,
                    keep_last=2)
     run = tmp_path / "run"
