@@ -227,16 +227,21 @@ def test_sigkill_at_random_moments(tmp_path, reference, seed):
         assert torch.equal(got[key], value), key
 
 
+def train_until_first_save(cfg: str, run, **pipes) -> subprocess.Popen:
+    """`workbench train CFG` in a subprocess, returned once its first checkpoint exists (or it ended)."""
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", cfg], text=True, **pipes)
+    while read_pointer(run) is None and proc.poll() is None:
+        time.sleep(0.005)
+    return proc
+
+
 def test_sigterm_saves_the_step_reached_and_the_same_command_finishes_the_run_exactly(tmp_path, reference):
     """`kill PID` (a background run, `docker stop`, a preemption) saves as Ctrl-C does; nothing is lost."""
     changes = dict(max_steps=300, save_every=50, eval_every=0, log_every=10, keep_last=2)
     ref = reference(**changes)
     run = tmp_path / "run"
     cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **changes))
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", cfg], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    while read_pointer(run) is None and proc.poll() is None:
-        time.sleep(0.005)
+    proc = train_until_first_save(cfg, run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(0.05)  # a few steps past the periodic save
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -262,10 +267,7 @@ def test_time_spent_stopped_does_not_count_against_the_time_budget(tmp_path):
                    keep_last=2)
     run = tmp_path / "run"
     cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **changes))
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", cfg], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    while read_pointer(run) is None and proc.poll() is None:
-        time.sleep(0.005)
+    proc = train_until_first_save(cfg, run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     proc.send_signal(signal.SIGSTOP)
     stopped_at = read_pointer(run)
     time.sleep(8.0)  # longer than the whole 6-second budget
