@@ -507,6 +507,10 @@ class TrainConfig:
     """Which validation metric picks the kept best checkpoint."""
     average_last: int = 0
     """At the end, also write the average of the last N checkpoints to out_dir/average (0: off)."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights, updated after every optimiser step with decay
+    min(ema_decay, (1 + step) / (10 + step)) (the usual warm-up of the decay; 0.999 weighs roughly the last 1,000
+    steps), saved in each checkpoint's training state (exact resume) and written to out_dir/ema at the end (0: off)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -523,6 +527,8 @@ class TrainConfig:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
         if self.lr == 0:
             raise ValueError("lr must be positive")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay ({self.ema_decay}) must be in [0, 1)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):

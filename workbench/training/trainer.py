@@ -24,6 +24,7 @@ across ranks (`data.shard`), gradients are all-reduced by DDP, rank 0 logs and s
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import signal
 import threading
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer
+from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer, save_checkpoint
 from ..config import TrainConfig
 from ..data import ParallelData, shard
 from ..loss import teacher_forced_loss
@@ -154,6 +155,10 @@ class Trainer:
         self.last_good: Path | None = None  # the newest checkpoint known to hold finite weights
         self._saved_step: int | None = None
         self._validated_step: int | None = None  # kept on every rank (only rank 0 logs validations)
+        # the exponential moving average of the weights (cfg.ema_decay), one tensor per parameter, on every rank
+        self.ema: dict[str, torch.Tensor] | None = None
+        if cfg.ema_decay:
+            self.ema = {name: p.detach().clone() for name, p in self.model.named_parameters()}
         if ckpt is not None:
             self._load_train_state(ckpt.train_state, ckpt.train_log)
             self.last_good, self._saved_step = ckpt.path, self.step
@@ -189,6 +194,8 @@ class Trainer:
                 self._validate_and_save()  # fit() called with nothing left to train: validate where it stands
             if c.average_last and self.dist.main:
                 self._write_average()
+            if self.ema is not None and self.dist.main:
+                self._write_ema()
         except KeyboardInterrupt:
             self.interrupted = True
             if self._saved_step != self.step:
@@ -274,8 +281,27 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm or float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self._update_ema(updates=self.step + 1)
         acc.end_step(grad_norm, lr)
         self._since_save += grad_norm.double()
+
+    def _update_ema(self, updates: int) -> None:
+        """ema <- decay * ema + (1 - decay) * weights, after the `updates`-th optimiser step."""
+        decay = min(self.cfg.ema_decay, (1 + updates) / (10 + updates))
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            torch._foreach_lerp_(list(self.ema.values()), [params[name].detach() for name in self.ema], 1.0 - decay)
+
+    def ema_model(self) -> Transformer:
+        """A copy of the model holding the moving average of its weights (needs `ema_decay`)."""
+        if self.ema is None:
+            raise ValueError("this run keeps no moving average of its weights (ema_decay is 0)")
+        model = copy.deepcopy(self.model).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(self.ema[name])
+        return model
 
     def _emit_log(self, acc: _Accumulator, t_last: float) -> float:
         sums = acc.collect(self.dist.world > 1)
@@ -393,11 +419,14 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         rng = self._get_rng()
-        return {
+        state = {
             "optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
             "batch_pos": self.batch_pos, "train_seconds": self.train_seconds, "best": self.best, "rng": rng,
             "train_config": self.cfg.to_dict(), "world": self.dist.world,
         }
+        if self.ema is not None:
+            state["ema"] = self.ema
+        return state
 
     def _load_train_state(self, state: dict[str, Any], log: list[dict[str, Any]]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -406,6 +435,14 @@ class Trainer:
         self._rng = state["rng"]
         self._set_rng(self._rng)
         self.log = list(log)
+        if self.ema is not None and "ema" in state:
+            saved = state["ema"]
+            if set(saved) != set(self.ema) or any(saved[k].shape != v.shape for k, v in self.ema.items()):
+                raise ValueError("the checkpoint's moving average of the weights does not match the model's parameters")
+            for name, value in saved.items():
+                self.ema[name].copy_(value)
+        elif self.ema is not None:
+            self.progress.message(f"ema_decay set on resume: the moving average starts from step {self.step}'s weights")
 
     def save(self, *, best: bool = False) -> Path | None:
         """Write out_dir/step_NNNNNNN (atomic), point `latest` (and `best`) at it, prune old ones.
@@ -428,6 +465,14 @@ class Trainer:
                                  meta=meta, train_log=self.log, train_state=self.state_dict())
         self.last_good = path
         return path
+
+    def _write_ema(self) -> None:
+        meta = {"src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang, "step": self.step, "epoch": self.epoch,
+                "train_config": self.cfg.to_dict(), "generation": {"append_eos": True},
+                "ema_decay": self.cfg.ema_decay}
+        path = save_checkpoint(self.out_dir / "ema", self.ema_model(), src_tokenizer=self.src_tok,
+                               tgt_tokenizer=self.tgt_tok, meta=meta, train_log=self.log)
+        self.progress.message(f"moving average of the weights (decay {self.cfg.ema_decay}) in {path}")
 
     def _write_average(self) -> None:
         done = run_dir.average_last(self.out_dir, self.cfg.average_last)
