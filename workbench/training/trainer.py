@@ -157,8 +157,10 @@ class Trainer:
         self._validated_step: int | None = None  # kept on every rank (only rank 0 logs validations)
         # the exponential moving average of the weights (cfg.ema_decay), one tensor per parameter, on every rank
         self.ema: dict[str, torch.Tensor] | None = None
+        self._ema_sources: list[torch.Tensor] = []  # the live weights, in the order of self.ema
         if cfg.ema_decay:
             self.ema = {name: p.detach().clone() for name, p in self.model.named_parameters()}
+            self._ema_sources = [p.detach() for p in self.model.parameters()]
         if ckpt is not None:
             self._load_train_state(ckpt.train_state, ckpt.train_log)
             self.last_good, self._saved_step = ckpt.path, self.step
@@ -289,9 +291,8 @@ class Trainer:
     def _update_ema(self, updates: int) -> None:
         """ema <- decay * ema + (1 - decay) * weights, after the `updates`-th optimiser step."""
         decay = min(self.cfg.ema_decay, (1 + updates) / (10 + updates))
-        params = dict(self.model.named_parameters())
         with torch.no_grad():
-            torch._foreach_lerp_(list(self.ema.values()), [params[name].detach() for name in self.ema], 1.0 - decay)
+            torch._foreach_lerp_(list(self.ema.values()), self._ema_sources, 1.0 - decay)
 
     def ema_model(self) -> Transformer:
         """A copy of the model holding the moving average of its weights (needs `ema_decay`)."""
@@ -458,20 +459,20 @@ class Trainer:
     def _write(self, *, best: bool) -> Path | None:
         if not self.dist.main:
             return None
-        meta = {"src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang, "step": self.step,
-                "epoch": self.epoch, "train_config": self.cfg.to_dict(), "generation": {"append_eos": True}}
         path = run_dir.save_step(self.out_dir, self.step, best=best, keep_last=self.cfg.keep_last,
                                  model=self.model, src_tokenizer=self.src_tok, tgt_tokenizer=self.tgt_tok,
-                                 meta=meta, train_log=self.log, train_state=self.state_dict())
+                                 meta=self._meta(), train_log=self.log, train_state=self.state_dict())
         self.last_good = path
         return path
 
+    def _meta(self) -> dict[str, Any]:
+        return {"src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang, "step": self.step, "epoch": self.epoch,
+                "train_config": self.cfg.to_dict(), "generation": {"append_eos": True}}
+
     def _write_ema(self) -> None:
-        meta = {"src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang, "step": self.step, "epoch": self.epoch,
-                "train_config": self.cfg.to_dict(), "generation": {"append_eos": True},
-                "ema_decay": self.cfg.ema_decay}
         path = save_checkpoint(self.out_dir / "ema", self.ema_model(), src_tokenizer=self.src_tok,
-                               tgt_tokenizer=self.tgt_tok, meta=meta, train_log=self.log)
+                               tgt_tokenizer=self.tgt_tok, meta={**self._meta(), "ema_decay": self.cfg.ema_decay},
+                               train_log=self.log)
         self.progress.message(f"moving average of the weights (decay {self.cfg.ema_decay}) in {path}")
 
     def _write_average(self) -> None:
