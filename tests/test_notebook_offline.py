@@ -1,18 +1,26 @@
-"""The inline dashboard in a notebook asks no CDN for anything, also after updates from the kernel."""
+"""The dashboard in a notebook: it asks no CDN for anything, also after updates from the kernel, and the kernel's
+updates reach the page in the order they were made, also those made before the output's comm opened."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from pathlib import Path
 
+import numpy as np
 import panel as pn
+import panel.io.notebook as panel_notebook
 import panel.io.resources as resources
 import panel.reactive as reactive
 import pytest
+from bokeh.document import Document
+from bokeh.model import Model
 from bokeh.models import ImportedStyleSheet, UIElement
 from panel.config import panel_extension
 from panel.io.state import state
 from panel.viewable import Viewable
 
+from workbench.ui import notebook
 from workbench.ui.notebook import _inline_stylesheets, offline_notebook
 
 
@@ -72,3 +80,97 @@ def test_needs_inline_and_registers_once(monkeypatch, inline_panel):
     monkeypatch.setattr(pn.config, "inline", False)
     with pytest.raises(RuntimeError, match="inline=True"):
         offline_notebook()
+
+
+@pytest.fixture
+def panel_push(monkeypatch):
+    """Panel's own `push` in every Panel module while the test runs, whatever an earlier Workbench installed;
+    the modules' references as they were afterwards."""
+    for name, module in list(sys.modules.items()):
+        if (name == "panel" or name.startswith("panel.")) and getattr(module, "push", None) in (
+                notebook._PANEL_PUSH, notebook._ordered_push):
+            monkeypatch.setattr(module, "push", notebook._PANEL_PUSH)
+    monkeypatch.setattr(notebook, "_held", {})
+
+
+def _updates_around_the_comm_opening(tmp_path, monkeypatch, ordered: bool) -> tuple[dict, list, Document]:
+    """Show the dashboard; change its sentence before the output's comm is open (a "Run All" cell right after
+    the one that shows it), then open the comm and change it again at once. Returns the document the page
+    started from, the messages in the order they went out, and the kernel's document."""
+    sent = []
+    monkeypatch.setattr(panel_notebook, "send", lambda comm, msg: sent.append(msg))
+
+    async def scenario():
+        wb, roots = _shown_dashboard(tmp_path, monkeypatch)  # Workbench() installs the ordered pushes...
+        if not ordered:  # ...which the upstream-behaviour test takes away again
+            for name, module in list(sys.modules.items()):
+                if name.startswith("panel") and getattr(module, "push", None) is notebook._ordered_push:
+                    monkeypatch.setattr(module, "push", notebook._PANEL_PUSH)
+        [(_, _, doc, comm)] = [v for v in state._views.values() if v[1] in roots]
+        start = doc.to_json(deferred=False)
+        assert not comm._comm  # no browser has opened it yet
+        wb.session.sentence = "Zwei Katzen schlafen im Garten."
+        await asyncio.sleep(0.25)  # Panel retries the held updates: the comm is still closed
+        assert sent == []
+        monkeypatch.setattr(comm, "_comm", object())  # the page rendered and opened the comm
+        wb.session.sentence = "Ein Mann fährt mit dem Fahrrad."
+        await asyncio.sleep(0.5)
+        return start, doc
+
+    start, doc = asyncio.run(scenario())
+    return start, sent, doc
+
+
+def _replay(start: dict, messages: list) -> Document:
+    """What the page does: the first render's document, then each message applied in arrival order."""
+    page = Document.from_json(start)
+    for msg in messages:
+        msg.apply_to_document(page)
+    return page
+
+
+def _plain(value):
+    """A property value with models as their ids and arrays as lists, comparable across documents."""
+    if isinstance(value, Model):
+        return {"id": value.id}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return repr(value)
+
+
+def _state(doc: Document) -> dict:
+    """Every model of the document with every property, for comparing the page's copy with the kernel's."""
+    return {m.id: {k: _plain(v) for k, v in m.properties_with_values(include_defaults=True).items()}
+            for m in doc.models}
+
+
+def test_updates_made_before_the_comm_opened_arrive_in_order(tmp_path, monkeypatch, inline_panel, panel_push):
+    start, sent, kernel_doc = _updates_around_the_comm_opening(tmp_path, monkeypatch, ordered=True)
+    assert len(sent) >= 2
+    page = _replay(start, sent)  # raises on a reference to a model the page never received
+    assert _state(page) == _state(kernel_doc)  # the page ends where the kernel is
+
+
+def test_panel_alone_sends_a_newer_update_first(tmp_path, monkeypatch, inline_panel, panel_push):
+    """The upstream behaviour `ordered_notebook_updates` fixes: the page ends on an older state or cannot apply
+    a message at all (if this starts failing, Panel keeps its order itself: drop the fix)."""
+    start, sent, kernel_doc = _updates_around_the_comm_opening(tmp_path, monkeypatch, ordered=False)
+    try:
+        page = _replay(start, sent)
+    except Exception as e:  # Bokeh's "can't resolve reference": the browser's "reference … isn't known"
+        assert "reference" in str(e).lower(), e
+    else:
+        assert _state(page) != _state(kernel_doc)
+
+
+def test_ordered_updates_reach_every_panel_module_once(panel_push):
+    notebook.ordered_notebook_updates()
+    notebook.ordered_notebook_updates()
+    users = [name for name, module in sys.modules.items() if name.startswith("panel")
+             and getattr(module, "push", None) in (notebook._PANEL_PUSH, notebook._ordered_push)]
+    assert {"panel.io.notebook", "panel.reactive", "panel.pane.base"} <= set(users)
+    assert all(sys.modules[name].push is notebook._ordered_push for name in users)

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
 ROOT = Path(__file__).resolve().parents[2]
 # A wait, not a timing: the first page of a session pays for the model load and Chromium's first (software)
 # paint; on a loaded 2-core machine that took more than 30 s once, so allow 90 s before calling it broken.
@@ -42,8 +44,13 @@ class Watch:
 def open_app(page, url: str) -> Watch:
     watch = Watch(page, url)
     page.goto(url)
-    page.locator(".translation").get_by_text("log p").wait_for(timeout=TIMEOUT)
-    page.locator("canvas").first.wait_for(timeout=TIMEOUT)
+    try:
+        page.locator(".translation").get_by_text("log p").wait_for(timeout=TIMEOUT)
+        page.locator("canvas").first.wait_for(timeout=TIMEOUT)
+    except PlaywrightTimeoutError as e:  # say what the page showed and logged, not only what it lacked
+        shown = page.locator("body").inner_text(timeout=5000)[:500]
+        raise AssertionError(f"the page did not open: {e.message.splitlines()[0]}\nerrors: {watch.errors}\n"
+                             f"it shows: {shown!r}") from e
     return watch
 
 

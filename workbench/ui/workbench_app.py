@@ -21,6 +21,7 @@ import panel as pn
 import param
 
 from . import loader
+from .notebook import ordered_notebook_updates
 from .session import Session, first_loadable
 from .views import (
     AblationPanel,
@@ -65,6 +66,8 @@ class Workbench(pn.viewable.Viewer):
             target = Path(checkpoint).resolve()
             chosen = next((e.label for e in entries if e.path == target), None)
         served = pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
+        if not served:
+            ordered_notebook_updates()  # a cell that changes the dashboard right after showing it loses nothing
         extra = {"sentence": sentence} if sentence is not None else {}
         background = served if background is None else background
         session = Session(entries, problems=problems, checkpoint=chosen, autorun=False, background=background,
