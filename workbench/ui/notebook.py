@@ -30,6 +30,7 @@ import panel.reactive as reactive
 from bokeh.models import UIElement
 from panel.io.notebook import patch_inline_stylesheets
 from panel.viewable import Viewable
+from tornado.ioloop import IOLoop
 
 _PANEL_PATCH_STYLESHEET = resources.patch_stylesheet
 _PANEL_PUSH = panel_notebook.push
@@ -79,8 +80,6 @@ def _ordered_push(doc, comm, binary: bool = True, msg=None) -> None:
         return
     if id(comm) not in _held:
         try:
-            from tornado.ioloop import IOLoop
-
             IOLoop.current().call_later(RETRY_S, _send_held, comm)
         except Exception:  # as Panel: no event loop to retry on
             warnings.warn("A notebook update could not be sent: its comm is not open and there is no event loop "
@@ -93,8 +92,6 @@ def _ordered_push(doc, comm, binary: bool = True, msg=None) -> None:
 def _send_held(comm) -> None:
     """Once the comm is open, its held updates in the order they were made; until then, look again later."""
     if not comm._comm:
-        from tornado.ioloop import IOLoop
-
         IOLoop.current().call_later(RETRY_S, _send_held, comm)
         return
     _, queue = _held.pop(id(comm))
