@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -117,7 +118,9 @@ def _updates_around_the_comm_opening(tmp_path, monkeypatch, ordered: bool) -> tu
         await asyncio.sleep(0.5)
         return start, doc
 
-    start, doc = asyncio.run(scenario())
+    # its own thread and event loop: the browser tests' sync Playwright may have left a loop running in this one
+    with ThreadPoolExecutor(1) as pool:
+        start, doc = pool.submit(asyncio.run, scenario()).result()
     return start, sent, doc
 
 
