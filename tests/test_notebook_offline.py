@@ -87,11 +87,16 @@ def test_needs_inline_and_registers_once(monkeypatch, inline_panel):
 def panel_push(monkeypatch):
     """Panel's own `push` in every Panel module while the test runs, whatever an earlier Workbench installed;
     the modules' references as they were afterwards."""
+    _restore_panel_push(monkeypatch)
+    monkeypatch.setattr(notebook, "_held", {})
+
+
+def _restore_panel_push(monkeypatch) -> None:
+    """Panel's own `push` back in every Panel module that uses it (until monkeypatch undoes it)."""
     for name, module in list(sys.modules.items()):
         if (name == "panel" or name.startswith("panel.")) and getattr(module, "push", None) in (
                 notebook._PANEL_PUSH, notebook._ordered_push):
             monkeypatch.setattr(module, "push", notebook._PANEL_PUSH)
-    monkeypatch.setattr(notebook, "_held", {})
 
 
 def _updates_around_the_comm_opening(tmp_path, monkeypatch, ordered: bool) -> tuple[dict, list, Document]:
@@ -104,9 +109,7 @@ def _updates_around_the_comm_opening(tmp_path, monkeypatch, ordered: bool) -> tu
     async def scenario():
         wb, roots = _shown_dashboard(tmp_path, monkeypatch)  # Workbench() installs the ordered pushes...
         if not ordered:  # ...which the upstream-behaviour test takes away again
-            for name, module in list(sys.modules.items()):
-                if name.startswith("panel") and getattr(module, "push", None) is notebook._ordered_push:
-                    monkeypatch.setattr(module, "push", notebook._PANEL_PUSH)
+            _restore_panel_push(monkeypatch)
         [(_, _, doc, comm)] = [v for v in state._views.values() if v[1] in roots]
         start = doc.to_json(deferred=False)
         assert not comm._comm  # no browser has opened it yet
