@@ -6,7 +6,9 @@ and write the model card from the numbers measured here (nothing in the card is 
     python scripts/ship_checkpoint.py RUN_DIR/step_0000128 checkpoints/multi30k-de-en-early --eval ...
 
 `--eval NAME=PREFIX[@BEAM]` scores PREFIX.{src_lang} against PREFIX.{tgt_lang} under ../shared/data with beam 5
-(cased and lowercased sacreBLEU, chrF, signatures). The card records the run's own config and log.
+(cased and lowercased sacreBLEU, chrF, signatures). The card records the run's own config and log. `--card-only`
+rewrites the card from the `eval.json` already there (status and limits written once the numbers are known), with
+the same other arguments.
 """
 
 from __future__ import annotations
@@ -158,11 +160,20 @@ def main() -> None:
     ap.add_argument("--status", required=True, help="which quality goal is met or still open")
     ap.add_argument("--how", default="", help="how the weights were made (averaging, snapshot)")
     ap.add_argument("--limits", required=True)
+    ap.add_argument("--card-only", action="store_true",
+                    help="rewrite OUT/README.md from OUT/eval.json as measured earlier (new --status or --limits "
+                         "text once the numbers are known); builds and evaluates nothing")
     args = ap.parse_args()
-    sets = dict(e.split("=", 1) for e in args.eval)
-    out = build(args.source, args.out, args.last, args.alpha, args.no_repeat_ngram)
-    results = evaluate(out, sets, args.beam)
-    (out / "eval.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    out = args.out
+    if args.card_only:
+        if not (out / "eval.json").is_file():
+            sys.exit(f"--card-only: {out / 'eval.json'} not found (ship it first without --card-only)")
+        results = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    else:
+        sets = dict(e.split("=", 1) for e in args.eval)
+        out = build(args.source, args.out, args.last, args.alpha, args.no_repeat_ngram)
+        results = evaluate(out, sets, args.beam)
+        (out / "eval.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "README.md").write_text(card(out, args.out.name, results, args), encoding="utf-8")
     print(json.dumps(results, indent=1, ensure_ascii=False))
 
