@@ -114,7 +114,8 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         f"- Steps: {meta.get('step')} (epoch index {meta.get('epoch')}, counted from 0); final logged training loss "
         f"{last.get('loss', float('nan')):.3f}, lr {last.get('lr', float('nan')):.2e}.",
         f"- Hardware: {args.hardware}; training wall time to this step: "
-        f"{last.get('time', float('nan')) / 60:.0f} min (the log's `time`, seconds since the run started).",
+        f"{last.get('time', float('nan')) / 60:.0f} min (the log's `time`: seconds trained across resumes, "
+        "pauses not counted).",
         f"- Command: `{args.command}`", "",
         "Training config as run:", "", "```json", json.dumps(train_cfg, indent=1, sort_keys=True), "```", "",
         "The full training log is `train_log.jsonl` beside this card.", "",
