@@ -7,8 +7,8 @@ and write the model card from the numbers measured here (nothing in the card is 
 
 `--eval NAME=PREFIX[@BEAM]` scores PREFIX.{src_lang} against PREFIX.{tgt_lang} under ../shared/data with beam 5
 (cased and lowercased sacreBLEU, chrF, signatures). The card records the run's own config and log. `--card-only`
-rewrites the card from the `eval.json` already there (status and limits written once the numbers are known), with
-the same other arguments.
+rewrites the card from the `eval.json` already there (status and limits written once the numbers are known); the
+card's decoding line always comes from the checkpoint's own `meta.json`.
 """
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
     steps = [r for r in log if "loss" in r]
     last = steps[-1] if steps else {}
     train_cfg = meta.get("train_config", {})
+    generation = meta.get("generation", {})  # the decoding defaults as saved (build() writes --alpha and the guard)
+    alpha = generation.get("length_penalty", {}).get("alpha")
+    guard = generation.get("no_repeat_ngram", 0)
     params = sum(p.numel() for p in {id(p): p for p in ck.model.parameters()}.values())
     size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
     lines = [
@@ -122,10 +125,10 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         "## Evaluation", "",
         f"`workbench evaluate --checkpoint checkpoints/{out.name} "
         "--src FILE --ref FILE --beam N` (N: the table's beam) reproduces the cased figures.", "",
-        f"Decoding: length penalty log p / len^{1.0 if args.alpha is None else args.alpha} (the checkpoint's "
-        f"default{'' if args.alpha is None else ', chosen on val'}); "
-        + (f"no repeated {args.no_repeat_ngram}-gram in an output (the checkpoint's default guard; "
-           "`--no-repeat-ngram 0` turns it off)" if args.no_repeat_ngram else "no n-gram guard")
+        f"Decoding: length penalty log p / len^{1.0 if alpha is None else alpha} (the checkpoint's "
+        f"default{'' if alpha is None else ', chosen on val'}); "
+        + (f"no repeated {guard}-gram in an output (the checkpoint's default guard; "
+           "`--no-repeat-ngram 0` turns it off)" if guard else "no n-gram guard")
         + "; sentences are batched by length. *Looping*: % of outputs in which some word 4-gram occurs three or more "
         "times (`workbench.evaluate.repetition_share`).", "",
         "| set | sentences | beam | BLEU (cased) | BLEU (lowercased) | chrF | looping % |",
