@@ -35,7 +35,7 @@ import torch
 
 from .config import DecodeConfig, LengthPenaltyKind, config_keys, replace
 from .data import pad_sequences
-from .model import DecoderCache, Transformer
+from .model import DecoderCache, Encoded, Transformer
 from .trace import Trace
 
 NEG_INF = float("-inf")
@@ -236,12 +236,14 @@ def greedy(
     *,
     trace: bool = False,
     check_every: int | None = None,
+    encoded: Encoded | None = None,
     **options,
 ) -> Generation:
     """Arg-max decoding of a (B, S) source batch; scores are normalised as beam search's are.
 
     Settings come from `config` (a DecodeConfig; its beam and n_best are ignored) with keyword
-    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields.
+    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields. `encoded`: the encoder's output
+    for `src`, computed before (`model.encode(src)`), so runs that edit only the decoder reuse it.
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -255,7 +257,7 @@ def greedy(
 
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
-        encoded = model.encode(src)
+        encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
         cache = model.start_cache(encoded)
         sent = torch.arange(batch, device=src.device)
         tokens = torch.full((batch, 1), model.cfg.start_id, dtype=torch.long, device=src.device)
@@ -318,6 +320,14 @@ def _complete(results: list) -> list[list[Hypothesis]]:
     if missing:  # the length limit forces EOS, so this is a bug, not bad input
         raise RuntimeError(f"decoding ended without a hypothesis for sentences {missing[:10]}")
     return results
+
+
+def _check_encoded(encoded: Encoded, src: torch.Tensor) -> Encoded:
+    """`encoded` when it can be the encoder's output for `src` (batch and length agree), else a ValueError."""
+    if tuple(encoded.memory.shape[:2]) != tuple(src.shape):
+        raise ValueError(f"encoded memory {tuple(encoded.memory.shape)} does not belong to a source batch of shape "
+                         f"{tuple(src.shape)}")
+    return encoded
 
 
 def _check_model(model: Transformer, src: torch.Tensor) -> None:
@@ -439,12 +449,13 @@ def beam_search(
     record_steps: bool = False,
     trace: bool = False,
     check_every: int | None = None,
+    encoded: Encoded | None = None,
     **options,
 ) -> Generation:
     """Beam search over a (B, S) source batch; see the module docstring for the search rules.
 
     Settings come from `config` (a DecodeConfig) with keyword `options` (beam=, n_best=, alpha=, ...)
-    overriding its fields.
+    overriding its fields. `encoded`: the encoder's output for `src` when already computed (as `greedy`).
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -460,7 +471,7 @@ def beam_search(
 
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
-        encoded = model.encode(src)
+        encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
         cache = model.start_cache(encoded)
         expand = torch.arange(batch, device=dev).repeat_interleave(K)
         encoded = encoded.index_select(expand)

@@ -15,7 +15,8 @@ from ..data import dataset_files, read_parallel
 from ..translator import load
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
+    """The checkpoint and the test set (a named dataset's split, or --src/--ref files): shared with `prune`."""
     p.add_argument("checkpoint", help="a workbench checkpoint directory (own or imported)")
     p.add_argument("--dataset", default=None, help="a named dataset (workbench.data), e.g. multi30k")
     p.add_argument("--split", default="test")
@@ -26,6 +27,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0: all)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--device", default="cpu")
+
+
+def read_corpus(args: argparse.Namespace):
+    """(translation model, [(source ids, target ids)], source texts, reference texts, source path) of the test set;
+    empty sources are left out (with their references)."""
+    if args.dataset:
+        src_path, ref_path = dataset_files(args.dataset, args.split, args.src_lang, args.tgt_lang)
+    elif args.src and args.ref:
+        src_path, ref_path = Path(args.src), Path(args.ref)
+    else:
+        raise ValueError("give --dataset, or both --src and --ref")
+    src_text, ref_text = read_parallel(src_path, ref_path, limit=args.limit)
+    tm = load(args.checkpoint, device=args.device)
+    eos = tm.model.cfg.eos_id
+    pairs, kept_src, kept_ref = [], [], []
+    for s, t in zip(src_text, ref_text):
+        ids = tm.encode_source(s)[0]
+        if ids:
+            pairs.append((ids, tm.tgt_tokenizer.encode(t)[: tm.model.cfg.max_positions - 1] + [eos]))
+            kept_src.append(s)
+            kept_ref.append(t)
+    if not pairs:
+        raise ValueError(f"no non-empty sentences in {src_path}")
+    return tm, pairs, kept_src, kept_ref, src_path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_corpus_arguments(p)
     p.add_argument("--stat", default="entropy", help="statistic drawn in the report's heatmaps")
     p.add_argument("--out", default="heads", help="output directory for heads.csv and heads.html")
 
@@ -37,19 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.stat not in STATS:
         raise ValueError(f"unknown statistic {args.stat!r}; known: {sorted(STATS)}")
-    if args.dataset:
-        src_path, ref_path = dataset_files(args.dataset, args.split, args.src_lang, args.tgt_lang)
-    elif args.src and args.ref:
-        src_path, ref_path = Path(args.src), Path(args.ref)
-    else:
-        raise ValueError("give --dataset, or both --src and --ref")
-    src_text, ref_text = read_parallel(src_path, ref_path, limit=args.limit)
-    tm = load(args.checkpoint, device=args.device)
-    eos = tm.model.cfg.eos_id
-    pairs = [(tm.encode_source(s)[0], t) for s, t in zip(src_text, ref_text)]
-    pairs = [(s, tm.tgt_tokenizer.encode(t)[: tm.model.cfg.max_positions - 1] + [eos]) for s, t in pairs if s]
-    if not pairs:
-        raise ValueError(f"no non-empty sentences in {src_path}")
+    tm, pairs, _, _, _ = read_corpus(args)
     vocab = [tm.src_tokenizer.pieces([i])[0] for i in range(tm.model.cfg.src_vocab)]
     tgt_vocab = [tm.tgt_tokenizer.pieces([i])[0] for i in range(tm.model.cfg.tgt_vocab)]
     start = time.perf_counter()
