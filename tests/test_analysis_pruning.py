@@ -50,8 +50,9 @@ def test_curve_reusing_clean_runs_equals_reencoding_and_hand_ablation():
     # one level by hand: the 5 least important cross-attention heads zeroed, decoded and scored directly
     row = t[(t["kind"] == "cross") & (t["removed"] == 5)].iloc[0]
     heads = [("cross", int(x.split(":")[0]), int(x.split(":")[1])) for x in row["heads"].split()]
-    assert [(h[1], h[2]) for h in heads] == [(int(reused.importance.loc[i, "layer"]), int(reused.importance.loc[i, "head"]))
-                                            for i in importance_order(reused.importance, "cross")[:5]]
+    imp = reused.importance
+    assert [(h[1], h[2]) for h in heads] == [(int(imp.loc[i, "layer"]), int(imp.loc[i, "head"]))
+                                            for i in importance_order(imp, "cross")[:5]]
     hand = run_outcome(model, SOURCES, targets, hooks=ablate_heads(heads), detokenize=_text, references=refs,
                        **DECODE)
     assert row["bleu"] == pytest.approx(hand.bleu) and row["chrf"] == pytest.approx(hand.chrf)
