@@ -1,0 +1,222 @@
+"""Word alignments from a model's cross-attention, per layer and head, over whitespace words.
+
+    src, tgt = encode_words(tokenizer, "Das Haus ist klein ."), encode_words(tokenizer, "The house is small .")
+    maps = alignment_maps(model, [src], [tgt], method="weights", shift="awi")[0]   # WordMaps
+    maps.heads.shape                       # (L, H, 5 target words, 5 source words + EOS)
+    links = maps.links(layer=0, head=0)    # {(source word, target word), ...}, 0-based, Pharaoh order
+    maps = maps_from_trace(trace, src, tgt, shift="awo")     # the same from a teacher-forced trace
+
+Words are the whitespace tokens of the given lines. Each word is encoded on its own and the pieces are
+concatenated (sentencepiece splits at spaces, so this is the piece sequence of the line), so every piece
+knows its word. A source word's score is the SUM over its pieces, a target word's the MEAN over its pieces
+(Kobayashi et al. 2020, Ferrando et al. 2022, Zenkel et al.). The source EOS stays as a last column.
+
+Teacher forcing on [start, y_1 .. y_n]: decoder position t reads y_t (t >= 1) and predicts y_{t+1}.
+AWO ("alignment with output", Garg et al. 2019) scores y_t by the row that predicts it, position t - 1;
+AWI ("alignment with input", Chen et al. 2020's shift) by the row that reads it, position t.
+
+Methods: "weights" (attention probabilities; a layer = the mean of its heads), "norms" (Kobayashi et al.
+2020: α·‖f(x)‖ per head, ‖Σ_h α f_h(x)‖ per layer; `norms.value_norms`), "alti" (ALTI+ cross-attention
+contributions, `alti.cross_contributions`; per head each head's own terms).
+A link for target word t is the argmax over source words; with eos="null" the argmax runs over EOS too and
+a word whose best column is EOS gets no link (as the ALTI+ scripts do); eos="drop" ignores that column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..data import pad_sequences
+from .alignment import Link
+from .alti import alti_hooks, block_terms, cross_contributions
+from .norms import value_norms
+
+METHODS = ("weights", "norms", "alti")
+SHIFTS = ("awo", "awi")
+EOS_RULES = ("drop", "null")
+
+
+@dataclass(frozen=True)
+class Words:
+    """A line as whitespace words, encoded word by word: `word_of[k]` is piece k's word."""
+
+    words: list[str]
+    ids: list[int]
+    word_of: list[int]
+
+
+def encode_words(tokenizer, line: str) -> Words:
+    """Split `line` at whitespace and encode each word alone; a word the tokenizer drops has no pieces."""
+    words = line.split()
+    ids: list[int] = []
+    word_of: list[int] = []
+    for w, word in enumerate(words):
+        pieces = tokenizer.encode(word)
+        ids += pieces
+        word_of += [w] * len(pieces)
+    return Words(words, ids, word_of)
+
+
+def _sum_matrix(word_of: Sequence[int], n_words: int) -> np.ndarray:
+    m = np.zeros((len(word_of), n_words))
+    m[np.arange(len(word_of)), word_of] = 1.0
+    return m
+
+
+def to_words(matrix: np.ndarray, src: Words, tgt: Words) -> np.ndarray:
+    """(..., n_tgt pieces, n_src pieces + 1) -> (..., n_tgt words, n_src words + 1): source pieces summed into
+    their words (the last column, EOS, kept), target pieces averaged. A target word without pieces scores 0."""
+    m = np.asarray(matrix, dtype=np.float64)
+    n_src, n_tgt = len(src.words), len(tgt.words)
+    if m.shape[-1] != len(src.ids) + 1 or m.shape[-2] != len(tgt.ids):
+        raise ValueError(f"matrix {m.shape[-2:]} does not match {len(tgt.ids)} target pieces x "
+                         f"{len(src.ids)} source pieces + EOS")
+    cols = np.zeros((len(src.ids) + 1, n_src + 1))
+    cols[: len(src.ids)] = _sum_matrix(src.word_of, n_src + 1)
+    cols[-1, -1] = 1.0
+    rows = _sum_matrix(tgt.word_of, n_tgt).T  # (Tw, T)
+    rows /= np.maximum(rows.sum(1, keepdims=True), 1.0)
+    return rows @ m @ cols
+
+
+@dataclass
+class WordMaps:
+    """Word-level scores of one sentence pair: `heads` (L, H, Tw, Sw + 1), `layers` (L, Tw, Sw + 1); the
+    last column is the source EOS. Rows: target words; columns: source words."""
+
+    heads: np.ndarray
+    layers: np.ndarray
+    method: str
+    shift: str
+
+    def matrix(self, layer: int, head: int | None = None) -> np.ndarray:
+        """One unit's (Tw, Sw + 1) map: a head, or the whole layer (head None)."""
+        return self.layers[layer] if head is None else self.heads[layer, head]
+
+    def combined(self, units: Sequence[tuple[int, int | None]]) -> np.ndarray:
+        """The mean of several units' maps, each row first scaled to sum to 1 (units on one footing)."""
+        if not units:
+            raise ValueError("no units to combine")
+        total = 0.0
+        for layer, head in units:
+            m = self.matrix(layer, head)
+            total = total + m / np.maximum(m.sum(-1, keepdims=True), 1e-30)
+        return total / len(units)
+
+    def links(self, layer: int | None = None, head: int | None = None, *,
+              units: Sequence[tuple[int, int | None]] | None = None, eos: str = "drop") -> set[Link]:
+        """Argmax links (source word, target word) of one unit or the combination of `units`."""
+        if units is None:
+            if layer is None:
+                raise ValueError("give a layer (and head) or units")
+            units = [(layer, head)]
+        return argmax_links(self.combined(units), eos=eos)
+
+
+def argmax_links(matrix: np.ndarray, *, eos: str = "drop") -> set[Link]:
+    """Each target word (row) linked to its best source word; the last column is EOS (see module doc)."""
+    if eos not in EOS_RULES:
+        raise ValueError(f"eos must be one of {EOS_RULES}, got {eos!r}")
+    m = np.asarray(matrix)
+    n_src = m.shape[-1] - 1
+    if n_src < 1:
+        return set()
+    best = m[:, :n_src].argmax(-1) if eos == "drop" else m.argmax(-1)
+    has = m.sum(-1) > 0  # a target word with no pieces has an all-zero row
+    return {(int(s), t) for t, s in enumerate(best) if has[t] and s < n_src}
+
+
+def _check(method: str, shift: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if shift not in SHIFTS:
+        raise ValueError(f"shift must be one of {SHIFTS} (AWO: the row that predicts the word, AWI: the row "
+                         f"that reads it), got {shift!r}")
+
+
+def hooks_for(model, method: str) -> list[str]:
+    """The hooks a trace needs for `maps_from_trace` with `method`."""
+    if method == "weights":
+        return model.hook_names("dec.*.cross_attn.hook_probs")
+    if method == "norms":
+        return model.hook_names(["dec.*.cross_attn.hook_probs", "dec.*.cross_attn.hook_v"])
+    return alti_hooks(model, kinds=("cross",))
+
+
+@torch.no_grad()
+def piece_maps(model, trace, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Piece-level scores from a teacher-forced trace: heads (L, B, H, T, S), layers (L, B, T, S)."""
+    heads, layers = [], []
+    for i in range(len(model.dec)):
+        if method == "weights":
+            p = trace[f"dec.{i}.cross_attn.hook_probs"].float()
+            heads.append(p)
+            layers.append(p.mean(1))
+        elif method == "norms":
+            n = value_norms(model, trace, "cross", i)
+            heads.append(n.per_head.float())
+            layers.append(n.combined.float())
+        else:
+            t = block_terms(model, trace, "cross", i)
+            heads.append(cross_contributions(t, heads=True))
+            layers.append(cross_contributions(t)[..., :-1])
+    return torch.stack(heads), torch.stack(layers)
+
+
+def maps_from_trace(model, trace, src: Words, tgt: Words, *, method: str = "weights", shift: str = "awi",
+                    index: int = 0) -> WordMaps:
+    """Word maps of batch entry `index` of a trace taken on src.ids + [EOS] and [start] + tgt.ids (+ anything
+    after: longer targets and padding are cut). The trace needs `hooks_for(model, method)`."""
+    _check(method, shift)
+    heads, layers = piece_maps(model, trace, method)
+    return _word_maps(heads[:, index], layers[:, index], src, tgt, method, shift)
+
+
+def _word_maps(heads, layers, src: Words, tgt: Words, method: str, shift: str) -> WordMaps:
+    n, m = len(tgt.ids), len(src.ids)
+    rows = slice(0, n) if shift == "awo" else slice(1, n + 1)
+    if heads.size(-2) < rows.stop or heads.size(-1) < m + 1:
+        raise ValueError(f"the trace has {heads.size(-2)} decoder positions and {heads.size(-1)} source positions; "
+                         f"{shift} needs {rows.stop} and {m + 1}")
+    h = heads[..., rows, : m + 1].cpu().numpy()
+    lay = layers[..., rows, : m + 1].cpu().numpy()
+    return WordMaps(to_words(h, src, tgt), to_words(lay, src, tgt), method, shift)
+
+
+def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *, method: str = "weights",
+                   shift: str = "awi", batch_size: int = 32) -> list[WordMaps]:
+    """Word maps for each pair, teacher-forced in length-sorted batches. A pair with a side longer than the
+    model's positions is an error naming it (alignments need whole sentences)."""
+    _check(method, shift)
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    cfg = model.cfg
+    for k, (s, t) in enumerate(zip(sources, targets)):
+        if not s.ids or not t.ids:
+            raise ValueError(f"pair {k + 1}: {'source' if not s.ids else 'target'} is empty")
+        if len(s.ids) + 1 > cfg.max_positions or len(t.ids) + 1 > cfg.max_positions:
+            raise ValueError(f"pair {k + 1} has {len(s.ids)} source and {len(t.ids)} target pieces; the model "
+                             f"takes {cfg.max_positions - 1} at most")
+    names = hooks_for(model, method)
+    order = sorted(range(len(sources)), key=lambda k: (len(sources[k].ids), len(targets[k].ids)))
+    out: list[WordMaps | None] = [None] * len(sources)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                batch = order[start : start + batch_size]
+                src = pad_sequences([[*sources[k].ids, cfg.eos_id] for k in batch], cfg.pad_id, device=model.device)
+                tgt = pad_sequences([[cfg.start_id, *targets[k].ids] for k in batch], cfg.pad_id,
+                                    device=model.device)
+                _, trace = model.run_with_cache(src, tgt, names=names)
+                heads, layers = piece_maps(model, trace, method)
+                for b, k in enumerate(batch):
+                    out[k] = _word_maps(heads[:, b], layers[:, b], sources[k], targets[k], method, shift)
+    finally:
+        model.train(was)
+    return out  # type: ignore[return-value]
