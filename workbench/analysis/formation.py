@@ -1,0 +1,197 @@
+"""How attention's evidence forms during training: per-head AER, source share and roles at every saved snapshot.
+
+    probe = FormationProbe.rwth(tm, test_sources, test_references)   # gold alignments + a test set, once
+    record = probe.measure(tm)                                        # one snapshot: a JSON-ready dict
+    records = formation_records("runs/m30k", probe_factory)          # every step_* of a run, in step order
+
+A record holds, for one snapshot: its step; every cross-attention head's AER against the gold (word level,
+`word_align.alignment_maps`, attention weights, AWI or AWO) and the best one; the diagonal aligner's AER on
+the same gold (the baseline a head must beat to count as an aligner); the mean source share of the output
+tokens over the test sentences (ALTI+, `alti.alti`, teacher-forced on the references) and its mean by output
+position; and every head's roles (`roles.head_roles`) with the counts per kind. `workbench formation RUN_DIR`
+writes them as JSON and CSV with a chart (`charts.evidence.formation_chart`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import pad_sequences
+from .alignment import Link, read_alignments, score_alignments
+from .alti import alti
+from .head_stats import corpus_head_stats, punctuation_ids
+from .roles import RoleRules, head_roles
+from .word_align import Words, alignment_maps, encode_words
+
+
+def diagonal_links(n_src: int, n_tgt: int) -> set[Link]:
+    """The diagonal aligner: target word j linked to source word round(j·(S-1)/(T-1)) (0-based, Pharaoh order)."""
+    if n_src < 1 or n_tgt < 1:
+        return set()
+    if n_tgt == 1:
+        return {(0, 0)}
+    return {(int(round(j * (n_src - 1) / (n_tgt - 1))), j) for j in range(n_tgt)}
+
+
+def head_aer_table(maps, gold, *, eos: str = "drop"):
+    """DataFrame layer, head, aer, precision, recall of every cross-attention head's argmax links (`maps`: one
+    `WordMaps` per gold pair), best first."""
+    import pandas as pd
+
+    if len(maps) != len(gold):
+        raise ValueError(f"{len(maps)} alignment maps for {len(gold)} gold alignments")
+    n_layers, n_heads = maps[0].heads.shape[:2]
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            s = score_alignments([m.links(layer, head, eos=eos) for m in maps], gold)
+            rows.append({"layer": layer, "head": head, "aer": s.aer, "precision": s.precision, "recall": s.recall})
+    return pd.DataFrame(rows).sort_values(["aer", "layer", "head"], kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class FormationProbe:
+    """What every snapshot is measured on: gold word alignments (lines and links) and a test set (texts)."""
+
+    gold_src: list[str]
+    gold_tgt: list[str]
+    gold: list
+    test_src: list[str]
+    test_ref: list[str]
+    shift: str = "awi"
+    share_sentences: int = 100
+    rules: RoleRules = field(default_factory=RoleRules)
+
+    @classmethod
+    def from_files(cls, gold_src: str | Path, gold_tgt: str | Path, gold: str | Path, test_src: Sequence[str],
+                   test_ref: Sequence[str], *, base: int = 1, limit: int = 0, **kw) -> FormationProbe:
+        """Gold lines and a talp/Pharaoh alignment file (`base` 1 for talp gold), first `limit` pairs (0: all)."""
+        src = Path(gold_src).read_text(encoding="utf-8").splitlines()
+        tgt = Path(gold_tgt).read_text(encoding="utf-8").splitlines()
+        links = read_alignments(gold, base=base)
+        if not len(src) == len(tgt) == len(links):
+            raise ValueError(f"gold files differ in length: {len(src)} source, {len(tgt)} target, {len(links)} "
+                             "alignment lines")
+        n = limit or len(src)
+        return cls(src[:n], tgt[:n], links[:n], list(test_src), list(test_ref), **kw)
+
+    def measure(self, tm, *, step: int | None = None) -> dict:
+        """One snapshot's record (module docstring); `tm` a `TranslationModel`."""
+        model = tm.model
+        was = model.training
+        model.eval()
+        try:
+            return self._measure(tm, step)
+        finally:
+            model.train(was)
+
+    @torch.no_grad()
+    def _measure(self, tm, step: int | None) -> dict:
+        model, cfg = tm.model, tm.model.cfg
+        # alignments: words are the whitespace tokens of the gold lines (pieces summed / averaged into them)
+        src_w = [encode_words(tm.src_tokenizer, line) for line in self.gold_src]
+        tgt_w = [encode_words(tm.tgt_tokenizer, line) for line in self.gold_tgt]
+        keep = [k for k, (s, t) in enumerate(zip(src_w, tgt_w)) if _fits(s, t, cfg.max_positions)]
+        maps = alignment_maps(model, [src_w[k] for k in keep], [tgt_w[k] for k in keep], method="weights",
+                              shift=self.shift)
+        gold = [self.gold[k] for k in keep]
+        aer = head_aer_table(maps, gold)
+        diagonal = score_alignments([diagonal_links(len(src_w[k].words), len(tgt_w[k].words)) for k in keep],
+                                    gold).aer
+        # head statistics and roles, teacher-forced on the test references
+        sources = [tm.encode_source(s)[0] for s in self.test_src]
+        targets = [tm.tgt_tokenizer.encode(t)[: cfg.max_positions - 1] + [cfg.eos_id] for t in self.test_ref]
+        pairs = [(s, t) for s, t in zip(sources, targets) if s]
+        vocab_src = tm.src_tokenizer.pieces(list(range(cfg.src_vocab)))
+        vocab_tgt = tm.tgt_tokenizer.pieces(list(range(cfg.tgt_vocab)))
+        stats = corpus_head_stats(model, [s for s, _ in pairs], [t for _, t in pairs],
+                                  src_punct=punctuation_ids(vocab_src), tgt_punct=punctuation_ids(vocab_tgt),
+                                  )
+        roles = head_roles(stats, aer=aer, diagonal_aer=diagonal, rules=self.rules)
+        share, by_pos = self._source_share(model, pairs[: self.share_sentences])
+        best = aer.iloc[0]
+        grid = np.full((int(aer["layer"].max()) + 1, int(aer["head"].max()) + 1), np.nan)
+        for _, r in aer.iterrows():
+            grid[int(r["layer"]), int(r["head"])] = r["aer"]
+        return {
+            "step": step, "shift": self.shift, "gold_pairs": len(keep),
+            "best_aer": float(best["aer"]), "best_head": f"cross:{int(best['layer'])}:{int(best['head'])}",
+            "diagonal_aer": float(diagonal), "head_aer": grid.tolist(),
+            "source_share": share, "source_share_by_position": by_pos,
+            "role_counts": roles.counts(),
+            "roles": {f"{r['kind']}:{r['layer']}:{r['head']}": r["roles"] for _, r in roles.table.iterrows()},
+            "stats": {f"{r['kind']}:{r['layer']}:{r['head']}": {k: _num(r[k]) for k in
+                                                                ("prev_top", "next_top", "eos", "punct", "rare")}
+                      for _, r in roles.table.iterrows()},
+        }
+
+    @staticmethod
+    def _source_share(model, pairs, batch_size: int = 25) -> tuple[float | None, list[float]]:
+        """Mean ALTI+ source share over the output tokens of `pairs` (teacher-forced on the references) and its
+        mean by output position (positions with at least 10 tokens)."""
+        if not pairs:
+            return None, []
+        cfg = model.cfg
+        sums: dict[int, list[float]] = {}
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            src = pad_sequences([s for s, _ in chunk], cfg.pad_id, device=model.device)
+            tgt = pad_sequences([[cfg.start_id, *t[:-1]] for _, t in chunk], cfg.pad_id, device=model.device)
+            share = alti(model, src, tgt).source_share.float().cpu().numpy()  # (B, T)
+            for b, (_, t) in enumerate(chunk):
+                for pos in range(len(t)):
+                    sums.setdefault(pos, []).append(float(share[b, pos]))
+        every = [v for vals in sums.values() for v in vals]
+        by_pos = [float(np.mean(sums[p])) for p in sorted(sums) if len(sums[p]) >= 10]
+        return float(np.mean(every)), by_pos
+
+
+def _fits(s: Words, t: Words, max_positions: int) -> bool:
+    return bool(s.ids) and bool(t.ids) and len(s.ids) + 1 <= max_positions and len(t.ids) + 1 <= max_positions
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
+def snapshots(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every step_* checkpoint of a run directory, in step order."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run directory {run}")
+    out = []
+    for p in run.glob("step_*"):
+        if p.is_dir() and p.name[5:].isdigit() and (p / "model.safetensors").is_file():
+            out.append((int(p.name[5:]), p))
+    if not out:
+        raise FileNotFoundError(f"{run} has no step_* checkpoints")
+    return sorted(out)
+
+
+def formation_records(run_dir: str | Path, probe: FormationProbe, *, steps: Sequence[int] | None = None,
+                      cache: str | Path | None = None, load: Callable | None = None,
+                      progress: Callable[[int, int, int], None] | None = None) -> list[dict]:
+    """`probe.measure` at every snapshot of a run (or the chosen `steps`). With `cache` (a JSON file), records
+    already measured are read from it and new ones appended, so a growing run is measured incrementally."""
+    if load is None:
+        from ..translator import load
+    done: dict[int, dict] = {}
+    cache = Path(cache) if cache else None
+    if cache and cache.is_file():
+        done = {int(r["step"]): r for r in json.loads(cache.read_text(encoding="utf-8"))}
+    todo = [(s, p) for s, p in snapshots(run_dir) if steps is None or s in set(steps)]
+    for n, (step, path) in enumerate(todo):
+        if step not in done:
+            done[step] = probe.measure(load(path), step=step)
+            if cache:
+                cache.write_text(json.dumps([done[k] for k in sorted(done)], indent=1), encoding="utf-8")
+        if progress is not None:
+            progress(n + 1, len(todo), step)
+    return [done[s] for s, _ in todo]
