@@ -17,25 +17,21 @@ import pytest
 import torch
 
 import workbench
+import workbench.decoding.translator
 import workbench.importers
-import workbench.translator
 from workbench import Transformer, presets
-from workbench.checkpoint import save_checkpoint
-from workbench.tokenizer import SentencePieceTokenizer
-from workbench.toolkit_tokenizers import SpmVocabTokenizer
+from workbench.checkpoint.format import save_checkpoint
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
+from workbench.checkpoint.toolkit_tokenizers import SpmVocabTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "workbench"
 
 # Layers, lowest first: a module may import its own layer (if that stays acyclic) and the ones below.
 LAYERS = ["core", "tokenizers", "pipeline", "importers", "analysis", "charts", "ui", "apps", "cli"]
-TOP_LEVEL = {  # modules directly under workbench/
-    "core": {"config", "heads", "hooks", "attention", "layers", "embedding", "masks", "model", "trace",
-             "interventions", "presets", "schedule", "loss", "progress", "version"},
-    "tokenizers": {"tokenizer", "toolkit_tokenizers", "checkpoint"},
-    "pipeline": {"data", "download", "train", "average", "decoding", "translator", "evaluate"},
-}
-SUBPACKAGES = {"training": "pipeline", "importers": "importers", "analysis": "analysis", "charts": "charts",
+TOP_LEVEL = {"pipeline": {"train"}}  # modules directly under workbench/
+SUBPACKAGES = {"core": "core", "checkpoint": "tokenizers", "corpus": "pipeline", "decoding": "pipeline",
+               "training": "pipeline", "importers": "importers", "analysis": "analysis", "charts": "charts",
                "ui": "ui", "cli": "cli"}
 
 # Optional or heavy third-party modules that may be imported inside a function without a comment:
@@ -280,7 +276,8 @@ def test_load_of_a_checkpoint_directory_never_imports_the_importers(tmp_path, to
 def test_load_sends_only_format_specs_to_the_importers(monkeypatch):
     calls = []
     monkeypatch.setattr(workbench.importers, "load", lambda spec, **kw: calls.append(("importers", spec, kw)))
-    monkeypatch.setattr(workbench.translator, "load", lambda spec, **kw: calls.append(("translator", spec, kw)))
+    monkeypatch.setattr(workbench.decoding.translator, "load",
+                        lambda spec, **kw: calls.append(("translator", spec, kw)))
     workbench.load("marian:hf:Helsinki-NLP/opus-mt-en-de", beam=2)
     workbench.load("runs/marian:copy", device="cpu")  # a directory whose name has a colon
     workbench.load("fairseq:")  # nothing after the colon: not a spec

@@ -5,7 +5,7 @@ import pytest
 from model_helpers import ROOT
 
 from workbench import ModelConfig, presets
-from workbench.config import override
+from workbench.core.config import override
 
 
 def test_json_round_trip_keeps_every_field():
@@ -64,8 +64,8 @@ def test_override_parses_types_and_rejects_unknown_keys():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
 def test_every_committed_training_config_loads_and_names_known_data(path):
-    from workbench.config import TrainConfig
-    from workbench.data import DATASETS, MIXTURES
+    from workbench.core.config import TrainConfig
+    from workbench.corpus.data import DATASETS, MIXTURES
 
     cfg = TrainConfig.load(path)
     assert cfg.dataset in {"copy", "files"} | set(DATASETS) | set(MIXTURES)
@@ -117,7 +117,7 @@ def test_per_stack_values_round_trip_and_old_config_json_still_loads():
 
 
 def test_shipped_configs_use_current_names_only(recwarn):
-    from workbench.config import TrainConfig
+    from workbench.core.config import TrainConfig
 
     for path in sorted((ROOT / "configs").glob("*.toml")):
         TrainConfig.load(path)
@@ -125,7 +125,7 @@ def test_shipped_configs_use_current_names_only(recwarn):
 
 
 def test_old_train_spelling_still_loads_with_one_warning(tmp_path):
-    from workbench.config import TrainConfig
+    from workbench.core.config import TrainConfig
 
     path = tmp_path / "old.toml"
     path.write_text("[train]\nmax_len = 120\nmax_steps = 5\n", encoding="utf-8")
@@ -141,7 +141,7 @@ def test_old_train_spelling_still_loads_with_one_warning(tmp_path):
 
 
 def test_decode_token_budget_has_the_training_name():
-    from workbench.config import DecodeConfig
+    from workbench.core.config import DecodeConfig
 
     with pytest.warns(FutureWarning, match="'batch_tokens' is now 'max_tokens'"):
         cfg = DecodeConfig(batch_tokens=100)
@@ -154,14 +154,14 @@ def test_decode_token_budget_has_the_training_name():
 
 @pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.5])
 def test_alpha_must_be_finite_and_not_negative(alpha):
-    from workbench.config import DecodeConfig
+    from workbench.core.config import DecodeConfig
 
     with pytest.raises(ValueError, match=rf"alpha \({alpha}\) must be a finite number >= 0"):
         DecodeConfig(alpha=alpha)
 
 
 def test_noam_factor_is_its_own_setting():
-    from workbench.config import TrainConfig
+    from workbench.core.config import TrainConfig
 
     with pytest.warns(FutureWarning, match=r"schedule 'noam' reads lr \(2.0\) as its factor; set noam_factor"):
         old = TrainConfig(max_steps=5, schedule="noam", lr=2.0)

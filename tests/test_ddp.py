@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint
-from workbench.config import TrainConfig
+from workbench.checkpoint.format import load_checkpoint
+from workbench.core.config import TrainConfig
 from workbench.train import Trainer
 
 CFG = dict(
@@ -56,7 +56,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
 RANK_SCRIPT = """
 import os, sys, torch
 from safetensors.torch import save_file
-from workbench.config import TrainConfig
+from workbench.core.config import TrainConfig
 from workbench.train import Trainer
 import json
 trainer = Trainer(TrainConfig(**json.loads(open(sys.argv[1]).read())), progress="none").fit()

@@ -3,8 +3,8 @@
 import pytest
 
 from workbench import presets
-from workbench.heads import KINDS, Head, block_path, hook_name, kind_of
-from workbench.model import Transformer
+from workbench.core.heads import KINDS, Head, block_path, hook_name, kind_of
+from workbench.core.model import Transformer
 
 
 def test_every_kind_names_real_hook_points():

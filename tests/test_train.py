@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint, read_pointer
+from workbench.checkpoint.format import load_checkpoint, read_pointer
 from workbench.cli import main as cli_main
-from workbench.config import TrainConfig
+from workbench.core.config import TrainConfig
 from workbench.train import Trainer, TrainingDiverged, parse_overrides
 
 

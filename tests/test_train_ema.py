@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint
-from workbench.config import TrainConfig
+from workbench.checkpoint.format import load_checkpoint
+from workbench.core.config import TrainConfig
 from workbench.train import Trainer
 from workbench.training import run_dir
 

@@ -18,9 +18,9 @@ import time
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint, read_pointer, save_checkpoint, write_pointer
+from workbench.checkpoint.format import load_checkpoint, read_pointer, save_checkpoint, write_pointer
 from workbench.cli import main as cli_main
-from workbench.config import TrainConfig
+from workbench.core.config import TrainConfig
 from workbench.train import Trainer, TrainingDiverged
 from workbench.training import run_dir
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from .config import TrainConfig, override
+from .core.config import TrainConfig, override
 from .training import Trainer, TrainingDiverged, model_config
 from .training.trainer import _Accumulator
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..decoding import generate
-from ..heads import KINDS, Head
-from ..interventions import ablate_heads
+from ..core.heads import KINDS, Head
+from ..core.interventions import ablate_heads
+from ..decoding.search import generate
 
 __all__ = ["KINDS", "AblationEffect", "ablation_effect", "check_heads"]  # KINDS: re-exported from heads
 

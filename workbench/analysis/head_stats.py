@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import pad_sequences
-from ..heads import KINDS, AttentionKind, kind_of
-from ..trace import Trace
+from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.trace import Trace
+from ..corpus.data import pad_sequences
 
 STATS: dict[str, str] = {
     "entropy": "entropy of the row (nats)",

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from ..config import TrainConfig
+from ..core.config import TrainConfig
 from ..train import Trainer, parse_overrides
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..evaluate import read_lines
-from ..translator import load
+from ..decoding.evaluate import read_lines
+from ..decoding.translator import load
 
 DECODE_FLAGS = ("beam", "n_best", "length_penalty", "alpha", "max_len_a", "max_len_b", "max_len", "min_len",
                 "no_repeat_ngram", "max_tokens")

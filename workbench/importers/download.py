@@ -1,8 +1,9 @@
-"""Old home of the checkpoint downloads, kept so existing imports work: everything lives in workbench.download."""
+"""Old home of the checkpoint downloads, kept so existing imports work:
+everything lives in workbench.corpus.download."""
 
 from __future__ import annotations
 
-from ..download import (
+from ..corpus.download import (
     HF_FILES,
     ArchiveError,
     NetworkUnreachable,

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from ..data import ParallelData, pad_sequences, token_batches
-from ..decoding import greedy
-from ..evaluate import score
-from ..loss import teacher_forced_loss
-from ..model import Transformer
-from ..tokenizer import Tokenizer
+from ..checkpoint.tokenizer import Tokenizer
+from ..core.model import Transformer
+from ..corpus.data import ParallelData, pad_sequences, token_batches
+from ..decoding.evaluate import score
+from ..decoding.search import greedy
+from .loss import teacher_forced_loss
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import math
 
 import param
 
-from ..heads import KINDS, Head  # noqa: F401  (KINDS re-exported: views import it from here)
+from ..core.heads import KINDS, Head  # noqa: F401  (KINDS re-exported: views import it from here)
 from . import loader
 from .work import Outcome, Request, Result, compute, run
 

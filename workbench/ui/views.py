@@ -33,7 +33,7 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
-from ..data import pad_sequences
+from ..corpus.data import pad_sequences
 from . import loader
 from .session import KINDS, Session, fmt_logp, head_label
 from .work import Request, translate

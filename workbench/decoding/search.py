@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DecodeConfig, LengthPenaltyKind, config_keys, replace
-from .data import pad_sequences
-from .model import DecoderCache, Transformer
-from .trace import Trace
+from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys, replace
+from ..core.model import DecoderCache, Transformer
+from ..core.trace import Trace
+from ..corpus.data import pad_sequences
 
 NEG_INF = float("-inf")
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
-from .config import DecodeConfig, config_keys, replace
-from .data import pad_sequences, token_batches
-from .decoding import Generation, generate
-from .model import Transformer
-from .tokenizer import Tokenizer
-from .trace import Trace
+from ..checkpoint.format import load_checkpoint
+from ..checkpoint.tokenizer import Tokenizer
+from ..core.config import DecodeConfig, config_keys, replace
+from ..core.model import Transformer
+from ..core.trace import Trace
+from ..corpus.data import pad_sequences, token_batches
+from .search import Generation, generate
 
 _LINE_BREAKS = str.maketrans({"\n": " ", "\r": " ", "\v": " ", "\f": " ", "\x1c": " ", "\x1d": " ", "\x1e": " ",
                               "\x85": " ", "\u2028": " ", "\u2029": " "})

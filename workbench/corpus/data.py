@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from ..core.config import ModelConfig
 from .download import download
 
 # ------------------------------------------------------------------------------------------- reading

@@ -416,8 +416,8 @@ class TrainConfig:
 
     # -- data
     dataset: str = "multi30k"
-    """A named dataset (workbench.data.DATASETS: multi30k, wmt14_sample, tatoeba...), a named mixture
-    (workbench.data.MIXTURES: general_de_en), "copy", or "files"."""
+    """A named dataset (workbench.corpus.data.DATASETS: multi30k, wmt14_sample, tatoeba...), a named mixture
+    (workbench.corpus.data.MIXTURES: general_de_en), "copy", or "files"."""
     src_lang: str = "de"
     tgt_lang: str = "en"
     data_root: str | None = None
@@ -449,7 +449,7 @@ class TrainConfig:
     """Unseen characters become UTF-8 byte pieces instead of unk."""
     # -- model
     preset: str = "multi30k_small"
-    """A workbench.presets name; vocab sizes come from the tokenizer."""
+    """A workbench.core.presets name; vocab sizes come from the tokenizer."""
     model: dict = dataclasses.field(default_factory=dict)
     """ModelConfig overrides on top of the preset (CLI: --model.d_model=128)."""
     # -- optimisation
