@@ -40,8 +40,8 @@ import tempfile
 from pathlib import Path
 
 from workbench.checkpoint.format import is_checkpoint
-from workbench.core.config import TrainConfig
-from workbench.train import Trainer
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 
 SHIPPED = Path("../checkpoints/multi30k-de-en")  # the notebooks read German Multi30k: the de→en model
 if is_checkpoint(SHIPPED) and not QUICK:
@@ -345,8 +345,8 @@ view with loss and learning-rate charts."""),
     ("code", '''\
 import tempfile
 
-from workbench.core.config import TrainConfig
-from workbench.train import Trainer
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 
 copy_cfg = TrainConfig.load("../configs/copy_task.toml")
 copy_cfg = dataclasses.replace(copy_cfg, max_steps=COPY_STEPS, log_every=10, eval_every=0, copy_pairs=2000,
@@ -430,8 +430,8 @@ curves. Interrupting the kernel saves a checkpoint; `trainer.fit()` again contin
 import dataclasses
 import tempfile
 
-from workbench.core.config import TrainConfig
-from workbench.train import Trainer
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 
 recipe = TrainConfig.load("../configs/multi30k_de_en.toml")
 if SETTING == "quick":
@@ -533,7 +533,7 @@ print(len(src_lines), "newstest2014 sentences")'''),
     ("md", "## Import (online) or build a stand-in (offline)"),
     ("code", '''\
 from workbench.cli import main as workbench_cli
-from workbench.importers.download import NetworkUnreachable
+from workbench.corpus.download import NetworkUnreachable
 
 ONLINE = False
 if not QUICK:

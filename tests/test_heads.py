@@ -29,7 +29,9 @@ def test_a_head_has_one_spelling(spelled):
     head = Head.parse(spelled)
     assert head == Head("cross", 1, 0)
     assert str(head) == "cross:1:0"
-    assert tuple(head) == ("cross", 1, 0)  # unpacks where tuples were used
+    assert (head.kind, head.layer, head.head) == ("cross", 1, 0)
+    with pytest.raises(TypeError):  # a Head is not a tuple: no unpacking by position
+        tuple(head)
     assert head.hook_name() == "dec.1.cross_attn.hook_context"
     assert Head.parse(str(head)) == head
 

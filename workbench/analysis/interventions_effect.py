@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..core.batching import pad_sequences
 from ..core.heads import KINDS
 from ..core.heads import n_heads as heads_of
 from ..core.interventions import ablate_heads, patch
-from ..corpus.data import pad_sequences
 from ..decoding.evaluate import score
 from ..decoding.search import greedy
 from .head_stats import fit_to_positions

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..core.heads import KINDS, AttentionKind, check_kind  # noqa: F401  (KINDS: re-exported for old imports)
+from ..core.heads import AttentionKind, check_kind
 from ..core.trace import Trace
 from .tokens import Scheme, merge_attention, merge_mask, word_groups
 

@@ -10,8 +10,9 @@ import torch
 
 from ..checkpoint.tokenizer import SentencePieceTokenizer, Tokenizer
 from ..core import presets
-from ..core.config import ModelConfig, TrainConfig
+from ..core.config import ModelConfig
 from ..corpus.data import ParallelData, copy_task, load_dataset, read_parallel
+from .config import TrainConfig
 from .schedule import make_schedule
 
 

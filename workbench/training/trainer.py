@@ -38,10 +38,10 @@ import torch.distributed as dist
 
 from ..checkpoint.format import LATEST, clean_stale, load_checkpoint, read_pointer, save_checkpoint
 from ..checkpoint.tokenizer import check_special_ids
-from ..core.config import TrainConfig
 from ..core.model import Transformer
 from ..corpus.data import ParallelData, shard
 from . import run_dir, validation
+from .config import TrainConfig
 from .distributed import init_distributed, pick_device
 from .loss import teacher_forced_loss
 from .progress import make_progress

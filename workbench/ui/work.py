@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
-from ..core.heads import KINDS  # noqa: F401  (re-exported: session and views import it from here)
 from ..core.hooks import submit
 from ..core.trace import Trace
 from ..decoding.search import generate
