@@ -11,9 +11,9 @@ from model_helpers import make_model
 from workbench import presets
 from workbench.analysis.interventions_effect import run_outcome
 from workbench.analysis.pruning import PruningCurve, importance_order, pruning_curve
-from workbench.data import pad_sequences
-from workbench.decoding import beam_search, greedy
-from workbench.interventions import ablate_heads
+from workbench.core.batching import pad_sequences
+from workbench.core.interventions import ablate_heads
+from workbench.decoding.search import beam_search, greedy
 
 SOURCES = [[5, 6, 7, 8, 2], [9, 10, 2], [11, 12, 13, 2], [6, 14, 15, 16, 17, 2], [7, 7, 9, 2], [18, 5, 2]]
 DECODE = {"max_len_b": 6, "max_len_a": 0.0}

@@ -8,7 +8,7 @@ import torch
 
 from workbench.analysis.head_stats import head_stats
 from workbench.analysis.roles import HeadRoles, RoleRules, head_roles
-from workbench.trace import Trace
+from workbench.core.trace import Trace
 
 L = 6
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import pad_sequences
+from ..core.batching import pad_sequences
+from ..decoding.translator import load as load_checkpoint
 from .alignment import Link, read_alignments, score_alignments
 from .alti import alti
 from .head_stats import corpus_head_stats, punctuation_ids
@@ -180,8 +181,7 @@ def formation_records(run_dir: str | Path, probe: FormationProbe, *, steps: Sequ
                       progress: Callable[[int, int, int], None] | None = None) -> list[dict]:
     """`probe.measure` at every snapshot of a run (or the chosen `steps`). With `cache` (a JSON file), records
     already measured are read from it and new ones appended, so a growing run is measured incrementally."""
-    if load is None:
-        from ..translator import load
+    load = load or load_checkpoint
     done: dict[int, dict] = {}
     cache = Path(cache) if cache else None
     if cache and cache.is_file():

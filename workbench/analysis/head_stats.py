@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import pad_sequences
-from ..heads import KINDS, AttentionKind, kind_of
-from ..trace import Trace
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.trace import Trace
 
 STATS: dict[str, str] = {
     "entropy": "entropy of the row (nats)",
@@ -333,11 +333,6 @@ def token_counts(rows: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
     """How often each id occurs in `rows`: (vocab,) int64, for the "rare" statistic."""
     flat = torch.tensor([i for r in rows for i in r], dtype=torch.long)
     return torch.bincount(flat, minlength=vocab)[:vocab] if len(flat) else torch.zeros(vocab, dtype=torch.long)
-
-
-def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:
-    """Kept for existing imports; `data.pad_sequences` is the one padding helper."""
-    return pad_sequences(rows, pad_id, device=device)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data import pad_sequences
-from ..decoding import greedy
-from ..evaluate import score
-from ..heads import KINDS
-from ..interventions import ablate_heads
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS
+from ..core.interventions import ablate_heads
+from ..decoding.evaluate import score
+from ..decoding.search import greedy
 from .head_stats import fit_to_positions
 from .interventions_effect import head_importance
 

@@ -15,6 +15,9 @@ import csv
 import time
 from pathlib import Path
 
+from ..analysis.formation import FormationProbe, formation_records
+from ..corpus.data import dataset_files, read_parallel
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a training run directory holding step_* checkpoints")
@@ -36,10 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.formation import FormationProbe, formation_records  # torch-heavy: loaded when run
-    from ..charts import save_html
-    from ..charts.evidence import formation_chart
-    from ..data import dataset_files, read_parallel
+    from ..charts import save_html  # CLI: loaded when run
+    from ..charts.evidence import formation_chart  # CLI: loaded when run
 
     steps = None
     if args.steps:

@@ -15,7 +15,8 @@ import json
 import time
 from pathlib import Path
 
-from ..heads import KINDS
+from ..analysis.pruning import pruning_curve
+from ..core.heads import KINDS
 from .heads import add_corpus_arguments, read_corpus
 
 
@@ -37,9 +38,8 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.pruning import pruning_curve  # torch-heavy: loaded when run
-    from ..charts import save_html
-    from ..charts.evidence import pruning_chart
+    from ..charts import save_html  # CLI: loaded when run
+    from ..charts.evidence import pruning_chart  # CLI: loaded when run
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
