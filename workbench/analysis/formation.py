@@ -56,6 +56,25 @@ def head_aer_table(maps, gold, *, eos: str = "drop"):
     return pd.DataFrame(rows).sort_values(["aer", "layer", "head"], kind="stable").reset_index(drop=True)
 
 
+@torch.no_grad()
+def gold_aer(tm, gold_src: Sequence[str], gold_tgt: Sequence[str], gold, *, shift: str = "awi"):
+    """(per-head AER table, the diagonal aligner's AER, pairs scored) of a `TranslationModel` on gold alignments.
+    Words are the whitespace tokens of the gold lines (pieces summed into source words, averaged into target
+    words: `word_align`); attention weights, argmax per target word; pairs longer than the model's positions
+    are left out of both scores."""
+    cfg = tm.model.cfg
+    src_w = [encode_words(tm.src_tokenizer, line) for line in gold_src]
+    tgt_w = [encode_words(tm.tgt_tokenizer, line) for line in gold_tgt]
+    keep = [k for k, (s, t) in enumerate(zip(src_w, tgt_w)) if _fits(s, t, cfg.max_positions)]
+    if not keep:
+        raise ValueError("no gold pair fits the model")
+    maps = alignment_maps(tm.model, [src_w[k] for k in keep], [tgt_w[k] for k in keep], method="weights",
+                          shift=shift)
+    kept = [gold[k] for k in keep]
+    diagonal = score_alignments([diagonal_links(len(src_w[k].words), len(tgt_w[k].words)) for k in keep], kept)
+    return head_aer_table(maps, kept), diagonal.aer, len(keep)
+
+
 @dataclass
 class FormationProbe:
     """What every snapshot is measured on: gold word alignments (lines and links) and a test set (texts)."""
@@ -95,16 +114,7 @@ class FormationProbe:
     @torch.no_grad()
     def _measure(self, tm, step: int | None) -> dict:
         model, cfg = tm.model, tm.model.cfg
-        # alignments: words are the whitespace tokens of the gold lines (pieces summed / averaged into them)
-        src_w = [encode_words(tm.src_tokenizer, line) for line in self.gold_src]
-        tgt_w = [encode_words(tm.tgt_tokenizer, line) for line in self.gold_tgt]
-        keep = [k for k, (s, t) in enumerate(zip(src_w, tgt_w)) if _fits(s, t, cfg.max_positions)]
-        maps = alignment_maps(model, [src_w[k] for k in keep], [tgt_w[k] for k in keep], method="weights",
-                              shift=self.shift)
-        gold = [self.gold[k] for k in keep]
-        aer = head_aer_table(maps, gold)
-        diagonal = score_alignments([diagonal_links(len(src_w[k].words), len(tgt_w[k].words)) for k in keep],
-                                    gold).aer
+        aer, diagonal, n_gold = gold_aer(tm, self.gold_src, self.gold_tgt, self.gold, shift=self.shift)
         # head statistics and roles, teacher-forced on the test references
         sources = [tm.encode_source(s)[0] for s in self.test_src]
         targets = [tm.tgt_tokenizer.encode(t)[: cfg.max_positions - 1] + [cfg.eos_id] for t in self.test_ref]
@@ -121,7 +131,7 @@ class FormationProbe:
         for _, r in aer.iterrows():
             grid[int(r["layer"]), int(r["head"])] = r["aer"]
         return {
-            "step": step, "shift": self.shift, "gold_pairs": len(keep),
+            "step": step, "shift": self.shift, "gold_pairs": n_gold,
             "best_aer": float(best["aer"]), "best_head": f"cross:{int(best['layer'])}:{int(best['head'])}",
             "diagonal_aer": float(diagonal), "head_aer": grid.tolist(),
             "source_share": share, "source_share_by_position": by_pos,

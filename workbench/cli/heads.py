@@ -1,7 +1,10 @@
-"""`workbench heads`: head statistics of a checkpoint over a test set, as CSV + an offline HTML report.
+"""`workbench heads`: head statistics of a checkpoint over a test set, as CSV + an offline HTML report, and
+every head's roles with the thresholds that decide them (`workbench.analysis.roles`).
 
     workbench heads CHECKPOINT --dataset multi30k --split test --src-lang de --tgt-lang en --out heads/
     workbench heads CHECKPOINT --src test.de --ref test.en --limit 500 --out heads/
+    workbench heads CHECKPOINT --dataset multi30k --gold-src rwth/test.de --gold-tgt rwth/test.en \
+        --gold rwth/test.talp       # + per-head AER (aer.csv) and the alignment role
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ import argparse
 import time
 from pathlib import Path
 
+from ..analysis.alignment import read_alignments
+from ..analysis.formation import gold_aer
 from ..analysis.head_stats import STATS, corpus_head_stats, punctuation_ids
+from ..analysis.roles import head_roles
 from ..corpus.data import dataset_files, read_parallel
+from ..decoding.evaluate import read_text
 from ..decoding.translator import load
 
 
@@ -56,6 +63,10 @@ def read_corpus(args: argparse.Namespace):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_corpus_arguments(p)
     p.add_argument("--stat", default="entropy", help="statistic drawn in the report's heatmaps")
+    p.add_argument("--gold-src", default=None, help="gold alignment source lines, for the alignment role")
+    p.add_argument("--gold-tgt", default=None, help="gold alignment target lines")
+    p.add_argument("--gold", default=None, help="gold alignments, talp form (1-based: i-j sure, ipj possible)")
+    p.add_argument("--shift", choices=("awi", "awo"), default="awi", help="alignment rows (see workbench align)")
     p.add_argument("--out", default="heads", help="output directory for heads.csv and heads.html")
 
 
@@ -82,4 +93,17 @@ def run(args: argparse.Namespace) -> int:
     for stat, kind in (("prev", "enc_self"), ("eos", "enc_self"), ("monotonic", "cross")):
         top = table.rank(stat, kind=kind).iloc[0]
         print(f"  top {stat} head ({kind}): layer {top['layer']} head {top['head']}: {top[stat]:.3f}")
+    aer = diagonal = None
+    gold_args = (args.gold_src, args.gold_tgt, args.gold)
+    if any(gold_args):
+        if not all(gold_args):
+            raise ValueError("give all three of --gold-src, --gold-tgt and --gold")
+        links = read_alignments(args.gold, base=1)
+        aer, diagonal, n = gold_aer(tm, read_text(args.gold_src), read_text(args.gold_tgt), links, shift=args.shift)
+        aer.to_csv(out / "aer.csv", index=False)
+        print(f"alignment ({args.shift}, {n} gold pairs): best head cross:{aer.iloc[0]['layer']}:{aer.iloc[0]['head']} "
+              f"AER {100 * aer.iloc[0]['aer']:.1f} %, diagonal aligner {100 * diagonal:.1f} %")
+    roles = head_roles(table, aer=aer, diagonal_aer=diagonal)
+    roles.table.to_csv(out / "roles.csv", index=False)
+    print(roles)
     return 0
