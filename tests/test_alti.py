@@ -18,7 +18,8 @@ def test_block_terms_rebuild_each_block_and_shares_sum_to_one(norm_first):
     for kind, n in (("enc_self", 2), ("dec_self", 2), ("cross", 2)):
         for layer in range(n):
             t = block_terms(model, trace, kind, layer, dtype=torch.float64)
-            rebuilt = t.per_head.sum((1, 3)) + t.residual + t.bias
+            rebuilt = t.per_key().sum(2) + t.residual + t.bias
+            torch.testing.assert_close(t.per_head().sum((1, 3)), t.per_key().sum(2), atol=1e-10, rtol=0)
             torch.testing.assert_close(rebuilt, t.output, atol=1e-4, rtol=0)
     a = alti(model, src, tgt, trace=trace)
     rows = a.source.sum(-1) + a.target.sum(-1)

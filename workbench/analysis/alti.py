@@ -30,12 +30,23 @@ from ..core.heads import block_path
 
 @dataclass(frozen=True)
 class BlockTerms:
-    """One attention block, linearised: y_i = Σ_j terms[i, j] + residual[i] + bias[i] (float)."""
+    """One attention block, linearised: y_i = Σ_j Σ_h α^h_ij g^h_j / σ_i + residual_i + bias_i, held factorised
+    (the (B, H, Lq, Lk, D) terms are built only when asked for)."""
 
-    per_head: torch.Tensor  # (B, H, Lq, Lk, D): α^h_ij g^h_j / σ_i, what head h moves from key j to query i
+    probs: torch.Tensor  # (B, H, Lq, Lk)
+    values: torch.Tensor  # (B, H, Lk, D): g^h_j, what key j writes through head h (norm's linear part applied)
+    inv_scale: torch.Tensor  # (B, Lq, 1): 1/σ_i of the norm after the block (ones for pre-norm)
     residual: torch.Tensor  # (B, Lq, D): the residual input as the block's output sees it
     bias: torch.Tensor  # (B, Lq, D): the output-projection bias and the norm's shift
     output: torch.Tensor  # (B, Lq, D): the block's real output (the hook), which the terms sum to
+
+    def per_head(self) -> torch.Tensor:
+        """(B, H, Lq, Lk, D): what head h moves from key j to query i."""
+        return self.probs[..., None] * self.values[:, :, None] * self.inv_scale[:, None, :, :, None]
+
+    def per_key(self) -> torch.Tensor:
+        """(B, Lq, Lk, D): what key j writes to query i through all heads."""
+        return torch.einsum("bhqk,bhkd->bqkd", self.probs, self.values) * self.inv_scale[:, :, None]
 
 
 @dataclass(frozen=True)
@@ -89,8 +100,8 @@ def block_terms(model, trace, kind: str, layer: int, *, dtype=torch.float32) -> 
     b_o = block.out_proj.bias
     b_o = torch.zeros(f.size(-1), dtype=dtype, device=f.device) if b_o is None else b_o.detach().to(dtype)
     if hooks["scale"] is None:  # pre-norm: the block adds to the stream, no norm after it
-        per_head = probs[..., None] * f[:, :, None]
-        return BlockTerms(per_head, x, b_o.expand_as(x), trace[hooks["out"]].to(dtype))
+        ones = torch.ones_like(x[..., :1])
+        return BlockTerms(probs, f, ones, x, b_o.expand_as(x), trace[hooks["out"]].to(dtype))
     norm = getattr(stack[layer], "self_attn_norm" if kind != "cross" else "cross_attn_norm")
     gamma = norm.weight.detach().to(dtype)
     sigma = trace[hooks["scale"]].to(dtype)  # (B, Lq, 1)
@@ -98,11 +109,9 @@ def block_terms(model, trace, kind: str, layer: int, *, dtype=torch.float32) -> 
     def lin(z):  # the norm's linear part, without 1/σ
         return (z - z.mean(-1, keepdim=True)) * gamma
 
-    g = lin(f)  # (B, H, Lk, D)
-    per_head = probs[..., None] * g[:, :, None] / sigma[:, None, :, :, None]
     residual = lin(x) / sigma
     bias = lin(b_o) / sigma + norm.bias.detach().to(dtype)
-    return BlockTerms(per_head, residual, bias, trace[hooks["out"]].to(dtype))
+    return BlockTerms(probs, lin(f), 1.0 / sigma, residual, bias, trace[hooks["out"]].to(dtype))
 
 
 def contributions(terms: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -118,10 +127,8 @@ def _normalise(c: torch.Tensor) -> torch.Tensor:
 
 def self_contributions(t: BlockTerms) -> torch.Tensor:
     """(B, L, L): a self-attention block's ALTI contributions, the residual on the diagonal; rows sum to 1."""
-    terms = t.per_head.sum(1)  # (B, L, L, D)
-    n = terms.size(1)
-    idx = torch.arange(n, device=terms.device)
-    terms = terms.clone()
+    terms = t.per_key()  # (B, L, L, D)
+    idx = torch.arange(terms.size(1), device=terms.device)
     terms[:, idx, idx] += t.residual
     return _normalise(contributions(terms, t.output))
 
@@ -133,8 +140,8 @@ def cross_contributions(t: BlockTerms, *, heads: bool = False) -> torch.Tensor:
     normalised over that head's source tokens (a per-head map comparable with the head's weights)."""
     if heads:
         out = t.output[:, None]
-        return _normalise(contributions(t.per_head, out))
-    terms = torch.cat([t.per_head.sum(1), t.residual.unsqueeze(2)], dim=2)  # (B, T, S + 1, D)
+        return _normalise(contributions(t.per_head(), out))
+    terms = torch.cat([t.per_key(), t.residual.unsqueeze(2)], dim=2)  # (B, T, S + 1, D)
     return _normalise(contributions(terms, t.output))
 
 

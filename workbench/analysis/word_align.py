@@ -24,14 +24,15 @@ a word whose best column is EOS gets no link (as the ALTI+ scripts do); eos="dro
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..core.batching import pad_sequences
-from .alignment import Link
+from .alignment import Link, score_alignments
 from .alti import alti_hooks, block_terms, cross_contributions
 from .norms import value_norms
 
@@ -88,14 +89,18 @@ class WordMaps:
     """Word-level scores of one sentence pair: `heads` (L, H, Tw, Sw + 1), `layers` (L, Tw, Sw + 1); the
     last column is the source EOS. Rows: target words; columns: source words."""
 
-    heads: np.ndarray
+    heads: np.ndarray | None
     layers: np.ndarray
     method: str
     shift: str
 
     def matrix(self, layer: int, head: int | None = None) -> np.ndarray:
         """One unit's (Tw, Sw + 1) map: a head, or the whole layer (head None)."""
-        return self.layers[layer] if head is None else self.heads[layer, head]
+        if head is None:
+            return self.layers[layer]
+        if self.heads is None:
+            raise ValueError("these maps hold layers only (made with heads=False)")
+        return self.heads[layer, head]
 
     def combined(self, units: Sequence[tuple[int, int | None]]) -> np.ndarray:
         """The mean of several units' maps, each row first scaled to sum to 1 (units on one footing)."""
@@ -148,49 +153,52 @@ def hooks_for(model, method: str) -> list[str]:
 
 
 @torch.no_grad()
-def piece_maps(model, trace, method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Piece-level scores from a teacher-forced trace: heads (L, B, H, T, S), layers (L, B, T, S)."""
-    heads, layers = [], []
+def piece_maps(model, trace, method: str, *, heads: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Piece-level scores from a teacher-forced trace: heads (L, B, H, T, S) (None unless `heads`), layers
+    (L, B, T, S)."""
+    per_head, layers = [], []
     for i in range(len(model.dec)):
         if method == "weights":
             p = trace[f"dec.{i}.cross_attn.hook_probs"].float()
-            heads.append(p)
+            per_head.append(p)
             layers.append(p.mean(1))
         elif method == "norms":
             n = value_norms(model, trace, "cross", i)
-            heads.append(n.per_head.float())
+            per_head.append(n.per_head.float())
             layers.append(n.combined.float())
         else:
             t = block_terms(model, trace, "cross", i)
-            heads.append(cross_contributions(t, heads=True))
+            if heads:  # the (B, H, T, S, D) terms: ALTI's costly part, skipped for layer-level maps
+                per_head.append(cross_contributions(t, heads=True))
             layers.append(cross_contributions(t)[..., :-1])
-    return torch.stack(heads), torch.stack(layers)
+    return (torch.stack(per_head) if heads else None), torch.stack(layers)
 
 
 def maps_from_trace(model, trace, src: Words, tgt: Words, *, method: str = "weights", shift: str = "awi",
-                    index: int = 0) -> WordMaps:
+                    index: int = 0, heads: bool = True) -> WordMaps:
     """Word maps of batch entry `index` of a trace taken on src.ids + [EOS] and [start] + tgt.ids (+ anything
     after: longer targets and padding are cut). The trace needs `hooks_for(model, method)`."""
     _check(method, shift)
-    heads, layers = piece_maps(model, trace, method)
-    return _word_maps(heads[:, index], layers[:, index], src, tgt, method, shift)
+    per_head, layers = piece_maps(model, trace, method, heads=heads)
+    return _word_maps(None if per_head is None else per_head[:, index], layers[:, index], src, tgt, method, shift)
 
 
 def _word_maps(heads, layers, src: Words, tgt: Words, method: str, shift: str) -> WordMaps:
     n, m = len(tgt.ids), len(src.ids)
     rows = slice(0, n) if shift == "awo" else slice(1, n + 1)
-    if heads.size(-2) < rows.stop or heads.size(-1) < m + 1:
-        raise ValueError(f"the trace has {heads.size(-2)} decoder positions and {heads.size(-1)} source positions; "
-                         f"{shift} needs {rows.stop} and {m + 1}")
-    h = heads[..., rows, : m + 1].cpu().numpy()
-    lay = layers[..., rows, : m + 1].cpu().numpy()
-    return WordMaps(to_words(h, src, tgt), to_words(lay, src, tgt), method, shift)
+    if layers.size(-2) < rows.stop or layers.size(-1) < m + 1:
+        raise ValueError(f"the trace has {layers.size(-2)} decoder positions and {layers.size(-1)} source "
+                         f"positions; {shift} needs {rows.stop} and {m + 1}")
+    lay = to_words(layers[..., rows, : m + 1].cpu().numpy(), src, tgt)
+    h = None if heads is None else to_words(heads[..., rows, : m + 1].cpu().numpy(), src, tgt)
+    return WordMaps(h, lay, method, shift)
 
 
 def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *, method: str = "weights",
-                   shift: str = "awi", batch_size: int = 32) -> list[WordMaps]:
-    """Word maps for each pair, teacher-forced in length-sorted batches. A pair with a side longer than the
-    model's positions is an error naming it (alignments need whole sentences)."""
+                   shift: str = "awi", batch_size: int = 32, heads: bool = True) -> list[WordMaps]:
+    """Word maps for each pair, teacher-forced in length-sorted batches (`heads=False`: layer maps only, which
+    for ALTI+ is several times faster). A pair with a side longer than the model's positions is an error
+    naming it (alignments need whole sentences)."""
     _check(method, shift)
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -214,9 +222,129 @@ def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *,
                 tgt = pad_sequences([[cfg.start_id, *targets[k].ids] for k in batch], cfg.pad_id,
                                     device=model.device)
                 _, trace = model.run_with_cache(src, tgt, names=names)
-                heads, layers = piece_maps(model, trace, method)
+                per_head, layers = piece_maps(model, trace, method, heads=heads)
                 for b, k in enumerate(batch):
-                    out[k] = _word_maps(heads[:, b], layers[:, b], sources[k], targets[k], method, shift)
+                    out[k] = _word_maps(None if per_head is None else per_head[:, b], layers[:, b], sources[k],
+                                        targets[k], method, shift)
     finally:
         model.train(was)
     return out  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------ a checkpoint's own aligner
+
+Unit = tuple[int, "int | None"]  # (decoder layer, head); head None = the whole layer
+
+
+@dataclass(frozen=True)
+class AlignmentSpec:
+    """How a checkpoint aligns by default (its `alignment.json`): a method, a shift, an EOS rule and the units
+    (heads or whole layers) whose row-normalised maps are averaged. `provenance` says how it was chosen."""
+
+    method: str = "weights"
+    shift: str = "awo"
+    eos: str = "drop"
+    units: tuple[Unit, ...] = ()
+    provenance: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.method, self.shift)
+        if self.eos not in EOS_RULES:
+            raise ValueError(f"eos must be one of {EOS_RULES}, got {self.eos!r}")
+        if not self.units:
+            raise ValueError("an alignment needs at least one unit (layer, head)")
+
+    @property
+    def needs_heads(self) -> bool:
+        return any(h is not None for _, h in self.units)
+
+    def check(self, model) -> AlignmentSpec:
+        layers, heads = len(model.dec), model.dec[0].cross_attn.n_heads
+        for layer, head in self.units:
+            if not 0 <= layer < layers or (head is not None and not 0 <= head < heads):
+                raise ValueError(f"alignment unit {layer}:{head} does not exist: the model has {layers} decoder "
+                                 f"layers of {heads} cross-attention heads")
+        return self
+
+    def label(self) -> str:
+        units = ",".join(f"{lay}" if h is None else f"{lay}:{h}" for lay, h in self.units)
+        return f"{self.method} {self.shift.upper()} units {units} (eos {self.eos})"
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "shift": self.shift, "eos": self.eos,
+                "units": [[lay, h] for lay, h in self.units], "provenance": dict(self.provenance)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AlignmentSpec:
+        try:
+            units = tuple((int(u[0]), None if u[1] is None else int(u[1])) for u in d["units"])
+            return cls(str(d["method"]), str(d["shift"]), str(d.get("eos", "drop")), units,
+                       dict(d.get("provenance") or {}))
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"alignment spec needs method, shift and units [[layer, head or null], ...]: {exc!r}")\
+                from None
+
+
+def parse_units(text: str) -> tuple[Unit, ...]:
+    """"0:0,0:2,3" -> ((0, 0), (0, 2), (3, None)): layer:head, or a layer alone for its whole layer."""
+    units = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"bad unit {item!r}: expected LAYER:HEAD or LAYER, e.g. 0:0,0:2,3")
+        units.append((int(parts[0]), int(parts[1]) if len(parts) == 2 else None))
+    return tuple(units)
+
+
+def fallback_spec(model) -> AlignmentSpec:
+    """For a checkpoint without its own alignment: fairseq's `--print-alignment` default, the last decoder
+    layer's cross-attention averaged over heads, row that predicts the word (AWO)."""
+    return AlignmentSpec("weights", "awo", "drop", ((len(model.dec) - 1, None),),
+                         {"chosen": "fallback: fairseq's default (last layer, heads averaged, AWO)"})
+
+
+def align_pairs(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str], targets: Sequence[str],
+                spec: AlignmentSpec, *, batch_size: int = 32, skip_long: bool = False) -> list[set[Link]]:
+    """Links (source word, target word) for each line pair, with `spec`. An empty line gets no links; a pair
+    too long for the model is an error, or with `skip_long` gets no links and a warning."""
+    spec.check(model)
+    src = [encode_words(src_tokenizer, s) for s in sources]
+    tgt = [encode_words(tgt_tokenizer, t) for t in targets]
+    todo = [k for k in range(len(src)) if src[k].ids and tgt[k].ids]
+    if skip_long:
+        room = model.cfg.max_positions - 1
+        long = [k for k in todo if len(src[k].ids) > room or len(tgt[k].ids) > room]
+        if long:
+            warnings.warn(f"{len(long)} pair(s) longer than the model's {room} positions get no alignment "
+                          f"(first: pair {long[0] + 1})", stacklevel=2)
+            todo = [k for k in todo if k not in set(long)]
+    maps = alignment_maps(model, [src[k] for k in todo], [tgt[k] for k in todo], method=spec.method,
+                          shift=spec.shift, batch_size=batch_size, heads=spec.needs_heads)
+    out: list[set[Link]] = [set() for _ in sources]
+    for k, m in zip(todo, maps):
+        out[k] = m.links(units=spec.units, eos=spec.eos)
+    return out
+
+
+def unit_scores(maps: Sequence[WordMaps], gold, *, eos: str = "drop") -> dict[Unit, float]:
+    """Corpus AER of every head and every whole layer."""
+    layers = maps[0].layers.shape[0]
+    heads = 0 if maps[0].heads is None else maps[0].heads.shape[1]
+    units = [(lay, h) for lay in range(layers) for h in [*range(heads), None]]
+    return {u: score_alignments([m.links(*u, eos=eos) for m in maps], gold).aer for u in units}
+
+
+def choose_units(maps: Sequence[WordMaps], gold, *, eos: str = "drop", max_units: int = 8
+                 ) -> tuple[tuple[Unit, ...], float, dict[Unit, float]]:
+    """The units to average, chosen on `gold`: every single unit scored, then the best k heads averaged for
+    k = 2..max_units (best first by their own AER); returns (units, their AER, the single-unit AERs)."""
+    single = unit_scores(maps, gold, eos=eos)
+    ranked = sorted(single, key=lambda u: single[u])
+    best_units, best = (ranked[0],), single[ranked[0]]
+    heads = [u for u in ranked if u[1] is not None]
+    for k in range(2, min(max_units, len(heads)) + 1):
+        units = tuple(heads[:k])
+        e = score_alignments([m.links(units=units, eos=eos) for m in maps], gold).aer
+        if e < best:
+            best_units, best = units, e
+    return best_units, best, single
