@@ -28,7 +28,7 @@ from .alignment import Link, read_alignments, score_alignments
 from .alti import alti
 from .head_stats import corpus_head_stats, punctuation_ids
 from .roles import RoleRules, head_roles
-from .word_align import Words, alignment_maps, encode_words
+from .word_align import Words, alignment_maps, encode_words, unit_scores
 
 
 def diagonal_links(n_src: int, n_tgt: int) -> set[Link]:
@@ -41,18 +41,14 @@ def diagonal_links(n_src: int, n_tgt: int) -> set[Link]:
 
 
 def head_aer_table(maps, gold, *, eos: str = "drop"):
-    """DataFrame layer, head, aer, precision, recall of every cross-attention head's argmax links (`maps`: one
-    `WordMaps` per gold pair), best first."""
+    """DataFrame layer, head, aer of every cross-attention head's argmax links (`maps`: one `WordMaps` per gold
+    pair; `word_align.unit_scores`), best first."""
     import pandas as pd
 
     if len(maps) != len(gold):
         raise ValueError(f"{len(maps)} alignment maps for {len(gold)} gold alignments")
-    n_layers, n_heads = maps[0].heads.shape[:2]
-    rows = []
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            s = score_alignments([m.links(layer, head, eos=eos) for m in maps], gold)
-            rows.append({"layer": layer, "head": head, "aer": s.aer, "precision": s.precision, "recall": s.recall})
+    rows = [{"layer": layer, "head": head, "aer": e} for (layer, head), e in unit_scores(maps, gold, eos=eos).items()
+            if head is not None]
     return pd.DataFrame(rows).sort_values(["aer", "layer", "head"], kind="stable").reset_index(drop=True)
 
 
