@@ -67,3 +67,26 @@ def test_role_grid_pruning_and_formation_charts():
     assert "best cross-attention head" in html and "diagonal aligner" in html
     with pytest.raises(ValueError, match="no snapshots"):
         formation_chart([])
+
+
+def test_sentence_evidence_on_the_shipped_model():
+    from model_helpers import ROOT
+
+    from workbench import load
+    from workbench.analysis.sentence_evidence import sentence_evidence
+    from workbench.analysis.source_share import LowShareThresholds
+
+    tm = load(ROOT / "checkpoints" / "multi30k-de-en")
+    src, out = "Ein Hund läuft im Schnee .", "A dog runs in the snow ."
+    by_method = {m: sentence_evidence(tm, src, out, method=m) for m in ("weights", "norms", "alti")}
+    for ev in by_method.values():
+        assert ev.weights.shape == (7, 6) and np.allclose(ev.weights.sum(1), 1.0)
+        assert len(ev.pieces) == len(ev.shares) == 8 and ev.pieces[-1] == "</s>"
+        assert ((ev.shares > 0) & (ev.shares < 1)).all() and not any(ev.flags)
+        # fairseq's default aligner (no alignment.json): the argmax of the last layer's mean, AWO
+        assert ev.spec.endswith("AWO units 3") and {t for _, t in ev.links} == set(range(7))
+    assert not np.allclose(by_method["weights"].weights, by_method["alti"].weights)
+    flagged = sentence_evidence(tm, src, out, thresholds=LowShareThresholds(0.75, 0.75, 0.05, 100))
+    assert flagged.flags == [False, False, *(s < 0.75 for s in flagged.shares[2:-1]), False] and any(flagged.flags)
+    with pytest.raises(ValueError, match="method must be one of"):
+        sentence_evidence(tm, src, out, method="rollout")
