@@ -66,3 +66,31 @@ def test_bad_role_arguments_are_one_line_errors():
         RoleRules(eos=0)
     with pytest.raises(KeyError, match="no head"):
         HeadRoles(head_roles(_stats()).table).of("cross", 3, 0)
+
+
+def test_heads_command_prints_roles_with_thresholds(tmp_path, capsys):
+    from model_helpers import ROOT, SHARED_DATA
+
+    from workbench.cli import main
+
+    rwth = SHARED_DATA / "alignments" / "rwth-deen"
+    if not (rwth / "test.talp").is_file():
+        pytest.skip("needs ../shared/data/alignments")
+    files = {}
+    for name, lines in {"src": ["Ein Hund läuft .", "Zwei Männer spielen ."], "ref": ["A dog runs .", "Two men play ."],
+                        "gde": (rwth / "test.de").read_text().splitlines()[:6],
+                        "gen": (rwth / "test.en").read_text().splitlines()[:6],
+                        "gold": (rwth / "test.talp").read_text().splitlines()[:6]}.items():
+        files[name] = tmp_path / name
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ckpt = str(ROOT / "checkpoints" / "multi30k-de-en")
+    args = ["heads", ckpt, "--src", str(files["src"]), "--ref", str(files["ref"]), "--out", str(tmp_path / "o")]
+    assert main([*args, "--gold-src", str(files["gde"])]) == 2
+    assert "give all three of --gold-src, --gold-tgt and --gold" in capsys.readouterr().err
+    assert main([*args, "--gold-src", str(files["gde"]), "--gold-tgt", str(files["gen"]), "--gold",
+                 str(files["gold"])]) == 0
+    out = capsys.readouterr().out
+    assert "alignment (awi, 6 gold pairs): best head cross:" in out and ">= 90% of rows" in out
+    table = pd.read_csv(tmp_path / "o" / "roles.csv")
+    aer = pd.read_csv(tmp_path / "o" / "aer.csv")
+    assert len(table) == 48 and len(aer) == 16 and table["aer"].notna().sum() == 16

@@ -101,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         links = read_alignments(args.gold, base=1)
         aer, diagonal, n = gold_aer(tm, read_text(args.gold_src), read_text(args.gold_tgt), links, shift=args.shift)
         aer.to_csv(out / "aer.csv", index=False)
-        print(f"alignment ({args.shift}, {n} gold pairs): best head cross:{aer.iloc[0]['layer']}:{aer.iloc[0]['head']} "
-              f"AER {100 * aer.iloc[0]['aer']:.1f} %, diagonal aligner {100 * diagonal:.1f} %")
+        best = aer.iloc[0]
+        print(f"alignment ({args.shift}, {n} gold pairs): best head cross:{int(best['layer'])}:{int(best['head'])} "
+              f"AER {100 * best['aer']:.1f} %, diagonal aligner {100 * diagonal:.1f} %")
     roles = head_roles(table, aer=aer, diagonal_aer=diagonal)
     roles.table.to_csv(out / "roles.csv", index=False)
     print(roles)
