@@ -28,26 +28,10 @@ if QUICK:
     torch.set_num_threads(1)  # tiny models on a busy 2-core CI box run faster on one thread
 
 # %%
-import tempfile
+from workbench.training.tutorial import tutorial_checkpoint
 
-from workbench.checkpoint.shipped import available, shipped
-from workbench.training import Trainer
-from workbench.training.config import TrainConfig
-
-if "multi30k-de-en" in available() and not QUICK:  # the notebooks read German Multi30k: the de→en model
-    CHECKPOINT = shipped("multi30k-de-en")
-    print(f"using the shipped checkpoint {CHECKPOINT}")
-else:
-    tiny = TrainConfig(
-        dataset="multi30k", src_lang="de", tgt_lang="en", train_limit=2000 if QUICK else 29000,
-        vocab_size=600 if QUICK else 4000, preset="tiny", model={"dropout": 0.1},
-        max_tokens=1500 if QUICK else 3000, schedule="inverse_sqrt", lr=3e-3, warmup=20 if QUICK else 400,
-        max_steps=TRAIN_STEPS, log_every=10 if QUICK else 100, valid_limit=20 if QUICK else 200,
-        threads=1 if QUICK else 0, out_dir=tempfile.mkdtemp(prefix="workbench-tour-"),
-    )
-    trainer = Trainer(tiny).fit()
-    CHECKPOINT = trainer.out_dir
-    print(f"no shipped checkpoint used: trained a tiny model for {trainer.step} steps into a temporary directory")
+CHECKPOINT, how = tutorial_checkpoint(quick=QUICK, steps=TRAIN_STEPS)  # the notebooks read German Multi30k
+print(how)
 
 # %%
 import workbench
