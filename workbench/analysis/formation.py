@@ -109,18 +109,10 @@ class FormationProbe:
 
     @torch.no_grad()
     def _measure(self, tm, step: int | None) -> dict:
-        model, cfg = tm.model, tm.model.cfg
+        model = tm.model
         aer, diagonal, n_gold = gold_aer(tm, self.gold_src, self.gold_tgt, self.gold, shift=self.shift)
-        # head statistics and roles, teacher-forced on the test references
-        sources = [tm.encode_source(s)[0] for s in self.test_src]
-        targets = [tm.tgt_tokenizer.encode(t)[: cfg.max_positions - 1] + [cfg.eos_id] for t in self.test_ref]
-        pairs = [(s, t) for s, t in zip(sources, targets) if s]
-        vocab_src = tm.src_tokenizer.pieces(list(range(cfg.src_vocab)))
-        vocab_tgt = tm.tgt_tokenizer.pieces(list(range(cfg.tgt_vocab)))
-        stats = corpus_head_stats(model, [s for s, _ in pairs], [t for _, t in pairs],
-                                  src_punct=punctuation_ids(vocab_src), tgt_punct=punctuation_ids(vocab_tgt),
-                                  )
-        roles = head_roles(stats, aer=aer, diagonal_aer=diagonal, rules=self.rules)
+        roles = model_roles(tm, self.test_src, self.test_ref, aer=aer, diagonal_aer=diagonal, rules=self.rules)
+        pairs = _pairs(tm, self.test_src, self.test_ref)
         share, by_pos = self._source_share(model, pairs[: self.share_sentences])
         best = aer.iloc[0]
         grid = np.full((int(aer["layer"].max()) + 1, int(aer["head"].max()) + 1), np.nan)
@@ -157,6 +149,31 @@ class FormationProbe:
         every = [v for vals in sums.values() for v in vals]
         by_pos = [float(np.mean(sums[p])) for p in sorted(sums) if len(sums[p]) >= 10]
         return float(np.mean(every)), by_pos
+
+
+def _pairs(tm, sources: Sequence[str], references: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+    cfg = tm.model.cfg
+    out = []
+    for s, t in zip(sources, references):
+        ids = tm.encode_source(s)[0]
+        if ids:
+            out.append((ids, tm.tgt_tokenizer.encode(t)[: cfg.max_positions - 1] + [cfg.eos_id]))
+    return out
+
+
+@torch.no_grad()
+def model_roles(tm, sources: Sequence[str], references: Sequence[str], *, aer=None, diagonal_aer: float | None = None,
+                rules: RoleRules | None = None):
+    """Every head's roles (`roles.head_roles`) from statistics teacher-forced on the references of `sources`
+    (token counts for "rare" from the same sentences), with a per-head AER table for the alignment role."""
+    cfg = tm.model.cfg
+    pairs = _pairs(tm, sources, references)
+    if not pairs:
+        raise ValueError("no non-empty sentence to measure the heads on")
+    stats = corpus_head_stats(tm.model, [s for s, _ in pairs], [t for _, t in pairs],
+                              src_punct=punctuation_ids(tm.src_tokenizer.pieces(list(range(cfg.src_vocab)))),
+                              tgt_punct=punctuation_ids(tm.tgt_tokenizer.pieces(list(range(cfg.tgt_vocab)))))
+    return head_roles(stats, aer=aer, diagonal_aer=diagonal_aer, rules=rules)
 
 
 def _fits(s: Words, t: Words, max_positions: int) -> bool:
