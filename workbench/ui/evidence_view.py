@@ -95,8 +95,9 @@ def evidence_figure(tm, source: str, output: str, *, method: str = "weights", ro
     parts = [Div(text=f"<b>Word alignment</b>: {ev.spec}; line width = strength, dashed = the argmax links",
                  css_classes=["evidence-method-label"], width=900),
              alignment_lines(ev.src_words, ev.out_words, ev.weights, links=ev.links, title="word alignment"),
-             source_share_bars(ev.pieces, ev.shares, title="source share of each output token (ALTI+; the rest "
-                                                            "comes from the target prefix)")]
+             Div(text="<b>Source share</b> of each output token (ALTI+): the rest comes from the target prefix",
+                 width=900),
+             source_share_bars(ev.pieces, ev.shares, title="source share")]
     if roles is not None:
         parts.append(Div(text=f"<b>Head roles</b>, measured on {roles_from}. A head has a role when: "
                               + "; ".join(roles.rules.lines(roles.diagonal_aer)), width=900))
