@@ -22,12 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
 from ..decoding.translator import load as load_checkpoint
 from .alignment import Link, read_alignments, score_alignments
-from .alti import alti
 from .head_stats import corpus_head_stats, punctuation_ids
 from .roles import RoleRules, head_roles
+from .source_share import by_position, output_source_shares
 from .word_align import Words, alignment_maps, encode_words, unit_scores
 
 
@@ -131,24 +130,15 @@ class FormationProbe:
         }
 
     @staticmethod
-    def _source_share(model, pairs, batch_size: int = 25) -> tuple[float | None, list[float]]:
-        """Mean ALTI+ source share over the output tokens of `pairs` (teacher-forced on the references) and its
-        mean by output position (positions with at least 10 tokens)."""
+    def _source_share(model, pairs) -> tuple[float | None, list[float]]:
+        """Mean ALTI+ source share of the output tokens of `pairs` (teacher-forced on the references; EOS left
+        out) and its mean by output position (positions with at least 10 tokens): `source_share`'s functions."""
         if not pairs:
             return None, []
-        cfg = model.cfg
-        sums: dict[int, list[float]] = {}
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start : start + batch_size]
-            src = pad_sequences([s for s, _ in chunk], cfg.pad_id, device=model.device)
-            tgt = pad_sequences([[cfg.start_id, *t[:-1]] for _, t in chunk], cfg.pad_id, device=model.device)
-            share = alti(model, src, tgt).source_share.float().cpu().numpy()  # (B, T)
-            for b, (_, t) in enumerate(chunk):
-                for pos in range(len(t)):
-                    sums.setdefault(pos, []).append(float(share[b, pos]))
-        every = [v for vals in sums.values() for v in vals]
-        by_pos = [float(np.mean(sums[p])) for p in sorted(sums) if len(sums[p]) >= 10]
-        return float(np.mean(every)), by_pos
+        shares = output_source_shares(model, [s for s, _ in pairs], [t for _, t in pairs])
+        every = np.concatenate([s[:-1] for s in shares])
+        by_pos = [mean for _, (mean, n) in sorted(by_position(shares).items()) if n >= 10]
+        return (float(every.mean()) if every.size else None), by_pos
 
 
 def _pairs(tm, sources: Sequence[str], references: Sequence[str]) -> list[tuple[list[int], list[int]]]:
