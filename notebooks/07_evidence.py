@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 from bokeh.io import output_notebook, show
+from bokeh.resources import INLINE
 
 from workbench import load
 from workbench.analysis.alignment import read_alignments
@@ -42,7 +43,7 @@ from workbench.charts.evidence import alignment_lines, pruning_chart, role_grid,
 from workbench.checkpoint.shipped import shipped
 from workbench.corpus.data import dataset_files, default_data_root
 
-output_notebook(hide_banner=True)
+output_notebook(INLINE, hide_banner=True)  # BokehJS is inlined: the charts render with no internet
 if QUICK:
     torch.set_num_threads(1)
 tm = load(shipped("multi30k-de-en"))
