@@ -34,8 +34,9 @@ from ..charts import (
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
 from ..data import pad_sequences
+from ..heads import Head
 from . import loader
-from .session import KINDS, Session, fmt_logp, head_label
+from .session import KINDS, Session, fmt_logp
 from .work import Request, translate
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ class AblationPanel(pn.viewable.Viewer):
     def _options(self, result, ablate) -> list[str]:
         if result is None:
             return list(ablate)
-        found = [head_label(k, layer, h) for k in KINDS for layer in range(result.depth(k))
+        found = [str(Head(k, layer, h)) for k in KINDS for layer in range(result.depth(k))
                  for h in range(result.n_heads(k))]
         return found + [h for h in ablate if h not in found]
 
@@ -265,10 +266,13 @@ def _ablation_md(ablate, a, r) -> str:
 
 
 class LazyTab(pn.viewable.Viewer):
-    """A tab that works only while shown: `inputs()` on the event loop, `compute(*inputs)` off it (in the
-    session's worker threads when served), `render(answer)` back on it. A newer refresh drops older answers.
+    """A tab that works only while shown, on the page's request path (`requests.py`): `inputs()` on the event
+    loop, `compute(*inputs)` off it (in the session's worker threads when served; a `ticket` parameter gets
+    the job's `Ticket` for `check()` between batches and `report()` of progress), `render(answer)` back on it,
+    under the page's lock. A newer refresh supersedes the older job; its answer is never shown.
 
-    Subclasses name the session params that make the content stale (`follows`) and their own (`redraws`).
+    Subclasses name the session params that make the content stale (`follows`), their own (`redraws`), and
+    whether their work is `heavy` (analysis: its own pool, at most one such job per page).
     """
 
     session = param.ClassSelector(class_=Session)
@@ -277,13 +281,13 @@ class LazyTab(pn.viewable.Viewer):
     title: ClassVar[str] = "This tab"
     follows: ClassVar[tuple[str, ...]] = ("version",)
     redraws: ClassVar[tuple[str, ...]] = ()
+    heavy: ClassVar[bool] = False
 
     def __init__(self, **params):
         super().__init__(**params)
         self._box = pn.Column(sizing_mode="stretch_width", min_height=120)
         self._stale = True
-        self._generation = 0
-        self._job = None
+        self.lane = self.session.lane(f"{type(self).__name__}-{id(self)}", heavy=self.heavy)
         self.session.param.watch(self._changed, list(self.follows))
         if self.redraws:
             self.param.watch(self._changed, list(self.redraws))
@@ -308,14 +312,11 @@ class LazyTab(pn.viewable.Viewer):
 
     def refresh(self) -> None:
         self._stale = False
-        self._generation += 1
-        gen = self._generation
-        if self._job is not None:
-            self._job.cancel()
-            self._job = None
+        self.lane.cancel()
         try:
             inputs = self.inputs()
         except Exception as exc:
+            self._box.loading = False
             self._box.objects = [_fail(self.title, exc)]
             return
         if isinstance(inputs, str):  # nothing to compute: a placeholder line
@@ -323,13 +324,10 @@ class LazyTab(pn.viewable.Viewer):
             self._box.objects = [pn.pane.Markdown(inputs)]
             return
         self._box.loading = True
-        self._job = self.session.run(self.compute, *inputs, done=lambda answer: self._done(gen, answer),
-                                     failed=lambda exc: self._done(gen, exc))
+        self.lane.submit(self.compute, *inputs, done=self._done, failed=self._done, progress=self.progress,
+                         stopped=self.stopped)
 
-    def _done(self, gen: int, answer: Any) -> None:
-        if gen != self._generation:
-            return
-        self._job = None
+    def _done(self, answer: Any) -> None:
         self._box.loading = False
         if isinstance(answer, Exception):
             self._box.objects = [_fail(self.title, answer)]
@@ -338,6 +336,15 @@ class LazyTab(pn.viewable.Viewer):
             self._box.objects = list(self.render(answer))
         except Exception as exc:
             self._box.objects = [_fail(self.title, exc)]
+
+    def progress(self, *report) -> None:
+        """A progress report of the current job (on the event loop); tabs that report override it."""
+
+    def stopped(self) -> None:
+        """Another heavy job of the page stopped this tab's job: say so (it runs again when asked)."""
+        self._stale = True
+        self._box.loading = False
+        self._box.objects = [pn.pane.Markdown(f"*{self.title}: stopped, another analysis of this page started.*")]
 
     def inputs(self) -> tuple | str:
         """The compute arguments, read from the store now; a string instead means 'show this, compute nothing'."""

@@ -99,8 +99,14 @@ class Workbench(pn.viewable.Viewer):
 
         session.autorun = True
         if session.background:  # served: even the first model load and translation run off the event loop
-            first = []
-            first.append(session.param.watch(lambda _e: (session.param.unwatch(first[0]), finish_link()), "version"))
+            pending = [True]
+
+            def first_answer(_event) -> None:  # a flag, not unwatch: unwatching inside the dispatch could skip
+                if pending:                    # the next watcher of the same event (a view's redraw)
+                    pending.clear()
+                    finish_link()
+
+            session.param.watch(first_answer, "version")
             if chosen is None and "checkpoint" not in link and session.entries:
                 _open_first_loadable(session)
             else:
@@ -167,7 +173,8 @@ def _open_first_loadable(session: Session) -> None:
         else:
             session.refresh()
 
-    session.run(first_loadable, session.entries, done=picked, failed=lambda _exc: picked(session.checkpoint))
+    session.lane("translate").submit(first_loadable, session.entries, done=picked,
+                                     failed=lambda _exc: picked(session.checkpoint))
 
 
 def _link_values() -> dict[str, str]:
