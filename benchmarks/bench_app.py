@@ -132,10 +132,10 @@ def serve(path: Path) -> tuple[subprocess.Popen, str]:
 
 def submit_and_wait(page, text: str, n_src: int) -> float:
     v = page.evaluate(VERSION)
-    box = page.locator(".sentence-input input")
+    box = page.locator(".sentence-input textarea")
     box.fill(text)
     t = time.perf_counter()
-    box.press("Enter")
+    page.locator(".translate-btn button").click()
     page.wait_for_function(f"() => ({VERSION})() > {v} && ({FIGURE_KEYS})() === {n_src}", timeout=120_000,
                            polling="raf")
     return time.perf_counter() - t
@@ -201,9 +201,9 @@ def concurrent(b, url: str, tm, sessions: int, seconds: float) -> dict:
                 text = pool[k % len(pool)] + f" {k}"
                 k += 1
                 v = page.evaluate(VERSION)
-                box = page.locator(".sentence-input input")
+                box = page.locator(".sentence-input textarea")
                 box.fill(text)
-                box.press("Enter")
+                page.locator(".translate-btn button").click()
                 pending[i] = (time.perf_counter(), v, len(tm.encode_source(text)[0]))
     elapsed = time.perf_counter() - start
     return {"sessions": sessions, "completed": len(lat), "seconds": round(elapsed, 1),

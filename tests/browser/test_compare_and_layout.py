@@ -13,7 +13,7 @@ from test_app import FIGURE_JS, TIMEOUT, open_app, text
 
 ROOT = Path(__file__).resolve().parents[2]
 TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why")
-READY = {"Attention": "Ablate heads", "Internals": "Training curves stored", "Compare": "B reads A's output",
+READY = {"Attention": "Ablate heads", "Internals": "validation curves stored", "Compare": "B reads A's output",
          "Analysis": "Head statistics", "Model analysis": "Pick an analysis", "Why": "Patching against"}
 
 

@@ -236,10 +236,10 @@ def test_workbench_assembles_for_notebooks(ckpt_dir):
     assert _figures(wb.compare.content) == 3 and not _alerts(wb.compare.content)  # A, B, B - A
     wb.internals.show()  # positional encodings, masks, LR formula vs log, curves: all drawn, none failed
     headings = " ".join(o.object for o in wb.internals.content if isinstance(o, pn.pane.Markdown))
-    for part in ("Positional encodings", "Masks", "Learning-rate schedule", "Training curves"):
+    for part in ("Positional encodings", "Masks", "Learning-rate schedule", "validation curves"):
         assert part in headings
     assert _figures(wb.internals.content) >= 2 and not _alerts(wb.internals.content)
-    assert wb.internals.warmup == 30  # read from the checkpoint's meta["train"]
+    assert "noam: warm-up 30 steps" in headings  # read from the checkpoint's stored train_config
     wb.analysis.show()
     for analysis in ("head statistics", "decoder rollout"):
         wb.analysis.analysis = analysis

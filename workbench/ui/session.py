@@ -15,6 +15,7 @@ is `pn.widgets.Select.from_param(session.param.head)` and an impossible value is
 
 from __future__ import annotations
 
+import logging
 import math
 
 import param
@@ -125,6 +126,20 @@ class Session(param.Parameterized):
     def model_of(self, label: str):
         """The TranslationModel of a listed checkpoint (KeyError for anything not in the list; call off the loop)."""
         return loader.load_model(str(self._entries[label].path))
+
+    def languages(self, label: str | None) -> tuple[str | None, str | None]:
+        """(source, target) language of a listed checkpoint from its meta.json ((None, None) when unknown)."""
+        entry = self._entries.get(label) if label is not None else None
+        meta = loader.read_meta(entry.path) if entry is not None else {}
+        return meta.get("src_lang"), meta.get("tgt_lang")
+
+    def train_log(self, label: str) -> list[dict]:
+        """The training log of a listed checkpoint ([] when it has none or it cannot be read)."""
+        try:
+            return loader.load_train_log(str(self._entries[label].path))
+        except Exception as exc:  # a checkpoint without a readable log just shows none
+            logging.getLogger(__name__).info("no training log for %s: %s", label, exc)
+            return []
 
     def lane(self, name: str, *, heavy: bool = False) -> Lane:
         """A lane of this page's request path for a tab's work (`heavy`: analysis, one at a time per page)."""
@@ -245,31 +260,39 @@ class Session(param.Parameterized):
 
     def _apply(self, outcome: Outcome, notes: list[str]) -> None:
         notes = [*(outcome.result.notes if outcome.result is not None else ()), *notes, *outcome.notes]
+        result = outcome.result if outcome.result is not None or not outcome.error else None
+        # The pickers' choices first, each event on its own: a link's selection, applied when `version` fires,
+        # must find its value among the widget's options (in one batch the options event came after the value's,
+        # and the widget fell back to its first option while the figure drew the link's: issue 28).
+        self._follow_result(result)
         with param.parameterized.batch_call_watchers(self):
-            self.param.update(result=outcome.result if outcome.result is not None or not outcome.error else None,
-                              ablation=outcome.ablation, error=outcome.error, notes=notes, busy=False,
+            self.param.update(result=result, ablation=outcome.ablation, error=outcome.error, notes=notes, busy=False,
                               version=self.version + 1)
-            self._follow_result()
 
     @param.depends("kind", watch=True)
-    def _follow_result(self) -> None:
-        """The selection's choices from the current result; a value it no longer offers falls back."""
-        r = self.result
+    def _kind_changed(self) -> None:
+        self._follow_result(self.result)
+
+    def _follow_result(self, r: Result | None) -> None:
+        """The selection's choices from result `r`; a value it no longer offers falls back (first, so the
+        widgets never hold a value outside their options)."""
         if r is None:
             return
         depth, n_heads, queries = r.depth(self.kind), r.n_heads(self.kind), r.queries(self.kind)
-        with param.parameterized.batch_call_watchers(self):
-            self.param.layer.objects = {str(i): i for i in range(max(depth, 1))}
-            self.param.head.objects = {"all (mean)": -1, **{f"head {h}": h for h in range(n_heads)}}
-            self.param.token.objects = {"none": -1, **{f"{i}: {t}": i for i, t in enumerate(queries)}}
-            changes = {}
-            if self.layer >= max(depth, 1):
-                changes["layer"] = max(depth, 1) - 1
-            if self.head >= n_heads:
-                changes["head"] = -1
-            if self.token >= len(queries):
-                changes["token"] = -1
-            self.param.update(**changes)
+        changes = {}
+        if self.layer >= max(depth, 1):
+            changes["layer"] = max(depth, 1) - 1
+        if self.head >= n_heads:
+            changes["head"] = -1
+        if self.token >= len(queries):
+            changes["token"] = -1
+        self.param.update(**changes)
+        layers = {str(i): i for i in range(max(depth, 1))}
+        heads = {"all (mean)": -1, **{f"head {h}": h for h in range(n_heads)}}
+        tokens = {"none": -1, **{f"{i}: {t}": i for i, t in enumerate(queries)}}
+        for p, objects in ((self.param.layer, layers), (self.param.head, heads), (self.param.token, tokens)):
+            if p.names != objects:  # unchanged choices send no event (and no widget update)
+                p.objects = objects
 
     def _no_checkpoints(self) -> str:
         where = "; ".join(self._problems) or f"nothing under {loader.DEFAULT_DIR}"

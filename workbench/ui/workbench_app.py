@@ -144,7 +144,9 @@ class Workbench(pn.viewable.Viewer):
             f"# {TITLE}\nType a sentence and see what the translation model attends to. Views: pick a kind, "
             "layer and head; tap a heatmap row to highlight a token; tap a grid tile to select a head to ablate.",
             css_classes=["wb-header"], stylesheets=[CSS], sizing_mode="stretch_width")
-        inspect = pn.FlexBox(pn.Column(self.attention, sizing_mode="stretch_width", styles={"flex": "1 1 560px"}),
+        # The view takes what the ablation panel leaves; below ~1200 px the panel moves under it (nothing overlaps).
+        inspect = pn.FlexBox(pn.Column(self.attention, sizing_mode="stretch_width", min_width=0,
+                                       styles={"flex": "1 1 760px", "min-width": "0"}),
                              pn.Column(self.ablation, width=400, styles={"flex": "0 0 400px"}),
                              flex_wrap="wrap", align_items="start", sizing_mode="stretch_width")
         views = [view for _, view in self.tabs]
