@@ -284,7 +284,7 @@ def contention(path: Path, tm, seconds: float, interactive: int = 8, heavy: int 
             while wb.session.result is None or wb.session.busy:
                 await asyncio.sleep(0.01)
         stop = [False]
-        sweeps = [0]
+        sweeps, patched = [0], [0]
 
         async def sweeper(wb) -> None:
             why = WhyView(session=wb.session)
@@ -301,6 +301,7 @@ def contention(path: Path, tm, seconds: float, interactive: int = 8, heavy: int 
                 why.refresh_patching(exact=True)  # the exact sweep, superseded by the next edit
                 await asyncio.sleep(3.0)
                 sweeps[0] += 1
+                patched[0] += why._bar.value if why._bar.visible else 0
             why.stop()
 
         lat: dict[str, list[float]] = {"translate": [], "select": []}
@@ -332,7 +333,7 @@ def contention(path: Path, tm, seconds: float, interactive: int = 8, heavy: int 
         every = lat["translate"] + lat["select"]
         q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
         return {"interactive_sessions": interactive, "heavy_sessions": heavy if with_heavy else 0,
-                "sweeps_started": sweeps[0], "translations": len(lat["translate"]),
+                "sweeps_started": sweeps[0], "sites_patched_in_3s_windows": patched[0], "translations": len(lat["translate"]),
                 "translate_p50_s": statistics.median(lat["translate"]), "translate_p95_s": q(lat["translate"], 0.95),
                 "select_p50_s": statistics.median(lat["select"]), "select_p95_s": q(lat["select"], 0.95),
                 "all_p50_s": statistics.median(every), "all_p95_s": q(every, 0.95)}

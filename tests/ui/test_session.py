@@ -223,6 +223,10 @@ def test_attention_view_draws_every_kind_and_mode(session):
     assert view.figure.title.text.startswith("cross-attention, layer 1, head 2")
     html = view.export_html().getvalue()  # a fresh figure of the same view, self-contained
     assert "cross-attention, layer 1, head 2" in html and "<script src" not in html
+    assert view.export_name() == "alpha_heatmap_cross-L1-H2.html"
+    assert "Sentence: Ein Hund l" in html and "Checkpoint: alpha" in html  # the caption (JSON-escaped text)
+    session.param.update(view="grid", kind="enc_self")
+    assert view.export_name() == "alpha_grid_enc_self-Lall-Hall.html"
 
 
 def test_workbench_assembles_for_notebooks(ckpt_dir):

@@ -164,7 +164,8 @@ class WhyView(LazyTab):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._patch_lane = self.session.lane(f"why-patching-{id(self)}", heavy=True)
+        self._patch_lane = self.session.lane(f"why-patching-{id(self)}", heavy=True)  # the exact sweep
+        self._estimate_lane = self.session.lane(f"why-estimate-{id(self)}")  # one forward + backward: interactive
         self._patch_box = pn.Column(sizing_mode="stretch_width", min_height=60)
         self._cache: OrderedDict[tuple, Patching] = OrderedDict()
         self._sentence = None  # the sentence `corrupted` belongs to
@@ -256,6 +257,7 @@ class WhyView(LazyTab):
         self._patch_stale = False
         r = self.session.result
         self._patch_lane.cancel()
+        self._estimate_lane.cancel()
         self._progress(None)
         if r is None:
             self._patch_box.objects = [pn.pane.Markdown("*Nothing to patch yet.*")]
@@ -265,12 +267,16 @@ class WhyView(LazyTab):
         if cached is not None and (cached.exact or not exact):
             self._show_patching(cached)
             return
+        exact = site_count(r) <= EXACT_AT_ONCE if exact is None else exact
         self._patch_box.loading = True
-        self._stop.visible = bool(exact)
+        self._stop.visible = exact
         self._exact.visible = False
         corrupted = None if self._prefill else self.corrupted
-        self._patch_lane.submit(patch, r, corrupted, exact, done=lambda p: self._patched(key, r, p),
-                                failed=self._patch_failed, progress=self._report, stopped=self._stopped)
+        # The estimate is a first answer, as quick as a translation: the interactive lane. The sweep is analysis
+        # work: the heavy lane (its own low-priority threads, one heavy job per page).
+        lane = self._patch_lane if exact else self._estimate_lane
+        lane.submit(patch, r, corrupted, exact, done=lambda p: self._patched(key, r, p), failed=self._patch_failed,
+                    progress=self._report, stopped=self._stopped)
 
     def _patched(self, key: tuple, r, p: Patching) -> None:
         self._remember(key, p)
