@@ -101,8 +101,8 @@ class Workbench(pn.viewable.Viewer):
         if session.background:  # served: even the first model load and translation run off the event loop
             pending = [True]
 
-            def first_answer(_event) -> None:  # a flag, not unwatch: unwatching inside the dispatch could skip
-                if pending:                    # the next watcher of the same event (a view's redraw)
+            def first_answer(_event) -> None:  # the first applied answer only
+                if pending:
                     pending.clear()
                     finish_link()
 
