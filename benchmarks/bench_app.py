@@ -116,7 +116,8 @@ def serve(path: Path) -> tuple[subprocess.Popen, str]:
     from conftest import _free_port
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--setup",
+                             str(ROOT / "apps" / "serve_setup.py"), "--port",
                              str(port), "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
                              "--args", "--checkpoints", str(path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -333,7 +334,8 @@ def contention(path: Path, tm, seconds: float, interactive: int = 8, heavy: int 
         every = lat["translate"] + lat["select"]
         q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
         return {"interactive_sessions": interactive, "heavy_sessions": heavy if with_heavy else 0,
-                "sweeps_started": sweeps[0], "sites_patched_in_3s_windows": patched[0], "translations": len(lat["translate"]),
+                "sweeps_started": sweeps[0], "sites_patched_in_3s_windows": patched[0],
+                "translations": len(lat["translate"]),
                 "translate_p50_s": statistics.median(lat["translate"]), "translate_p95_s": q(lat["translate"], 0.95),
                 "select_p50_s": statistics.median(lat["select"]), "select_p95_s": q(lat["select"], 0.95),
                 "all_p50_s": statistics.median(every), "all_p95_s": q(every, 0.95)}

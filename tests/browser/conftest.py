@@ -64,6 +64,7 @@ def app_server(tmp_path_factory):
     log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port", str(port),
+         "--setup", str(ROOT / "apps" / "serve_setup.py"),
          "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
          # closed pages' sessions are destroyed within ~6 s (a page's own session must outlive its script loading)
          "--check-unused-sessions", "1000", "--unused-session-lifetime", "5000",

@@ -46,6 +46,15 @@ def test_markup_in_text_values_is_shown_as_text(page, app_server):
     assert watch.errors == [] and watch.external == []
 
 
+def test_a_100_kb_link_opens_with_the_cut_and_a_message(page, app_server):
+    """The URL carries the sentence: a 100 KB one gets the page (the server's header limit is raised by
+    apps/serve_setup.py), the sentence cut to 5,000 characters, and the message saying so."""
+    watch = open_app(page, app_server + "?ckpt=demo&src=" + "Ein+Hund+" * 11_200)
+    assert len(page.url) > 100_000
+    assert "only the first 5,000" in text(page, ".message")
+    assert watch.errors == []
+
+
 def test_ten_pages_at_once(browser, app_server):
     ctx = browser.new_context()
     pages = [ctx.new_page() for _ in range(10)]
