@@ -75,7 +75,10 @@ class Ticket:
 
     @property
     def cancelled(self) -> bool:
-        return self.stopped or self._lane.generation != self.generation or self._lane.requests.closed
+        # The main thread is no longer alive once the interpreter shuts down (the server was stopped): a running
+        # sweep stops at its next batch instead of holding the process until it ends.
+        return (self.stopped or self._lane.generation != self.generation or self._lane.requests.closed
+                or not threading.main_thread().is_alive())
 
     def check(self) -> None:
         """Raise `Cancelled` when the job is no longer wanted: call it between batches."""

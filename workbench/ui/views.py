@@ -569,15 +569,14 @@ class CompareView(LazyTab):
     def render(self, answer):
         note, direction, fig = answer
         panes = []
-        for child in fig.children:  # one pane each, so narrow pages wrap them (their ranges stay linked)
+        for child in fig.children:  # one pane each, side by side in a row (their ranges stay linked)
             child.title.text_font_size = "12px"
-            panes.append(pn.pane.Bokeh(_stretch(child), min_width=300, sizing_mode="stretch_width",
-                                       styles={"flex": "1 1 400px"}))
+            panes.append(pn.pane.Bokeh(_stretch(child), min_width=0, sizing_mode="stretch_width"))
         out = [pn.pane.Markdown(_md_escape(note), css_classes=["compare-note"], sizing_mode="stretch_width")]
         if direction:
             out.append(pn.pane.Alert(_md_escape(direction), alert_type="warning", css_classes=["compare-direction"],
                                      sizing_mode="stretch_width"))
-        return [*out, pn.FlexBox(*panes, flex_wrap="wrap", sizing_mode="stretch_width")]
+        return [*out, pn.Row(*panes, sizing_mode="stretch_width")]
 
     def __panel__(self):
         picker = pn.widgets.Select.from_param(self.param.other, name="Compare with (B)", css_classes=["compare-picker"],

@@ -17,6 +17,7 @@ Added by `Workbench(extra_tabs=[TAB])`.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ import panel as pn
 import param
 import torch
 
-from ..analysis.contrast import noun_swaps
+from ..analysis.contrast import NOUNS, NOUNS_EN, noun_swaps
 from ..analysis.decompose import direct_logit_attribution, source_attribution
 from ..analysis.patching import attribution_patching, build_sites, log_prob, patching_sweep
 from ..charts.why import logit_attribution_grid, patching_heatmap
@@ -82,8 +83,9 @@ def patch(r, corrupted: str | None, exact: bool | None = None, ticket=None) -> P
     the sweep when it is small (EXACT_AT_ONCE sites), else the estimate."""
     tm = r.model
     if corrupted is None:
-        pairs = noun_swaps(tm, [r.request.sentence])
-        corrupted = pairs[0].corrupted_text if pairs else ""
+        corrupted = prefill(tm, r.request.sentence, len(r.src_ids))
+        if ticket is not None:
+            ticket.check()
     if not corrupted.strip():
         return Patching(corrupted, "No noun of the swap list in this sentence: type the sentence with one word "
                                    "changed (the same number of tokens) to patch.")
@@ -139,6 +141,20 @@ def patch(r, corrupted: str | None, exact: bool | None = None, ticket=None) -> P
                      effect[dec][:, :t], [heads.rows[i] for i in dec], list(r.out_pieces),
                      ("head", "query: output token produced")))
     return Patching(corrupted, note, maps, exact, n_sites)
+
+
+def prefill(tm, sentence: str, n_src: int, candidates: int = 4) -> str:
+    """The sentence with its first listed noun swapped for one that changes the translation (`noun_swaps`),
+    trying `candidates` replacements in one batch (not the whole list: each is a translation of the sentence);
+    '' when it has none of the listed nouns or no candidate changes the output."""
+    words = set(re.findall(r"\w+", sentence))
+    for nouns in (NOUNS, NOUNS_EN):
+        hit = next((w for w in nouns if w in words), None)
+        if hit is not None:
+            tries = [hit, *[w for w in nouns if w != hit][:candidates]]
+            pairs = noun_swaps(tm, [sentence], nouns=tries, max_len=max(60, n_src))
+            return pairs[0].corrupted_text if pairs else ""
+    return ""
 
 
 def _effect(result) -> np.ndarray:
