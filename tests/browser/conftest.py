@@ -88,7 +88,11 @@ def app_server(tmp_path_factory):
     yield served
     proc.terminate()
     try:
+        proc.wait(timeout=60)  # a running model call finishes its batch first; on a loaded 2-core box that took >20 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
         proc.wait(timeout=20)
+        pytest.fail("panel serve did not stop within 60 s of SIGTERM")
     finally:
         log.close()
     errors = server_tracebacks(log_path.read_text())
