@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import FACTOR, WARMUP, build_checkpoint  # noqa: E402
 
 from workbench.charts import mask_view, training_curves_chart  # noqa: E402
-from workbench.checkpoint import read_log  # noqa: E402
-from workbench.schedule import noam  # noqa: E402
+from workbench.checkpoint.format import read_log  # noqa: E402
+from workbench.training.schedule import noam  # noqa: E402
 from workbench.ui.views import checkpoint_schedule  # noqa: E402
 
 SHIPPED = sorted(p for p in (Path(__file__).resolve().parents[2] / "checkpoints").iterdir()

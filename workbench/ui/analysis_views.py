@@ -24,7 +24,7 @@ from ..analysis import (
     value_norms,
 )
 from ..charts import analysis as charts
-from ..decoding import beam_search
+from ..decoding.search import beam_search
 from .views import LazyTab
 
 ANALYSES = ["(pick one)", "logit lens", "attribution vs attention", "beam search replay", "encoder rollout",

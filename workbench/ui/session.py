@@ -20,7 +20,7 @@ import math
 
 import param
 
-from ..heads import KINDS, Head  # noqa: F401  (KINDS re-exported: views import it from here)
+from ..core.heads import Head
 from . import loader
 from .requests import Lane, Requests
 from .work import Outcome, Request, Result, compute

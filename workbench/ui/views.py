@@ -36,12 +36,12 @@ from ..charts import (
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
 from ..charts.internals import schedule_vs_log_chart
-from ..config import TrainConfig
-from ..data import pad_sequences
-from ..heads import Head
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS, Head
+from ..training.config import TrainConfig
 from ..training.setup import lr_at, lr_schedule
 from . import loader
-from .session import KINDS, Session, fmt_logp
+from .session import Session, fmt_logp
 from .work import Request, translate
 
 log = logging.getLogger(__name__)

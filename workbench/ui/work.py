@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
-from ..heads import Head
-from ..trace import Trace
-from ..translator import Translation, TranslationModel
+from ..core.heads import Head
+from ..core.trace import Trace
+from ..decoding.translator import Translation, TranslationModel
 from . import loader
 
 log = logging.getLogger(__name__)
