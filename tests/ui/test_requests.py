@@ -8,6 +8,7 @@ import concurrent.futures
 import contextvars
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,28 @@ def test_a_session_drops_stale_translations_and_stops_on_close(entries):
 
     s, version = on_loop(main)
     assert version == 1 and s.result is None and s.version == version  # closed: the last request never landed
+
+
+def test_a_running_job_stops_when_the_process_exits():
+    """A sweep still running when the server stops must not hold the process (it used to run to its end)."""
+    import subprocess
+    import sys as _sys
+
+    code = """
+import asyncio, time, sys
+from workbench.ui.requests import Requests
+batches = []
+def sweep(ticket):
+    for i in range(600):
+        ticket.check()
+        batches.append(i)
+        time.sleep(0.05)
+async def main():
+    Requests(background=True).lane("t", heavy=True).submit(sweep, done=print)
+    await asyncio.sleep(0.3)
+asyncio.run(main())
+print(time.time(), flush=True)  # the script is done; what follows is the interpreter shutting down
+"""
+    out = subprocess.run([_sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    exit_took = time.time() - float(out.stdout.split()[-1])
+    assert exit_took < 10, exit_took  # running its 600 batches of 50 ms to the end would take 30 s

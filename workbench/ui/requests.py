@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+import concurrent.futures.thread as _cf_thread
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -75,10 +76,11 @@ class Ticket:
 
     @property
     def cancelled(self) -> bool:
-        # The main thread is no longer alive once the interpreter shuts down (the server was stopped): a running
-        # sweep stops at its next batch instead of holding the process until it ends.
+        # The interpreter is shutting down (the server was stopped) once concurrent.futures starts joining its
+        # workers: a running sweep stops at its next batch instead of holding the process until it ends. (Its
+        # private shutdown flags, threading's and concurrent.futures', are the only signals set before it.)
         return (self.stopped or self._lane.generation != self.generation or self._lane.requests.closed
-                or not threading.main_thread().is_alive())
+                or getattr(threading, "_SHUTTING_DOWN", False) or getattr(_cf_thread, "_shutdown", False))
 
     def check(self) -> None:
         """Raise `Cancelled` when the job is no longer wanted: call it between batches."""
