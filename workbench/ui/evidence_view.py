@@ -123,13 +123,22 @@ class EvidenceView(LazyTab):
             return "*The output is empty: nothing to align.*"
         return r.request.path, r.request.sentence, r.text, METHOD_LABELS[self.method], self.roles
 
-    def compute(self, path, source, output, method, with_roles):
+    def compute(self, path, source, output, method, with_roles, ticket=None):
         tm = loader.load_model(path)
-        roles, where = checkpoint_roles(path, source, output) if with_roles else (None, "")
+        roles, where = None, ""
+        if with_roles:
+            if ticket is not None:
+                ticket.report("measuring the heads' roles (once per checkpoint)")
+            roles, where = checkpoint_roles(path, source, output)
+            if ticket is not None:
+                ticket.check()  # a newer sentence or method supersedes this one: stop before the figure
         return evidence_figure(tm, source, output, method=method, roles=roles, roles_from=where)
 
     def render(self, fig):
         return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
+
+    def progress(self, message: str) -> None:
+        self._box.objects = [pn.pane.Markdown(f"*{message}…*")]
 
     def __panel__(self):
         controls = pn.Row(
