@@ -138,7 +138,7 @@ def test_the_fused_path_stays_when_no_plain_hook_listens(monkeypatch):
 
 
 def test_nnsight_reads_and_edits_a_projection_and_a_hook_point_as_the_workbench_does():
-    nnsight = pytest.importorskip("nnsight")
+    import nnsight  # the dev extra installs it
     cfg = presets.tiny(vocab=50)
     model = make_model(cfg)
     src, tgt = make_batch(cfg)
