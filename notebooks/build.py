@@ -39,9 +39,9 @@ TINY_MODEL = '''\
 import tempfile
 from pathlib import Path
 
-from workbench.checkpoint import is_checkpoint
-from workbench.config import TrainConfig
-from workbench.train import Trainer
+from workbench.checkpoint.format import is_checkpoint
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 
 SHIPPED = Path("../checkpoints/multi30k-de-en")  # the notebooks read German Multi30k: the de→en model
 if is_checkpoint(SHIPPED) and not QUICK:
@@ -148,7 +148,7 @@ translate again and score the *original* output under the edited model (teacher 
     ("code", '''\
 import pandas as pd
 
-from workbench.interventions import ablate_heads
+from workbench.core.interventions import ablate_heads
 
 
 def log_prob(model, src_ids, out_ids):
@@ -195,7 +195,7 @@ ANNOTATED = [
 # The Annotated Transformer, with the workbench's own modules
 
 Harvard NLP's *Annotated Transformer* rebuilds "Attention Is All You Need" line by line. This notebook walks the
-same path, but every piece is the workbench's real code (`workbench.model`, `embedding`, `masks`, `schedule`,
+same path, but every piece is the workbench's real code (`workbench.core.model`, `embedding`, `masks`, `schedule`,
 `loss`, `train`), looked at through its hook points and views instead of being re-implemented: embeddings and
 positional encodings, masks, one encoder layer's hook points, the Noam schedule, label smoothing, weight tying,
 pre- vs post-norm, and finally the copy task trained in a few cells on CPU."""),
@@ -227,7 +227,7 @@ for this config's layout and the other sinusoidal layouts that published models 
     ("code", '''\
 import math
 
-from workbench.embedding import sinusoidal_positions
+from workbench.core.embedding import sinusoidal_positions
 
 pe = sinusoidal_positions(50, 16)
 pos, i = 7, 3  # check one sine and one cosine entry against the formula written out
@@ -244,7 +244,7 @@ One convention everywhere (SDPA's): `True` = may attend. The encoder hides paddi
 the future (causal mask). Below, a padded batch of three sentences."""),
     ("code", '''\
 from workbench.charts import mask_view
-from workbench.masks import causal_mask
+from workbench.core.masks import causal_mask
 
 src = torch.tensor([[5, 6, 7, 8, 2], [5, 6, 2, 0, 0], [9, 2, 0, 0, 0]])  # EOS = 2, padding = 0
 tgt = torch.tensor([[1, 5, 6, 7, 8], [1, 5, 6, 0, 0], [1, 9, 0, 0, 0]])  # starts with BOS = 1
@@ -279,11 +279,11 @@ show(attention_heatmap(cache, "enc_self", layer=0, heads=0, batch=1, select={"tr
 ## The Noam schedule
 
 `lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)`: linear warm-up, then inverse square root.
-`workbench.schedule` holds it as a pure function of the step (step 0 gives 0); the chart draws it beside the
+`workbench.training.schedule` holds it as a pure function of the step (step 0 gives 0); the chart draws it beside the
 other schedules the trainer offers."""),
     ("code", '''\
 from workbench.charts import lr_schedule_chart
-from workbench.schedule import noam
+from workbench.training.schedule import noam
 
 peak = noam(4000, d_model=512, warmup=4000)
 print(peak, 512 ** -0.5 * 4000 ** -0.5)  # the peak is at the end of warm-up
@@ -298,7 +298,7 @@ penalised for being over-confident. `label_smoothed_nll` equals PyTorch's `cross
 import torch.nn.functional as F
 
 from workbench.charts import label_smoothing_chart
-from workbench.loss import label_smoothed_nll
+from workbench.training.loss import label_smoothed_nll
 
 scores = torch.randn(6, cfg.tgt_vocab)
 gold = torch.tensor([4, 5, 6, 7, 0, 0])  # two padding positions are ignored
@@ -345,8 +345,8 @@ view with loss and learning-rate charts."""),
     ("code", '''\
 import tempfile
 
-from workbench.config import TrainConfig
-from workbench.train import Trainer
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 
 copy_cfg = TrainConfig.load("../configs/copy_task.toml")
 copy_cfg = dataclasses.replace(copy_cfg, max_steps=COPY_STEPS, log_every=10, eval_every=0, copy_pairs=2000,
@@ -361,8 +361,8 @@ Greedy decoding of a few held-out sequences, and the cross-attention of the last
 is learned, each output step attends to the source position it copies, so the map becomes a diagonal
 (with `COPY_STEPS` small in quick mode it may not be there yet)."""),
     ("code", '''\
-from workbench.data import copy_task
-from workbench.decoding import greedy
+from workbench.corpus.data import copy_task
+from workbench.decoding.search import greedy
 
 copy_model = trainer.model.eval()
 held_out = torch.tensor([seq + [copy_model.cfg.eos_id] for seq in copy_task(5, vocab=11, length=10, seed=123)])
@@ -400,7 +400,7 @@ OUT_DIR = "../runs/notebook_multi30k"  # quick mode writes to a temporary direct
     ("code", BOKEH_ALTAIR_SETUP),
     ("md", "## The data"),
     ("code", '''\
-from workbench.data import dataset_files, default_data_root, load_dataset
+from workbench.corpus.data import dataset_files, default_data_root, load_dataset
 
 print("data root:", default_data_root())
 train_de, train_en = load_dataset("multi30k", "train", "de", "en", limit=2000 if QUICK else 0)
@@ -414,7 +414,7 @@ for de, en in list(zip(train_de, train_en))[:3]:
 One BPE model for both languages (so source, target and output embeddings can be tied). It is trained in
 memory on every sentence, deterministically."""),
     ("code", '''\
-from workbench.tokenizer import SentencePieceTokenizer
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 
 VOCAB = 600 if QUICK else 8000
 spm = SentencePieceTokenizer.train(sentences=train_de + train_en, vocab_size=VOCAB, model_type="bpe")
@@ -430,8 +430,8 @@ curves. Interrupting the kernel saves a checkpoint; `trainer.fit()` again contin
 import dataclasses
 import tempfile
 
-from workbench.config import TrainConfig
-from workbench.train import Trainer
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 
 recipe = TrainConfig.load("../configs/multi30k_de_en.toml")
 if SETTING == "quick":
@@ -464,7 +464,7 @@ same from the shell: `workbench evaluate --checkpoint DIR --src test_2016_flickr
 from pathlib import Path
 
 import workbench
-from workbench.evaluate import evaluate
+from workbench.decoding.evaluate import evaluate
 
 averaged = Path(cfg.out_dir) / "average"
 best = averaged if averaged.is_dir() else Path(cfg.out_dir)
@@ -482,7 +482,7 @@ for de, en, hyp in list(zip(test_de, test_en, scores.hypotheses))[:3]:
 The run directory is a checkpoint the app lists: `panel serve apps/attention.py --args --checkpoints runs/`
 (or `Workbench(checkpoint)` in a notebook, see `01_tour.ipynb`). Its views read the training log too:"""),
     ("code", '''\
-from workbench.checkpoint import is_checkpoint
+from workbench.checkpoint.format import is_checkpoint
 
 print(cfg.out_dir, "is a checkpoint:", is_checkpoint(cfg.out_dir))
 from workbench.charts import lr_schedule_chart
@@ -513,7 +513,7 @@ TRAIN_STEPS = 40 if QUICK else 1500  # the workbench model to compare with, when
 import tempfile
 from pathlib import Path
 
-from workbench.data import default_data_root
+from workbench.corpus.data import default_data_root
 
 SOURCES = {  # format, source, decoding options of the published evaluation
     "marian": ("marian", "hf:Helsinki-NLP/opus-mt-en-de", []),
@@ -533,7 +533,7 @@ print(len(src_lines), "newstest2014 sentences")'''),
     ("md", "## Import (online) or build a stand-in (offline)"),
     ("code", '''\
 from workbench.cli import main as workbench_cli
-from workbench.importers.download import NetworkUnreachable
+from workbench.corpus.download import NetworkUnreachable
 
 ONLINE = False
 if not QUICK:
@@ -652,7 +652,7 @@ N_SENTENCES = 40 if QUICK else 1000  # Multi30k test2016 has 1000"""),
     ("code", """\
 import workbench
 from workbench.analysis import STATS, corpus_head_stats, punctuation_ids
-from workbench.data import load_dataset
+from workbench.corpus.data import load_dataset
 
 tm = workbench.load(CHECKPOINT)
 test_de, test_en = load_dataset("multi30k", "test", "de", "en", limit=N_SENTENCES)
@@ -698,15 +698,15 @@ show(attention_heatmap(trace, "enc_self", layer=layer, heads=head))"""),
     ("md", """\
 ## Head importance by ablation on BLEU
 
-Ablate one head at a time (zero its output, `workbench.interventions.ablate_heads`), translate the test
+Ablate one head at a time (zero its output, `workbench.core.interventions.ablate_heads`), translate the test
 sentences again and compare BLEU with the intact model (Michel et al., 2019, *Are Sixteen Heads Really Better
 than One?*). In quick mode only the cross-attention heads of the last layer are tried, on a handful of
 sentences."""),
     ("code", """\
 import pandas as pd
 
-from workbench.evaluate import evaluate
-from workbench.interventions import ablate_heads
+from workbench.decoding.evaluate import evaluate
+from workbench.core.interventions import ablate_heads
 
 n_eval = 20 if QUICK else 300
 options = dict(beam=1, max_len_a=1.2, max_len_b=10)

@@ -50,7 +50,7 @@ from workbench import load
 from workbench.analysis import (direct_logit_attribution, logit_diff, patching_sweep, source_attribution,
                                 spearman)
 from workbench.analysis.contrast import noun_swaps
-from workbench.data import dataset_files
+from workbench.corpus.data import dataset_files
 
 if QUICK:
     torch.set_num_threads(1)

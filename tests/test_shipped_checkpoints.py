@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from model_helpers import ROOT, SHARED_DATA
 
-from workbench.checkpoint import is_checkpoint
+from workbench.checkpoint.format import is_checkpoint
 
 SHIPPED = sorted(p for p in (ROOT / "checkpoints").iterdir() if p.is_dir() and is_checkpoint(p)) \
     if (ROOT / "checkpoints").is_dir() else []

@@ -10,10 +10,10 @@ import torch
 
 import workbench
 from workbench import Transformer, presets
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 from workbench.cli import main
-from workbench.config import DecodeConfig
-from workbench.tokenizer import SentencePieceTokenizer
-from workbench.translator import TranslationModel
+from workbench.core.config import DecodeConfig
+from workbench.decoding.translator import TranslationModel
 
 ODD = [
     "Ein Hund läuft über die Wiese.",
@@ -122,7 +122,7 @@ def test_line_breaks_in_output_become_spaces(tm):
 
 
 def test_checkpoint_load_honours_generation_defaults(tm, tmp_path):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     meta = {"generation": {"beam": 1, "length_penalty": {"kind": "gnmt", "alpha": 0.6}, "max_len_b": 4,
                            "append_eos": False}}
@@ -142,7 +142,7 @@ def test_checkpoint_load_honours_generation_defaults(tm, tmp_path):
 
 
 def test_cli_translate_preserves_lines(tm, tmp_path):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
     src = tmp_path / "in.txt"
@@ -156,7 +156,7 @@ def test_cli_translate_preserves_lines(tm, tmp_path):
 
 
 def test_cli_translate_invalid_utf8(tm, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
     src = tmp_path / "bad.txt"

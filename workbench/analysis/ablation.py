@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ..decoding import generate
-from ..heads import KINDS, Head
-from ..interventions import ablate_heads
+from ..core.heads import Head
+from ..core.interventions import ablate_heads
+from ..decoding.search import generate
 
-__all__ = ["KINDS", "AblationEffect", "ablation_effect", "check_heads"]  # KINDS: re-exported from heads
+__all__ = ["AblationEffect", "ablation_effect", "check_heads"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ def check_heads(cfg, heads: Iterable[Head | str | tuple[str, int, int]]) -> dict
     Heads may be spelled any way `Head.parse` reads (Head, "cross:1:0", ("cross", 1, 0))."""
     spec: dict[tuple[str, int], list[int]] = {}
     for spelled in heads:
-        kind, layer, head = Head.parse(spelled).check(cfg)
-        spec.setdefault((kind, layer), []).append(head)
+        head = Head.parse(spelled).check(cfg)
+        spec.setdefault((head.kind, head.layer), []).append(head.head)
     return spec
 
 

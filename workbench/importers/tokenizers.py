@@ -1,7 +1,7 @@
 """Each toolkit's tokenizers, built from the files beside its checkpoint.
 
 The tokenizer classes themselves (`SpmVocabTokenizer`, `MosesBPETokenizer`) live in
-`workbench.toolkit_tokenizers`, below the importers, so a saved imported checkpoint loads without them.
+`workbench.checkpoint.toolkit_tokenizers`, below the importers, so a saved imported checkpoint loads without them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
+from ..checkpoint.toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
 from .errors import ConversionError
 from .reading import read_json
 

@@ -6,7 +6,7 @@
     validation.py   held-out loss and greedy BLEU/chrF of a model
     trainer.py      `Trainer`: the loop, divergence checks, validation and save decisions, exact-resume state
 
-`workbench.train` re-exports the public names, so `from workbench.train import Trainer` keeps working.
+`workbench.train` re-exports the public names, so `from workbench.training import Trainer` keeps working.
 """
 
 from .setup import model_config

@@ -23,8 +23,8 @@ from pathlib import Path
 import panel as pn
 import torch
 
-from ..checkpoint import LATEST, is_checkpoint, read_log, resolve_checkpoint
-from ..translator import TranslationModel, decode_config_from_meta
+from ..checkpoint.format import LATEST, is_checkpoint, read_log, resolve_checkpoint
+from ..decoding.translator import TranslationModel, decode_config_from_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT / "checkpoints"
