@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench import Transformer, attention, hooks, presets  # noqa: E402
+from workbench import Transformer, presets  # noqa: E402
+from workbench.core import attention, hooks  # noqa: E402
 
 
 @contextmanager

@@ -9,8 +9,8 @@ from model_helpers import make_batch, make_model
 from torch.nn.modules.module import register_module_forward_hook
 
 from workbench import presets
-from workbench.attention import MultiHeadAttention
-from workbench.hooks import HookPoint
+from workbench.core.attention import MultiHeadAttention
+from workbench.core.hooks import HookPoint
 
 
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
