@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
@@ -179,7 +179,7 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
                 if len(t) < 2:
                     raise ValueError(f"target {start + n} has {len(t)} tokens: need at least one word and EOS")
             src = pad_sequences(src_rows, cfg.pad_id, device=model.device)
-            tgt = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
+            tgt = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
             trace = capture_attention(model, src, tgt, names)
             cross = trace.stack("dec.*.cross_attn.hook_probs").float().cpu().numpy()  # (L, B, H, T, S)
             for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):

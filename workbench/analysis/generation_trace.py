@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ..core.batching import decoder_input
 from ..core.trace import Trace
 from ..decoding.search import Hypothesis, beam_search, greedy
 from .beam_replay import replay_beam
@@ -70,6 +71,6 @@ def generation_trace(model, src, names: str | Iterable[str] = "*", *, beam: int 
             fill = 0.0 if name.endswith("hook_probs") else torch.finfo(pieces[0].dtype).min
             pieces = [torch.nn.functional.pad(p, (0, steps - p.size(-1)), value=fill) for p in pieces]
         tensors[name] = torch.cat(pieces, axis)
-    tgt = torch.tensor([[cfg.start_id, *hyp.tokens[:-1]]], dtype=torch.long, device=model.device)
+    tgt = torch.tensor([decoder_input(hyp.tokens, cfg.start_id)], dtype=torch.long, device=model.device)
     return hyp, Trace(tensors, src=src, tgt=tgt, meta={"search": "greedy" if beam == 1 else f"beam {beam}",
                                                      "rows": list(rows)})

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.masks import real_positions
 from ..core.trace import Trace
 
 STATS: dict[str, str] = {
@@ -50,18 +51,20 @@ _NAN_UNLESS = {"self": ("enc_self", "dec_self"), "prev": ("enc_self", "dec_self"
 
 
 def _masks(trace: Trace, kind: AttentionKind, pad_id: int | None, lq: int, lk: int, batch: int):
-    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them."""
-    def real(ids: torch.Tensor | None, length: int) -> torch.Tensor:
+    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them (decoder inputs by their
+    lengths: the start token is real even when it is the padding id, as Marian's is)."""
+    def real(ids: torch.Tensor | None, length: int, decoder: bool) -> torch.Tensor:
         if ids is None or pad_id is None:
             return torch.ones(batch, length, dtype=torch.bool)
         ids = ids.cpu()
         if ids.shape != (batch, length):
             raise ValueError(f"{kind} attention is ({batch}, {length}) on this side but the ids are {tuple(ids.shape)}")
-        return ids != pad_id
+        return real_positions(ids, pad_id, decoder=decoder)
 
-    q_ids = trace.src if kind == "enc_self" else trace.tgt
-    k_ids = trace.tgt if kind == "dec_self" else trace.src
-    return real(q_ids, lq), real(k_ids, lk), k_ids
+    q_dec, k_dec = kind != "enc_self", kind == "dec_self"
+    q_ids = trace.tgt if q_dec else trace.src
+    k_ids = trace.tgt if k_dec else trace.src
+    return real(q_ids, lq, q_dec), real(k_ids, lk, k_dec), k_ids
 
 
 def block_stats(
@@ -378,8 +381,7 @@ def corpus_head_stats(
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         src = pad_sequences([sources[i] for i in idx], cfg.pad_id, device=dev)
-        tgt = pad_sequences([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
-                            cfg.pad_id, device=dev)
+        tgt = pad_sequences([decoder_input(targets[i], cfg.start_id) for i in idx], cfg.pad_id, device=dev)
         trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
                                 tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx]))

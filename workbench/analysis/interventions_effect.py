@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS
 from ..core.heads import n_heads as heads_of
 from ..core.interventions import ablate_heads, patch
@@ -67,7 +67,7 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
         for start in range(0, len(sources), batch_size):
             src = pad_sequences(sources[start : start + batch_size], cfg.pad_id, device=model.device)
             tgt_rows = [list(t) for t in targets[start : start + batch_size]]
-            tgt_in = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
+            tgt_in = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
             tgt_out = pad_sequences(tgt_rows, cfg.pad_id, device=model.device)
             logp = model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]
             lp[start : start + len(tgt_rows)] = (logp * (tgt_out != cfg.pad_id)).sum(1).double().cpu().numpy()

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..core.heads import Head, block_path, stack_of
+from ..core.masks import real_positions
 from ..decoding.search import greedy
 from .gradients import evaluating, run_with_grads
 
@@ -106,11 +107,12 @@ class PatchingResult:
         return pd.DataFrame(self.values.numpy(), index=self.rows, columns=self.positions)
 
 
-def _heads_of(model, kind: str) -> list[tuple[str, str, int, int]]:
+def _heads_of(model, kind: str) -> list[tuple[str, Any, int, int]]:
+    """(label, attention block, layer, head) of every head of a kind."""
     out = []
     for layer in range(len(getattr(model, stack_of(kind)))):
-        block = block_path(kind, layer)
-        for h in range(model.get_submodule(block).n_heads):
+        block = model.get_submodule(block_path(kind, layer))
+        for h in range(block.n_heads):
             out.append((str(Head(kind, layer, h)), block, layer, h))  # type: ignore[arg-type]
     return out
 
@@ -125,12 +127,11 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
     rows: list[str] = []
     per_row: list[tuple[list[str], int, Callable[[int], tuple]]] = []  # hooks, length, index(pos)
     if family in ("resid_enc", "resid_dec"):
-        stack = family[-3:]
-        first = "hook_src_embed" if stack == "enc" else "hook_tgt_embed"
-        length = src_len if stack == "enc" else tgt_len
-        for name in [first, *(f"{stack}.{i}.hook_resid_ffn" for i in range(len(getattr(model, stack))))]:
-            rows.append(name)
-            per_row.append(([name], length, lambda p: (p,)))
+        stream = model.stream(family[-3:])
+        length = src_len if stream.stack == "enc" else tgt_len
+        for point in [stream.hook_embed, *(layer.hook_resid_ffn for layer in stream.layers)]:
+            rows.append(point.name)
+            per_row.append(([point.name], length, lambda p: (p,)))
     elif family in ("head_enc", "head_dec_self", "head_cross", "head", "pattern"):
         kinds = {"head_enc": ["enc_self"], "head_dec_self": ["dec_self"], "head_cross": ["cross"]}.get(
             family, ["enc_self", "dec_self", "cross"])
@@ -139,12 +140,12 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
             length = src_len if kind == "enc_self" else tgt_len
             for label, block, _, h in _heads_of(model, kind):
                 rows.append(label)
-                per_row.append(([f"{block}.{leaf}"], length, lambda p, h=h: (h, p)))
+                per_row.append(([getattr(block, leaf).name], length, lambda p, h=h: (h, p)))
     else:  # cross_kv
-        for i in range(len(model.dec)):
-            rows.append(f"dec.{i}.cross_attn.kv")
-            block = f"dec.{i}.cross_attn"
-            per_row.append(([f"{block}.hook_k", f"{block}.hook_v"], src_len, lambda p: (slice(None), p)))
+        for layer in model.dec:
+            attn = layer.cross_attn
+            rows.append(_kv_label(attn))
+            per_row.append(([attn.hook_k.name, attn.hook_v.name], src_len, lambda p: (slice(None), p)))
     sites: list[Site] = []
     if positions == "all":
         cols: list[int | str] = ["all"]
@@ -156,6 +157,26 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
             for p in range(length):
                 sites.append(Site(r, p, [(n, index(p)) for n in names]))
     return rows, cols, sites
+
+
+def _kv_label(attn) -> str:
+    """Row label of a cross-attention block's keys and values: "dec.1.cross_attn.kv"."""
+    return attn.hook_k.name.removesuffix("hook_k") + "kv"
+
+
+def _source_side(model, name: str) -> bool:
+    """Whether the hook point `name` has source positions on its position axis (the encoder stream and its
+    blocks, and the cross-attention keys/values read from the memory)."""
+    enc = model.stream("enc")
+    points = {enc.hook_tok.name, enc.hook_pos.name, enc.hook_embed.name, enc.hook_out.name}
+    points |= {p.name for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v)}
+    return name in points or any(name.startswith(prefix) for prefix in _module_prefixes(model, enc))
+
+
+def _module_prefixes(model, stream) -> list[str]:
+    norms = [m for m in (stream.emb_norm, stream.final_norm) if m is not None]
+    return [n.hook_scale.name.removesuffix("hook_scale") for n in norms] + \
+        [layer.hook_resid_in.name.removesuffix("hook_resid_in") for layer in stream.layers]
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -195,9 +216,9 @@ def _donors(model, base_cache, names, ablation, reference, seed) -> dict[str, to
     for n in names:
         acts = ref[n]  # (R, L, ...) or (R, H, L, ...); the position axis follows the head axis if any
         head_axis = acts.dim() == 4
-        ids = ref_src if (n.startswith("enc.") or n == "hook_src_embed" or ".cross_attn.hook_k" in n
-                          or ".cross_attn.hook_v" in n) else ref_tgt
-        real = ids != pad  # (R, L)
+        source = _source_side(model, n)
+        # decoder inputs start with the start token, which may be the padding id (Marian): lengths, not ids
+        real = real_positions(ref_src if source else ref_tgt, pad, decoder=not source)  # (R, L)
         base = base_cache[n]
         length = base.size(2 if head_axis else 1)
         if ablation == "mean":
@@ -409,10 +430,11 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
                          f"{tuple(c_src.shape)}")
     senders: list[tuple[str, str, int | None]] = []
     for i, layer in enumerate(model.enc):
-        senders += [(f"enc_self:{i}:{h}", f"enc.{i}.self_attn.hook_result", h) for h in range(layer.self_attn.n_heads)]
-        senders.append((f"enc.{i}.ffn", f"enc.{i}.ffn.hook_out", None))
+        attn, ffn = layer.self_attn, layer.ffn
+        senders += [(str(Head("enc_self", i, h)), attn.hook_result.name, h) for h in range(attn.n_heads)]
+        senders.append((ffn.hook_out.name.removesuffix(".hook_out"), ffn.hook_out.name, None))
     comp_names = sorted({n for _, n, _ in senders})
-    kv_names = [f"dec.{i}.cross_attn.hook_{x}" for i in range(len(model.dec)) for x in ("k", "v")]
+    kv_names = [p.name for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v)]
     with evaluating(model):
         with torch.no_grad():
             clean_logits, clean = model.run_with_cache(src, tgt, names=comp_names)
@@ -446,7 +468,7 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
 
                 def put(x, hook, chunk=chunk):
                     out = x.clone()
-                    layer = int(hook.name.split(".")[1])
+                    layer = kv_names.index(hook.name) // 2
                     for j, (s, i) in enumerate(chunk):
                         if i == layer:
                             out[j] = kv[hook.name][s]
@@ -457,6 +479,6 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
                 vals += metric(logits).double().cpu().tolist()
                 passes += 1
     values = torch.tensor(vals, dtype=torch.float64).view(len(senders), len(model.dec))
-    return PatchingResult(values, [s for s, _, _ in senders], [f"dec.{i}.cross_attn.kv" for i in range(len(model.dec))],
+    return PatchingResult(values, [s for s, _, _ in senders], [_kv_label(layer.cross_attn) for layer in model.dec],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
                           {"sites": "path:enc->cross_kv"})

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
 from ..core.model import DecoderCache, Transformer
 from ..core.trace import Trace
@@ -221,7 +221,7 @@ class _Recorder:
                 tensors[name] = probs.cpu()
             else:  # cross-attention
                 tensors[name] = torch.stack([calls[s][rows[s], :, 0, :src_len] for s in range(steps)], 1)[None].cpu()
-        tgt = torch.tensor([[cfg.start_id, *tokens[:-1]]], dtype=torch.long)
+        tgt = torch.tensor([decoder_input(tokens, cfg.start_id)], dtype=torch.long)
         return Trace(tensors, src=src[sentence : sentence + 1, :src_len].cpu(), tgt=tgt)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.tokenizer import Tokenizer
-from ..core.batching import pad_sequences, token_batches
+from ..core.batching import decoder_input, pad_sequences, token_batches
 from ..core.config import DecodeConfig, config_keys
 from ..core.model import Transformer
 from ..core.trace import Trace
@@ -178,7 +178,7 @@ class TranslationModel:
         if not src_ids or not out_ids:
             raise ValueError(f"score needs a non-empty source and output, got {len(src_ids)} and {len(out_ids)} ids")
         src = torch.tensor([src_ids], dtype=torch.long, device=self.device)
-        tgt_in = torch.tensor([[cfg.start_id, *out_ids[:-1]]], dtype=torch.long, device=self.device)
+        tgt_in = torch.tensor([decoder_input(out_ids, cfg.start_id)], dtype=torch.long, device=self.device)
         with torch.no_grad():
             if trace:
                 logits, captured = self.model.run_with_cache(src, tgt_in, "*.hook_probs", device="cpu")
