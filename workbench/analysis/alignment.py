@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..core.batching import decoder_input, pad_sequences
+from ..core.heads import Head
 from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
@@ -130,7 +131,9 @@ def alignment_head_scores(
     def score(pick, layer, head):
         pred = [attention_links(pick(a), method=method, threshold=threshold) for a in arrays]
         e = corpus_aer(pred, sure, possible)
-        rows.append({"layer": layer, "head": head, "aer": e, "agreement": 1.0 - e, "reference": label})
+        head_id = str(Head("cross", layer, head)) if isinstance(head, int) and isinstance(layer, int) else None
+        rows.append({"head_id": head_id, "layer": layer, "head_index": head, "aer": e, "agreement": 1.0 - e,
+                     "reference": label})
 
     for layer in range(n_layers):
         for head in range(n_heads):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..core.batching import decoder_input, pad_sequences
-from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.heads import KINDS, AttentionKind, Head, kind_of
 from ..core.masks import real_positions
 from ..core.trace import Trace
 
@@ -194,14 +194,15 @@ class HeadStats:
             return np.where(c > 0, self.sums[stat] / np.where(c > 0, c, 1), np.nan)
 
     def summary(self):
-        """pandas DataFrame: kind, layer, head and one column per statistic (corpus values)."""
+        """pandas DataFrame: head_id (the `Head` spelling, "cross:1:0"), kind, layer, head_index and one column per
+        statistic (corpus values). No column is named "head": it would shadow `DataFrame.head`."""
         import pandas as pd
 
         rows = []
         vals = {s: self.values(s) for s in self.sums}
         for bi, (kind, layer) in enumerate(self.blocks):
             for head in range(self.heads_of(bi)):
-                rows.append({"kind": kind, "layer": layer, "head": head,
+                rows.append({"head_id": str(Head(kind, layer, head)), "kind": kind, "layer": layer, "head_index": head,
                              **{s: float(v[bi, head]) for s, v in vals.items()}})
         return pd.DataFrame(rows)
 
@@ -212,9 +213,18 @@ class HeadStats:
             df = df[df["kind"] == kind]
         return df.sort_values(stat, ascending=not descending, na_position="last", kind="stable").reset_index(drop=True)
 
-    def sentences(self, kind: str, layer: int, head: int, stat: str, *, top: int = 10, largest: bool = True):
-        """The sentences where this head shows `stat` the most (or least): DataFrame sentence, value."""
+    def sentences(self, *spec, top: int = 10, largest: bool = True):
+        """The sentences where a head shows a statistic the most (or least): DataFrame sentence, value.
+        `sentences(head, stat)` with a `Head` or its spelling ("cross:1:0"), or `sentences(kind, layer, head, stat)`."""
         import pandas as pd
+
+        if len(spec) == 2:
+            parsed, stat = Head.parse(spec[0]), spec[1]
+            kind, layer, head = parsed.kind, parsed.layer, parsed.head
+        elif len(spec) == 4:
+            kind, layer, head, stat = spec
+        else:
+            raise TypeError("sentences(head, stat) or sentences(kind, layer, head, stat)")
 
         bi = self.block_index(kind, layer)
         if not 0 <= head < self.heads_of(bi):

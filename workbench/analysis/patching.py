@@ -30,9 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.config import DecodeConfig
 from ..core.heads import Head, block_path, stack_of
 from ..core.masks import real_positions
-from ..decoding.search import greedy
+from ..decoding.search import decode_config, generate
+from .generation_trace import decoding_setup
 from .gradients import evaluating, run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
@@ -282,13 +284,13 @@ def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Ten
     return values, passes
 
 
-def _translation_metric(model, name: str, detokenize, reference: str, decode_options: dict):
+def _translation_metric(model, name: str, detokenize, reference: str, search: DecodeConfig):
     import sacrebleu  # optional: only translation metrics need it
 
     scorer = sacrebleu.sentence_bleu if name == "bleu" else sacrebleu.sentence_chrf
 
     def translate(src: torch.Tensor) -> list[float]:
-        gen = greedy(model, src, **decode_options)
+        gen = generate(model, src, search)
         return [float(scorer(detokenize(h.tokens), [reference]).score) for h in gen.best]
 
     return translate
@@ -304,8 +306,10 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
     `progress(done, total)`, if given, is called with the number of sites patched after each batch.
 
     `metric`: a function logits (N, T, V) -> (N,) (`logit_diff`, `log_prob`), or "bleu" / "chrf" of the
-    greedy re-decoded translation against `reference_text` (needs `detokenize`; encoder-side sites only,
-    as decoder positions shift when the output changes)."""
+    re-decoded translation against `reference_text` (needs `detokenize`; encoder-side sites only, as decoder
+    positions shift when the output changes). `model` may be a `TranslationModel`: re-decoding then follows its
+    settings; `config=` (a DecodeConfig) and `decode_options` set them on a bare model (default: greedy)."""
+    model, config = decoding_setup(model, decode_options.pop("config", None))
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if ablation is not None and ablation not in ABLATIONS:
@@ -330,7 +334,8 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
                              f"{ENCODER_SIDE}, not {sites!r}")
         if detokenize is None or reference_text is None:
             raise ValueError(f"metric={metric!r} needs detokenize= and reference_text=")
-        translate = _translation_metric(model, metric, detokenize, reference_text, decode_options)
+        search = decode_config(config or DecodeConfig(beam=1), decode_options)
+        translate = _translation_metric(model, metric, detokenize, reference_text, search)
     rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
     names = sorted({n for s in site_list for n, _ in s.edits})
     with evaluating(model):

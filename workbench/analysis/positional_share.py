@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from ..core.heads import Head
 from ..core.masks import causal_mask, real_positions
 
 TERMS = ("token·token", "token·position", "position·token", "position·position", "bias")
@@ -87,6 +88,7 @@ def positional_share(model, src: torch.Tensor, tgt: torch.Tensor, kinds=("enc_se
         total = sum(means.values())
         pos = means["token·position"] + means["position·token"] + means["position·position"]
         for h in range(next(iter(terms.values())).size(1)):
-            rows.append({"kind": kind, "layer": 0, "head": h, **{t: float(m[h]) for t, m in means.items()},
+            rows.append({"head_id": str(Head(kind, 0, h)), "kind": kind, "layer": 0, "head_index": h,
+                         **{t: float(m[h]) for t, m in means.items()},
                          "pos_share": float(pos[h] / total[h])})
     return pd.DataFrame(rows)

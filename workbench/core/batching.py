@@ -58,10 +58,10 @@ class TeacherForced:
     (Marian's decoder start token is its pad)."""
 
     src: torch.Tensor  # (B, S) source ids, right-padded
-    tgt_in: torch.Tensor  # (B, T) decoder inputs: start + output[:-1]
-    tgt_out: torch.Tensor  # (B, T) the outputs predicted at each position (EOS last), pad after
+    tgt_in: torch.Tensor | None  # (B, T) decoder inputs: start + output[:-1] (None: sources only)
+    tgt_out: torch.Tensor | None  # (B, T) the outputs predicted at each position (EOS last), pad after
     src_lengths: torch.Tensor  # (B,)
-    tgt_lengths: torch.Tensor  # (B,) real decoder positions = output lengths
+    tgt_lengths: torch.Tensor | None  # (B,) real decoder positions = output lengths
 
     def src_mask(self) -> torch.Tensor:
         """(B, S) True on real source positions."""
@@ -69,6 +69,8 @@ class TeacherForced:
 
     def tgt_mask(self) -> torch.Tensor:
         """(B, T) True on real decoder positions (the start token included, whatever its id)."""
+        if self.tgt_in is None or self.tgt_lengths is None:
+            raise ValueError("this batch has no outputs, so no decoder positions")
         return torch.arange(self.tgt_in.size(1), device=self.tgt_in.device)[None] < self.tgt_lengths[:, None]
 
 

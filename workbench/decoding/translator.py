@@ -26,7 +26,7 @@ import torch
 
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.tokenizer import Tokenizer
-from ..core.batching import decoder_input, pad_sequences, token_batches
+from ..core.batching import TeacherForced, decoder_input, pad_sequences, teacher_forced, token_batches
 from ..core.config import DecodeConfig, config_keys
 from ..core.model import Transformer
 from ..core.trace import Trace
@@ -148,6 +148,29 @@ class TranslationModel:
         rich = return_tokens or return_scores or return_traces
         results = self._translate(list(texts), cfg, traces=return_traces)
         return results if rich else [r.text for r in results]
+
+    def encode_batch(self, sources: Sequence[str], outputs: Sequence[str | Sequence[int]] | None = None
+                     ) -> TeacherForced:
+        """Sentences as one padded batch on the model's device, ready for `model(b.src, b.tgt_in)` and
+        `run_with_cache`: sources encoded as `translate` encodes them (EOS appended, cut to fit), outputs (texts, or
+        id lists ending with EOS) shifted into decoder inputs; lengths say which positions are real. Without
+        outputs, `tgt_in`/`tgt_out`/`tgt_lengths` are None (decode the sources first for the model's own outputs)."""
+        if isinstance(sources, str):
+            raise TypeError("encode_batch takes a list of sentences; wrap a single one in a list")
+        if outputs is not None and len(outputs) != len(sources):
+            raise ValueError(f"{len(sources)} sources but {len(outputs)} outputs")
+        src_ids = [self.encode_source(t, where=f"sentence {i}")[0] for i, t in enumerate(sources)]
+        empty = [i for i, ids in enumerate(src_ids) if not ids]
+        if empty:
+            raise ValueError(f"sentences {empty[:5]} are empty: nothing to encode")
+        cfg = self.model.cfg
+        if outputs is None:
+            src = pad_sequences(src_ids, cfg.pad_id, device=self.device)
+            lengths = torch.tensor([len(r) for r in src_ids], device=self.device)
+            return TeacherForced(src, None, None, lengths, None)
+        out_ids = [[*self.tgt_tokenizer.encode(o)[: cfg.max_positions - 1], cfg.eos_id] if isinstance(o, str)
+                   else [int(i) for i in o] for o in outputs]
+        return teacher_forced(src_ids, out_ids, pad_id=cfg.pad_id, start_id=cfg.start_id, device=self.device)
 
     def trace(self, text: str, **options: Any) -> Translation:
         """One sentence with its whole-generation attention trace (token strings in trace.meta["*_pieces"])."""
