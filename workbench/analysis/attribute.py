@@ -56,40 +56,43 @@ def _side_hooks(side: str) -> list[str]:
 def _ig_integrand(model, src, tgt, targets, contrast, side: str, alphas: torch.Tensor, batch_size: int
                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """At each α: per hooked embedding, d f_t / dα split over positions, (A, T, L) float64 (the gradient at
-    α·x dotted with x), and f_t(α·x) (A, T). f_t = log p(y_t) (minus log p(bad_t) with a contrast)."""
+    α·x dotted with x), and f_t(α·x) (A, T). f_t = log p(y_t) (minus log p(bad_t) with a contrast).
+
+    One batch row per (α, t) pair, each back-propagating its own f_t, so one backward pass serves every output
+    step (twice as fast on CPU as a backward pass per step over the α rows); `batch_size` rows per forward."""
     names = _side_hooks(side)
+    n_t = targets.size(1)
+    per_chunk = max(1, batch_size // n_t)
     parts: list[list[torch.Tensor]] = [[] for _ in names]
     values = []
-    for start in range(0, len(alphas), batch_size):
-        a = alphas[start : start + batch_size]
+    for start in range(0, len(alphas), per_chunk):
+        a = alphas[start : start + per_chunk]
+        n = len(a)
+        row_alpha = a.repeat_interleave(n_t)  # (n·T,)
+        row_t = torch.arange(n_t, device=a.device).repeat(n)
         leaves: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def scale(x: torch.Tensor, hook, a=a, leaves=leaves) -> torch.Tensor:
-            scaled = (a.to(x.dtype)[:, None, None] * x.detach()).requires_grad_(True)
-            leaves[hook.name] = (x.detach(), scaled)
+        def scale(x: torch.Tensor, hook, row_alpha=row_alpha, leaves=leaves) -> torch.Tensor:
+            scaled = (row_alpha.to(x.dtype)[:, None, None] * x.detach()).requires_grad_(True)
+            leaves[hook.name] = (x.detach()[:1], scaled)
             return scaled
 
-        n = len(a)
         with torch.enable_grad(), model.hooks({name: scale for name in names}):
-            logits = model(src.expand(n, -1), tgt.expand(n, -1))
+            logits = model(src.expand(n * n_t, -1), tgt.expand(n * n_t, -1))
             f = _target_log_probs(logits, targets)
             if contrast is not None:
                 f = f - _target_log_probs(logits, contrast)
-            rows: list[list[torch.Tensor]] = [[] for _ in names]
-            for t in range(f.size(1)):
-                grads = torch.autograd.grad(f[:, t].sum(), [leaves[nm][1] for nm in names],
-                                            retain_graph=t < f.size(1) - 1)
-                for i, (nm, g) in enumerate(zip(names, grads)):
-                    rows[i].append((g * leaves[nm][0][:1]).sum(-1))  # (n, L)
-        for i in range(len(names)):
-            parts[i].append(torch.stack(rows[i], 1).double())  # (n, T, L)
-        values.append(f.detach().double())
+            own = f.gather(1, row_t[:, None])[:, 0]  # row (α, t) explains f_t
+            grads = torch.autograd.grad(own.sum(), [leaves[nm][1] for nm in names])
+        for i, (nm, g) in enumerate(zip(names, grads)):
+            parts[i].append((g * leaves[nm][0]).sum(-1).view(n, n_t, -1).double())  # (n, T, L)
+        values.append(f.detach().double().view(n, n_t, n_t)[:, 0])  # f_t at α: the same in every row of α
     return [torch.cat(p) for p in parts], torch.cat(values)
 
 
 def integrated_gradients(model, src: torch.Tensor, tgt: torch.Tensor, targets: torch.Tensor, *,
                          contrast: torch.Tensor | None = None, side: str = "source", steps: int | None = None,
-                         tol: float = 0.01, max_steps: int = 1024, batch_size: int = 32,
+                         tol: float = 0.01, max_steps: int = 1024, batch_size: int = 256,
                          return_convergence_delta: bool = False, delta_threshold: float = DELTA_THRESHOLD):
     """Integrated gradients (Sundararajan et al. 2017) of f_t = log p(y_t) at each output step, zero baseline on
     the scaled token embeddings (positions kept, as Inseq does); summed over d_model.
