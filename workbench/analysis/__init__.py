@@ -14,7 +14,15 @@ from .attribute import attribution_agreement, integrated_gradients, memory_patch
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
 from .contrast import ContrastPair, noun_swaps
-from .decompose import Components, LogitAttribution, decompose_resid, direct_logit_attribution, source_attribution
+from .decompose import (
+    Components,
+    LogitAttribution,
+    LogitAttributions,
+    decompose_resid,
+    direct_logit_attribution,
+    logit_attributions,
+    source_attribution,
+)
 from .generation_trace import generation_trace
 from .gradients import run_with_grads
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
@@ -33,7 +41,8 @@ __all__ = [
     "Attribution", "gradient_attribution", "spearman", "step_agreement", "token_attribution",
     "BeamReplay", "add_cross_attention", "replay_beam",
     "head_importance", "intervention_effect", "patch_effect", "run_outcome",
-    "Components", "LogitAttribution", "decompose_resid", "direct_logit_attribution", "source_attribution",
+    "Components", "LogitAttribution", "LogitAttributions", "decompose_resid", "direct_logit_attribution",
+    "logit_attributions", "source_attribution",
     "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",

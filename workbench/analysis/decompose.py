@@ -229,6 +229,67 @@ def logit_direction(model, token: int, baseline_token: int | None = None) -> tup
     return d, bias
 
 
+@dataclass
+class LogitAttributions:
+    """Direct logit attribution over a batch: every sentence, every position at once (TransformerLens's
+    `cache.logit_attrs`). values[n, b, t] is component n's share of logit(tokens[b, t]) (minus
+    baseline_tokens[b, t]'s) at decoder position t of sentence b; summed over n it is `logits[b, t]`."""
+
+    labels: list[str]
+    info: list[dict[str, Any]]
+    values: torch.Tensor  # (N, B, T) float64
+    logits: torch.Tensor  # (B, T) float64: the model's real logit (difference)
+    tokens: torch.Tensor  # (B, T)
+    baseline_tokens: torch.Tensor | None = None
+
+    def at(self, sentence: int, position: int) -> LogitAttribution:
+        """One (sentence, position) as the single-position `LogitAttribution`."""
+        base = None if self.baseline_tokens is None else int(self.baseline_tokens[sentence, position])
+        return LogitAttribution(self.labels, self.info, self.values[:, sentence, position],
+                                float(self.logits[sentence, position]), position,
+                                int(self.tokens[sentence, position]), base)
+
+
+def logit_attributions(model, src: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tensor, *,
+                       baseline_tokens: torch.Tensor | None = None, split_heads: bool = True) -> LogitAttributions:
+    """Direct logit attribution of `tokens` (B, T) at every decoder position of a padded batch (src (B, S),
+    tgt (B, T), e.g. `tm.encode_batch(...)`'s src/tgt_in/tgt_out): one forward, every sentence and position.
+    Padded positions get values too; mask them with the batch's lengths."""
+    if src.dim() != 2 or tgt.dim() != 2 or tokens.shape != tgt.shape:
+        raise ValueError(f"need src (B, S), tgt (B, T) and tokens (B, T); got {tuple(src.shape)}, "
+                         f"{tuple(tgt.shape)}, {tuple(tokens.shape)}")
+    if baseline_tokens is not None and baseline_tokens.shape != tokens.shape:
+        raise ValueError(f"baseline_tokens {tuple(baseline_tokens.shape)} must match tokens {tuple(tokens.shape)}")
+    src, tgt = src.to(model.device), tgt.to(model.device)
+    tokens = tokens.to(model.device)
+    vocab = model.output_proj.weight.size(0)
+    for t in (tokens, baseline_tokens):
+        if t is not None and (int(t.min()) < 0 or int(t.max()) >= vocab):
+            raise ValueError(f"tokens out of range: the target vocabulary has {vocab} entries")
+    comps = decompose_resid(model, src, tgt, stack="dec", split_heads=split_heads)
+    w = model.output_proj.weight.detach().double()
+    b = None if model.output_proj.bias is None else model.output_proj.bias.detach().double()
+    direction = w[tokens]  # (B, T, D)
+    bias = None if b is None else b[tokens]
+    if baseline_tokens is not None:
+        baseline_tokens = baseline_tokens.to(model.device)
+        direction = direction - w[baseline_tokens]
+        bias = None if b is None else bias - b[baseline_tokens]
+    values = torch.einsum("nbtd,btd->nbt", comps.values, direction)
+    labels, info = list(comps.labels), list(comps.info)
+    if bias is not None:
+        labels.append("output_bias")
+        info.append({"stack": "dec", "kind": "output_bias", "layer": None, "head_index": None})
+        values = torch.cat([values, bias[None]])
+    with torch.no_grad():
+        logits = model.output_proj(comps.target).double()  # (B, T, V)
+    logit = logits.gather(-1, tokens[..., None])[..., 0]
+    if baseline_tokens is not None:
+        logit = logit - logits.gather(-1, baseline_tokens[..., None])[..., 0]
+    return LogitAttributions(labels, info, values.cpu(), logit.cpu(), tokens.cpu(),
+                             None if baseline_tokens is None else baseline_tokens.cpu())
+
+
 def direct_logit_attribution(model, src, tgt, position: int, token: int, *, baseline_token: int | None = None,
                              split_heads: bool = True) -> LogitAttribution:
     """Each decoder component's share of the logit of `token` at decoder position `position` (the token

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..core.config import DecodeConfig
-from ..core.heads import Head, block_path, stack_of
+from ..core.heads import Head, block_path, kind_of, stack_of
 from ..core.masks import real_positions
 from ..decoding.search import decode_config, generate
 from .generation_trace import decoding_setup
@@ -418,36 +418,73 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
                            "backward_passes": 1})
 
 
-def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size: int = 64) -> PatchingResult:
-    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023) from encoder components to each decoder
-    layer's cross-attention, through its keys and values only.
+SENDERS = ("encoder", "decoder", "all")
+RECEIVERS = ("cross_kv", "cross_q", "self_q")
 
-    Senders: every encoder head (`hook_result`) and FFN. For each sender, the encoder runs on the clean source
-    with that sender's output taken from the corrupted run and every other encoder component frozen at its
-    clean output, so the change reaches the memory only along the residual stream (norms still rescale it).
-    Each decoder layer's cross-attention keys/values are recomputed from that memory and patched, alone, into
-    a clean run. values[sender, receiver layer] is the metric. Forwards: 2 + senders/batch + senders x layers/batch."""
+
+def _senders(model, which: str, embeddings: bool) -> list[tuple[str, str, int | None]]:
+    """(label, hook name, head or None) of every sender: heads (`hook_result`), FFNs, token embeddings."""
+    out: list[tuple[str, str, int | None]] = []
+    for stack in ("enc", "dec") if which == "all" else (which[:3],):
+        stream = model.stream(stack)
+        if embeddings:
+            out.append((stream.hook_tok.name, stream.hook_tok.name, None))
+        for i, sub in stream.sublayers():
+            if sub.is_attention:
+                kind = kind_of(sub.block.hook_result.name)
+                out += [(str(Head(kind, i, h)), sub.block.hook_result.name, h) for h in range(sub.block.n_heads)]
+            else:
+                out.append((sub.block.hook_out.name.removesuffix(".hook_out"), sub.block.hook_out.name, None))
+    return out
+
+
+def _receivers(model, which: str) -> list[tuple[str, list[str]]]:
+    """(label, hook names patched together) per receiver."""
+    if which == "cross_kv":
+        return [(_kv_label(layer.cross_attn), [layer.cross_attn.hook_k.name, layer.cross_attn.hook_v.name])
+                for layer in model.dec]
+    block = "cross_attn" if which == "cross_q" else "self_attn"
+    return [(getattr(layer, block).hook_q.name, [getattr(layer, block).hook_q.name]) for layer in model.dec]
+
+
+def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size: int = 64, senders: str = "encoder",
+                  receivers: str = "cross_kv", embeddings: bool = False) -> PatchingResult:
+    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): from sender components to receivers, along
+    the residual stream only.
+
+    Senders (`senders`): every head (`hook_result`) and FFN of the encoder, the decoder or both; with
+    `embeddings=True` also each stack's token embedding (`hook_src_tok` / `hook_tgt_tok`). Receivers
+    (`receivers`): each decoder layer's cross-attention keys and values ("cross_kv", read from the memory),
+    cross-attention queries ("cross_q") or self-attention queries ("self_q"). For each sender the model runs on
+    the clean input with that sender's output taken from the corrupted run and every other component (of both
+    stacks) frozen at its clean output, so the change reaches a receiver only along the residual stream (norms
+    still rescale it). Each receiver's recomputed input is patched, alone, into a clean run; values[sender,
+    receiver] is the metric. A path that cannot exist (a decoder sender to the memory's keys, an encoder sender
+    to a query: every cross-attention output is frozen) gives the clean metric.
+    Forwards: 2 + senders/batch + senders x receivers/batch."""
+    if senders not in SENDERS:
+        raise ValueError(f"senders must be one of {SENDERS}, got {senders!r}")
+    if receivers not in RECEIVERS:
+        raise ValueError(f"receivers must be one of {RECEIVERS}, got {receivers!r}")
     dev = model.device
     src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
     c_src = _one(corrupted_src, "corrupted_src", dev)
     if c_src.shape != src.shape:
         raise ValueError(f"corrupted_src must have the clean source's length: {tuple(src.shape)} vs "
                          f"{tuple(c_src.shape)}")
-    senders: list[tuple[str, str, int | None]] = []
-    for i, layer in enumerate(model.enc):
-        attn, ffn = layer.self_attn, layer.ffn
-        senders += [(str(Head("enc_self", i, h)), attn.hook_result.name, h) for h in range(attn.n_heads)]
-        senders.append((ffn.hook_out.name.removesuffix(".hook_out"), ffn.hook_out.name, None))
-    comp_names = sorted({n for _, n, _ in senders})
-    kv_names = [p.name for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v)]
+    sender_list = _senders(model, senders, embeddings)
+    frozen = sorted({n for _, n, _ in _senders(model, "all", False)})  # every component, both stacks
+    moved = sorted({n for _, n, _ in sender_list} | set(frozen))
+    recv = _receivers(model, receivers)
+    recv_names = [n for _, names in recv for n in names]
     with evaluating(model):
         with torch.no_grad():
-            clean_logits, clean = model.run_with_cache(src, tgt, names=comp_names)
-            corr_logits, corr = model.run_with_cache(c_src, tgt, names=comp_names)
+            clean_logits, clean = model.run_with_cache(src, tgt, names=moved)
+            corr_logits, corr = model.run_with_cache(c_src, tgt, names=moved)
             passes = 2
-            new_kv: dict[str, list[torch.Tensor]] = {n: [] for n in kv_names}
-            for start in range(0, len(senders), batch_size):
-                chunk = senders[start : start + batch_size]
+            new_inputs: dict[str, list[torch.Tensor]] = {n: [] for n in recv_names}
+            for start in range(0, len(sender_list), batch_size):
+                chunk = sender_list[start : start + batch_size]
                 n = len(chunk)
 
                 def freeze(x, hook, chunk=chunk):
@@ -460,30 +497,29 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
                                 out[j, h] = corr[name][0, h]
                     return out
 
-                with model.capture(kv_names) as store, model.hooks({n_: freeze for n_ in comp_names}):
+                with model.capture(recv_names) as store, model.hooks({n_: freeze for n_ in moved}):
                     model(src.expand(n, -1), tgt.expand(n, -1))
                 passes += 1
-                for name in kv_names:
-                    new_kv[name].append(store[name][-1])
-            kv = {n: torch.cat(v) for n, v in new_kv.items()}  # (senders, H, S, Dh)
-            jobs = [(s, i) for s in range(len(senders)) for i in range(len(model.dec))]
+                for name in recv_names:
+                    new_inputs[name].append(store[name][-1])
+            values_in = {n: torch.cat(v) for n, v in new_inputs.items()}  # (senders, ...)
+            jobs = [(s, r) for s in range(len(sender_list)) for r in range(len(recv))]
             vals: list[float] = []
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start : start + batch_size]
 
                 def put(x, hook, chunk=chunk):
                     out = x.clone()
-                    layer = kv_names.index(hook.name) // 2
-                    for j, (s, i) in enumerate(chunk):
-                        if i == layer:
-                            out[j] = kv[hook.name][s]
+                    for j, (s, r) in enumerate(chunk):
+                        if hook.name in recv[r][1]:
+                            out[j] = values_in[hook.name][s]
                     return out
 
-                with model.hooks({n_: put for n_ in kv_names}):
+                with model.hooks({n_: put for n_ in recv_names}):
                     logits = model(src.expand(len(chunk), -1), tgt.expand(len(chunk), -1))
                 vals += metric(logits).double().cpu().tolist()
                 passes += 1
-    values = torch.tensor(vals, dtype=torch.float64).view(len(senders), len(model.dec))
-    return PatchingResult(values, [s for s, _, _ in senders], [_kv_label(layer.cross_attn) for layer in model.dec],
+    values = torch.tensor(vals, dtype=torch.float64).view(len(sender_list), len(recv))
+    return PatchingResult(values, [s for s, _, _ in sender_list], [label for label, _ in recv],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
-                          {"sites": "path:enc->cross_kv"})
+                          {"sites": f"path:{senders}->{receivers}", "embeddings": embeddings})

@@ -26,6 +26,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import torch
@@ -43,6 +44,32 @@ _ACTIVE: contextvars.ContextVar[dict[HookPoint, tuple[HookFn, ...]] | None] = co
     "workbench_hooks", default=None
 )
 _ACTIVE_COUNT = 0  # number of open hook contexts in the process; 0 = nothing can listen
+
+
+@dataclass(frozen=True)
+class DecodingStep:
+    """Where a search stands while its decoder runs: what a hook sees as `hook.decoding` during generation.
+
+    Row r of the activation decodes input sentence `sentences[r]` (an index into the batch given to the
+    search) on its beam `beams[r]` (0 in greedy search); `step` is the decoder position being computed (0 reads
+    the start token). None outside a search, and for the encoder (which runs once, before step 0)."""
+
+    step: int
+    sentences: torch.Tensor  # (rows,) long
+    beams: torch.Tensor  # (rows,) long
+
+
+_DECODING: contextvars.ContextVar[DecodingStep | None] = contextvars.ContextVar("workbench_decoding", default=None)
+
+
+@contextlib.contextmanager
+def decoding_step(step: int, sentences: torch.Tensor, beams: torch.Tensor) -> Iterator[None]:
+    """Mark the block as one decoding step (the searches wrap each decoder call in it)."""
+    token = _DECODING.set(DecodingStep(step, sentences, beams))
+    try:
+        yield
+    finally:
+        _DECODING.reset(token)
 _COUNT_LOCK = threading.Lock()
 
 
@@ -95,6 +122,11 @@ class HookPoint(nn.Module):
         return ((_ACTIVE_COUNT != 0 and _listens(self)) or bool(
             self._forward_hooks or self._forward_pre_hooks or _GLOBAL_FORWARD or _GLOBAL_PRE
             or "forward" in self.__dict__))
+
+    @property
+    def decoding(self) -> DecodingStep | None:
+        """During generation, the step and each row's sentence and beam (see `DecodingStep`); else None."""
+        return _DECODING.get()
 
     def extra_repr(self) -> str:
         return self.name

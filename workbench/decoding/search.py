@@ -35,6 +35,7 @@ import torch
 
 from ..core.batching import decoder_input, pad_sequences
 from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
+from ..core.hooks import decoding_step
 from ..core.model import DecoderCache, Transformer
 from ..core.trace import Trace
 
@@ -262,7 +263,8 @@ def greedy(
         scores = torch.zeros(batch, device=src.device)
         ended_at = torch.full((batch,), -1, dtype=torch.long, device=src.device)
         for step in range(horizon + 1):
-            logits, cache = model.decode(tokens[:, -1:], encoded, cache)
+            with decoding_step(step, sent, torch.zeros_like(sent)):
+                logits, cache = model.decode(tokens[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, tokens[:, 1:], step, limits, cfg, eos=eos, pad=pad, first_limit=first_limit)
             best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
@@ -468,7 +470,9 @@ def beam_search(
         beams = _Beams.start(limits, K, horizon + 1, start_id=model.cfg.start_id, pad=pad)  # width: tokens + EOS
 
         for step in range(horizon + 1):
-            logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
+            live = beams.sent.size(0)
+            with decoding_step(step, beams.sent.repeat_interleave(K), torch.arange(K, device=dev).repeat(live)):
+                logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, beams.alive[:, 1:], step, beams.limits_rows, cfg, eos=eos, pad=pad,
                               first_limit=first_limit)
