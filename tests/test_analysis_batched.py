@@ -108,6 +108,7 @@ def test_hooks_during_generation_see_the_step_sentence_and_beam():
     assert beams[0] == [0, 1, 2, 0, 1, 2]
 
 
+@torch.no_grad()
 def _path_by_hand(model, src, tgt, c_src, metric, sender: str, head, receivers: list[str]):
     """One sender, one receiver: corrupted sender, every component frozen clean, receiver patched alone."""
     comps = [n for n in model.hook_names() if n.endswith((".hook_result", ".ffn.hook_out"))]
