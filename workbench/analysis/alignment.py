@@ -93,7 +93,8 @@ def alignment_head_scores(
 
     `cross[n]` is sentence n's (L, H, T, S) attention; `references[n]` its links as a set (sure only) or
     (sure, possible) as `parse_pharaoh` returns. Returns a DataFrame sorted best first with columns
-    layer, head ("mean" for averages), aer, agreement (1 - aer), reference.
+    head_id ("cross:1:2"; None for averages), kind, layer, head_index ("mean" for averages), aer, agreement
+    (1 - aer), reference.
     """
     import pandas as pd
 
@@ -132,8 +133,8 @@ def alignment_head_scores(
         pred = [attention_links(pick(a), method=method, threshold=threshold) for a in arrays]
         e = corpus_aer(pred, sure, possible)
         head_id = str(Head("cross", layer, head)) if isinstance(head, int) and isinstance(layer, int) else None
-        rows.append({"head_id": head_id, "layer": layer, "head_index": head, "aer": e, "agreement": 1.0 - e,
-                     "reference": label})
+        rows.append({"head_id": head_id, "kind": "cross", "layer": layer, "head_index": head, "aer": e,
+                     "agreement": 1.0 - e, "reference": label})
 
     for layer in range(n_layers):
         for head in range(n_heads):
