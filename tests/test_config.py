@@ -170,3 +170,17 @@ def test_noam_factor_is_its_own_setting():
     assert new.noam_factor == 1.5
     with pytest.raises(ValueError, match=r"noam_factor \(0.0\) must be a positive number"):
         TrainConfig(max_steps=5, schedule="noam", noam_factor=0.0)
+
+
+def test_one_override_parser_for_the_training_command_line():
+    from workbench.training.config import TrainConfig
+
+    cfg = TrainConfig(max_steps=5, model={"dropout": 0.1})
+    out = override(cfg, ["--lr=1e-3", "--train.warmup=10", "--model.d_model=64", "--model.dropout=0.2",
+                         "--out_dir=runs/x"], prefix="train")
+    assert (out.lr, out.warmup, out.out_dir) == (1e-3, 10, "runs/x")
+    assert out.model == {"dropout": 0.2, "d_model": 64} and cfg.model == {"dropout": 0.1}  # a copy, not an edit
+    with pytest.raises(ValueError, match="unknown key 'lrate' for TrainConfig"):
+        override(cfg, ["--lrate=1"], prefix="train")
+    with pytest.raises(ValueError, match="must look like --key=value"):
+        override(cfg, ["lr=1"], prefix="train")

@@ -185,3 +185,20 @@ def test_parallel_data_batches_match_the_two_sided_rule():
         max_s, max_t = ns, nt
     want.append(cur)
     assert plan == want
+
+
+def test_default_data_root_is_the_shared_data_beside_the_checkout(monkeypatch, tmp_path):
+    """Without $WORKBENCH_DATA the named datasets are read from `shared/data` beside the project checkout (the
+    module's folder depth is counted right: workbench/corpus/data.py -> ../shared/data), else the user cache."""
+    from pathlib import Path
+
+    import workbench.corpus.data as data
+
+    checkout = Path(data.__file__).resolve().parents[2]
+    assert (checkout / "workbench" / "corpus" / "data.py").is_file()
+    monkeypatch.delenv("WORKBENCH_DATA", raising=False)
+    beside = checkout.parent / "shared" / "data"
+    expected = beside if beside.is_dir() else Path.home() / ".cache" / "workbench" / "data"
+    assert data.default_data_root() == expected
+    monkeypatch.setenv("WORKBENCH_DATA", str(tmp_path))
+    assert data.default_data_root() == tmp_path

@@ -24,6 +24,32 @@ def test_the_default_checkpoint_is_shipped():
     assert default in [p.name for p in SHIPPED]
 
 
+def test_the_package_finds_what_ships_from_any_directory(tmp_path, monkeypatch):
+    from workbench.checkpoint import shipped as ship
+
+    monkeypatch.chdir(tmp_path)  # not the repository: nothing relative to the working directory
+    assert ship.available() == [p.name for p in SHIPPED]
+    assert ship.shipped("multi30k-de-en") == ROOT / "checkpoints" / "multi30k-de-en"
+    assert ship.shipped() == ROOT / "checkpoints" / (ROOT / "checkpoints" / "DEFAULT").read_text().strip()
+    copy_task = ROOT / "configs" / "copy_task.toml"
+    assert ship.shipped_config("copy_task") == ship.shipped_config("copy_task.toml") == copy_task
+    with pytest.raises(FileNotFoundError, match=r"no shipped checkpoint 'nope' in .*checkpoints; shipped: \["):
+        ship.shipped("nope")
+    with pytest.raises(FileNotFoundError, match=r"no shipped config 'nope' .*'copy_task'"):
+        ship.shipped_config("nope")
+    monkeypatch.setattr(ship, "CHECKPOINTS", tmp_path / "none")
+    assert ship.available() == []
+
+
+def test_the_tutorials_use_the_shipped_model_outside_quick_mode(tmp_path):
+    from workbench.training.tutorial import tiny_config, tutorial_checkpoint
+
+    path, how = tutorial_checkpoint(quick=False, steps=1)  # no training: the shipped model is there
+    assert path == ROOT / "checkpoints" / "multi30k-de-en" and how == f"using the shipped checkpoint {path}"
+    quick = tiny_config(quick=True, steps=7, out_dir=tmp_path)
+    assert (quick.preset, quick.max_steps, quick.train_limit, quick.out_dir) == ("tiny", 7, 2000, str(tmp_path))
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_loads_with_no_pickle_and_translates(path: Path):
     import workbench

@@ -149,7 +149,7 @@ def test_cli_translate_preserves_lines(tm, tmp_path):
     src.write_bytes(("\n".join(ODD) + "\n").replace("\n", "\r\n", 1).encode("utf-8"))
     out = tmp_path / "out.txt"
     rc = main(["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(src), "--output", str(out),
-               "--beam", "3", "--max-len-a", "1", "--max-len-b", "4", "--batch-tokens", "16", "--chunk", "4"])
+               "--beam", "3", "--max-len-a", "1", "--max-len-b", "4", "--max-tokens", "16", "--chunk", "4"])
     assert rc == 0
     lines = out.read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and lines[:-1] == tm.translate(ODD)

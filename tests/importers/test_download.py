@@ -226,14 +226,6 @@ def test_proxy_settings_are_read_per_request_and_never_installed_globally(server
     assert server.gets() == 1
 
 
-def test_old_download_names_are_re_exported():
-    import workbench.corpus.download as new
-    from workbench.importers import download as old
-
-    assert old.NetworkUnreachable is new.NetworkUnreachable and old.from_url is new.from_url
-    assert old.resolve_source is new.resolve_source and old.cache_dir is new.cache_dir
-
-
 def test_hub_download_then_offline_reuse(server, tmp_path, monkeypatch):
     """hf:owner/name from a local hub (HF_ENDPOINT): imported like the local folder; a second import
     downloads nothing, and offline the cached files are used without the optional ones."""

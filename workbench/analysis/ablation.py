@@ -51,7 +51,8 @@ def ablation_effect(tm, source_ids: Sequence[int], output_ids: Sequence[int],
     """Decode `source_ids` with `heads` zeroed (`decode_options`: beam=, alpha=, ... as `translate`), and
     teacher-force `output_ids` (the original output, EOS-terminated) with and without the ablation."""
 
-    heads = tuple(sorted({tuple(Head.parse(h)) for h in heads}))  # (kind, layer, head) tuples, as before
+    parsed = [Head.parse(h) for h in heads]
+    heads = tuple(sorted({(h.kind, h.layer, h.head) for h in parsed}))  # (kind, layer, head) tuples, as before
     hooks = ablate_heads(check_heads(tm.model.cfg, heads))
     clean = tm.score(source_ids, output_ids).log_prob
     src = torch.tensor([list(source_ids)], dtype=torch.long, device=tm.device)

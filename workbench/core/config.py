@@ -227,9 +227,9 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
 def override(cfg: C, args: list[str], prefix: str = "") -> C:
     """Apply minGPT-style `--key=value` overrides to a frozen config; the one override parser.
 
-    `--prefix.key=value` is `--key=value` for this config, and with a prefix given, other dotted keys
-    (`--model.x` for a ModelConfig when prefix is "train") are left to their own config. A key
-    `--field.sub=value` where `field` is a dict (TrainConfig.model) sets one entry of it. Values are parsed
+    `--prefix.key=value` is `--key=value` for this config. A key `--field.sub=value` where `field` is a dict
+    sets one entry of it (`--model.d_model=128` on a TrainConfig). With a prefix given, other dotted keys are
+    left to their own config (`--train.lr=2` when overriding a ModelConfig with prefix "model"). Values are parsed
     with `ast.literal_eval` (falling back to the raw string) and checked against the field's annotation;
     unknown keys raise with the list of valid ones.
     """

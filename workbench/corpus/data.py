@@ -111,7 +111,7 @@ def default_data_root() -> Path:
     """$WORKBENCH_DATA, else a `shared/data` beside the project checkout, else ~/.cache/workbench/data."""
     if os.environ.get("WORKBENCH_DATA"):
         return Path(os.environ["WORKBENCH_DATA"])
-    beside = Path(__file__).resolve().parents[2] / "shared" / "data"
+    beside = Path(__file__).resolve().parents[3] / "shared" / "data"  # workbench/corpus/data.py -> ../shared/data
     if beside.is_dir():
         return beside
     return Path.home() / ".cache" / "workbench" / "data"

@@ -13,8 +13,7 @@ from ..checkpoint.toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
 from .errors import ConversionError
 from .reading import read_json
 
-__all__ = ["MosesBPETokenizer", "SpmVocabTokenizer", "fairseq_dictionary", "fairseq_tokenizers", "fsmt_tokenizers",
-           "marian_tokenizers", "opennmt_tokenizers"]
+__all__ = ["fairseq_dictionary", "fairseq_tokenizers", "fsmt_tokenizers", "marian_tokenizers", "opennmt_tokenizers"]
 
 
 def _vocab_list(mapping: dict[str, int], what: str) -> list[str]:
