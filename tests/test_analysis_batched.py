@@ -9,7 +9,15 @@ import torch
 from model_helpers import SHARED_DATA, make_model
 
 from workbench import Transformer, presets
-from workbench.analysis import direct_logit_attribution, log_prob, logit_attributions, path_patching
+from workbench.analysis import (
+    attribution_patching,
+    batch_attribution_patching,
+    direct_logit_attribution,
+    log_prob,
+    logit_attributions,
+    path_patching,
+    sequence_log_prob,
+)
 from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 from workbench.core.batching import decoder_input, teacher_forced
 from workbench.core.config import DecodeConfig
@@ -152,3 +160,22 @@ def test_embeddings_as_senders_and_paths_into_queries():
     assert q.values[row, 1].item() != pytest.approx(q.clean_metric, abs=1e-6)  # a real path
     # the target embedding is the same in both runs: patching it along any path changes nothing
     assert q.values[q.rows.index("hook_tgt_tok")].tolist() == pytest.approx([q.clean_metric] * 2, abs=1e-5)
+
+
+def test_batch_attribution_patching_equals_one_sentence_at_a_time(model):
+    b = teacher_forced(SOURCES, OUTPUTS, pad_id=0, start_id=model.cfg.start_id)
+    corrupted = b.src.clone()
+    corrupted[:, 1] = 30  # the second source token of every sentence swapped
+    metric = sequence_log_prob(b.tgt_out, b.tgt_lengths)
+    for sites in ("head", "resid_enc", "cross_kv", "resid_dec"):
+        batch = batch_attribution_patching(model, b.src, b.tgt_in, corrupted_src=corrupted, sites=sites,
+                                           metric=metric)
+        for i, (src, out) in enumerate(zip(SOURCES, OUTPUTS)):
+            tgt = decoder_input(out, model.cfg.start_id)
+            one = attribution_patching(model, src, tgt, corrupted_src=corrupted[i, : len(src)], sites=sites,
+                                       metric=log_prob(out))
+            assert batch.clean_metric[i].item() == pytest.approx(one.clean_metric, abs=1e-5)
+            assert batch.corrupted_metric[i].item() == pytest.approx(one.corrupted_metric, abs=1e-5)
+            got = batch.values[i, :, : one.values.size(1)]
+            torch.testing.assert_close(got, one.values, atol=1e-4, rtol=1e-4, equal_nan=True, msg=sites)
+            assert torch.isnan(batch.values[i, :, one.values.size(1):]).all()  # the sentence's padding

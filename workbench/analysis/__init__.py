@@ -29,7 +29,17 @@ from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_s
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
 from .norms import NORM_HOOKS, ValueNorms, value_norms
-from .patching import PatchingResult, attribution_patching, log_prob, logit_diff, patching_sweep, path_patching
+from .patching import (
+    BatchPatchingResult,
+    PatchingResult,
+    attribution_patching,
+    batch_attribution_patching,
+    log_prob,
+    logit_diff,
+    patching_sweep,
+    path_patching,
+    sequence_log_prob,
+)
 from .positional_share import positional_share, score_terms
 from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
 
@@ -43,7 +53,8 @@ __all__ = [
     "head_importance", "intervention_effect", "patch_effect", "run_outcome",
     "Components", "LogitAttribution", "LogitAttributions", "decompose_resid", "direct_logit_attribution",
     "logit_attributions", "source_attribution",
-    "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
+    "run_with_grads", "PatchingResult", "attribution_patching", "BatchPatchingResult", "batch_attribution_patching",
+    "sequence_log_prob", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
 ]

@@ -523,3 +523,100 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
     return PatchingResult(values, [s for s, _, _ in sender_list], [label for label, _ in recv],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
                           {"sites": f"path:{senders}->{receivers}", "embeddings": embeddings})
+
+
+# ------------------------------------------------------------------------------------- many sentences
+
+
+def sequence_log_prob(targets: torch.Tensor, lengths: torch.Tensor | Sequence[int] | None = None) -> Metric:
+    """Per sentence of a padded batch: summed log-probability of its own `targets` (B, T) over its first
+    `lengths[b]` positions (all: None). The batched `log_prob`."""
+    t = torch.as_tensor(targets, dtype=torch.long)
+    if t.dim() != 2:
+        raise ValueError(f"targets must be (B, T), got shape {tuple(t.shape)}")
+    n = torch.full((t.size(0),), t.size(1)) if lengths is None else torch.as_tensor(lengths).view(-1)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        if logits.shape[:2] != t.shape:
+            raise ValueError(f"sequence_log_prob: targets {tuple(t.shape)} for logits {tuple(logits.shape)}")
+        lp = logits.float().log_softmax(-1).gather(-1, t.to(logits.device)[..., None])[..., 0]
+        keep = torch.arange(t.size(1), device=logits.device)[None] < n.to(logits.device)[:, None]
+        return (lp * keep).sum(-1)
+
+    metric.__name__ = "sequence_log_prob"
+    return metric
+
+
+@dataclass
+class BatchPatchingResult:
+    """`values[b, row, col]`: sentence b's metric with that site patched (NaN on its padding)."""
+
+    values: torch.Tensor  # (B, rows, cols) float64
+    rows: list[str]
+    positions: list[int | str]
+    clean_metric: torch.Tensor  # (B,)
+    corrupted_metric: torch.Tensor  # (B,)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def sentence(self, b: int) -> PatchingResult:
+        """Sentence b as a one-sentence `PatchingResult` (columns up to the batch's longest)."""
+        return PatchingResult(self.values[b], self.rows, self.positions, float(self.clean_metric[b]),
+                              float(self.corrupted_metric[b]), 2, dict(self.meta))
+
+
+def batch_attribution_patching(model, src: torch.Tensor, tgt: torch.Tensor, *, corrupted_src=None,
+                               corrupted_tgt=None, sites: str = "head", metric: Metric, direction: str = "noising",
+                               positions: str = "each") -> BatchPatchingResult:
+    """`attribution_patching` for a padded batch of sentences in one forward + backward and one donor forward:
+    src (B, S), tgt (B, T) (e.g. `tm.encode_batch`'s), corrupted inputs of the same shapes, `metric` logits
+    (B, T, V) -> (B,) per sentence (`sequence_log_prob`, `logit_diff`). Sentences do not interact in a batch, so
+    each row's gradient is its own; sites on a sentence's padding are NaN."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if corrupted_src is None and corrupted_tgt is None:
+        raise ValueError("give corrupted_src and/or corrupted_tgt")
+    dev = model.device
+    src, tgt = torch.as_tensor(src).to(dev), torch.as_tensor(tgt).to(dev)
+    c_src = src if corrupted_src is None else torch.as_tensor(corrupted_src).to(dev)
+    c_tgt = tgt if corrupted_tgt is None else torch.as_tensor(corrupted_tgt).to(dev)
+    if src.dim() != 2 or tgt.dim() != 2 or c_src.shape != src.shape or c_tgt.shape != tgt.shape:
+        raise ValueError(f"need src (B, S), tgt (B, T) and corrupted inputs of the same shapes; got "
+                         f"{tuple(src.shape)}, {tuple(tgt.shape)}, {tuple(c_src.shape)}, {tuple(c_tgt.shape)}")
+    rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
+    names = sorted({n for s in site_list for n, _ in s.edits})
+    (b_src, b_tgt), (d_src, d_tgt) = ((src, tgt), (c_src, c_tgt)) if direction == "noising" else \
+        ((c_src, c_tgt), (src, tgt))
+    per_row: dict[str, torch.Tensor] = {}
+
+    def total(logits: torch.Tensor) -> torch.Tensor:
+        per_row["m"] = metric(logits)
+        return per_row["m"].sum()
+
+    _, acts, grads = run_with_grads(model, b_src, b_tgt, total, names)
+    base_m = per_row["m"].detach().double().cpu()
+    with evaluating(model), torch.no_grad():
+        d_logits, donor = model.run_with_cache(d_src, d_tgt, names=names)
+    donor_m = metric(d_logits).double().cpu()
+    values = torch.full((src.size(0), len(rows), len(cols)), float("nan"), dtype=torch.float64)
+    reduced: dict[tuple[str, int], torch.Tensor] = {}
+    for site in site_list:
+        total_b = base_m.clone()
+        for name, idx in site.edits:
+            if (name, len(idx)) not in reduced:
+                prod = grads[name].double() * (donor[name] - acts[name]).double()  # (B, ...)
+                reduced[name, len(idx)] = prod.sum(tuple(range(len(idx) + 1, prod.dim()))).cpu()
+            total_b += reduced[name, len(idx)][(slice(None), *idx)].reshape(src.size(0), -1).sum(-1)
+        values[:, site.row, site.col] = total_b
+    # padding: a source-side column past a sentence's source, a decoder-side one past its decoder input
+    if positions == "each":
+        src_real = real_positions(src, model.cfg.pad_id, decoder=False).cpu()
+        tgt_real = real_positions(tgt, model.cfg.pad_id, decoder=True).cpu()
+        for r in range(len(rows)):
+            name = next(s.edits[0][0] for s in site_list if s.row == r)
+            real = src_real if _source_side(model, name) else tgt_real
+            width = real.size(1)
+            values[:, r, :width] = values[:, r, :width].masked_fill(~real, float("nan"))
+    clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
+    return BatchPatchingResult(values, rows, cols, clean_m, corr_m,
+                               {"sites": sites, "direction": direction, "estimate": "attribution", "batch": True})
+
