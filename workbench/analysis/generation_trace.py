@@ -21,17 +21,27 @@ import torch
 
 from ..core.batching import decoder_input
 from ..core.config import DecodeConfig
+from ..core.hooks import HookPoint
 from ..core.trace import Trace
 from ..decoding.search import Hypothesis, beam_search, decode_config, greedy
 from .beam_replay import replay_beam
 
-_ONCE_TOP = ("hook_src_tok", "hook_src_pos", "hook_src_embed", "hook_memory")
+
+def source_side(model, name: str) -> bool:
+    """Whether hook point `name` lies on the source side: the encoder stream, its sub-layers and norms, and the
+    cross-attention keys/values read from the memory. Their position axis is the source's, and in a search they
+    fire once (the decoder side fires once per step). From the model's own stream description, not the names."""
+    return name in source_side_names(model)
 
 
-def _once(name: str) -> bool:
-    """Hook points that fire once per search (encoder side, cross-attention keys/values)."""
-    return (name.startswith(("enc.", "enc_norm.", "src_emb_norm.")) or name in _ONCE_TOP
-            or (".cross_attn.hook_k" in name or ".cross_attn.hook_v" in name))
+def source_side_names(model) -> set[str]:
+    """Every source-side hook point's name (see `source_side`)."""
+    enc = model.stream("enc")
+    modules = [m for m in (enc.emb_norm, enc.final_norm) if m is not None] + list(enc.layers)
+    points = {enc.hook_tok, enc.hook_pos, enc.hook_embed, enc.hook_out}
+    points |= {p for m in modules for p in m.modules() if isinstance(p, HookPoint)}
+    points |= {p for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v)}
+    return {p.name for p in points}
 
 
 def decoding_setup(model, config: DecodeConfig | None = None) -> tuple[Any, DecodeConfig | None]:
@@ -89,11 +99,12 @@ def generation_trace(model, src, names: str | Iterable[str] | DecodeConfig = "*"
     if len(rows) != steps:
         raise RuntimeError(f"the recorded ancestry has {len(rows)} steps for a hypothesis of {steps} tokens")
     tensors: dict[str, torch.Tensor] = {}
+    once = source_side_names(model)
     for name in chosen:
         calls = store.get(name, [])
         if not calls:
             continue  # e.g. a hook point the search never runs
-        if _once(name):
+        if name in once:
             tensors[name] = calls[0][:1]
             continue
         if len(calls) < steps:

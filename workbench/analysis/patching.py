@@ -34,7 +34,7 @@ from ..core.config import DecodeConfig
 from ..core.heads import Head, block_path, kind_of, stack_of
 from ..core.masks import real_positions
 from ..decoding.search import decode_config, generate
-from .generation_trace import decoding_setup
+from .generation_trace import decoding_setup, source_side
 from .gradients import evaluating, run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
@@ -166,21 +166,6 @@ def _kv_label(attn) -> str:
     return attn.hook_k.name.removesuffix("hook_k") + "kv"
 
 
-def _source_side(model, name: str) -> bool:
-    """Whether the hook point `name` has source positions on its position axis (the encoder stream and its
-    blocks, and the cross-attention keys/values read from the memory)."""
-    enc = model.stream("enc")
-    points = {enc.hook_tok.name, enc.hook_pos.name, enc.hook_embed.name, enc.hook_out.name}
-    points |= {p.name for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v)}
-    return name in points or any(name.startswith(prefix) for prefix in _module_prefixes(model, enc))
-
-
-def _module_prefixes(model, stream) -> list[str]:
-    norms = [m for m in (stream.emb_norm, stream.final_norm) if m is not None]
-    return [n.hook_scale.name.removesuffix("hook_scale") for n in norms] + \
-        [layer.hook_resid_in.name.removesuffix("hook_resid_in") for layer in stream.layers]
-
-
 # ------------------------------------------------------------------------------------------- running
 
 
@@ -218,7 +203,7 @@ def _donors(model, base_cache, names, ablation, reference, seed) -> dict[str, to
     for n in names:
         acts = ref[n]  # (R, L, ...) or (R, H, L, ...); the position axis follows the head axis if any
         head_axis = acts.dim() == 4
-        source = _source_side(model, n)
+        source = source_side(model, n)
         # decoder inputs start with the start token, which may be the padding id (Marian): lengths, not ids
         real = real_positions(ref_src if source else ref_tgt, pad, decoder=not source)  # (R, L)
         base = base_cache[n]
@@ -613,7 +598,7 @@ def batch_attribution_patching(model, src: torch.Tensor, tgt: torch.Tensor, *, c
         tgt_real = real_positions(tgt, model.cfg.pad_id, decoder=True).cpu()
         for r in range(len(rows)):
             name = next(s.edits[0][0] for s in site_list if s.row == r)
-            real = src_real if _source_side(model, name) else tgt_real
+            real = src_real if source_side(model, name) else tgt_real
             width = real.size(1)
             values[:, r, :width] = values[:, r, :width].masked_fill(~real, float("nan"))
     clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
