@@ -393,14 +393,15 @@ def unit_scores(maps: Sequence[WordMaps], gold, *, eos: str = "drop", symmetrize
 
 def choose_units(maps: Sequence[WordMaps], gold, *, eos: str = "drop", symmetrize: str = "none",
                  max_units: int = 8) -> tuple[tuple[Unit, ...], float, dict[Unit, float]]:
-    """The units to average, chosen on `gold`: every single unit scored, then the best k heads averaged for
-    k = 2..max_units (best first by their own AER); returns (units, their AER, the single-unit AERs)."""
+    """The units to average, chosen on `gold`: every single unit scored, then the best k heads (layers, for maps
+    without heads) averaged for k = 2..max_units (best first by their own AER); returns (units, their AER, the
+    single-unit AERs)."""
     single = unit_scores(maps, gold, eos=eos, symmetrize=symmetrize)
     ranked = sorted(single, key=lambda u: single[u])
     best_units, best = (ranked[0],), single[ranked[0]]
-    heads = [u for u in ranked if u[1] is not None]
-    for k in range(2, min(max_units, len(heads)) + 1):
-        units = tuple(heads[:k])
+    pool = [u for u in ranked if u[1] is not None] or ranked  # heads; whole layers when maps hold no heads
+    for k in range(2, min(max_units, len(pool)) + 1):
+        units = tuple(pool[:k])
         e = score_alignments([m.links(units=units, eos=eos, symmetrize=symmetrize) for m in maps], gold).aer
         if e < best:
             best_units, best = units, e

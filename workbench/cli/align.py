@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swap-gold", action="store_true", help="GOLD writes the model's target word first")
     p.add_argument("--lines", default=None, metavar="A-B", help="--choose on these lines only (1-based)")
     p.add_argument("--max-units", type=int, default=8, help="--choose: at most this many heads averaged")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="--choose: the methods to search (comma-separated; ALTI+ is searched per layer, not head)")
     p.add_argument("--report", default=None, metavar="FILE", help="--choose: every unit's AER as JSON")
     p.add_argument("--save", action="store_true", help="--choose: store the choice as DIR/alignment.json")
 
@@ -122,9 +124,16 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
     report: dict = {"checkpoint": str(tm.meta.get("path")), "gold": str(args.choose),
                     "chosen_on": f"lines {rows.start + 1}-{rows.stop}", "held_out_lines": len(held), "configs": []}
     best = None
-    for method in METHODS:
+    methods = [m.strip() for m in args.methods.split(",")]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; known: {list(METHODS)}")
+    report["methods"] = methods
+    for method in methods:
         for shift in SHIFTS:
-            maps = alignment_maps(tm.model, sources, targets, method=method, shift=shift, batch_size=args.batch)
+            # per-head ALTI+ costs H times its per-layer maps; the search takes ALTI+ per layer, as the paper does
+            maps = alignment_maps(tm.model, sources, targets, method=method, shift=shift, batch_size=args.batch,
+                                  heads=method != "alti")
             dev_maps, dev_gold = maps[rows], gold[rows]
             held_maps, held_gold = [maps[k] for k in held], [gold[k] for k in held]
             for eos, sym in [(e, y) for e in EOS_RULES for y in SYMMETRIZE]:
@@ -132,9 +141,10 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
                                                       max_units=args.max_units)
                 held_aer = (score_alignments([m.links(units=units, eos=eos, symmetrize=sym) for m in held_maps],
                                              held_gold).aer if held else None)
+                tabled = eos == "drop" and sym in ("none", "grow-diag")  # the held-out tables in docs/analysis.md
                 held_single = ({f"{u[0]}:{'' if u[1] is None else u[1]}": score_alignments(
                                 [m.links(*u, eos=eos, symmetrize=sym) for m in held_maps], held_gold).aer
-                                for u in single} if held else {})
+                                for u in single} if held and tabled else {})
                 entry = {"method": method, "shift": shift, "eos": eos, "symmetrize": sym,
                          "units": [list(u) for u in units],
                          "dev_aer": dev_aer, "held_out_aer": held_aer,
@@ -153,8 +163,9 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
         "dev_aer": round(best["dev_aer"], 4),
         "held_out_aer": None if best["held_out_aer"] is None else round(best["held_out_aer"], 4),
         "held_out": f"the other {len(held)} lines",
-        "searched": "methods weights/norms/alti x AWO/AWI x eos drop/null x symmetrize none/intersect/grow-diag/"
-                    f"grow-diag-final/union; every head and layer, then the best 2..{args.max_units} heads averaged",
+        "searched": f"methods {'/'.join(methods)} x AWO/AWI x eos drop/null x symmetrize none/intersect/grow-diag/"
+                    f"grow-diag-final/union; every head (ALTI+: every layer) and layer, then the best "
+                    f"2..{args.max_units} heads averaged",
         "created_by": f"attention-workbench {__version__}",
     }, best["symmetrize"])
     report["chosen"] = spec.to_dict()
