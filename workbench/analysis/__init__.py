@@ -9,7 +9,19 @@ Each module has one job; see docs/analysis.md for the definitions and the litera
 
 from __future__ import annotations
 
-from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
+from .alignment import (
+    AERScore,
+    aer,
+    alignment_head_scores,
+    attention_links,
+    corpus_aer,
+    corpus_cross_attention,
+    format_pharaoh,
+    parse_pharaoh,
+    read_alignments,
+    score_alignments,
+)
+from .alti import Alti, alti
 from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
@@ -42,9 +54,12 @@ from .patching import (
 )
 from .positional_share import positional_share, score_terms
 from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
+from .word_align import WordMaps, Words, alignment_maps, encode_words, maps_from_trace
 
 __all__ = [
     "aer", "alignment_head_scores", "attention_links", "corpus_aer", "corpus_cross_attention", "parse_pharaoh",
+    "AERScore", "format_pharaoh", "read_alignments", "score_alignments", "Alti", "alti",
+    "WordMaps", "Words", "alignment_maps", "encode_words", "maps_from_trace",
     "NORM_HOOKS", "STATS", "DecoderRollout", "HeadStats", "ValueNorms", "attention_flow", "attention_rollout",
     "block_stats", "corpus_head_stats", "decoder_rollout", "encoder_rollout", "head_stats", "punctuation_ids",
     "value_norms", "LogitLens", "logit_lens", "positional_share", "score_terms",

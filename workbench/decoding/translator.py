@@ -74,6 +74,7 @@ class TranslationModel:
         decode: DecodeConfig | None = None,
         append_eos: bool = True,
         meta: dict[str, Any] | None = None,
+        alignment: dict[str, Any] | None = None,
     ) -> None:
         self.model = model.eval()
         self.src_tokenizer = src_tokenizer
@@ -81,6 +82,7 @@ class TranslationModel:
         self.decode_config = decode or DecodeConfig()
         self.append_eos = append_eos
         self.meta = dict(meta or {})
+        self.alignment = alignment  # the checkpoint's alignment.json (workbench.analysis.word_align.AlignmentSpec)
 
     @classmethod
     def from_checkpoint(
@@ -96,7 +98,7 @@ class TranslationModel:
         if decode is None:
             decode = decode_config_from_meta(generation)
         return cls(ckpt.model, ckpt.src_tokenizer, ckpt.tgt_tokenizer, decode=decode, append_eos=append_eos,
-                   meta={"path": str(ckpt.path), **ckpt.meta})
+                   meta={"path": str(ckpt.path), **ckpt.meta}, alignment=ckpt.alignment)
 
     @property
     def device(self) -> torch.device:
