@@ -125,7 +125,8 @@ class FeatureTrainer:
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # activations since each latent last fired
         self.l1 = cfg.l1
         self.log: list[dict[str, Any]] = []
-        self.elapsed = 0.0  # training seconds over all sessions of this run
+        self.elapsed = 0.0  # training seconds (wall clock) over all sessions of this run
+        self.cpu = 0.0  # process CPU seconds (all threads) spent in those steps
         self.interrupted = False
         self.out_dir = Path(cfg.out_dir)
         if resume and (self.out_dir / STATE_FILE).is_file():
@@ -140,7 +141,7 @@ class FeatureTrainer:
         state = {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "step": self.step,
                  "dictionary": self.dictionary.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "since_fired": self.since_fired, "l1": self.l1, "log": json.dumps(self.log),
-                 "elapsed": self.elapsed, "stream": self.stream.state_dict(),
+                 "elapsed": self.elapsed, "cpu": self.cpu, "stream": self.stream.state_dict(),
                  "torch_rng": torch.get_rng_state()}
         target = self._state_file(self.dist.rank)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -162,7 +163,7 @@ class FeatureTrainer:
         self.dictionary.load_state_dict(state["dictionary"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.since_fired, self.l1 = state["step"], state["since_fired"], state["l1"]
-        self.log, self.elapsed = json.loads(state["log"]), state["elapsed"]
+        self.log, self.elapsed, self.cpu = json.loads(state["log"]), state["elapsed"], state.get("cpu", 0.0)
         self.stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
 
@@ -238,10 +239,11 @@ class FeatureTrainer:
         sums: dict[str, float] = {}
         try:
             while self.step < c.steps:
-                t0 = time.time()
+                t0, c0 = time.time(), time.process_time()
                 x, y = self.stream.next_batch()
                 m = self.train_step(x, y)
                 self.elapsed += time.time() - t0
+                self.cpu += time.process_time() - c0
                 rows_log += c.batch
                 for key, v in m.items():
                     sums[key] = sums.get(key, 0.0) + v
@@ -252,6 +254,7 @@ class FeatureTrainer:
                            **{k: v / n for k, v in sums.items()}, "l1_coef": self.l1,
                            "dead_frac": float((self.since_fired >= c.dead_after).float().mean()),
                            "activations": self.step * c.batch, "elapsed_s": round(self.elapsed, 1),
+                           "cpu_s": round(self.cpu, 1),
                            "tokens_per_s": rows_log / max(now - t_log, 1e-9)}
                     self.log.append(rec)
                     progress.step(self.step, rec | {"loss": rec["fvu"]})
@@ -276,6 +279,7 @@ class FeatureTrainer:
 
     def save_dictionary(self, directory: Path) -> Path:
         info = {"steps": self.step, "activations": self.step * self.cfg.batch, "train_seconds": round(self.elapsed, 1),
+                "train_cpu_seconds": round(self.cpu, 1),
                 "epochs": round(self.stream.epochs, 3), "world": self.dist.world, "config": self.cfg.to_dict(),
                 "final": self.log[-1] if self.log else {}}
         return self.dictionary.save(directory, files={"training.json": json.dumps(info, indent=1) + "\n"})
