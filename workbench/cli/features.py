@@ -16,8 +16,6 @@ import dataclasses
 import json
 import sys
 
-from .train import _sigterm_as_interrupt
-
 _TRAIN_SKIP = {"checkpoint", "site", "out_dir", "extra"}
 
 
@@ -70,8 +68,7 @@ def _train(args: argparse.Namespace) -> int:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(FeatureTrainConfig) if f.name != "extra"}
     cfg = FeatureTrainConfig(**values, extra={"command": " ".join(["workbench", *sys.argv[1:]])})
     trainer = FeatureTrainer(cfg, resume=not args.fresh)
-    with _sigterm_as_interrupt():
-        trainer.fit()
+    trainer.fit()  # SIGINT / SIGTERM stop it after the current step, saved
     if trainer.dist.world > 1:
         import torch.distributed as dist
 

@@ -89,7 +89,7 @@ class ActivationStream:
             self.buf[:half] = self._take(half)
             self.buf = self.buf[torch.randperm(self.buffer_rows, generator=self.gen)]
             self.cursor = 0
-        rows = self.buf[self.cursor : self.cursor + self.batch]
+        rows = self.buf[self.cursor : self.cursor + self.batch].clone()  # the buffer is refilled in place
         self.cursor += self.batch
         if self.site.transcoder:
             return rows[:, : self.d_in], rows[:, self.d_in :]

@@ -18,10 +18,14 @@ and L0 are all-reduced, so the ranks hold identical dictionaries.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +83,7 @@ class FeatureTrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     # fields that may differ between the run that wrote a state and the one resuming it
-    RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations")
+    RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations", "extra")
 
     @property
     def steps(self) -> int:
@@ -237,8 +241,8 @@ class FeatureTrainer:
         last_save = t_log = time.time()
         rows_log = 0
         sums: dict[str, float] = {}
-        try:
-            while self.step < c.steps:
+        with _stop_between_steps() as stop:
+            while self.step < c.steps and not stop:
                 t0, c0 = time.time(), time.process_time()
                 x, y = self.stream.next_batch()
                 m = self.train_step(x, y)
@@ -265,7 +269,7 @@ class FeatureTrainer:
                 if time.time() - last_save > c.save_every_s:
                     self._save_state()
                     last_save = time.time()
-        except KeyboardInterrupt:
+        if stop:
             self.interrupted = True
             progress.message(f"interrupted at step {self.step}; saving (the same command resumes)")
         self._save_state()
@@ -283,3 +287,23 @@ class FeatureTrainer:
                 "epochs": round(self.stream.epochs, 3), "world": self.dist.world, "config": self.cfg.to_dict(),
                 "final": self.log[-1] if self.log else {}}
         return self.dictionary.save(directory, files={"training.json": json.dumps(info, indent=1) + "\n"})
+
+
+@contextlib.contextmanager
+def _stop_between_steps() -> Iterator[list[int]]:
+    """While training, SIGINT and SIGTERM only ask the loop to stop after the step it is in (a non-empty list
+    is the request), so the saved state is always that of a whole step and the resumed run is exact."""
+    stop: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # handlers live on the main thread
+        yield stop
+        return
+
+    def request(signum: int, frame: object) -> None:
+        stop.append(signum)
+
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
