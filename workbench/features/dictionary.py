@@ -143,10 +143,11 @@ class SparseDictionary(nn.Module):
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Unit-norm random decoder rows, encoder = decoder transposed (Gao et al. 2024, section 2.3)."""
         w = torch.randn(self.cfg.d_sae, self.cfg.out_dim, generator=generator)
-        self.W_dec.copy_(w / w.norm(dim=1, keepdim=True))
+        # TopK: unit rows (kept so in training); ReLU: rows of norm 0.1, as Anthropic's April 2024 update starts
+        self.W_dec.copy_(w / w.norm(dim=1, keepdim=True) * (1.0 if self.cfg.architecture == "topk" else 0.1))
         if self.cfg.transcoder:
             e = torch.randn(self.cfg.d_in, self.cfg.d_sae, generator=generator)
-            self.W_enc.copy_(e / e.norm(dim=0, keepdim=True))
+            self.W_enc.copy_(e / e.norm(dim=0, keepdim=True) * self.W_dec.norm(dim=1))
         else:
             self.W_enc.copy_(self.W_dec.T)
         self.b_enc.zero_()

@@ -188,6 +188,9 @@ class FeatureTrainer:
         target = x if y is None else y
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
+        if self.step == 0:
+            with torch.no_grad():  # start the decoder bias at the data mean (SAELens's "mean" b_dec init)
+                d.b_dec.copy_(target.mean(0))
         dead = self.since_fired >= c.dead_after
         k_aux = c.k_aux or d.cfg.d_in // 2
         out = d.training_forward(x, dead=dead, k_aux=k_aux)
@@ -226,7 +229,7 @@ class FeatureTrainer:
             self.since_fired += c.batch
             self.since_fired[fired > 0] = 0
         if c.architecture == "relu" and c.target_l0 > 0:
-            self.l1 *= math.exp(0.02 * math.tanh(math.log(max(l0, 1e-3) / c.target_l0)))
+            self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / c.target_l0)))
         self.step += 1
         return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "l0": l0}
 
