@@ -242,7 +242,7 @@ class FeatureTrainer:
         if self.step:
             progress.message(f"resumed {self.site.name} at step {self.step}/{c.steps}")
         last_save = t_log = time.time()
-        rows_log = 0
+        rows_log = n_log = 0
         sums: dict[str, float] = {}
         with _stop_between_steps() as stop:
             while self.step < c.steps and not stop:
@@ -252,11 +252,11 @@ class FeatureTrainer:
                 self.elapsed += time.time() - t0
                 self.cpu += time.process_time() - c0
                 rows_log += c.batch
+                n_log += 1
                 for key, v in m.items():
                     sums[key] = sums.get(key, 0.0) + v
                 if self.step % c.log_every == 0 or self.step == c.steps:
-                    n = self.step % c.log_every or c.log_every
-                    now = time.time()
+                    n, now = n_log, time.time()
                     rec = {"step": self.step, "epoch": round(self.stream.epochs, 3), "lr": self._lr(),
                            **{k: v / n for k, v in sums.items()}, "l1_coef": self.l1,
                            "dead_frac": float((self.since_fired >= c.dead_after).float().mean()),
@@ -268,7 +268,7 @@ class FeatureTrainer:
                     progress.message(f"  fvu {rec['fvu']:.4f}  L0 {rec['l0']:.1f}  dead {rec['dead_frac']:.1%}  "
                                      f"aux {rec['aux']:.3f}  epoch {rec['epoch']:.2f}  activations/s "
                                      f"{rec['tokens_per_s']:,.0f}")
-                    sums, rows_log, t_log = {}, 0, now
+                    sums, rows_log, n_log, t_log = {}, 0, 0, now
                 if time.time() - last_save > c.save_every_s:
                     self._save_state()
                     last_save = time.time()
