@@ -1,6 +1,6 @@
-"""Dictionary training throughput: the workbench's streaming trainer next to a plain PyTorch loop on cached activations.
+"""Dictionary training throughput: the streaming trainer next to a plain PyTorch loop on cached activations.
 
-    .venv/bin/python benchmarks/bench_features.py [--site hook_memory] [--steps 40] [--out benchmarks/results/features_cpu.json]
+    .venv/bin/python benchmarks/bench_features.py [--site hook_memory] [--steps 40] [--out FILE.json]
 
 The same TopK dictionary (d_sae, k, Adam, the same normalised-MSE loss, unit-norm decoder rows) is trained, in one
 process, three ways, each for --steps steps of --batch activations, after one warm-up step:
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from workbench import load
-from workbench.data import ParallelData, load_dataset
+from workbench.corpus.data import ParallelData, load_dataset
 from workbench.features import SparseDictionary, site_rows
 from workbench.features.train import FeatureTrainConfig, FeatureTrainer
 

@@ -14,11 +14,11 @@ import torch
 from model_helpers import make_batch, make_model
 
 from workbench import presets
-from workbench.data import ParallelData
+from workbench.corpus.data import ParallelData
+from workbench.decoding.translator import TranslationModel
 from workbench.features import ActivationStream, DictionaryConfig, SparseDictionary, fvu, resolve_site, splice_hooks
 from workbench.features.sites import capture_site, site_rows
 from workbench.features.train import FeatureTrainConfig, FeatureTrainer
-from workbench.translator import TranslationModel
 
 CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
 
@@ -207,8 +207,8 @@ def _exact_relu_sae(hook, d):
 
 @pytest.mark.slow
 def test_evaluation_of_known_dictionaries_on_the_shipped_model(shared_data):
+    from workbench.decoding.translator import load
     from workbench.features.evaluate import evaluate_dictionary
-    from workbench.translator import load
 
     tm = load(CKPT)
     exact = _exact_relu_sae("hook_memory", 128)

@@ -23,7 +23,7 @@ from features_ddp_helpers import corpus, dictionary, model, train_config
 from workbench.features.stats import corpus_feature_stats
 from workbench.features.train import FeatureTrainer
 from workbench.training.distributed import init_distributed
-from workbench.translator import TranslationModel
+from workbench.decoding.translator import TranslationModel
 out = sys.argv[1]
 di = init_distributed()
 m, data = model(), corpus()
@@ -41,7 +41,7 @@ HELPERS = """
 import torch
 from model_helpers import make_model
 from workbench import presets
-from workbench.data import ParallelData
+from workbench.corpus.data import ParallelData
 from workbench.features import DictionaryConfig, SparseDictionary
 from workbench.features.train import FeatureTrainConfig
 
@@ -88,8 +88,8 @@ def test_two_gloo_processes_match_one(tmp_path):
         sys.modules.pop("features_ddp_helpers", None)
     from safetensors.torch import load_file
 
+    from workbench.decoding.translator import TranslationModel
     from workbench.features.stats import FeatureStats, corpus_feature_stats
-    from workbench.translator import TranslationModel
 
     two = FeatureStats.load(tmp_path / "stats.safetensors")
     one = corpus_feature_stats(TranslationModel(h.model(), None), h.dictionary(), h.corpus(), top=5)

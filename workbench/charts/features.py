@@ -86,7 +86,8 @@ def contexts_html(contexts: Sequence[Context], *, window: int = 8) -> str:
         for i in range(lo, hi):
             if i == c.position:
                 alpha = 0.25 + 0.75 * c.value / top
-                parts.append(f"<b style='background:rgba(244,162,97,{alpha:.2f});padding:0 2px'>{_piece(c.pieces[i])}</b>")
+                style = f"background:rgba(244,162,97,{alpha:.2f});padding:0 2px"
+                parts.append(f"<b class='firing' style='{style}'>{_piece(c.pieces[i])}</b>")
             else:
                 parts.append(_piece(c.pieces[i]))
         text = "".join(parts)

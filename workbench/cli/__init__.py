@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("workbench.cli.import_", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
     "views": ("workbench.cli.views", "write a saved trace's attention views as offline HTML files"),
     "heads": ("workbench.cli.heads", "head statistics of a checkpoint over a test set (CSV + HTML report)"),
-    "features": ("workbench.cli.features", "sparse dictionaries (SAEs, transcoders): train, evaluate, corpus statistics"),
+    "features": ("workbench.cli.features", "sparse dictionaries (SAEs, transcoders): train, eval, corpus stats"),
 }
 
 

@@ -16,12 +16,16 @@ import dataclasses
 import json
 import sys
 
+from ..decoding.translator import load
+from ..features.dictionary import SparseDictionary
+from ..features.evaluate import evaluate_dictionary, write_card
+from ..features.stats import corpus_feature_stats_cli
+from ..features.train import FeatureTrainConfig, FeatureTrainer
+
 _TRAIN_SKIP = {"checkpoint", "site", "out_dir", "extra"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..features.train import FeatureTrainConfig  # the subcommand's own module: torch only when it runs
-
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     t = sub.add_parser("train", help="train a dictionary on activations streamed from a corpus")
     t.add_argument("checkpoint")
@@ -63,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..features.train import FeatureTrainConfig, FeatureTrainer
-
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(FeatureTrainConfig) if f.name != "extra"}
     cfg = FeatureTrainConfig(**values, extra={"command": " ".join(["workbench", *sys.argv[1:]])})
     trainer = FeatureTrainer(cfg, resume=not args.fresh)
@@ -77,10 +79,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ..features.evaluate import evaluate_dictionary, write_card
-    from ..features.dictionary import SparseDictionary
-    from ..translator import load
-
     tm = load(args.checkpoint)
     d = SparseDictionary.load(args.dictionary)
     result = evaluate_dictionary(tm, d, dataset=args.dataset, split=args.split, bleu_split=args.bleu_split or None,
@@ -92,6 +90,4 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from ..features.stats import corpus_feature_stats_cli
-
     return corpus_feature_stats_cli(args)

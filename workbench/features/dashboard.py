@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ..data import pad_sequences
-from ..translator import TranslationModel
+from ..core.batching import pad_sequences
+from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import capture_site, site_of
 from .stats import BIN_EDGES, FeatureStats

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..data import ParallelData, load_dataset
-from ..evaluate import score
-from ..translator import TranslationModel
+from ..corpus.data import ParallelData, load_dataset
+from ..decoding.evaluate import score
+from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import site_of, site_rows, splice_hooks
 
@@ -123,7 +123,8 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
              + f" of `{cfg['metadata'].get('model_name', '')}`: {cfg['d_in']} -> {cfg['d_sae']} features{k}. "
              "SAELens layout (`cfg.json`, `sae_weights.safetensors`): `sae_lens.SAE.load_from_disk(this directory)`"
              + (" loads it." if cfg["architecture"] != "topk_transcoder" else " does not (no TopK transcoder class)."),
-             "", f"## Held-out evaluation ({result['split']}, {result['sentences']} sentences, {result['tokens']} tokens)",
+             "", f"## Held-out evaluation ({result['split']}, {result['sentences']} sentences, "
+             f"{result['tokens']} tokens)",
              "", "| metric | value | goal |", "|---|---|---|"]
     for key, label in (("fvu", "fraction of variance unexplained"), ("l0", "L0 (features active per token)"),
                        ("dead_frac", "dead features (never fire on the split)"),
@@ -133,8 +134,8 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         shown = f"{v:.1%}" if key == "dead_frac" else f"{v:.4f}" if key != "l0" else f"{v:.1f}"
         ok = v <= goal if op == "<=" else v >= goal
         lines.append(f"| {label} | {shown} | {op} {goal} {'(met)' if ok else '(missed)'} |")
-    lines += ["", f"Cross-entropy per target token: clean {result['ce_clean']:.4f}, spliced {result['ce_spliced']:.4f}, "
-              f"site zero-ablated {result['ce_zero_ablated']:.4f}."]
+    lines += ["", f"Cross-entropy per target token: clean {result['ce_clean']:.4f}, spliced "
+              f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}."]
     if "bleu_clean" in result:
         lines += ["", f"BLEU on {result['bleu_split']} ({result['bleu_sentences']} sentences, beam {result['beam']}, "
                   f"length penalty {result['length_penalty']} {result['alpha']}, the checkpoint's settings): "

@@ -18,8 +18,8 @@ from typing import Literal
 
 import torch
 
-from ..data import Batch
-from ..model import Transformer
+from ..core.model import Transformer
+from ..corpus.data import Batch
 from .dictionary import SparseDictionary
 
 Side = Literal["src", "tgt"]

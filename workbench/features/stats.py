@@ -26,9 +26,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..data import ParallelData
+from ..corpus.data import ParallelData, load_dataset
+from ..decoding.translator import TranslationModel, load
 from ..training.distributed import Dist, init_distributed
-from ..translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import site_mask, site_of, site_rows
 
@@ -203,9 +203,6 @@ def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, dat
 
 def corpus_feature_stats_cli(args) -> int:
     """`workbench features stats` (also under torchrun): rank 0 writes the file."""
-    from ..data import load_dataset
-    from ..translator import load
-
     di = init_distributed()
     tm = load(args.checkpoint)
     d = SparseDictionary.load(args.dictionary)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..data import ParallelData
-from ..model import Transformer
+from ..core.model import Transformer
+from ..corpus.data import ParallelData
 from .sites import Site, site_rows
 
 

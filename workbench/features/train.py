@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from ..data import ParallelData, load_dataset
-from ..progress import make_progress
-from ..schedule import warmup_cosine
+from ..corpus.data import ParallelData, load_dataset
+from ..decoding.translator import TranslationModel, load
 from ..training.distributed import Dist, init_distributed
-from ..translator import TranslationModel, load
+from ..training.progress import make_progress
+from ..training.schedule import warmup_cosine
 from .dictionary import DictionaryConfig, SparseDictionary
 from .sites import Site, resolve_site
 from .stream import ActivationStream
