@@ -108,6 +108,45 @@ class EdgeGraph:
         flat = s.flatten().argsort(descending=True)[:n]
         return [(int(i) // s.size(1), int(i) % s.size(1)) for i in flat]
 
+    def receiver_node(self, r: int) -> str:
+        """The node a receiver belongs to: "cross:1:0.q" -> "cross:1:0"; FFN and logits are their own."""
+        name = self.receivers[r]
+        return name[:-2] if name[-2:] in (".q", ".k", ".v") else name
+
+    def greedy_edges(self, scores: torch.Tensor, n: int) -> list[tuple[int, int]]:
+        """EAP-IG's greedy search: from the logits backwards, repeatedly add the largest-|score| edge into a node
+        already in the circuit, until n edges; then drop edges whose sender has no clean input left (a sender other
+        than an embedding with no edge into it outputs its corrupted value, so its edges carry nothing)."""
+        import heapq
+
+        s = scores.abs().masked_fill(~self.valid, -math.inf)
+        by_node: dict[str, list[int]] = {}
+        for r in range(len(self.receivers)):
+            by_node.setdefault(self.receiver_node(r), []).append(r)
+        heap: list[tuple[float, int, int]] = []
+        active: set[str] = set()
+
+        def activate(node: str) -> None:
+            if node in active or node not in by_node:
+                return
+            active.add(node)
+            for r in by_node[node]:
+                for u in self.valid[:, r].nonzero()[:, 0].tolist():
+                    heapq.heappush(heap, (-float(s[u, r]), u, r))
+
+        activate("logits")
+        chosen: list[tuple[int, int]] = []
+        while heap and len(chosen) < n:
+            _, u, r = heapq.heappop(heap)
+            chosen.append((u, r))
+            activate(self.senders[u])
+        while True:  # prune senders without inputs
+            fed = {self.receiver_node(r) for _, r in chosen}
+            kept = [(u, r) for u, r in chosen if self.senders[u].endswith("_embed") or self.senders[u] in fed]
+            if len(kept) == len(chosen):
+                return kept
+            chosen = kept
+
 
 # --------------------------------------------------------------------------------- the frozen-norm model
 
@@ -184,7 +223,13 @@ class _Frozen:
             out = x[None].expand(len(recv), *x.shape)
             if coef is not None and ids:
                 c = coef[:, ids][:, :, recv]  # (B, u, R)
-                out = out - torch.einsum("bur,ubld->rbld", c, d)
+                nz = c.nonzero()
+                if len(nz) * 8 < c.numel():  # few patched edges (edge patching): only those rows change
+                    b_, u_, r_ = nz.T
+                    out = out.clone()
+                    out.index_put_((r_, b_), -(c[b_, u_, r_][:, None, None] * d[u_, b_]), accumulate=True)
+                elif len(nz):
+                    out = out - torch.einsum("bur,ubld->rbld", c, d)
             if track and ids:
                 for r in recv:
                     deltas[r] = d[:, 0] if d.size(1) == 1 else d.mean(1)
@@ -397,11 +442,15 @@ def circuit_metric(model, pairs: Sequence, circuits: list[list[tuple[int, int]]]
 
 
 def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: int, *, random_circuits: int = 10,
-                         seed: int = 0) -> dict[str, Any]:
-    """Normalised faithfulness of the top `n_edges` edges by |score|, next to `random_circuits` random sets of
-    valid edges of the same size."""
+                         seed: int = 0, search: str = "greedy") -> dict[str, Any]:
+    """Normalised faithfulness of a circuit of at most `n_edges` edges chosen by |score| (`search`: "greedy", see
+    `EdgeGraph.greedy_edges`, or "top": the top n), next to `random_circuits` random sets of valid edges of the
+    circuit's size."""
     graph = scores.graph
-    top = graph.top_edges(scores.scores, n_edges)
+    if search not in ("greedy", "top"):
+        raise ValueError(f"search must be 'greedy' or 'top', got {search!r}")
+    top = graph.greedy_edges(scores.scores, n_edges) if search == "greedy" else graph.top_edges(scores.scores, n_edges)
+    n_edges = len(top)
     all_edges = graph.edges()
     g = torch.Generator().manual_seed(seed)
     rand = [[all_edges[j] for j in torch.randperm(len(all_edges), generator=g)[:n_edges].tolist()]
