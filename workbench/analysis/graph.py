@@ -11,7 +11,8 @@ run's values. What is left is linear in the residual streams, so every node's wr
 writes of the nodes upstream of it. Nodes:
 
     embed   source and target embeddings, one per position (token + position, as `hook_{src,tgt}_embed`)
-    head    each head x query position of encoder self-, decoder self- and cross-attention (`hook_result`)
+    head    each head x query position of encoder self-, decoder self- and cross-attention (`hook_result`);
+            its node carries its attention row (`attention`: one weight per key position)
     ffn     each FFN x position (`ffn.hook_out`)
     bias    every constant (norm biases, attention and FFN biases) in one node
     error   per (stack, layer, position): what the frozen model fails to reconstruct of that layer's node writes
@@ -376,6 +377,9 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                 eids = torch.tensor([err_ids[stack, i, q] for q in range(Lq)])
                 A[tids.reshape(-1), eids.repeat(H)] = err.reshape(-1)
                 attribution[tids.reshape(-1)] = (g[None] * write).sum(-1).reshape(-1)
+                for h in range(H):
+                    for q in range(Lq):
+                        nodes[int(tids[h, q])]["attention"] = [round(float(v), 4) for v in probs[h, q]]
                 new_R, new_pos, new_ids = write.reshape(H * Lq, D), torch.arange(Lq).repeat(H), tids.reshape(-1)
                 if p.bo is not None:
                     Rb = Rb + p.bo
