@@ -27,6 +27,7 @@ Metric: the logit difference good - bad at the pair's position (`ContrastPair`).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -117,8 +118,6 @@ class EdgeGraph:
         """EAP-IG's greedy search: from the logits backwards, repeatedly add the largest-|score| edge into a node
         already in the circuit, until n edges; then drop edges whose sender has no clean input left (a sender other
         than an embedding with no edge into it outputs its corrupted value, so its edges carry nothing)."""
-        import heapq
-
         s = scores.abs().masked_fill(~self.valid, -math.inf)
         by_node: dict[str, list[int]] = {}
         for r in range(len(self.receivers)):

@@ -12,6 +12,7 @@ needs an output token that depends on it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -116,8 +117,6 @@ def word_swaps(tm, sentences: Sequence[str], swaps: Sequence[tuple[str, str]], m
     """For each sentence, the first phrase of `swaps` (either side, whole words) it contains is replaced by its
     partner; the pair is kept when both sources have the same number of pieces and the greedy translations
     differ. `position`/`good`/`bad`: the first output position where they differ and the two tokens there."""
-    import re
-
     both = [(a, b) for a, b in swaps if a != b] + [(b, a) for a, b in swaps if a != b]
     pats = [(re.compile(rf"(?<!\w){re.escape(a)}(?!\w)"), a, b) for a, b in both]
     cfg = tm.model.cfg
