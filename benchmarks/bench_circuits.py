@@ -54,7 +54,7 @@ def main() -> None:
     de = lines("test_2016_flickr.de") + lines("val.de")
     en = lines("test_2016_flickr.en") + lines("val.en")
     builders = {
-        "nouns": (de_en, lambda: noun_swaps(de_en, de[:400], max_pairs=args.pairs)),
+        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs)),
         "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs)),
         "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs)),
         "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs)),
@@ -94,15 +94,17 @@ def main() -> None:
         entry["circuits"] = {}
         t = time.perf_counter()
         for method in ("eap", "eap-ig"):
-            rows = []
-            for frac in (0.01, 0.02, 0.05, 0.10, 0.20):
-                f = circuit_faithfulness(model, pairs, scores[method], max(1, int(frac * graph.n_edges)),
-                                         random_circuits=5)
-                rows.append({k: f[k] for k in ("n_edges", "fraction", "faithfulness", "random_faithfulness")})
-                entry.update(clean=f["clean"], corrupted_frozen=f["corrupted"], corrupted_real=f["real_corrupted"])
-            entry["circuits"][method] = rows
+            for absolute in (False, True):
+                rows = []
+                for frac in (0.01, 0.02, 0.05, 0.10, 0.20):
+                    f = circuit_faithfulness(model, pairs, scores[method], max(1, int(frac * graph.n_edges)),
+                                             random_circuits=5, absolute=absolute)
+                    rows.append({k: f[k] for k in ("n_edges", "fraction", "faithfulness", "random_faithfulness")})
+                    entry.update(clean=f["clean"], corrupted_frozen=f["corrupted"],
+                                 corrupted_real=f["real_corrupted"])
+                entry["circuits"][method + ("_abs" if absolute else "")] = rows
         entry["circuit_seconds"] = time.perf_counter() - t
-        entry["discovery_seconds"] = entry["eap-ig_seconds"] + entry["circuit_seconds"] / 2
+        entry["discovery_seconds"] = entry["eap-ig_seconds"] + entry["circuit_seconds"] / 4
         top = graph.greedy_edges(scores["eap-ig"].scores, int(0.05 * graph.n_edges))
         entry["top_edges_eap_ig"] = [graph.edge_name(e) for e in top[:15]]
         result["sets"][name] = entry

@@ -102,9 +102,9 @@ class EdgeGraph:
     def edge_name(self, e: tuple[int, int]) -> str:
         return f"{self.senders[e[0]]} -> {self.receivers[e[1]]}"
 
-    def top_edges(self, scores: torch.Tensor, n: int, *, absolute: bool = True) -> list[tuple[int, int]]:
-        """The n valid edges with the largest |score| (or score)."""
-        s = scores.abs() if absolute else scores.clone()
+    def top_edges(self, scores: torch.Tensor, n: int, *, absolute: bool = False) -> list[tuple[int, int]]:
+        """The n valid edges with the most negative score (or the largest |score|)."""
+        s = scores.abs() if absolute else -scores
         s = s.masked_fill(~self.valid, -math.inf)
         flat = s.flatten().argsort(descending=True)[:n]
         return [(int(i) // s.size(1), int(i) % s.size(1)) for i in flat]
@@ -114,11 +114,22 @@ class EdgeGraph:
         name = self.receivers[r]
         return name[:-2] if name[-2:] in (".q", ".k", ".v") else name
 
-    def greedy_edges(self, scores: torch.Tensor, n: int) -> list[tuple[int, int]]:
-        """EAP-IG's greedy search: from the logits backwards, repeatedly add the largest-|score| edge into a node
-        already in the circuit, until n edges; then drop edges whose sender has no clean input left (a sender other
-        than an embedding with no edge into it outputs its corrupted value, so its edges carry nothing)."""
-        s = scores.abs().masked_fill(~self.valid, -math.inf)
+    def greedy_edges(self, scores: torch.Tensor, n: int, *, absolute: bool = False) -> list[tuple[int, int]]:
+        """EAP-IG's greedy search: from the logits backwards, repeatedly add the best edge into a node already in
+        the circuit; drop edges whose sender has no input left (a sender other than an embedding with no edge into
+        it outputs its corrupted value, so its edges carry nothing); add more until n edges survive. Best: the most
+        negative score (the edges whose patching lowers the metric most: the ones the clean behaviour needs), or
+        with `absolute` the largest |score| (EAP-IG's default)."""
+        want, tried = n, n
+        for _ in range(50):
+            chosen = self._greedy(scores, tried, absolute)
+            if len(chosen) >= want or tried >= self.n_edges:
+                return chosen[:want] if len(chosen) > want else chosen
+            tried += want - len(chosen)
+        return chosen
+
+    def _greedy(self, scores: torch.Tensor, n: int, absolute: bool) -> list[tuple[int, int]]:
+        s = (scores.abs() if absolute else -scores).masked_fill(~self.valid, -math.inf)
         by_node: dict[str, list[int]] = {}
         for r in range(len(self.receivers)):
             by_node.setdefault(self.receiver_node(r), []).append(r)
@@ -441,14 +452,15 @@ def circuit_metric(model, pairs: Sequence, circuits: list[list[tuple[int, int]]]
 
 
 def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: int, *, random_circuits: int = 10,
-                         seed: int = 0, search: str = "greedy") -> dict[str, Any]:
-    """Normalised faithfulness of a circuit of at most `n_edges` edges chosen by |score| (`search`: "greedy", see
-    `EdgeGraph.greedy_edges`, or "top": the top n), next to `random_circuits` random sets of valid edges of the
-    circuit's size."""
+                         seed: int = 0, search: str = "greedy", absolute: bool = False) -> dict[str, Any]:
+    """Normalised faithfulness of a circuit of at most `n_edges` edges chosen by score (`search`: "greedy", see
+    `EdgeGraph.greedy_edges`, or "top": the top n; `absolute`: by |score|), next to `random_circuits` random sets
+    of valid edges of the circuit's size."""
     graph = scores.graph
     if search not in ("greedy", "top"):
         raise ValueError(f"search must be 'greedy' or 'top', got {search!r}")
-    top = graph.greedy_edges(scores.scores, n_edges) if search == "greedy" else graph.top_edges(scores.scores, n_edges)
+    top = (graph.greedy_edges(scores.scores, n_edges, absolute=absolute) if search == "greedy" else
+           graph.top_edges(scores.scores, n_edges, absolute=absolute))
     n_edges = len(top)
     all_edges = graph.edges()
     g = torch.Generator().manual_seed(seed)

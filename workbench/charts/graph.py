@@ -141,7 +141,8 @@ def attribution_graph_view(graph, keep: Sequence[int] | torch.Tensor | None = No
     fig.yaxis.axis_label = "sub-layer (embeddings at the bottom, logit on top)"
     fig.grid.visible = False
     detail = Div(text="<i>tap a node: its context, its attention, its edges</i>", width=width, name="graph_detail")
-    node_src.selected.js_on_change("indices", CustomJS(args={"nodes": node_src, "edges": edge_src, "detail": detail}, code="""
+    args = {"nodes": node_src, "edges": edge_src, "detail": detail}
+    node_src.selected.js_on_change("indices", CustomJS(args=args, code="""
         const i = nodes.selected.indices[0];
         if (i === undefined) { return; }
         const d = nodes.data, e = edges.data, me = d.index[i];
