@@ -41,7 +41,7 @@ from workbench.analysis import (
     spearman,
 )
 from workbench.analysis.contrast import noun_swaps
-from workbench.data import dataset_files
+from workbench.corpus.data import dataset_files
 
 ROOT = Path(__file__).resolve().parents[1]
 

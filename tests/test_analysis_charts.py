@@ -36,7 +36,7 @@ from workbench.charts.analysis import (
     positional_share_view,
 )
 from workbench.charts.heatmap import IMAGE_NAME
-from workbench.decoding import beam_search
+from workbench.decoding.search import beam_search
 
 CFG = presets.tiny(vocab=24)
 

@@ -131,8 +131,8 @@ def test_refuses_what_it_cannot_handle():
 
 
 def test_per_head_results_and_norm_scales_cost_nothing_unless_listened(monkeypatch):
-    from workbench import layers
-    from workbench.attention import MultiHeadAttention
+    from workbench.core import layers
+    from workbench.core.attention import MultiHeadAttention
 
     model = model_for("post_norm")
     src, tgt = make_batch(model.cfg)

@@ -11,7 +11,7 @@ from model_helpers import make_model
 
 from workbench import presets
 from workbench.analysis.head_stats import HeadStats, corpus_head_stats, head_stats, punctuation_ids
-from workbench.trace import Trace
+from workbench.core.trace import Trace
 
 L = 5
 

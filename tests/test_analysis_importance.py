@@ -9,7 +9,7 @@ from model_helpers import make_model
 
 from workbench import presets
 from workbench.analysis.interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
-from workbench.interventions import ablate_heads
+from workbench.core.interventions import ablate_heads
 
 SOURCES = [[5, 6, 7, 2], [8, 9, 2], [10, 11, 12, 13, 2]]
 TARGETS = [[6, 7, 2], [9, 2], [11, 12, 2]]

@@ -20,7 +20,7 @@ from workbench.charts.internals import (
     training_curves_chart,
     training_curves_data,
 )
-from workbench.masks import causal_mask
+from workbench.core.masks import causal_mask
 
 
 def _paper_pe(length, d):
@@ -68,7 +68,7 @@ def test_label_smoothing_penalises_over_confidence():
 
 
 def test_lr_chart_data_comes_from_the_schedules_and_the_log():
-    from workbench.schedule import noam
+    from workbench.training.schedule import noam
 
     log = [{"step": s, "lr": 1e-4 * s} for s in range(1, 50, 7)] + [{"step": 60, "loss": 1.0}]
     data = lr_schedule_data({"mine": {"name": "noam", "d_model": 64, "warmup": 30, "factor": 2.0}}, steps=100,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from importer_helpers import PER_STACK, marian_model, padded_batch, write_marian_dir
 
-from workbench.decoding import beam_search, greedy
+from workbench.decoding.search import beam_search, greedy
 from workbench.importers.marian import convert_marian, import_marian
 
 pytest.importorskip("transformers", reason="the parity reference is transformers' MarianMTModel")
@@ -116,7 +116,7 @@ def test_tokenizer_matches_marian_tokenizer(tmp_path):
 
 @pytest.mark.parametrize("sizes", ["uniform", "per_stack"])
 def test_import_save_load_translate_identical(tmp_path, sizes):
-    from workbench.checkpoint import load_checkpoint
+    from workbench.checkpoint.format import load_checkpoint
 
     hf = write_marian_dir(tmp_path / "opus", **(PER_STACK if sizes == "per_stack" else {}))
     _eos_prone(hf, 0.0)
@@ -140,8 +140,8 @@ def test_import_save_load_translate_identical(tmp_path, sizes):
 
 def test_cli_import_then_translate_equals_in_memory_import(tmp_path, capsys):
     from workbench.cli import main
+    from workbench.decoding.translator import load as load_checkpoint_model
     from workbench.importers import load
-    from workbench.translator import load as load_checkpoint_model
 
     _eos_prone(write_marian_dir(tmp_path / "opus"), 0.0)
     assert main(["import", "marian", str(tmp_path / "opus"), "--out", str(tmp_path / "ckpt")]) == 0

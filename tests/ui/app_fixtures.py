@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from workbench import presets
-from workbench.checkpoint import save_checkpoint
-from workbench.model import Transformer
-from workbench.tokenizer import SentencePieceTokenizer
+from workbench.checkpoint.format import save_checkpoint
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
+from workbench.core.model import Transformer
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
 
@@ -49,7 +49,7 @@ WARMUP, FACTOR = 30, 0.7
 
 
 def _train(model: Transformer, tok, de: list[str], en: list[str], steps: int, batch: int = 32) -> list[dict]:
-    from workbench.schedule import noam
+    from workbench.training.schedule import noam
 
     cfg = model.cfg
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98))

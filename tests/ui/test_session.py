@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint, corrupt_checkpoint  # noqa: E402
 
-from workbench.interventions import ablate_heads  # noqa: E402
+from workbench.core.interventions import ablate_heads  # noqa: E402
 from workbench.ui import loader  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.work import Request, compute  # noqa: E402

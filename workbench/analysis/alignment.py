@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from ..data import pad_sequences
+from ..core.batching import pad_sequences
 from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order

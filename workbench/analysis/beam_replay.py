@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decoding import Generation, length_penalty_value
+from ..decoding.search import Generation, length_penalty_value
 
 
 @dataclass

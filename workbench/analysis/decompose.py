@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..heads import kind_of
+from ..core.heads import kind_of
 
 STACKS = ("enc", "dec")
 

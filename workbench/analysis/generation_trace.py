@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
-from ..decoding import Hypothesis, beam_search, greedy
-from ..trace import Trace
+from ..core.trace import Trace
+from ..decoding.search import Hypothesis, beam_search, greedy
 from .beam_replay import replay_beam
 
 _ONCE_TOP = ("hook_src_tok", "hook_src_pos", "hook_src_embed", "hook_memory")

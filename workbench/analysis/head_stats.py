@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import pad_sequences
-from ..heads import KINDS, AttentionKind, kind_of
-from ..trace import Trace
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.trace import Trace
 
 STATS: dict[str, str] = {
     "entropy": "entropy of the row (nats)",
@@ -300,11 +300,6 @@ def punctuation_ids(pieces: Sequence[str]) -> list[int]:
         if core and all(unicodedata.category(ch).startswith("P") for ch in core):
             out.append(i)
     return out
-
-
-def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:
-    """Kept for existing imports; `data.pad_sequences` is the one padding helper."""
-    return pad_sequences(rows, pad_id, device=device)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import pad_sequences
-from ..decoding import greedy
-from ..evaluate import score
-from ..heads import KINDS
-from ..heads import n_heads as heads_of
-from ..interventions import ablate_heads, patch
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS
+from ..core.heads import n_heads as heads_of
+from ..core.interventions import ablate_heads, patch
+from ..decoding.evaluate import score
+from ..decoding.search import greedy
 from .head_stats import fit_to_positions
 
 UNITS = ("head", "block")

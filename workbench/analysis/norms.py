@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..heads import AttentionKind, block_path, check_kind
-from ..trace import Trace
+from ..core.heads import AttentionKind, block_path, check_kind
+from ..core.trace import Trace
 
 NORM_HOOKS = ["*.hook_probs", "*.hook_v"]
 

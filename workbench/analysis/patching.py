@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..decoding import greedy
-from ..heads import Head, block_path, stack_of
+from ..core.heads import Head, block_path, stack_of
+from ..decoding.search import greedy
 from .gradients import evaluating, run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")

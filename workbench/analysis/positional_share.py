@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from ..masks import causal_mask
+from ..core.masks import causal_mask
 
 TERMS = ("token·token", "token·position", "position·token", "position·position", "bias")
 

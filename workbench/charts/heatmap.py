@@ -25,7 +25,8 @@ from bokeh.models import (
 from bokeh.palettes import RdBu11, interp_palette
 from bokeh.plotting import figure
 
-from ..trace import AttentionKind, Trace
+from ..core.heads import AttentionKind
+from ..core.trace import Trace
 from .select import Attention, Heads, select_attention
 
 MASKED_COLOR = "#c8c8c8"  # light grey: cells the model could not attend to (padding, causal future)

@@ -1,9 +1,10 @@
 """The Annotated Transformer's figures, interactive: positional encodings, label smoothing, learning-rate
 schedules, training curves and the masks of a padded batch.
 
-Formulas are imported, never re-derived here: positions from `workbench.embedding`, schedules from
-`workbench.schedule`, the smoothed target from `workbench.loss`, masks from `workbench.masks`. Matrices are
-Bokeh images (a 512x512 position table is 262k cells, past Altair's 5000-row limit); curves are Altair.
+Formulas are imported, never re-derived here: positions from `workbench.core.embedding`, schedules
+from `workbench.training.schedule`, the smoothed target from `workbench.training.loss`, masks from
+`workbench.core.masks`. Matrices are Bokeh images (a 512x512 position table is 262k cells, past Altair's
+5000-row limit); curves are Altair.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from bokeh.layouts import column, row
 from bokeh.models import HoverTool
 from bokeh.plotting import figure
 
-from ..config import ModelConfig
-from ..embedding import sinusoidal_positions
-from ..loss import smoothed_distribution
-from ..masks import causal_mask, padding_mask
-from ..schedule import make_schedule
+from ..core.config import ModelConfig
+from ..core.embedding import sinusoidal_positions
+from ..core.masks import causal_mask, padding_mask
+from ..training.loss import smoothed_distribution
+from ..training.schedule import make_schedule
 from .heatmap import DIVERGING, matrix_figure
 
 SINUSOIDAL = ("sinusoidal", "sinusoidal_halves", "sinusoidal_t2t")
@@ -206,7 +207,7 @@ def training_curves_chart(log: Sequence[Mapping], metrics: Sequence[str] | None 
 
 # -- masks ----------------------------------------------------------------------------------------
 def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: int = 0):
-    """The masks of a padded batch, from `workbench.masks`: source padding for the whole batch (B x S),
+    """The masks of a padded batch, from `workbench.core.masks`: source padding for the whole batch (B x S),
     decoder causal (T x T) and cross-attention padding for one sentence (T x S). 1 = may attend."""
 
     if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):

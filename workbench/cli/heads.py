@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 from ..analysis.head_stats import STATS, corpus_head_stats, punctuation_ids
-from ..data import dataset_files, read_parallel
-from ..translator import load
+from ..corpus.data import dataset_files, read_parallel
+from ..decoding.translator import load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a workbench checkpoint directory (own or imported)")
-    p.add_argument("--dataset", default=None, help="a named dataset (workbench.data), e.g. multi30k")
+    p.add_argument("--dataset", default=None, help="a named dataset (workbench.corpus.data), e.g. multi30k")
     p.add_argument("--split", default="test")
     p.add_argument("--src-lang", default="de")
     p.add_argument("--tgt-lang", default="en")

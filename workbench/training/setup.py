@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from .. import presets
-from ..config import ModelConfig, TrainConfig
-from ..data import ParallelData, copy_task, load_dataset, read_parallel
-from ..schedule import make_schedule
-from ..tokenizer import SentencePieceTokenizer, Tokenizer
+from ..checkpoint.tokenizer import SentencePieceTokenizer, Tokenizer
+from ..core import presets
+from ..core.config import ModelConfig
+from ..corpus.data import ParallelData, copy_task, load_dataset, read_parallel
+from .config import TrainConfig
+from .schedule import make_schedule
 
 
 def model_config(cfg: TrainConfig, src_vocab: int, tgt_vocab: int) -> ModelConfig:

@@ -36,16 +36,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import LATEST, clean_stale, load_checkpoint, read_pointer, save_checkpoint
-from ..config import TrainConfig
-from ..data import ParallelData, shard
-from ..loss import teacher_forced_loss
-from ..model import Transformer
-from ..progress import make_progress
-from ..schedule import budget_cosine
-from ..tokenizer import check_special_ids
+from ..checkpoint.format import LATEST, clean_stale, load_checkpoint, read_pointer, save_checkpoint
+from ..checkpoint.tokenizer import check_special_ids
+from ..core.model import Transformer
+from ..corpus.data import ParallelData, shard
 from . import run_dir, validation
+from .config import TrainConfig
 from .distributed import init_distributed, pick_device
+from .loss import teacher_forced_loss
+from .progress import make_progress
+from .schedule import budget_cosine
 from .setup import load_run_data, lr_schedule, make_optimizer, model_config
 
 

@@ -24,7 +24,7 @@ from ..analysis import (
     value_norms,
 )
 from ..charts import analysis as charts
-from ..decoding import beam_search
+from ..decoding.search import beam_search
 from . import loader
 from .views import LazyTab
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import panel as pn
 import torch
 
-from ..checkpoint import LATEST, is_checkpoint, read_log, resolve_checkpoint
-from ..translator import TranslationModel, decode_config_from_meta
+from ..checkpoint.format import LATEST, is_checkpoint, read_log, resolve_checkpoint
+from ..checkpoint.shipped import CHECKPOINTS
+from ..decoding.translator import TranslationModel, decode_config_from_meta
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DIR = ROOT / "checkpoints"
+DEFAULT_DIR = CHECKPOINTS  # the shipped checkpoints (workbench.checkpoint.shipped)
 MAX_DEPTH = 3  # how deep below a listed directory checkpoints are looked for
 
 # Model work runs here, off the event loop. Two workers: the machine this targets has 2 cores, and

@@ -17,7 +17,7 @@ import math
 
 import param
 
-from ..heads import KINDS, Head  # noqa: F401  (KINDS re-exported: views import it from here)
+from ..core.heads import Head
 from . import loader
 from .work import Outcome, Request, Result, compute, run
 
@@ -32,7 +32,8 @@ EXAMPLE = EXAMPLES["de"]
 
 def parse_head(spec: str) -> tuple[str, int, int]:
     """'cross:1:2' -> ('cross', 1, 2); a clear ValueError otherwise (heads.Head is the one spelling)."""
-    return tuple(Head.parse(str(spec)))  # type: ignore[return-value]
+    head = Head.parse(str(spec))
+    return head.kind, head.layer, head.head
 
 
 def head_label(kind: str, layer: int, head: int) -> str:

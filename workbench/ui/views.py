@@ -33,9 +33,10 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
-from ..data import pad_sequences
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS
 from . import loader
-from .session import KINDS, Session, fmt_logp, head_label
+from .session import Session, fmt_logp, head_label
 from .work import Request, translate
 
 log = logging.getLogger(__name__)

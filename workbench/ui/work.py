@@ -20,10 +20,9 @@ from typing import Any
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
-from ..decoding import generate
-from ..heads import KINDS  # noqa: F401  (re-exported: session and views import it from here)
-from ..hooks import submit
-from ..trace import Trace
+from ..core.hooks import submit
+from ..core.trace import Trace
+from ..decoding.search import generate
 from . import loader
 
 log = logging.getLogger(__name__)

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import json
 import math
 import types
 import typing
-import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 Activation = Literal["relu", "gelu", "swish", "silu", "gelu_tanh"]
 PositionKind = Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_t2t", "learned", "none"]
@@ -97,7 +95,7 @@ class ModelConfig:
     """First decoder input; None means bos_id (fairseq and FSMT use eos, Marian uses pad)."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         for name in ("src_vocab", "tgt_vocab", "d_model", "n_heads", "d_ff", "max_positions",
                      "enc_heads", "dec_heads", "enc_d_ff", "dec_d_ff"):
             value = getattr(self, name)
@@ -205,66 +203,20 @@ def _per_stack(stack: str, enc: int | None, dec: int | None, default: int) -> in
 # ---------------------------------------------------------------------------- generic helpers
 
 
-def renamed(**old_to_new: str):
-    """Class decorator: old field names keep working for one release, with a one-line FutureWarning.
-
-    The old name is accepted as a keyword (and so by from_dict, TOML/JSON files, `override` and
-    `dataclasses.replace`) and read as an attribute; it never appears in `to_dict`.
-    """
-
-    def wrap(cls):
-        init = cls.__init__
-
-        @functools.wraps(init)
-        def __init__(self, **kwargs):
-            init(self, **_rename(cls, kwargs, stacklevel=3))
-
-        cls.__init__ = __init__
-        cls.RENAMED = dict(old_to_new)
-        for old, new in old_to_new.items():
-            setattr(cls, old, property(functools.partial(_read_renamed, old=old, new=new),
-                                       doc=f"Deprecated name of {new}."))
-        return cls
-
-    return wrap
-
-
-def _read_renamed(self, *, old: str, new: str):
-    warnings.warn(f"{type(self).__name__}.{old} is now {new}; the old name goes away in the next release",
-                  FutureWarning, stacklevel=2)
-    return getattr(self, new)
-
-
-def _rename(cls: type, data: dict[str, Any], *, stacklevel: int = 2) -> dict[str, Any]:
-    renames = getattr(cls, "RENAMED", {})
-    if not any(old in data for old in renames):
-        return data
-    data = dict(data)
-    for old, new in renames.items():
-        if old in data:
-            if new in data:
-                raise ValueError(f"{cls.__name__}: {old!r} and {new!r} are the same setting ({old!r} is its old "
-                                 f"name); give only {new!r}")
-            warnings.warn(f"{cls.__name__}: {old!r} is now {new!r}; the old name goes away in the next release",
-                          FutureWarning, stacklevel=stacklevel + 1)
-            data[new] = data.pop(old)
-    return data
-
-
-def replace(cfg: C, **changes: Any) -> C:
-    """`dataclasses.replace` that also takes a config's deprecated field names (with their warning)."""
-    return dataclasses.replace(cfg, **_rename(type(cfg), changes, stacklevel=2))  # type: ignore[type-var]
-
-
 def config_keys(cls: type) -> set[str]:
-    """Field names a config accepts, deprecated spellings included."""
-    return {f.name for f in fields(cls)} | set(getattr(cls, "RENAMED", {}))  # type: ignore[arg-type]
+    """Field names of a config class."""
+    return {f.name for f in fields(cls)}  # type: ignore[arg-type]
 
 
 def from_dict(cls: type[C], data: dict[str, Any]) -> C:
-    """Build a config dataclass from plain data; unknown keys are an error, not silence."""
+    """Build a config dataclass from plain data (a file's); unknown keys are an error, not silence.
+
+    Keys that files written by older versions carry are read under their current names
+    (`cls.FILE_KEYS`, old -> new); nothing else accepts them."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+    old_keys = getattr(cls, "FILE_KEYS", {})
+    data = {old_keys.get(k, k) if old_keys.get(k, k) not in data else k: v for k, v in data.items()}
     known = config_keys(cls)
     unknown = sorted(set(data) - known)
     if unknown:
@@ -273,10 +225,13 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
 
 
 def override(cfg: C, args: list[str], prefix: str = "") -> C:
-    """Apply minGPT-style `--key=value` (or `--prefix.key=value`) overrides to a frozen config.
+    """Apply minGPT-style `--key=value` overrides to a frozen config; the one override parser.
 
-    Values are parsed with `ast.literal_eval` (falling back to the raw string) and checked
-    against the field's annotation; unknown keys raise with the list of valid ones.
+    `--prefix.key=value` is `--key=value` for this config. A key `--field.sub=value` where `field` is a dict
+    sets one entry of it (`--model.d_model=128` on a TrainConfig). With a prefix given, other dotted keys are
+    left to their own config (`--train.lr=2` when overriding a ModelConfig with prefix "model"). Values are parsed
+    with `ast.literal_eval` (falling back to the raw string) and checked against the field's annotation;
+    unknown keys raise with the list of valid ones.
     """
     names = config_keys(type(cfg))
     changes: dict[str, Any] = {}
@@ -284,22 +239,26 @@ def override(cfg: C, args: list[str], prefix: str = "") -> C:
         if not arg.startswith("--") or "=" not in arg:
             raise ValueError(f"override {arg!r} must look like --key=value")
         key, raw = arg[2:].split("=", 1)
-        if prefix:
-            if not key.startswith(prefix + "."):
-                continue
+        if prefix and key.startswith(prefix + "."):
             key = key[len(prefix) + 1 :]
-        if key not in names:
-            valid = sorted(f.name for f in fields(cfg))  # type: ignore[arg-type]
-            raise ValueError(f"unknown key {key!r} for {type(cfg).__name__}; valid keys: {valid}")
         try:
             value: Any = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
+        head, dot, sub = key.partition(".")
+        if dot and head in names and isinstance(getattr(cfg, head), dict):
+            changes[head] = {**changes.get(head, getattr(cfg, head)), sub: value}
+            continue
+        if dot and prefix:
+            continue  # another config's key
+        if key not in names:
+            valid = sorted(names)
+            raise ValueError(f"unknown key {key!r} for {type(cfg).__name__}; valid keys: {valid}")
         changes[key] = value
-    return replace(cfg, **changes)
+    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]
 
 
-def _check_types(cfg: Any) -> None:
+def check_types(cfg: Any) -> None:
     """Reject values that do not fit the annotations (JSON and CLI input are untyped)."""
     hints = typing.get_type_hints(type(cfg))
     for f in fields(cfg):
@@ -346,10 +305,11 @@ def _show(tp: Any) -> str:
 LengthPenaltyKind = Literal["gnmt", "average", "none"]
 
 
-@renamed(batch_tokens="max_tokens")
 @dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
     """How to search for a translation; the defaults are fairseq-generate's."""
+
+    FILE_KEYS: ClassVar[dict[str, str]] = {"batch_tokens": "max_tokens"}  # old keys in checkpoints' meta.json
 
     beam: int = 5
     """Beam size; 1 is greedy search (and gives exactly greedy's output)."""
@@ -372,11 +332,10 @@ class DecodeConfig:
     """Hypotheses returned per sentence, best first (at most `beam`)."""
     max_tokens: int = 4096
     """Text API: sentences are sorted by length and batched up to this many source tokens, padding
-    included (fairseq's --max-tokens, TrainConfig.max_tokens); one longer sentence forms its own batch.
-    Formerly `batch_tokens` (still accepted, with a warning)."""
+    included (fairseq's --max-tokens, TrainConfig.max_tokens); one longer sentence forms its own batch."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         if self.beam < 1:
             raise ValueError(f"beam ({self.beam}) must be at least 1")
         if not 1 <= self.n_best <= self.beam:
@@ -401,190 +360,3 @@ class DecodeConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DecodeConfig:
         return from_dict(cls, data)
-
-
-# ---------------------------------------------------------------------------- training
-
-ScheduleKind = Literal["noam", "inverse_sqrt", "warmup_cosine", "constant"]
-AmpKind = Literal["auto", "bf16", "off"]
-
-
-@renamed(max_len="max_pair_len")
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """One training run: data, tokenizer, model preset, optimisation, checkpoints. Validated before any work."""
-
-    # -- data
-    dataset: str = "multi30k"
-    """A named dataset (workbench.data.DATASETS: multi30k, wmt14_sample, tatoeba...), a named mixture
-    (workbench.data.MIXTURES: general_de_en), "copy", or "files"."""
-    src_lang: str = "de"
-    tgt_lang: str = "en"
-    data_root: str | None = None
-    """Local root of the named datasets; None: $WORKBENCH_DATA, else ../shared/data, else the user cache."""
-    train_files: list[str] | None = None
-    """dataset="files": [source file, target file] of aligned plain text."""
-    valid_files: list[str] | None = None
-    """dataset="files": optional validation [source, target] files."""
-    train_limit: int = 0
-    """Use only the first N training pairs (0: all)."""
-    valid_limit: int = 0
-    """Score BLEU on the first N validation pairs (0: all); validation loss always uses all."""
-    max_pair_len: int = 250
-    """Length filter: drop training pairs whose source or target exceeds this many tokens (formerly
-    `max_len`, still accepted with a warning; DecodeConfig.max_len is the generation limit)."""
-    copy_vocab: int = 11
-    """Copy task: ids 4..copy_vocab-1 (the Annotated Transformer used 11)."""
-    copy_len: int = 10
-    """Copy task: sequence length (tokens before EOS)."""
-    copy_pairs: int = 20000
-    """Copy task: number of training pairs per epoch."""
-    # -- tokenizer
-    vocab_size: int = 8000
-    """Sentencepiece vocabulary size (each one when not shared)."""
-    spm_type: Literal["unigram", "bpe"] = "bpe"
-    shared_vocab: bool = True
-    """One sentencepiece model for both languages (then tie_embeddings='all' is possible)."""
-    byte_fallback: bool = True
-    """Unseen characters become UTF-8 byte pieces instead of unk."""
-    # -- model
-    preset: str = "multi30k_small"
-    """A workbench.presets name; vocab sizes come from the tokenizer."""
-    model: dict = dataclasses.field(default_factory=dict)
-    """ModelConfig overrides on top of the preset (CLI: --model.d_model=128)."""
-    # -- optimisation
-    max_tokens: int = 4096
-    """Token budget per batch and side: batch size x longest padded source (and target) length."""
-    accum: int = 1
-    """Gradient accumulation: batches per optimiser step."""
-    schedule: ScheduleKind = "inverse_sqrt"
-    lr: float = 5e-4
-    """Peak learning rate of inverse_sqrt, warmup_cosine and constant (noam's peak follows from noam_factor)."""
-    noam_factor: float | None = None
-    """schedule="noam": the factor of the paper's rate, factor * d_model^-0.5 * min(step^-0.5, step *
-    warmup^-1.5). When unset, `lr` is read as the factor with a warning (the old behaviour)."""
-    warmup: int = 4000
-    min_lr: float = 0.0
-    """warmup_cosine: final learning rate. With max_steps = 0 and max_minutes set, warmup_cosine decays over the
-    *time* budget instead (the fraction of max_minutes spent, `schedule.budget_cosine`): the run ends at
-    min_lr whatever the machine's speed, at the price of a step count (and so weights) that depend on it."""
-    adam_betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    """Decoupled (AdamW) weight decay; 0 is the paper's Adam."""
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0
-    """Clip the global gradient norm to this value (0: off; the norm is still logged)."""
-    max_steps: int = 0
-    """Stop after this many optimiser steps (0: no limit)."""
-    max_epochs: int = 0
-    """Stop after this many epochs (0: no limit)."""
-    max_minutes: float = 0.0
-    """Stop after this much training time (0: no limit)."""
-    seed: int = 1
-    # -- runtime
-    device: str = "auto"
-    """auto: cuda when available, else cpu."""
-    amp: AmpKind = "auto"
-    """bf16 autocast: auto = on CUDA only."""
-    compile: bool = False
-    """torch.compile the model for training."""
-    threads: int = 0
-    """torch CPU threads (0: leave torch's default)."""
-    # -- logging, validation, checkpoints
-    out_dir: str = "runs/run"
-    log_every: int = 50
-    """Steps between log records (and the NaN/inf check)."""
-    eval_every: int = 0
-    """Steps between validations (0: at the end of every epoch)."""
-    save_every: int = 0
-    """Steps between checkpoints (0: at every validation)."""
-    bleu: bool = True
-    """Greedy-decode the validation set for BLEU/chrF at each validation."""
-    keep_last: int = 5
-    """Checkpoints kept besides the best (the paper averaged the last 5 or 20)."""
-    best_metric: Literal["bleu", "valid_loss"] = "bleu"
-    """Which validation metric picks the kept best checkpoint."""
-    average_last: int = 0
-    """At the end, also write the average of the last N checkpoints to out_dir/average (0: off)."""
-    ema_decay: float = 0.0
-    """Keep an exponential moving average of the weights, updated after every optimiser step with decay
-    min(ema_decay, (1 + step) / (10 + step)) (the usual warm-up of the decay; 0.999 weighs roughly the last 1,000
-    steps), saved in each checkpoint's training state (exact resume) and written to out_dir/ema at the end (0: off)."""
-
-    def __post_init__(self) -> None:
-        _check_types(self)
-        for name in ("vocab_size", "max_tokens", "accum", "max_pair_len", "log_every", "copy_vocab", "copy_len",
-                     "copy_pairs"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
-        for name in ("train_limit", "valid_limit", "warmup", "max_steps", "max_epochs", "eval_every",
-                     "save_every", "keep_last", "average_last", "threads"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
-        for name in ("lr", "max_minutes", "clip_norm", "weight_decay", "min_lr"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
-        if self.lr == 0:
-            raise ValueError("lr must be positive")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"ema_decay ({self.ema_decay}) must be in [0, 1)")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
-        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
-            raise ValueError(f"adam_betas ({self.adam_betas}) must be two numbers in [0, 1)")
-        if self.schedule == "noam" and self.warmup == 0:
-            raise ValueError("schedule 'noam' needs warmup > 0")
-        if self.noam_factor is not None and not (math.isfinite(self.noam_factor) and self.noam_factor > 0):
-            raise ValueError(f"noam_factor ({self.noam_factor}) must be a positive number")
-        if self.schedule == "noam" and self.noam_factor is None:
-            warnings.warn(f"TrainConfig: schedule 'noam' reads lr ({self.lr}) as its factor; set noam_factor = "
-                          f"{self.lr} instead (lr as noam's factor goes away in the next release)", FutureWarning,
-                          stacklevel=4)
-            object.__setattr__(self, "noam_factor", self.lr)
-        if self.schedule == "warmup_cosine" and self.max_steps <= self.warmup and not (
-                self.max_steps == 0 and self.max_minutes):
-            raise ValueError(f"schedule 'warmup_cosine' needs max_steps ({self.max_steps}) > warmup ({self.warmup}), "
-                             "or max_steps = 0 and max_minutes to decay over the time budget")
-        if not (self.max_steps or self.max_epochs or self.max_minutes):
-            raise ValueError("set at least one of max_steps, max_epochs, max_minutes: the run would never end")
-        if self.dataset == "files" and (not self.train_files or len(self.train_files) != 2):
-            raise ValueError(f"dataset='files' needs train_files = [source, target], got {self.train_files}")
-        if self.valid_files is not None and len(self.valid_files) != 2:
-            raise ValueError(f"valid_files must be [source, target], got {self.valid_files}")
-        if self.copy_vocab < 5:
-            raise ValueError(f"copy_vocab ({self.copy_vocab}) must leave room for tokens after the 4 specials")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        return from_dict(cls, data)
-
-    @classmethod
-    def load(cls, path: str | Path) -> TrainConfig:
-        """A TOML or JSON file; a TOML [train] table (or the top level) holds the fields, [model] the overrides."""
-        path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        try:
-            if path.suffix == ".json":
-                data = json.loads(text)
-            else:
-                import tomllib
-
-                data = tomllib.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-        flat = dict(data.get("train", {})) if "train" in data else {k: v for k, v in data.items() if k != "model"}
-        if "model" in data:
-            flat["model"] = dict(data["model"])
-        try:
-            return cls.from_dict(flat)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}: {exc}") from None

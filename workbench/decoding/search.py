@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DecodeConfig, LengthPenaltyKind, config_keys, replace
-from .data import pad_sequences
-from .model import DecoderCache, Transformer
-from .trace import Trace
+from ..core.batching import pad_sequences
+from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
+from ..core.model import DecoderCache, Transformer
+from ..core.trace import Trace
 
 NEG_INF = float("-inf")
 
@@ -138,7 +138,7 @@ def decode_config(cfg: DecodeConfig | None = None, options: dict | None = None) 
     if unknown:
         valid = sorted(f.name for f in dataclasses.fields(DecodeConfig))
         raise TypeError(f"unknown decoding options {unknown}; valid: {valid}")
-    return replace(cfg, **options)
+    return dataclasses.replace(cfg, **options)
 
 
 def _constrain(

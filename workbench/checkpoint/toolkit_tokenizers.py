@@ -7,7 +7,7 @@
   (the subword-nmt / fastBPE algorithm with `</w>` word ends). Vocabulary tokens are either FSMT's
   ("lo</w>" ends a word) or fairseq's ("hel@@" continues one).
 
-They sit beside `workbench.tokenizer`, below the importers, because a saved imported checkpoint
+They sit beside `workbench.checkpoint.tokenizer`, below the importers, because a saved imported checkpoint
 loads with them and must not need the importers; `workbench.importers.tokenizers` builds them from
 each toolkit's files.
 """

@@ -13,7 +13,6 @@ interventions, the trace, the analyses and the views cannot disagree about where
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -104,10 +103,6 @@ class Head:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.layer}:{self.head}"
-
-    def __iter__(self) -> Iterator[Any]:
-        # `kind, layer, head = h` keeps working where heads used to be plain tuples
-        return iter((self.kind, self.layer, self.head))
 
     @property
     def block(self) -> str:

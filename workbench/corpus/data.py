@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from ..core.batching import token_batches
+from ..core.config import ModelConfig
 from .download import download
 
 # ------------------------------------------------------------------------------------------- reading
@@ -110,7 +111,7 @@ def default_data_root() -> Path:
     """$WORKBENCH_DATA, else a `shared/data` beside the project checkout, else ~/.cache/workbench/data."""
     if os.environ.get("WORKBENCH_DATA"):
         return Path(os.environ["WORKBENCH_DATA"])
-    beside = Path(__file__).resolve().parents[2] / "shared" / "data"
+    beside = Path(__file__).resolve().parents[3] / "shared" / "data"  # workbench/corpus/data.py -> ../shared/data
     if beside.is_dir():
         return beside
     return Path.home() / ".cache" / "workbench" / "data"
@@ -187,38 +188,6 @@ def copy_task(n: int, *, vocab: int = 11, length: int = 10, seed: int = 0, first
 
 
 # ------------------------------------------------------------------------------------------ batching
-
-
-def pad_sequences(rows: Sequence[Sequence[int]], pad_id: int, *, device: torch.device | str | None = None
-                  ) -> torch.Tensor:
-    """(N, longest) long tensor of id lists, right-padded with `pad_id`: the one padding helper."""
-    if len(rows) == 0:
-        raise ValueError("no sequences to pad")
-    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-    return out if device is None else out.to(device)
-
-
-def token_batches(lengths: Sequence[int], max_tokens: int, order: Sequence[int] | None = None) -> list[list[int]]:
-    """Cut `order` (default: 0..N-1, usually sorted by length) into consecutive batches whose padded
-    size, items x longest length, stays within `max_tokens` (fairseq's --max-tokens); one item longer
-    than the budget still forms its own batch. Training, the translator and validation all batch here."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens ({max_tokens}) must be positive")
-    out: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i in range(len(lengths)) if order is None else order:
-        n = max(longest, int(lengths[i]))
-        if cur and (len(cur) + 1) * n > max_tokens:
-            out.append(cur)
-            cur, n = [], int(lengths[i])
-        cur.append(i)
-        longest = n
-    if cur:
-        out.append(cur)
-    return out
 
 
 @dataclass

@@ -11,7 +11,6 @@ import difflib
 import fnmatch
 import json
 import re
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,56 +21,12 @@ from safetensors.torch import load_file, save_file
 
 from .heads import AttentionKind, hook_name
 
-__all__ = ["AttentionKind", "Trace", "TraceMeta"]  # AttentionKind lives in heads; re-exported for old imports
+__all__ = ["Trace"]
 
+# the old *_tokens keys of trace files written before the *_pieces keys (read on load)
 _RENAMED_META = {"src_tokens": "src_pieces", "tgt_tokens": "tgt_pieces", "out_tokens": "out_pieces"}
 
 
-class TraceMeta(dict):
-    """`trace.meta`: JSON-able extras. Token strings live under src_pieces / tgt_pieces / out_pieces
-    (as in `Translation.pieces`; "tokens" means ids everywhere else); the old *_tokens keys still
-    read and write the same entries for one release, with a FutureWarning."""
-
-    def __init__(self, data: Any = (), /, **kwargs: Any) -> None:
-        super().__init__()
-        self.update(data, **kwargs)
-
-    @staticmethod
-    def _key(key: Any, stacklevel: int = 3) -> Any:
-        new = _RENAMED_META.get(key) if isinstance(key, str) else None
-        if new is None:
-            return key
-        warnings.warn(f"trace.meta[{key!r}] is now trace.meta[{new!r}] (strings are pieces, ids are tokens); "
-                      "the old key goes away in the next release", FutureWarning, stacklevel=stacklevel)
-        return new
-
-    def __getitem__(self, key: Any) -> Any:
-        return super().__getitem__(self._key(key))
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(self._key(key), value)
-
-    def __delitem__(self, key: Any) -> None:
-        super().__delitem__(self._key(key))
-
-    def __contains__(self, key: Any) -> bool:
-        return super().__contains__(self._key(key))
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return super().get(self._key(key), default)
-
-    def pop(self, key: Any, *default: Any) -> Any:
-        return super().pop(self._key(key), *default)
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        return super().setdefault(self._key(key), default)
-
-    def update(self, data: Any = (), /, **kwargs: Any) -> None:
-        for key, value in [*(data.items() if hasattr(data, "items") else data), *kwargs.items()]:
-            super().__setitem__(self._key(key, stacklevel=4), value)  # the warning names the caller's line
-
-    def copy(self) -> TraceMeta:
-        return TraceMeta(dict(self))
 _TOKEN_KEYS = ("__src__", "__tgt__")
 
 
@@ -87,7 +42,7 @@ class Trace(Mapping[str, torch.Tensor]):
         self._tensors = dict(tensors)
         self.src = src  # (B, S) source ids, or None
         self.tgt = tgt  # (B, T) decoder input ids, or None
-        self.meta = TraceMeta(meta or {})  # JSON-able extras: token strings (*_pieces), checkpoint name, ...
+        self.meta = dict(meta or {})  # JSON-able extras: token strings (*_pieces), checkpoint name, ...
 
     # -- Mapping ------------------------------------------------------------------------------
     def __getitem__(self, key: str | tuple) -> torch.Tensor:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def average_checkpoints(paths: Sequence[str | Path], out: str | Path, *, dtype: torch.dtype | None = None) -> Path:

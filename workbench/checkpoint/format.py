@@ -32,10 +32,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
-from .model import Transformer
+from ..core.config import ModelConfig
+from ..core.model import Transformer
+from ..core.version import __version__
 from .tokenizer import Tokenizer, load_tokenizer
-from .version import __version__
 
 FORMAT_VERSION = 1
 CONFIG, WEIGHTS, TOKENIZER, META, LOG, STATE = (

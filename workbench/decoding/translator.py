@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
-from .config import DecodeConfig, config_keys, replace
-from .data import pad_sequences, token_batches
-from .decoding import Generation, generate
-from .model import Transformer
-from .tokenizer import Tokenizer
-from .trace import Trace
+from ..checkpoint.format import load_checkpoint
+from ..checkpoint.tokenizer import Tokenizer
+from ..core.batching import pad_sequences, token_batches
+from ..core.config import DecodeConfig, config_keys
+from ..core.model import Transformer
+from ..core.trace import Trace
+from .search import Generation, generate
 
 _LINE_BREAKS = str.maketrans({"\n": " ", "\r": " ", "\v": " ", "\f": " ", "\x1c": " ", "\x1d": " ", "\x1e": " ",
                               "\x85": " ", "\u2028": " ", "\u2029": " "})
@@ -106,7 +106,7 @@ class TranslationModel:
         if unknown:
             valid = sorted(f.name for f in dataclasses.fields(DecodeConfig))
             raise ValueError(f"unknown decoding options {unknown}; valid: {valid}")
-        return replace(self.decode_config, **changes)
+        return dataclasses.replace(self.decode_config, **changes)
 
     # -- text -> ids ----------------------------------------------------------------------------
     def encode_source(self, text: str, *, where: str = "a sentence") -> tuple[list[int], bool]:
