@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..heads import Head
+from ..core.heads import Head
 from .gradients import evaluating
 
 METHODS = ("eap", "eap-ig")
