@@ -25,7 +25,8 @@ from .alti import Alti, alti
 from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
-from .contrast import ContrastPair, noun_swaps
+from .circuits import EdgeGraph, EdgeScores, circuit_faithfulness, circuit_metric, edge_patching, edge_scores
+from .contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
 from .decompose import (
     Components,
     LogitAttribution,
@@ -37,6 +38,7 @@ from .decompose import (
 )
 from .generation_trace import generation_trace
 from .gradients import run_with_grads
+from .graph import AttributionGraph, attribution_graph, faithfulness_check, remove_nodes
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
@@ -72,4 +74,6 @@ __all__ = [
     "sequence_log_prob", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
+    "GENDER_EN", "NUMBER_DE", "NUMBER_EN", "word_swaps", "AttributionGraph", "attribution_graph", "faithfulness_check",
+    "remove_nodes", "EdgeGraph", "EdgeScores", "circuit_faithfulness", "circuit_metric", "edge_patching", "edge_scores",
 ]
