@@ -70,7 +70,7 @@ def test_choose_saves_the_checkpoints_aligner_and_align_uses_it(checkpoint, tmp_
     out = capsys.readouterr().out
     assert "chosen:" in out and "saved" in out
     data = json.loads(report.read_text())
-    assert len(data["configs"]) == 3 * 2 * 2 and data["held_out_lines"] == 1
+    assert len(data["configs"]) == 3 * 2 * 2 * 5 and data["held_out_lines"] == 1
     best = min(data["configs"], key=lambda c: c["dev_aer"])
     assert data["chosen"]["method"] == best["method"] and data["chosen"]["units"] == best["units"]
     assert data["chosen"]["provenance"]["chosen_on"] == "gold.talp lines 1-2"

@@ -127,3 +127,19 @@ def test_maps_from_trace_match_the_batched_maps_and_the_rows_shift(method):
     assert len(combined) == 2
     with pytest.raises(ValueError, match="method must be one of"):
         alignment_maps(model, src, tgt, method="gradients")
+
+
+def test_symmetrize_by_hand():
+    from workbench.analysis.word_align import symmetrize_links
+
+    a = {(0, 0), (1, 1), (2, 1), (5, 0)}
+    b = {(0, 0), (1, 1), (0, 1)}
+    assert symmetrize_links(a, b, "intersect") == {(0, 0), (1, 1)}
+    assert symmetrize_links(a, b, "union") == a | b
+    # (2, 1) touches (1, 1) and aligns a new source word; (0, 1) joins two aligned words; (5, 0) is isolated
+    assert symmetrize_links(a, b, "grow-diag") == {(0, 0), (1, 1), (2, 1)}
+    assert symmetrize_links(a, b, "grow-diag-final") == {(0, 0), (1, 1), (2, 1), (5, 0)}
+    m = np.array([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1]])  # both target words' best is source 0; source 1's best is t=1
+    assert argmax_links(m) == {(0, 0), (0, 1)}
+    assert argmax_links(m, symmetrize="intersect") == {(0, 0)}
+    assert argmax_links(m, symmetrize="grow-diag") == {(0, 0), (0, 1), (1, 1)}  # each adds an unaligned word

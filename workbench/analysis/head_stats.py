@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
-from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.batching import decoder_input, pad_sequences
+from ..core.heads import KINDS, AttentionKind, Head, kind_of
+from ..core.masks import real_positions
 from ..core.trace import Trace
 
 STATS: dict[str, str] = {
@@ -55,18 +56,20 @@ _NAN_UNLESS = {"self": ("enc_self", "dec_self"), "prev": ("enc_self", "dec_self"
 
 
 def _masks(trace: Trace, kind: AttentionKind, pad_id: int | None, lq: int, lk: int, batch: int):
-    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them."""
-    def real(ids: torch.Tensor | None, length: int) -> torch.Tensor:
+    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them (decoder inputs by their
+    lengths: the start token is real even when it is the padding id, as Marian's is)."""
+    def real(ids: torch.Tensor | None, length: int, decoder: bool) -> torch.Tensor:
         if ids is None or pad_id is None:
             return torch.ones(batch, length, dtype=torch.bool)
         ids = ids.cpu()
         if ids.shape != (batch, length):
             raise ValueError(f"{kind} attention is ({batch}, {length}) on this side but the ids are {tuple(ids.shape)}")
-        return ids != pad_id
+        return real_positions(ids, pad_id, decoder=decoder)
 
-    q_ids = trace.src if kind == "enc_self" else trace.tgt
-    k_ids = trace.tgt if kind == "dec_self" else trace.src
-    return real(q_ids, lq), real(k_ids, lk), k_ids
+    q_dec, k_dec = kind != "enc_self", kind == "dec_self"
+    q_ids = trace.tgt if q_dec else trace.src
+    k_ids = trace.tgt if k_dec else trace.src
+    return real(q_ids, lq, q_dec), real(k_ids, lk, k_dec), k_ids
 
 
 def block_stats(
@@ -213,14 +216,15 @@ class HeadStats:
             return np.where(c > 0, self.sums[stat] / np.where(c > 0, c, 1), np.nan)
 
     def summary(self):
-        """pandas DataFrame: kind, layer, head and one column per statistic (corpus values)."""
+        """pandas DataFrame: head_id (the `Head` spelling, "cross:1:0"), kind, layer, head_index and one column per
+        statistic (corpus values). No column is named "head": it would shadow `DataFrame.head`."""
         import pandas as pd
 
         rows = []
         vals = {s: self.values(s) for s in self.sums}
         for bi, (kind, layer) in enumerate(self.blocks):
             for head in range(self.heads_of(bi)):
-                rows.append({"kind": kind, "layer": layer, "head": head,
+                rows.append({"head_id": str(Head(kind, layer, head)), "kind": kind, "layer": layer, "head_index": head,
                              **{s: float(v[bi, head]) for s, v in vals.items()}})
         return pd.DataFrame(rows)
 
@@ -231,9 +235,18 @@ class HeadStats:
             df = df[df["kind"] == kind]
         return df.sort_values(stat, ascending=not descending, na_position="last", kind="stable").reset_index(drop=True)
 
-    def sentences(self, kind: str, layer: int, head: int, stat: str, *, top: int = 10, largest: bool = True):
-        """The sentences where this head shows `stat` the most (or least): DataFrame sentence, value."""
+    def sentences(self, *spec, top: int = 10, largest: bool = True):
+        """The sentences where a head shows a statistic the most (or least): DataFrame sentence, value.
+        `sentences(head, stat)` with a `Head` or its spelling ("cross:1:0"), or `sentences(kind, layer, head, stat)`."""
         import pandas as pd
+
+        if len(spec) == 2:
+            parsed, stat = Head.parse(spec[0]), spec[1]
+            kind, layer, head = parsed.kind, parsed.layer, parsed.head
+        elif len(spec) == 4:
+            kind, layer, head, stat = spec
+        else:
+            raise TypeError("sentences(head, stat) or sentences(kind, layer, head, stat)")
 
         bi = self.block_index(kind, layer)
         if not 0 <= head < self.heads_of(bi):
@@ -418,8 +431,7 @@ def corpus_head_stats(
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         src = pad_sequences([sources[i] for i in idx], cfg.pad_id, device=dev)
-        tgt = pad_sequences([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
-                            cfg.pad_id, device=dev)
+        tgt = pad_sequences([decoder_input(targets[i], cfg.start_id) for i in idx], cfg.pad_id, device=dev)
         trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
                                 tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx],

@@ -20,6 +20,8 @@ Methods: "weights" (attention probabilities; a layer = the mean of its heads), "
 contributions, `alti.cross_contributions`; per head each head's own terms).
 A link for target word t is the argmax over source words; with eos="null" the argmax runs over EOS too and
 a word whose best column is EOS gets no link (as the ALTI+ scripts do); eos="drop" ignores that column.
+`symmetrize` also takes each source word's best target word (the column argmax) and combines the two
+directions as GIZA++'s are (intersect, grow-diag, grow-diag-final, union; `symmetrize_links`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .norms import value_norms
 METHODS = ("weights", "norms", "alti")
 SHIFTS = ("awo", "awi")
 EOS_RULES = ("drop", "null")
+SYMMETRIZE = ("none", "intersect", "grow-diag", "grow-diag-final", "union")
 
 
 @dataclass(frozen=True)
@@ -113,26 +116,74 @@ class WordMaps:
         return total / len(units)
 
     def links(self, layer: int | None = None, head: int | None = None, *,
-              units: Sequence[tuple[int, int | None]] | None = None, eos: str = "drop") -> set[Link]:
+              units: Sequence[tuple[int, int | None]] | None = None, eos: str = "drop",
+              symmetrize: str = "none") -> set[Link]:
         """Argmax links (source word, target word) of one unit or the combination of `units`."""
         if units is None:
             if layer is None:
                 raise ValueError("give a layer (and head) or units")
             units = [(layer, head)]
-        return argmax_links(self.combined(units), eos=eos)
+        return argmax_links(self.combined(units), eos=eos, symmetrize=symmetrize)
 
 
-def argmax_links(matrix: np.ndarray, *, eos: str = "drop") -> set[Link]:
-    """Each target word (row) linked to its best source word; the last column is EOS (see module doc)."""
+def argmax_links(matrix: np.ndarray, *, eos: str = "drop", symmetrize: str = "none") -> set[Link]:
+    """Links from a (target words, source words + EOS) map; see `symmetrize_links` for `symmetrize`.
+
+    "none": each target word (row) to its best source word (one link per target word; with eos="null" none
+    where EOS wins). Otherwise the other direction too, each source word (column) to its best target word,
+    and the two link sets are combined as GIZA++'s two directions are."""
     if eos not in EOS_RULES:
         raise ValueError(f"eos must be one of {EOS_RULES}, got {eos!r}")
+    if symmetrize not in SYMMETRIZE:
+        raise ValueError(f"symmetrize must be one of {SYMMETRIZE}, got {symmetrize!r}")
     m = np.asarray(matrix)
     n_src = m.shape[-1] - 1
-    if n_src < 1:
+    if n_src < 1 or m.shape[0] < 1:
         return set()
     best = m[:, :n_src].argmax(-1) if eos == "drop" else m.argmax(-1)
     has = m.sum(-1) > 0  # a target word with no pieces has an all-zero row
-    return {(int(s), t) for t, s in enumerate(best) if has[t] and s < n_src}
+    rows = {(int(s), t) for t, s in enumerate(best) if has[t] and s < n_src}
+    if symmetrize == "none":
+        return rows
+    col_has = m[:, :n_src].sum(0) > 0
+    cols = {(s, int(t)) for s, t in enumerate(m[:, :n_src].argmax(0)) if col_has[s]}
+    return symmetrize_links(rows, cols, symmetrize)
+
+
+def symmetrize_links(a: set[Link], b: set[Link], how: str) -> set[Link]:
+    """Combine two one-directional alignments (Och & Ney 2003; Koehn et al. 2003's grow-diag(-final)):
+    "intersect", "union", "grow-diag" (start from the intersection, repeatedly add union links next to a link
+    already there, diagonals included, that align a word not yet aligned), "grow-diag-final" (then add the
+    remaining union links whose source or target word is still unaligned)."""
+    inter, union = a & b, a | b
+    if how == "intersect":
+        return inter
+    if how == "union":
+        return union
+    if how not in ("grow-diag", "grow-diag-final"):
+        raise ValueError(f"symmetrize must be one of {SYMMETRIZE}, got {how!r}")
+    links = set(inter)
+    src_done = {i for i, _ in links}
+    tgt_done = {j for _, j in links}
+    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+    grown = True
+    while grown:
+        grown = False
+        for i, j in sorted(links):
+            for di, dj in neighbours:
+                n = (i + di, j + dj)
+                if n in union and n not in links and (n[0] not in src_done or n[1] not in tgt_done):
+                    links.add(n)
+                    src_done.add(n[0])
+                    tgt_done.add(n[1])
+                    grown = True
+    if how == "grow-diag-final":
+        for i, j in sorted(union - links):
+            if i not in src_done or j not in tgt_done:
+                links.add((i, j))
+                src_done.add(i)
+                tgt_done.add(j)
+    return links
 
 
 def _check(method: str, shift: str) -> None:
@@ -246,11 +297,14 @@ class AlignmentSpec:
     eos: str = "drop"
     units: tuple[Unit, ...] = ()
     provenance: dict = field(default_factory=dict)
+    symmetrize: str = "none"
 
     def __post_init__(self) -> None:
         _check(self.method, self.shift)
         if self.eos not in EOS_RULES:
             raise ValueError(f"eos must be one of {EOS_RULES}, got {self.eos!r}")
+        if self.symmetrize not in SYMMETRIZE:
+            raise ValueError(f"symmetrize must be one of {SYMMETRIZE}, got {self.symmetrize!r}")
         if not self.units:
             raise ValueError("an alignment needs at least one unit (layer, head)")
 
@@ -268,10 +322,11 @@ class AlignmentSpec:
 
     def label(self) -> str:
         units = ",".join(f"{lay}" if h is None else f"{lay}:{h}" for lay, h in self.units)
-        return f"{self.method} {self.shift.upper()} units {units} (eos {self.eos})"
+        sym = "" if self.symmetrize == "none" else f", {self.symmetrize}"
+        return f"{self.method} {self.shift.upper()} units {units} (eos {self.eos}{sym})"
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "shift": self.shift, "eos": self.eos,
+        return {"method": self.method, "shift": self.shift, "eos": self.eos, "symmetrize": self.symmetrize,
                 "units": [[lay, h] for lay, h in self.units], "provenance": dict(self.provenance)}
 
     @classmethod
@@ -279,7 +334,7 @@ class AlignmentSpec:
         try:
             units = tuple((int(u[0]), None if u[1] is None else int(u[1])) for u in d["units"])
             return cls(str(d["method"]), str(d["shift"]), str(d.get("eos", "drop")), units,
-                       dict(d.get("provenance") or {}))
+                       dict(d.get("provenance") or {}), str(d.get("symmetrize", "none")))
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"alignment spec needs method, shift and units [[layer, head or null], ...]: {exc!r}")\
                 from None
@@ -322,29 +377,32 @@ def align_pairs(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str], tar
                           shift=spec.shift, batch_size=batch_size, heads=spec.needs_heads)
     out: list[set[Link]] = [set() for _ in sources]
     for k, m in zip(todo, maps):
-        out[k] = m.links(units=spec.units, eos=spec.eos)
+        out[k] = m.links(units=spec.units, eos=spec.eos, symmetrize=spec.symmetrize)
     return out
 
 
-def unit_scores(maps: Sequence[WordMaps], gold, *, eos: str = "drop") -> dict[Unit, float]:
+def unit_scores(maps: Sequence[WordMaps], gold, *, eos: str = "drop", symmetrize: str = "none"
+                ) -> dict[Unit, float]:
     """Corpus AER of every head and every whole layer."""
     layers = maps[0].layers.shape[0]
     heads = 0 if maps[0].heads is None else maps[0].heads.shape[1]
     units = [(lay, h) for lay in range(layers) for h in [*range(heads), None]]
-    return {u: score_alignments([m.links(*u, eos=eos) for m in maps], gold).aer for u in units}
+    return {u: score_alignments([m.links(*u, eos=eos, symmetrize=symmetrize) for m in maps], gold).aer
+            for u in units}
 
 
-def choose_units(maps: Sequence[WordMaps], gold, *, eos: str = "drop", max_units: int = 8
-                 ) -> tuple[tuple[Unit, ...], float, dict[Unit, float]]:
-    """The units to average, chosen on `gold`: every single unit scored, then the best k heads averaged for
-    k = 2..max_units (best first by their own AER); returns (units, their AER, the single-unit AERs)."""
-    single = unit_scores(maps, gold, eos=eos)
+def choose_units(maps: Sequence[WordMaps], gold, *, eos: str = "drop", symmetrize: str = "none",
+                 max_units: int = 8) -> tuple[tuple[Unit, ...], float, dict[Unit, float]]:
+    """The units to average, chosen on `gold`: every single unit scored, then the best k heads (layers, for maps
+    without heads) averaged for k = 2..max_units (best first by their own AER); returns (units, their AER, the
+    single-unit AERs)."""
+    single = unit_scores(maps, gold, eos=eos, symmetrize=symmetrize)
     ranked = sorted(single, key=lambda u: single[u])
     best_units, best = (ranked[0],), single[ranked[0]]
-    heads = [u for u in ranked if u[1] is not None]
-    for k in range(2, min(max_units, len(heads)) + 1):
-        units = tuple(heads[:k])
-        e = score_alignments([m.links(units=units, eos=eos) for m in maps], gold).aer
+    pool = [u for u in ranked if u[1] is not None] or ranked  # heads; whole layers when maps hold no heads
+    for k in range(2, min(max_units, len(pool)) + 1):
+        units = tuple(pool[:k])
+        e = score_alignments([m.links(units=units, eos=eos, symmetrize=symmetrize) for m in maps], gold).aer
         if e < best:
             best_units, best = units, e
     return best_units, best, single

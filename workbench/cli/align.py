@@ -11,7 +11,7 @@ teacher-forced: TGT is read as the output the model would give.
 
 Default aligner: the checkpoint's `alignment.json` (method, AWO/AWI, heads or layers averaged), else
 fairseq's default (last layer, heads averaged, AWO). `--choose GOLD` scores every method, shift, EOS rule,
-head and layer against gold on `--lines` only, averages the best heads when that helps, prints the best
+symmetrization, head and layer against gold on `--lines` only, averages the best heads when that helps, prints the best
 and with `--save` stores it as the checkpoint's alignment.json; `--report` writes every unit's AER on the
 chosen lines and on the other lines as JSON.
 """
@@ -29,6 +29,7 @@ from ..analysis.word_align import (
     EOS_RULES,
     METHODS,
     SHIFTS,
+    SYMMETRIZE,
     AlignmentSpec,
     align_pairs,
     alignment_maps,
@@ -56,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="heads (LAYER:HEAD) or whole layers (LAYER) to average, e.g. 0:0,0:2 or 3")
     p.add_argument("--eos", choices=EOS_RULES, default=None,
                    help="drop: argmax over words only; null: a word whose best column is EOS gets no link")
+    p.add_argument("--symmetrize", choices=SYMMETRIZE, default=None,
+                   help="also link each source word to its best target word and combine both directions")
     p.add_argument("--batch", type=int, default=32, help="sentence pairs per forward pass")
     p.add_argument("--device", default="cpu")
     p.add_argument("--errors", choices=["strict", "replace"], default="strict", help="invalid UTF-8 input")
@@ -64,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swap-gold", action="store_true", help="GOLD writes the model's target word first")
     p.add_argument("--lines", default=None, metavar="A-B", help="--choose on these lines only (1-based)")
     p.add_argument("--max-units", type=int, default=8, help="--choose: at most this many heads averaged")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="--choose: the methods to search (comma-separated; ALTI+ is searched per layer, not head)")
     p.add_argument("--report", default=None, metavar="FILE", help="--choose: every unit's AER as JSON")
     p.add_argument("--save", action="store_true", help="--choose: store the choice as DIR/alignment.json")
 
@@ -71,9 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def spec_of(tm: TranslationModel, args: argparse.Namespace) -> AlignmentSpec:
     """The checkpoint's aligner (or the fallback) with the command line's changes."""
     base = AlignmentSpec.from_dict(tm.alignment) if tm.alignment else fallback_spec(tm.model)
+    changed = args.method or args.shift or args.units or args.eos or args.symmetrize
     return AlignmentSpec(args.method or base.method, args.shift or base.shift, args.eos or base.eos,
                          parse_units(args.units) if args.units else base.units,
-                         base.provenance if not (args.method or args.shift or args.units or args.eos) else {})
+                         base.provenance if not changed else {}, args.symmetrize or base.symmetrize)
 
 
 def _read(path: str, errors: str) -> list[str]:
@@ -118,24 +124,34 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
     report: dict = {"checkpoint": str(tm.meta.get("path")), "gold": str(args.choose),
                     "chosen_on": f"lines {rows.start + 1}-{rows.stop}", "held_out_lines": len(held), "configs": []}
     best = None
-    for method in METHODS:
+    methods = [m.strip() for m in args.methods.split(",")]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; known: {list(METHODS)}")
+    report["methods"] = methods
+    for method in methods:
         for shift in SHIFTS:
-            maps = alignment_maps(tm.model, sources, targets, method=method, shift=shift, batch_size=args.batch)
+            # per-head ALTI+ costs H times its per-layer maps; the search takes ALTI+ per layer, as the paper does
+            maps = alignment_maps(tm.model, sources, targets, method=method, shift=shift, batch_size=args.batch,
+                                  heads=method != "alti")
             dev_maps, dev_gold = maps[rows], gold[rows]
             held_maps, held_gold = [maps[k] for k in held], [gold[k] for k in held]
-            for eos in EOS_RULES:
-                units, dev_aer, single = choose_units(dev_maps, dev_gold, eos=eos, max_units=args.max_units)
-                held_aer = (score_alignments([m.links(units=units, eos=eos) for m in held_maps], held_gold).aer
-                            if held else None)
-                held_single = ({f"{u[0]}:{'' if u[1] is None else u[1]}":
-                                score_alignments([m.links(*u, eos=eos) for m in held_maps], held_gold).aer
-                                for u in single} if held else {})
-                entry = {"method": method, "shift": shift, "eos": eos, "units": [list(u) for u in units],
+            for eos, sym in [(e, y) for e in EOS_RULES for y in SYMMETRIZE]:
+                units, dev_aer, single = choose_units(dev_maps, dev_gold, eos=eos, symmetrize=sym,
+                                                      max_units=args.max_units)
+                held_aer = (score_alignments([m.links(units=units, eos=eos, symmetrize=sym) for m in held_maps],
+                                             held_gold).aer if held else None)
+                tabled = eos == "drop" and sym in ("none", "grow-diag")  # the held-out tables in docs/analysis.md
+                held_single = ({f"{u[0]}:{'' if u[1] is None else u[1]}": score_alignments(
+                                [m.links(*u, eos=eos, symmetrize=sym) for m in held_maps], held_gold).aer
+                                for u in single} if held and tabled else {})
+                entry = {"method": method, "shift": shift, "eos": eos, "symmetrize": sym,
+                         "units": [list(u) for u in units],
                          "dev_aer": dev_aer, "held_out_aer": held_aer,
                          "single_dev": {f"{u[0]}:{'' if u[1] is None else u[1]}": a for u, a in single.items()},
                          "single_held_out": held_single}
                 report["configs"].append(entry)
-                print(f"{method:8s} {shift} eos={eos:4s} dev AER {100 * dev_aer:5.1f} %"
+                print(f"{method:8s} {shift} eos={eos:4s} {sym:15s} dev AER {100 * dev_aer:5.1f} %"
                       + (f"  held-out {100 * held_aer:5.1f} %" if held_aer is not None else "")
                       + f"  units {','.join(f'{a}' if b is None else f'{a}:{b}' for a, b in units)}", file=sys.stderr)
                 if best is None or dev_aer < best["dev_aer"]:
@@ -147,10 +163,11 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
         "dev_aer": round(best["dev_aer"], 4),
         "held_out_aer": None if best["held_out_aer"] is None else round(best["held_out_aer"], 4),
         "held_out": f"the other {len(held)} lines",
-        "searched": "methods weights/norms/alti x AWO/AWI x eos drop/null; every head and layer, "
-                    f"then the best 2..{args.max_units} heads averaged",
+        "searched": f"methods {'/'.join(methods)} x AWO/AWI x eos drop/null x symmetrize none/intersect/grow-diag/"
+                    f"grow-diag-final/union; every head (ALTI+: every layer) and layer, then the best "
+                    f"2..{args.max_units} heads averaged",
         "created_by": f"attention-workbench {__version__}",
-    })
+    }, best["symmetrize"])
     report["chosen"] = spec.to_dict()
     print(f"chosen: {spec.label()}: AER {100 * best['dev_aer']:.1f} % on the chosen lines"
           + (f", {100 * best['held_out_aer']:.1f} % held out" if best["held_out_aer"] is not None else ""))

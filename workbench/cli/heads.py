@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
           f"{out / 'heads.csv'}, {out / 'heads.html'}")
     for stat, kind in (("prev", "enc_self"), ("eos", "enc_self"), ("monotonic", "cross")):
         top = table.rank(stat, kind=kind).iloc[0]
-        print(f"  top {stat} head ({kind}): layer {top['layer']} head {top['head']}: {top[stat]:.3f}")
+        print(f"  top {stat} head: {top['head_id']}: {top[stat]:.3f}")
     aer = diagonal = None
     gold_args = (args.gold_src, args.gold_tgt, args.gold)
     if any(gold_args):

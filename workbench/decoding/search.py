@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
+from ..core.hooks import decoding_step
 from ..core.model import DecoderCache, Encoded, Transformer
 from ..core.trace import Trace
 
@@ -221,7 +222,7 @@ class _Recorder:
                 tensors[name] = probs.cpu()
             else:  # cross-attention
                 tensors[name] = torch.stack([calls[s][rows[s], :, 0, :src_len] for s in range(steps)], 1)[None].cpu()
-        tgt = torch.tensor([[cfg.start_id, *tokens[:-1]]], dtype=torch.long)
+        tgt = torch.tensor([decoder_input(tokens, cfg.start_id)], dtype=torch.long)
         return Trace(tensors, src=src[sentence : sentence + 1, :src_len].cpu(), tgt=tgt)
 
 
@@ -264,7 +265,8 @@ def greedy(
         scores = torch.zeros(batch, device=src.device)
         ended_at = torch.full((batch,), -1, dtype=torch.long, device=src.device)
         for step in range(horizon + 1):
-            logits, cache = model.decode(tokens[:, -1:], encoded, cache)
+            with decoding_step(step, sent, torch.zeros_like(sent)):
+                logits, cache = model.decode(tokens[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, tokens[:, 1:], step, limits, cfg, eos=eos, pad=pad, first_limit=first_limit)
             best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
@@ -479,7 +481,9 @@ def beam_search(
         beams = _Beams.start(limits, K, horizon + 1, start_id=model.cfg.start_id, pad=pad)  # width: tokens + EOS
 
         for step in range(horizon + 1):
-            logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
+            live = beams.sent.size(0)
+            with decoding_step(step, beams.sent.repeat_interleave(K), torch.arange(K, device=dev).repeat(live)):
+                logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, beams.alive[:, 1:], step, beams.limits_rows, cfg, eos=eos, pad=pad,
                               first_limit=first_limit)

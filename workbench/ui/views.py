@@ -234,7 +234,7 @@ class AttentionView(pn.viewable.Viewer):
         export = pn.widgets.FileDownload(callback=self.export_html, filename=self.export_name(),
                                          label="Export view (offline HTML)", color="light",
                                          css_classes=["export-html"], width=220)
-        s.param.watch(lambda _e: setattr(export, "filename", self.export_name()),
+        s.param.watch(lambda *_events: setattr(export, "filename", self.export_name()),
                       ["checkpoint", "view", "kind", "layer", "head"])
         modes = pn.widgets.RadioButtonGroup.from_param(s.param.view, name="", css_classes=["view-picker"])
         return pn.Column(controls, pn.Row(modes, export), self._box, sizing_mode="stretch_width")
