@@ -99,10 +99,10 @@ if have_gold:
     aer_early, _, _ = gold_aer(early, gold_src, gold_tgt, gold, shift="awi")
     best, best_early = aer.iloc[0], aer_early.iloc[0]
     beat = int((aer["aer"] < diagonal).sum())
-    print(f"best head cross:{int(best['layer'])}:{int(best['head'])}: AER {100 * best['aer']:.1f} % on {n_pairs} "
+    print(f"best head {best['head_id']}: AER {100 * best['aer']:.1f} % on {n_pairs} "
           f"pairs; "
           f"diagonal aligner {100 * diagonal:.1f} %; {beat} of {len(aer)} heads beat the diagonal")
-    print(f"early snapshot (step 512): best head cross:{int(best_early['layer'])}:{int(best_early['head'])} "
+    print(f"early snapshot (step 512): best head {best_early['head_id']} "
           f"{100 * best_early['aer']:.1f} %, {int((aer_early['aer'] < diagonal).sum())} heads beat the diagonal")
 else:
     aer = diagonal = None
@@ -153,7 +153,7 @@ counts = roles.counts()
 print({kind: {r: n for r, n in c.items() if n} for kind, c in counts.items()})
 show(role_grid(roles))
 strongest_prev = roles.table[roles.table["kind"] == "enc_self"].sort_values("prev_top").iloc[-1]
-print(f"strongest previous-token head: enc_self:{strongest_prev['layer']}:{strongest_prev['head']}, argmax one "
+print(f"strongest previous-token head: {strongest_prev['head_id']}, argmax one "
       f"step back in {100 * strongest_prev['prev_top']:.0f} % of rows (Voita et al.'s test asks for 90 %)")
 
 # %% [markdown]

@@ -41,7 +41,7 @@ def _stats():
 
 
 def test_roles_follow_the_thresholds():
-    aer = pd.DataFrame({"layer": [0, 0, 0], "head": [0, 1, "mean"], "aer": [0.30, 0.80, 0.5]})
+    aer = pd.DataFrame({"layer": [0, 0, 0], "head_index": [0, 1, "mean"], "aer": [0.30, 0.80, 0.5]})
     roles = head_roles(_stats(), aer=aer, diagonal_aer=0.6, rules=RoleRules(positional=0.75))
     assert roles.of("enc_self", 0, 0) == ["previous"]
     assert roles.of("enc_self", 0, 1) == ["next"]

@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
         "sentences": curve.sentences, "decoding": "greedy", "seconds": round(seconds, 1),
         "baseline": curve.baseline, "max_loss": args.max_loss, "removable": removable,
         "curve": curve.table.to_dict(orient="records"),
-        "importance": curve.importance.drop(columns=[c for c in curve.importance.columns
-                                                     if c not in ("kind", "layer", "head", "d_ref_log_prob")])
+        "importance": curve.importance[["head_id", "kind", "layer", "head_index", "d_ref_log_prob"]]
                                       .to_dict(orient="records"),
     }, indent=1), encoding="utf-8")
     save_html(pruning_chart(curve.table), out / "pruning.html", title="Pruning curve")
