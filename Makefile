@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: app test test-shuffled lint bench clean venv notebook chromium
+.PHONY: app test test-shuffled lint bench clean venv notebook notebooks chromium
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # The browser tests drive Debian's chromium (Playwright's own download host is unreachable here) and Bokeh's
@@ -26,10 +26,14 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 app: $(STAMP)
-	$(VENV)/bin/panel serve apps/attention.py --show $(ARGS)
+	$(VENV)/bin/panel serve apps/attention.py --setup apps/serve_setup.py --show $(ARGS)
 
 notebook: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
+
+# notebooks/*.ipynb are generated from their jupytext sources notebooks/*.py (edit the .py, then run this)
+notebooks: $(STAMP)
+	$(PY) scripts/build_notebooks.py
 
 chromium:
 ifneq ($(HAVE_CHROMIUM),yes)
@@ -38,7 +42,7 @@ ifneq ($(HAVE_CHROMIUM),yes)
 endif
 
 test: $(STAMP) chromium
-	$(PY) -m ruff check workbench apps tests benchmarks
+	$(PY) -m ruff check workbench apps tests benchmarks scripts notebooks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The same suite with files and tests shuffled (pytest-randomly prints the seed; replay with
@@ -47,7 +51,7 @@ test-shuffled: $(STAMP) chromium
 	$(PY) -m pytest -p randomly -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check workbench apps tests benchmarks
+	$(PY) -m ruff check workbench apps tests benchmarks scripts notebooks
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py

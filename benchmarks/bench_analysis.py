@@ -20,8 +20,8 @@ import torch
 
 from workbench import Transformer
 from workbench.analysis import corpus_head_stats
-from workbench.config import ModelConfig
-from workbench.data import dataset_files, read_parallel
+from workbench.core.config import ModelConfig
+from workbench.corpus.data import dataset_files, read_parallel
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     else:
         from pathlib import Path
 
-        from workbench.tokenizer import SentencePieceTokenizer
+        from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 
         spm_path = Path(args.spm)
         if spm_path.is_file():

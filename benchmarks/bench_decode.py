@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT.parent / "shared" / "bench"))
 import peers  # noqa: E402
 
 from workbench import ModelConfig, Transformer  # noqa: E402
-from workbench.decoding import beam_search  # noqa: E402
+from workbench.decoding.search import beam_search  # noqa: E402
 
 
 def workbench_model(cfg: dict) -> Transformer:
@@ -62,7 +62,7 @@ def measure_workbench(args, runner) -> dict:
         "fixed_length_ok": ok, "ms_median": med * 1e3, "ms_min": min(times) * 1e3, "ms_max": max(times) * 1e3,
         "sentences_per_s": args.decode_sents / med, "tokens_per_s": args.decode_sents * args.decode_steps / med,
         "reps": args.decode_reps, "dtype": str(runner.infer_dtype).replace("torch.", ""),
-        "method": "workbench.decoding.beam_search: KV cache, cross K/V once, 2K candidates with a finished "
+        "method": "workbench.decoding.search.beam_search: KV cache, cross K/V once, 2K candidates with a finished "
                   "pool, min_len=max_len=steps (+1 forced EOS step)",
     }
     runner.record(result)

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peer_adapter import load_peers, measure_peak  # noqa: E402
 
-from workbench.checkpoint import load_checkpoint  # noqa: E402
-from workbench.data import load_dataset  # noqa: E402
+from workbench.checkpoint.format import load_checkpoint  # noqa: E402
+from workbench.corpus.data import load_dataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

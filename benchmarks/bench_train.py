@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peer_adapter import install, load_peers, measure_peak, workbench_config  # noqa: E402
 
-from workbench.config import TrainConfig  # noqa: E402
-from workbench.data import ParallelData, padding_fraction  # noqa: E402
-from workbench.model import Transformer  # noqa: E402
-from workbench.train import Trainer, _Accumulator  # noqa: E402
+from workbench.core.model import Transformer  # noqa: E402
+from workbench.corpus.data import ParallelData, padding_fraction  # noqa: E402
+from workbench.training.config import TrainConfig  # noqa: E402
+from workbench.training.trainer import Trainer, _Accumulator  # noqa: E402
 
 
 def pairs_from_peers(peers, cfg, spec, seed):

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peer_adapter import PEERS_DIR, measure_peak  # noqa: E402
 
-from workbench.config import TrainConfig  # noqa: E402
-from workbench.data import ParallelData, load_dataset  # noqa: E402
-from workbench.train import Trainer, _Accumulator  # noqa: E402
+from workbench.corpus.data import ParallelData, load_dataset  # noqa: E402
+from workbench.training.config import TrainConfig  # noqa: E402
 from workbench.training.setup import train_tokenizers  # noqa: E402
+from workbench.training.trainer import Trainer, _Accumulator  # noqa: E402
 
 
 def reference_module():

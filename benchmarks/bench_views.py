@@ -36,7 +36,7 @@ def peaked(trace):
     """Replace every attention row by softmax(4 * N(0, 1)) over the keys it may see: trained models'
     attention is peaked, a random model's is near uniform, and the head view's line count (hence its
     page size) depends on that. Masked keys (zeros in the trace) stay zero."""
-    from workbench.trace import Trace
+    from workbench.core.trace import Trace
 
     g = torch.Generator().manual_seed(2)
     out = {}

@@ -31,7 +31,7 @@ def load_peers():
 def workbench_config(peers, cfg: dict):
     """The peers' architecture in workbench terms: post-norm, interleaved sinusoids, one shared
     embedding for source, target and output, dropout 0.1 everywhere peers apply it."""
-    from workbench.config import ModelConfig
+    from workbench.core.config import ModelConfig
 
     return ModelConfig(
         src_vocab=cfg["vocab"], tgt_vocab=cfg["vocab"], d_model=cfg["d_model"], n_heads=cfg["heads"],
@@ -68,7 +68,7 @@ def _cpu_peak_memory(peers) -> None:
 
 def install(peers) -> None:
     """Register the `workbench` peer and CPU peak-memory reporting."""
-    from workbench.model import Transformer
+    from workbench.core.model import Transformer
 
     base = peers.Peer
 

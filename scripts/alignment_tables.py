@@ -16,7 +16,7 @@ import argparse
 import json
 import re
 
-from workbench.checkpoint import save_alignment
+from workbench.checkpoint.format import save_alignment
 
 
 def unit_name(u: str) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from workbench.analysis.score_split import margin_by_group, split_cross_scores
 from workbench.analysis.word_align import encode_words, parse_units
-from workbench.translator import load
+from workbench.decoding.translator import load
 
 
 def main() -> None:

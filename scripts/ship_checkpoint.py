@@ -26,11 +26,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workbench.average import average_checkpoints, last_checkpoints  # noqa: E402
-from workbench.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from workbench.data import MIXTURES, load_dataset  # noqa: E402
-from workbench.evaluate import score  # noqa: E402
-from workbench.translator import load as load_translator  # noqa: E402
+from workbench.checkpoint.format import load_checkpoint, save_checkpoint  # noqa: E402
+from workbench.corpus.data import MIXTURES, load_dataset  # noqa: E402
+from workbench.decoding.evaluate import score  # noqa: E402
+from workbench.decoding.translator import load as load_translator  # noqa: E402
+from workbench.training.average import average_checkpoints, last_checkpoints  # noqa: E402
 
 DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))
 
@@ -130,7 +130,7 @@ def card(out: Path, name: str, results: dict, args: argparse.Namespace) -> str:
         + (f"no repeated {guard}-gram in an output (the checkpoint's default guard; "
            "`--no-repeat-ngram 0` turns it off)" if guard else "no n-gram guard")
         + "; sentences are batched by length. *Looping*: % of outputs in which some word 4-gram occurs three or more "
-        "times (`workbench.evaluate.repetition_share`).", "",
+        "times (`workbench.decoding.evaluate.repetition_share`).", "",
         "| set | sentences | beam | BLEU (cased) | BLEU (lowercased) | chrF | looping % |",
         "|---|---|---|---|---|---|---|",
     ]

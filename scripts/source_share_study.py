@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from workbench.analysis.source_share import LowShareThresholds, by_position, output_source_shares
-from workbench.translator import load
+from workbench.decoding.translator import load
 
 
 def shares_of(tm, lines, beam):

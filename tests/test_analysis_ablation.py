@@ -7,7 +7,7 @@ import torch
 from model_helpers import SHARED_DATA
 
 from workbench.analysis.ablation import ablation_effect
-from workbench.interventions import ablate_heads
+from workbench.core.interventions import ablate_heads
 
 
 @pytest.fixture(scope="module")

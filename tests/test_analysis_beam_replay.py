@@ -8,7 +8,7 @@ from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.analysis.beam_replay import add_cross_attention, replay_beam
-from workbench.decoding import beam_search
+from workbench.decoding.search import beam_search
 
 
 @pytest.mark.parametrize("check_every,penalty", [(1, "average"), (3, "gnmt")])

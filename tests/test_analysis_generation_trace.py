@@ -6,7 +6,7 @@ from model_helpers import make_model
 
 from workbench import presets
 from workbench.analysis.generation_trace import generation_trace
-from workbench.decoding import beam_search, greedy
+from workbench.decoding.search import beam_search, greedy
 
 NAMES = ["hook_src_embed", "enc.1.self_attn.hook_result", "hook_memory", "dec.0.cross_attn.hook_k",
          "dec.1.cross_attn.hook_result", "dec.0.self_attn.hook_probs", "dec.1.self_attn.hook_scores",

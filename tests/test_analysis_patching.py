@@ -13,7 +13,7 @@ from workbench.analysis.patching import (
     patching_sweep,
     path_patching,
 )
-from workbench.interventions import patch
+from workbench.core.interventions import patch
 
 
 @pytest.fixture(params=["post", "pre"])

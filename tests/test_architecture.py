@@ -17,26 +17,23 @@ import pytest
 import torch
 
 import workbench
+import workbench.decoding.translator
 import workbench.importers
-import workbench.translator
 from workbench import Transformer, presets
-from workbench.checkpoint import save_checkpoint
-from workbench.tokenizer import SentencePieceTokenizer
-from workbench.toolkit_tokenizers import SpmVocabTokenizer
+from workbench.checkpoint.format import save_checkpoint
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
+from workbench.checkpoint.toolkit_tokenizers import SpmVocabTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "workbench"
 
-# Layers, lowest first: a module may import its own layer (if that stays acyclic) and the ones below.
-LAYERS = ["core", "tokenizers", "pipeline", "importers", "analysis", "charts", "ui", "apps", "cli"]
-TOP_LEVEL = {  # modules directly under workbench/
-    "core": {"config", "heads", "hooks", "attention", "layers", "embedding", "masks", "model", "trace",
-             "interventions", "presets", "schedule", "loss", "progress", "version"},
-    "tokenizers": {"tokenizer", "toolkit_tokenizers", "checkpoint"},
-    "pipeline": {"data", "download", "train", "average", "decoding", "translator", "evaluate"},
-}
-SUBPACKAGES = {"training": "pipeline", "importers": "importers", "analysis": "analysis", "charts": "charts",
-               "ui": "ui", "cli": "cli"}
+# Layers, lowest first. A module's layer is the folder it sits in (workbench/core/model.py is in "core"; apps/ is
+# "apps"); folders listed together share a rank. A module may import its own folder (if that stays acyclic) and
+# the layers below, never a higher layer and never a sibling folder of its own rank.
+LAYERS = [{"core"}, {"checkpoint"}, {"corpus", "decoding"}, {"training", "importers"}, {"features"}, {"analysis"},
+          {"charts"}, {"ui"}, {"apps"}, {"cli"}]
+RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
+MODEL_SIDE = {"core", "checkpoint", "corpus", "decoding", "training", "importers"}
 
 # Optional or heavy third-party modules that may be imported inside a function without a comment:
 # extras (transformers, sacremoses), the drawing/serving stack (pandas, altair, bokeh, panel, vl_convert,
@@ -66,14 +63,16 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> str | None:
+    """The folder a module sits in: "core" for workbench.core.model, "apps" for apps.attention; None for a
+    module directly under workbench/ (only the package root may sit there)."""
     parts = module.split(".")
     if parts[0] == "apps":
         return "apps"
     if module == "workbench":
         return "cli"  # the package root: the public facade, on top (it imports lazily, via importlib)
-    if parts[1] in SUBPACKAGES:
-        return SUBPACKAGES[parts[1]]
-    return next((name for name, mods in TOP_LEVEL.items() if parts[1] in mods), None)
+    if parts[0] != "workbench" or not (PACKAGE / parts[1]).is_dir():
+        return None
+    return parts[1] if parts[1] in RANK else None
 
 
 def source_files() -> list[Path]:
@@ -157,7 +156,16 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_every_module_has_a_layer():
     missing = sorted(m for m in MODULES if layer(m) is None)
-    assert not missing, f"give these modules a layer in tests/test_architecture.py and docs/architecture.md: {missing}"
+    assert not missing, (f"put these modules in a layer folder (LAYERS in tests/test_architecture.py, "
+                         f"docs/architecture.md): {missing}")
+
+
+def test_layers_are_the_folders_of_the_tree():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(RANK) - {"apps"}, "every package folder is a layer, and every layer a folder"
+    assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"], "modules live in layer folders"
+    assert layer("workbench.core.model") == "core" and layer("workbench.training.config") == "training"
+    assert layer("workbench.nowhere") is None
 
 
 def test_no_import_cycles():
@@ -172,12 +180,39 @@ def test_find_cycle_finds_one():  # the checker itself: a cycle three modules lo
     assert find_cycle(graph) is None
 
 
+def against_the_order(imports: list[Import]) -> list[str]:
+    """Imports of a higher layer, or of a sibling folder of the same rank."""
+    out = set()
+    for imp in imports:
+        own, other = layer(module_name(imp.file)), layer(imp.target)
+        if is_edge(imp) and own and other and (RANK[other] > RANK[own] or (RANK[other] == RANK[own] and other != own)):
+            out.add(f"{imp} ({own} imports {other})")
+    return sorted(out)
+
+
 def test_imports_follow_the_layer_order():
-    rank = {name: i for i, name in enumerate(LAYERS)}
-    against = sorted({f"{imp} ({layer(module_name(imp.file))} imports {layer(imp.target)})" for imp in ALL_IMPORTS
-                      if is_edge(imp) and layer(module_name(imp.file)) and layer(imp.target)
-                      and rank[layer(imp.target)] > rank[layer(module_name(imp.file))]})
+    against = against_the_order(ALL_IMPORTS)
     assert not against, "imports against the layer order:\n" + "\n".join(against)
+
+
+def test_the_order_check_catches_a_wrong_import():  # the checker itself, on made-up edges
+    def edge(source: str, target: str) -> Import:
+        return Import(PACKAGE / source, 1, target, False, False)
+
+    assert against_the_order([edge("core/model.py", "workbench.corpus.data"),
+                              edge("decoding/search.py", "workbench.corpus.data"),
+                              edge("training/trainer.py", "workbench.corpus.data")]) == [
+        "workbench/core/model.py:1: workbench.corpus.data (core imports corpus)",
+        "workbench/decoding/search.py:1: workbench.corpus.data (decoding imports corpus)"]
+
+
+def test_the_model_and_decoding_load_without_corpus_or_training():
+    code = ("import sys\nimport workbench.core.model, workbench.core.presets, workbench.decoding.search\n"
+            "import workbench.decoding.translator, workbench.checkpoint.format\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['workbench', 'corpus'], "
+            "['workbench', 'training'], ['workbench', 'importers'])))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
 
 
 def test_apps_import_only_the_ui_and_the_library():
@@ -187,8 +222,7 @@ def test_apps_import_only_the_ui_and_the_library():
 
 
 def test_model_side_never_imports_ui_or_plotting_libraries():
-    low = {"core", "tokenizers", "pipeline", "importers"}
-    bad = [str(imp) for imp in ALL_IMPORTS if layer(module_name(imp.file)) in low
+    bad = [str(imp) for imp in ALL_IMPORTS if layer(module_name(imp.file)) in MODEL_SIDE
            and imp.target.split(".")[0] in UI_LIBRARIES]
     assert not bad, f"model-side modules import UI/plotting/dataframe libraries: {bad}"
 
@@ -280,7 +314,8 @@ def test_load_of_a_checkpoint_directory_never_imports_the_importers(tmp_path, to
 def test_load_sends_only_format_specs_to_the_importers(monkeypatch):
     calls = []
     monkeypatch.setattr(workbench.importers, "load", lambda spec, **kw: calls.append(("importers", spec, kw)))
-    monkeypatch.setattr(workbench.translator, "load", lambda spec, **kw: calls.append(("translator", spec, kw)))
+    monkeypatch.setattr(workbench.decoding.translator, "load",
+                        lambda spec, **kw: calls.append(("translator", spec, kw)))
     workbench.load("marian:hf:Helsinki-NLP/opus-mt-en-de", beam=2)
     workbench.load("runs/marian:copy", device="cpu")  # a directory whose name has a colon
     workbench.load("fairseq:")  # nothing after the colon: not a spec

@@ -41,6 +41,7 @@ def test_compiles_with_a_vega_lite_5():
 def test_the_notebooks_use_it_not_the_html_renderer():
     from pathlib import Path
 
-    build = (Path(__file__).resolve().parents[1] / "notebooks" / "build.py").read_text(encoding="utf-8")
-    assert "enable_altair()" in build
-    assert 'renderers.enable("html"' not in build
+    sources = {p.name: p.read_text(encoding="utf-8")
+               for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.py")}
+    assert sources and any("enable_altair()" in text for text in sources.values())
+    assert not [name for name, text in sources.items() if 'renderers.enable("html"' in text]

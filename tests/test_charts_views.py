@@ -21,7 +21,7 @@ from workbench.charts import (
 from workbench.charts.compare import difference
 from workbench.charts.head_view import line_data
 from workbench.charts.heatmap import IMAGE_NAME
-from workbench.trace import Trace
+from workbench.core.trace import Trace
 
 KINDS = ("enc_self", "dec_self", "cross")
 

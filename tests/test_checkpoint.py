@@ -6,7 +6,7 @@ import torch
 from model_helpers import make_batch, make_model
 
 from workbench import presets
-from workbench.checkpoint import (
+from workbench.checkpoint.format import (
     CheckpointError,
     clean_stale,
     is_checkpoint,
@@ -15,7 +15,7 @@ from workbench.checkpoint import (
     save_checkpoint,
     write_pointer,
 )
-from workbench.tokenizer import SentencePieceTokenizer
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import torch
 
 from workbench import Transformer, presets
 from workbench.analysis.alignment import parse_pharaoh
-from workbench.checkpoint import load_checkpoint, save_checkpoint
+from workbench.checkpoint.format import load_checkpoint, save_checkpoint
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 from workbench.cli import main
-from workbench.tokenizer import SentencePieceTokenizer
 
 SRC = ["Ein Hund läuft .", "Zwei Männer spielen Fußball im Park .", "Eine Frau liest ."]
 TGT = ["A dog runs .", "Two men play soccer in the park .", "A woman reads ."]

@@ -20,10 +20,7 @@ class _Imported:
         return out
 
 
-@pytest.mark.parametrize(("flag", "notice"), [("--alpha", ""), ("--lenpen", "workbench import: --lenpen is now "
-                                                                           "--alpha (as in translate); the old flag "
-                                                                           "goes away in the next release\n")])
-def test_import_records_the_length_penalty_exponent(monkeypatch, capsys, tmp_path, flag, notice):
+def test_import_records_the_length_penalty_exponent(monkeypatch, capsys, tmp_path):
     seen = {}
 
     def fake_import(fmt, source, **options):
@@ -31,6 +28,9 @@ def test_import_records_the_length_penalty_exponent(monkeypatch, capsys, tmp_pat
         return _Imported()
 
     monkeypatch.setattr(import_cli, "import_checkpoint", fake_import)
-    assert main(["import", "fairseq", str(tmp_path), "--out", str(tmp_path / "ck"), flag, "0.6", "--quiet"]) == 0
+    assert main(["import", "fairseq", str(tmp_path), "--out", str(tmp_path / "ck"), "--alpha", "0.6", "--quiet"]) == 0
     assert seen == {"fmt": "fairseq", "lenpen": 0.6}
-    assert capsys.readouterr().err == notice
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):  # the old spelling is gone
+        main(["import", "fairseq", str(tmp_path), "--out", str(tmp_path / "ck"), "--lenpen", "0.6", "--quiet"])
+    assert "unrecognized arguments: --lenpen" in capsys.readouterr().err

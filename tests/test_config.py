@@ -5,7 +5,7 @@ import pytest
 from model_helpers import ROOT
 
 from workbench import ModelConfig, presets
-from workbench.config import override
+from workbench.core.config import override
 
 
 def test_json_round_trip_keeps_every_field():
@@ -64,12 +64,12 @@ def test_override_parses_types_and_rejects_unknown_keys():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
 def test_every_committed_training_config_loads_and_names_known_data(path):
-    from workbench.config import TrainConfig
-    from workbench.data import DATASETS, MIXTURES
+    from workbench.corpus.data import DATASETS, MIXTURES
+    from workbench.training.config import TrainConfig
 
     cfg = TrainConfig.load(path)
     assert cfg.dataset in {"copy", "files"} | set(DATASETS) | set(MIXTURES)
-    from workbench.train import model_config
+    from workbench.training import model_config
 
     model = model_config(cfg, cfg.vocab_size, cfg.vocab_size)
     assert model.d_model % model.n_heads == 0 and model.src_vocab == cfg.vocab_size
@@ -113,60 +113,74 @@ def test_per_stack_values_round_trip_and_old_config_json_still_loads():
     assert loaded == presets.tiny() and loaded.heads("dec") == 4 and loaded.ffn_dim("enc") == 64
 
 
-# -------------------------------------------------------------------- renamed names: one release of grace
+# -------------------------------------------------------------------- old names: read from files only
 
 
 def test_shipped_configs_use_current_names_only(recwarn):
-    from workbench.config import TrainConfig
+    from workbench.training.config import TrainConfig
 
     for path in sorted((ROOT / "configs").glob("*.toml")):
         TrainConfig.load(path)
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
 
-def test_old_train_spelling_still_loads_with_one_warning(tmp_path):
-    from workbench.config import TrainConfig
+def test_old_train_key_loads_from_a_file_only(tmp_path, recwarn):
+    from workbench.training.config import TrainConfig
 
     path = tmp_path / "old.toml"
     path.write_text("[train]\nmax_len = 120\nmax_steps = 5\n", encoding="utf-8")
-    with pytest.warns(FutureWarning, match="'max_len' is now 'max_pair_len'") as record:
-        cfg = TrainConfig.load(path)
-    assert len(record) == 1 and cfg.max_pair_len == 120 and "max_len" not in cfg.to_dict()
-    with pytest.warns(FutureWarning, match=r"TrainConfig.max_len is now max_pair_len"):
-        assert cfg.max_len == 120
-    with pytest.warns(FutureWarning):
-        assert override(cfg, ["--max_len=7"]).max_pair_len == 7
-    with pytest.raises(ValueError, match="'max_len' and 'max_pair_len' are the same setting"):
-        TrainConfig(max_steps=5, max_len=1, max_pair_len=2)
+    cfg = TrainConfig.load(path)
+    assert cfg.max_pair_len == 120 and "max_len" not in cfg.to_dict() and not recwarn.list
+    assert not hasattr(cfg, "max_len")
+    with pytest.raises(ValueError, match="unknown key 'max_len' for TrainConfig"):
+        override(cfg, ["--max_len=7"])
+    with pytest.raises(TypeError, match="max_len"):
+        TrainConfig(max_steps=5, max_len=1)
+    both = tmp_path / "both.json"  # both spellings in one file: an error, not a silent choice
+    both.write_text(json.dumps({"max_len": 1, "max_pair_len": 2, "max_steps": 5}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"unknown TrainConfig keys \['max_len'\]"):
+        TrainConfig.load(both)
 
 
 def test_decode_token_budget_has_the_training_name():
-    from workbench.config import DecodeConfig
+    from workbench.core.config import DecodeConfig
 
-    with pytest.warns(FutureWarning, match="'batch_tokens' is now 'max_tokens'"):
-        cfg = DecodeConfig(batch_tokens=100)
-    assert cfg.max_tokens == 100 and "batch_tokens" not in cfg.to_dict()
-    with pytest.warns(FutureWarning):
-        assert DecodeConfig.from_dict({"batch_tokens": 7}).max_tokens == 7
-    with pytest.warns(FutureWarning):
-        assert cfg.batch_tokens == 100
+    assert DecodeConfig.from_dict({"batch_tokens": 7}).max_tokens == 7  # checkpoints' meta.json from before
+    with pytest.raises(TypeError, match="batch_tokens"):
+        DecodeConfig(batch_tokens=100)
+    assert not hasattr(DecodeConfig(), "batch_tokens")
 
 
 @pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.5])
 def test_alpha_must_be_finite_and_not_negative(alpha):
-    from workbench.config import DecodeConfig
+    from workbench.core.config import DecodeConfig
 
     with pytest.raises(ValueError, match=rf"alpha \({alpha}\) must be a finite number >= 0"):
         DecodeConfig(alpha=alpha)
 
 
 def test_noam_factor_is_its_own_setting():
-    from workbench.config import TrainConfig
+    from workbench.training.config import TrainConfig
 
-    with pytest.warns(FutureWarning, match=r"schedule 'noam' reads lr \(2.0\) as its factor; set noam_factor"):
-        old = TrainConfig(max_steps=5, schedule="noam", lr=2.0)
+    with pytest.raises(ValueError, match=r"schedule 'noam' needs noam_factor"):
+        TrainConfig(max_steps=5, schedule="noam", lr=2.0)
+    old = TrainConfig.from_dict({"max_steps": 5, "schedule": "noam", "lr": 2.0})  # a file from before noam_factor
     assert old.noam_factor == 2.0
     new = TrainConfig(max_steps=5, schedule="noam", noam_factor=1.5)
     assert new.noam_factor == 1.5
     with pytest.raises(ValueError, match=r"noam_factor \(0.0\) must be a positive number"):
         TrainConfig(max_steps=5, schedule="noam", noam_factor=0.0)
+
+
+def test_one_override_parser_for_the_training_command_line():
+    from workbench.training.config import TrainConfig
+
+    cfg = TrainConfig(max_steps=5, model={"dropout": 0.1})
+    out = override(cfg, ["--lr=1e-3", "--train.warmup=10", "--model.d_model=64", "--model.dropout=0.2",
+                         "--out_dir=runs/x"], prefix="train")
+    assert (out.lr, out.warmup, out.out_dir) == (1e-3, 10, "runs/x")
+    assert out.model == {"dropout": 0.2, "d_model": 64} and cfg.model == {"dropout": 0.1}  # a copy, not an edit
+    with pytest.raises(ValueError, match="unknown key 'lrate' for TrainConfig"):
+        override(cfg, ["--lrate=1"], prefix="train")
+    with pytest.raises(ValueError, match="must look like --key=value"):
+        override(cfg, ["lr=1"], prefix="train")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from workbench import presets
-from workbench.data import (
+from workbench.corpus.data import (
     DATASETS,
     MIXTURES,
     ParallelData,
@@ -142,7 +142,7 @@ def test_the_general_mixture_is_every_training_part_in_order_and_no_test_set(sha
 
 
 def test_pad_sequences_right_pads_with_the_given_id():
-    from workbench.data import pad_sequences
+    from workbench.core.batching import pad_sequences
 
     out = pad_sequences([[5, 6, 7], [8], []], pad_id=1)
     assert out.dtype == torch.long and out.tolist() == [[5, 6, 7], [8, 1, 1], [1, 1, 1]]
@@ -151,7 +151,7 @@ def test_pad_sequences_right_pads_with_the_given_id():
 
 
 def test_token_batches_keeps_every_batch_within_the_budget():
-    from workbench.data import token_batches
+    from workbench.core.batching import token_batches
 
     lengths = [3, 9, 1, 4, 4, 12, 2]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -185,3 +185,20 @@ def test_parallel_data_batches_match_the_two_sided_rule():
         max_s, max_t = ns, nt
     want.append(cur)
     assert plan == want
+
+
+def test_default_data_root_is_the_shared_data_beside_the_checkout(monkeypatch, tmp_path):
+    """Without $WORKBENCH_DATA the named datasets are read from `shared/data` beside the project checkout (the
+    module's folder depth is counted right: workbench/corpus/data.py -> ../shared/data), else the user cache."""
+    from pathlib import Path
+
+    import workbench.corpus.data as data
+
+    checkout = Path(data.__file__).resolve().parents[2]
+    assert (checkout / "workbench" / "corpus" / "data.py").is_file()
+    monkeypatch.delenv("WORKBENCH_DATA", raising=False)
+    beside = checkout.parent / "shared" / "data"
+    expected = beside if beside.is_dir() else Path.home() / ".cache" / "workbench" / "data"
+    assert data.default_data_root() == expected
+    monkeypatch.setenv("WORKBENCH_DATA", str(tmp_path))
+    assert data.default_data_root() == tmp_path

@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint
-from workbench.config import TrainConfig
-from workbench.train import Trainer
+from workbench.checkpoint.format import load_checkpoint
+from workbench.training import Trainer
+from workbench.training.config import TrainConfig
 
 CFG = dict(
     dataset="copy", preset="tiny", copy_vocab=13, copy_len=7, copy_pairs=400, max_tokens=160, accum=2,
@@ -56,8 +56,8 @@ def test_two_process_gloo_matches_one_process(tmp_path):
 RANK_SCRIPT = """
 import os, sys, torch
 from safetensors.torch import save_file
-from workbench.config import TrainConfig
-from workbench.train import Trainer
+from workbench.training.config import TrainConfig
+from workbench.training import Trainer
 import json
 trainer = Trainer(TrainConfig(**json.loads(open(sys.argv[1]).read())), progress="none").fit()
 state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}  # tied weights: copies

@@ -4,8 +4,8 @@ import pytest
 import torch
 from model_helpers import make_batch, make_model
 
-from workbench.config import DecodeConfig
-from workbench.decoding import beam_search, generate, greedy, length_limits
+from workbench.core.config import DecodeConfig
+from workbench.decoding.search import beam_search, generate, greedy, length_limits
 
 
 def _same(a, b):

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from model_helpers import make_batch, make_model
 
 from workbench import Transformer, presets
-from workbench.config import DecodeConfig
-from workbench.decoding import beam_search, generate, greedy, penalty_divisor
+from workbench.core.config import DecodeConfig
+from workbench.decoding.search import beam_search, generate, greedy, penalty_divisor
 
 LIMITS = dict(max_len_a=1.0, max_len_b=3)
 

@@ -9,7 +9,7 @@ import sacrebleu
 from test_translator import build_translation_model
 
 from workbench.cli import main
-from workbench.evaluate import evaluate, repetition_share, score
+from workbench.decoding.evaluate import evaluate, repetition_share, score
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_score_equals_sacrebleu():
 
 
 def test_cli_evaluate_agrees_with_sacrebleu_and_the_api(data, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     tm, src, ref = data
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
@@ -66,7 +66,7 @@ def test_cli_evaluate_agrees_with_sacrebleu_and_the_api(data, tmp_path, capsys):
 
 
 def test_cli_evaluate_refuses_mismatched_references(data, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     tm, src, ref = data
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
@@ -78,7 +78,7 @@ def test_cli_evaluate_refuses_mismatched_references(data, tmp_path, capsys):
 
 
 def test_nothing_to_score_is_one_clear_error(data, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     with pytest.raises(ValueError, match="nothing to score: 0 hypotheses and 0 reference lines"):
         score([], [[]])
@@ -96,7 +96,7 @@ def test_nothing_to_score_is_one_clear_error(data, tmp_path, capsys):
 
 
 def test_alpha_nan_is_refused_on_the_command_line(data, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     tm, src, _ = data
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
@@ -106,8 +106,8 @@ def test_alpha_nan_is_refused_on_the_command_line(data, tmp_path, capsys):
     assert rc == 2 and "alpha (nan) must be a finite number >= 0" in err and "Traceback" not in err
 
 
-def test_old_cli_spellings_work_with_one_line_of_notice(data, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+def test_old_cli_spelling_is_refused(data, tmp_path, capsys):
+    from workbench.checkpoint.format import save_checkpoint
 
     tm, src, _ = data
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
@@ -115,12 +115,10 @@ def test_old_cli_spellings_work_with_one_line_of_notice(data, tmp_path, capsys):
     common = ["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(tmp_path / "src"), "--beam", "1",
               "--max-len-b", "3"]
     assert main([*common, "--max-tokens", "20"]) == 0
-    new = capsys.readouterr()
-    assert main([*common, "--batch-tokens", "20"]) == 0
-    old = capsys.readouterr()
-    assert old.out == new.out and new.err == ""
-    assert old.err == ("workbench translate: --batch-tokens is now --max-tokens; the old flag goes away in the next "
-                       "release\n")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        main([*common, "--batch-tokens", "20"])
+    assert "unrecognized arguments: --batch-tokens" in capsys.readouterr().err
 
 
 def test_repetition_share_counts_outputs_that_loop():

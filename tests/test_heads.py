@@ -3,8 +3,8 @@
 import pytest
 
 from workbench import presets
-from workbench.heads import KINDS, Head, block_path, hook_name, kind_of
-from workbench.model import Transformer
+from workbench.core.heads import KINDS, Head, block_path, hook_name, kind_of
+from workbench.core.model import Transformer
 
 
 def test_every_kind_names_real_hook_points():
@@ -29,7 +29,9 @@ def test_a_head_has_one_spelling(spelled):
     head = Head.parse(spelled)
     assert head == Head("cross", 1, 0)
     assert str(head) == "cross:1:0"
-    assert tuple(head) == ("cross", 1, 0)  # unpacks where tuples were used
+    assert (head.kind, head.layer, head.head) == ("cross", 1, 0)
+    with pytest.raises(TypeError):  # a Head is not a tuple: no unpacking by position
+        tuple(head)
     assert head.hook_name() == "dec.1.cross_attn.hook_context"
     assert Head.parse(str(head)) == head
 

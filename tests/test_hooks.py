@@ -6,8 +6,8 @@ import pytest
 import torch
 from model_helpers import make_batch, make_model
 
-from workbench import hooks as hooks_module
 from workbench import presets
+from workbench.core import hooks as hooks_module
 
 ATTN = ["hook_q", "hook_k", "hook_v", "hook_scores", "hook_probs", "hook_context", "hook_result", "hook_out"]
 NORM = ["hook_in", "hook_scale"]  # on every layer norm: {module path}.hook_in / .hook_scale

@@ -4,7 +4,7 @@ import pytest
 import torch
 from model_helpers import make_batch, make_model
 
-from workbench.interventions import ablate_heads, patch, scale_heads, zero_heads
+from workbench.core.interventions import ablate_heads, patch, scale_heads, zero_heads
 
 
 def _per_head_outputs(model, context, layer):
@@ -96,7 +96,7 @@ def test_patching_heads_of_a_tensor_without_heads_is_refused(tiny_model, tiny_co
 
 
 def test_ablate_heads_reads_every_head_spelling(tiny_model, tiny_config):
-    from workbench.heads import Head
+    from workbench.core.heads import Head
 
     by_block = ablate_heads({("cross", 1): [0, 2], ("enc_self", 0): 3})
     by_head = ablate_heads(["cross:1:0", ("cross", 1, 2), Head("enc_self", 0, 3)])

@@ -3,8 +3,8 @@ import torch
 import torch.nn.functional as F
 
 from workbench import presets
-from workbench.loss import label_smoothed_nll, output_loss, smoothed_distribution, teacher_forced_loss
-from workbench.model import Transformer
+from workbench.core.model import Transformer
+from workbench.training.loss import label_smoothed_nll, output_loss, smoothed_distribution, teacher_forced_loss
 
 PAD = 0
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from workbench.attention import MultiHeadAttention
-from workbench.masks import causal_mask
+from workbench.core.attention import MultiHeadAttention
+from workbench.core.masks import causal_mask
 
 
 def test_causal_mask_with_offset():
@@ -18,7 +18,7 @@ def test_attention_applies_exactly_masks_causal_mask():
     _, cache = attn(x[:, :2], causal=True)
     seen = {}
     attn.hook_scores.name = "scores"
-    from workbench.hooks import hooks
+    from workbench.core.hooks import hooks
 
     def grab(t, hook):
         seen["scores"] = t

@@ -7,7 +7,7 @@ import torch
 from model_helpers import make_batch, make_model
 
 from workbench import presets
-from workbench.embedding import sinusoidal_positions
+from workbench.core.embedding import sinusoidal_positions
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

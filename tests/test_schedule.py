@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from workbench.schedule import budget_cosine, constant, inverse_sqrt, make_schedule, noam, warmup_cosine
+from workbench.training.schedule import budget_cosine, constant, inverse_sqrt, make_schedule, noam, warmup_cosine
 
 
 def test_noam_matches_formula_and_peaks_at_warmup():

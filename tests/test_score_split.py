@@ -19,8 +19,8 @@ def test_terms_sum_to_the_scores_and_the_margins_to_the_score_gap(norm_first):
         torch.testing.assert_close(split.total(), split.scores, atol=1e-4, rtol=0)
         assert split.terms.shape[:1] == (4,) and split.terms.shape[-2:] == (4, 5)
         assert any(lab == "src_tok" for lab in split.key_labels) and "tgt_pos" in split.query_labels
-        assert any(lab.startswith("enc.1.self_attn.head") for lab in split.key_labels)
-        assert not any(lab.startswith(f"dec.{layer}.cross_attn.head") for lab in split.query_labels)
+        assert any(lab.startswith("enc_self:1:") for lab in split.key_labels)
+        assert not any(lab.startswith(f"cross:{layer}:") for lab in split.query_labels)
     margins = margin_by_group(split, head=2)
     s = split.scores[2][:, :4]  # EOS (key 4) left out of the contest
     top = s.topk(2, dim=-1).values

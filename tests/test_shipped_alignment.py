@@ -9,7 +9,7 @@ from model_helpers import ROOT, SHARED_DATA
 from workbench.analysis.alignment import read_alignments, score_alignments
 from workbench.analysis.source_share import LowShareThresholds, output_source_shares
 from workbench.analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
-from workbench.translator import load
+from workbench.decoding.translator import load
 
 RWTH = SHARED_DATA / "alignments" / "rwth-deen"
 pytestmark = pytest.mark.slow

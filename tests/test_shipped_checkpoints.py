@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from model_helpers import ROOT, SHARED_DATA
 
-from workbench.checkpoint import is_checkpoint
+from workbench.checkpoint.format import is_checkpoint
 
 SHIPPED = sorted(p for p in (ROOT / "checkpoints").iterdir() if p.is_dir() and is_checkpoint(p)) \
     if (ROOT / "checkpoints").is_dir() else []
@@ -22,6 +22,32 @@ PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04
 def test_the_default_checkpoint_is_shipped():
     default = (ROOT / "checkpoints" / "DEFAULT").read_text().strip()
     assert default in [p.name for p in SHIPPED]
+
+
+def test_the_package_finds_what_ships_from_any_directory(tmp_path, monkeypatch):
+    from workbench.checkpoint import shipped as ship
+
+    monkeypatch.chdir(tmp_path)  # not the repository: nothing relative to the working directory
+    assert ship.available() == [p.name for p in SHIPPED]
+    assert ship.shipped("multi30k-de-en") == ROOT / "checkpoints" / "multi30k-de-en"
+    assert ship.shipped() == ROOT / "checkpoints" / (ROOT / "checkpoints" / "DEFAULT").read_text().strip()
+    copy_task = ROOT / "configs" / "copy_task.toml"
+    assert ship.shipped_config("copy_task") == ship.shipped_config("copy_task.toml") == copy_task
+    with pytest.raises(FileNotFoundError, match=r"no shipped checkpoint 'nope' in .*checkpoints; shipped: \["):
+        ship.shipped("nope")
+    with pytest.raises(FileNotFoundError, match=r"no shipped config 'nope' .*'copy_task'"):
+        ship.shipped_config("nope")
+    monkeypatch.setattr(ship, "CHECKPOINTS", tmp_path / "none")
+    assert ship.available() == []
+
+
+def test_the_tutorials_use_the_shipped_model_outside_quick_mode(tmp_path):
+    from workbench.training.tutorial import tiny_config, tutorial_checkpoint
+
+    path, how = tutorial_checkpoint(quick=False, steps=1)  # no training: the shipped model is there
+    assert path == ROOT / "checkpoints" / "multi30k-de-en" and how == f"using the shipped checkpoint {path}"
+    quick = tiny_config(quick=True, steps=7, out_dir=tmp_path)
+    assert (quick.preset, quick.max_steps, quick.train_limit, quick.out_dir) == ("tiny", 7, 2000, str(tmp_path))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)

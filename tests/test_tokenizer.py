@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from workbench.tokenizer import SentencePieceTokenizer, Tokenizer, check_special_ids, load_tokenizer
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer, Tokenizer, check_special_ids, load_tokenizer
 
 SENTENCES = [
     "Ein Mann fährt ein rotes Fahrrad.",

@@ -82,18 +82,16 @@ def test_capture_to_cpu_and_keep_graph(traced):
     assert model.src_embed.weight.grad is not None
 
 
-def test_token_strings_are_pieces_and_old_keys_still_work(tmp_path):
+def test_token_strings_are_pieces_and_old_files_still_load(tmp_path):
     import json
 
     from safetensors.torch import save_file
 
     trace = Trace({"hook_memory": torch.zeros(1, 2, 4)}, src=torch.tensor([[5, 2]]))
     trace.meta["src_pieces"] = ["▁Hund", "</s>"]
-    with pytest.warns(FutureWarning, match=r"trace.meta\['src_tokens'\] is now trace.meta\['src_pieces'\]"):
-        assert trace.meta["src_tokens"] == ["▁Hund", "</s>"]
-    with pytest.warns(FutureWarning):
-        trace.meta.update(out_tokens=["▁dog"])
-    assert dict(trace.meta) == {"src_pieces": ["▁Hund", "</s>"], "out_pieces": ["▁dog"]}
+    assert type(trace.meta) is dict and "src_tokens" not in trace.meta  # plain data: no second naming layer
+    with pytest.raises(KeyError):
+        trace.meta["src_tokens"]
     # a file written before the rename loads under the new names, silently
     old = tmp_path / "old.safetensors"
     save_file({"hook_memory": torch.zeros(1, 2, 4), "__src__": torch.tensor([[5, 2]])}, str(old),

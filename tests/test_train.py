@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint, read_pointer
+from workbench.checkpoint.format import load_checkpoint, read_pointer
 from workbench.cli import main as cli_main
-from workbench.config import TrainConfig
-from workbench.train import Trainer, TrainingDiverged, parse_overrides
+from workbench.core.config import override
+from workbench.training import Trainer, TrainingDiverged
+from workbench.training.config import TrainConfig
 
 
 def copy_cfg(tmp_path, **changes) -> TrainConfig:
@@ -116,7 +117,7 @@ def test_config_errors_come_before_any_data_is_read(tmp_path):
     with pytest.raises(ValueError, match="never end"):
         TrainConfig(max_steps=0)
     with pytest.raises(ValueError, match="unknown key 'lrate'"):
-        parse_overrides(TrainConfig(max_steps=1), ["--lrate=1"])
+        override(TrainConfig(max_steps=1), ["--lrate=1"], prefix="train")
     with pytest.raises(FileNotFoundError, match="nope.de"):  # only a valid config gets as far as the files
         Trainer(dataclasses.replace(cfg, model={}), progress="none")
 

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint
-from workbench.config import TrainConfig
-from workbench.train import Trainer
-from workbench.training import run_dir
+from workbench.checkpoint.format import load_checkpoint
+from workbench.training import Trainer, run_dir
+from workbench.training.config import TrainConfig
 
 
 def copy_cfg(out_dir, **changes) -> TrainConfig:

@@ -18,11 +18,10 @@ import time
 import pytest
 import torch
 
-from workbench.checkpoint import load_checkpoint, read_pointer, save_checkpoint, write_pointer
+from workbench.checkpoint.format import load_checkpoint, read_pointer, save_checkpoint, write_pointer
 from workbench.cli import main as cli_main
-from workbench.config import TrainConfig
-from workbench.train import Trainer, TrainingDiverged
-from workbench.training import run_dir
+from workbench.training import Trainer, TrainingDiverged, run_dir
+from workbench.training.config import TrainConfig
 
 
 def copy_cfg(out_dir, **changes) -> dict:

@@ -10,10 +10,10 @@ import torch
 
 import workbench
 from workbench import Transformer, presets
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 from workbench.cli import main
-from workbench.config import DecodeConfig
-from workbench.tokenizer import SentencePieceTokenizer
-from workbench.translator import TranslationModel
+from workbench.core.config import DecodeConfig
+from workbench.decoding.translator import TranslationModel
 
 ODD = [
     "Ein Hund läuft über die Wiese.",
@@ -122,7 +122,7 @@ def test_line_breaks_in_output_become_spaces(tm):
 
 
 def test_checkpoint_load_honours_generation_defaults(tm, tmp_path):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     meta = {"generation": {"beam": 1, "length_penalty": {"kind": "gnmt", "alpha": 0.6}, "max_len_b": 4,
                            "append_eos": False}}
@@ -142,21 +142,21 @@ def test_checkpoint_load_honours_generation_defaults(tm, tmp_path):
 
 
 def test_cli_translate_preserves_lines(tm, tmp_path):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
     src = tmp_path / "in.txt"
     src.write_bytes(("\n".join(ODD) + "\n").replace("\n", "\r\n", 1).encode("utf-8"))
     out = tmp_path / "out.txt"
     rc = main(["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(src), "--output", str(out),
-               "--beam", "3", "--max-len-a", "1", "--max-len-b", "4", "--batch-tokens", "16", "--chunk", "4"])
+               "--beam", "3", "--max-len-a", "1", "--max-len-b", "4", "--max-tokens", "16", "--chunk", "4"])
     assert rc == 0
     lines = out.read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and lines[:-1] == tm.translate(ODD)
 
 
 def test_cli_translate_invalid_utf8(tm, tmp_path, capsys):
-    from workbench.checkpoint import save_checkpoint
+    from workbench.checkpoint.format import save_checkpoint
 
     save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
     src = tmp_path / "bad.txt"

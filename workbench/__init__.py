@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from .version import __version__
+from .core.version import __version__
 
 __all__ = ["DecoderCache", "Encoded", "ModelConfig", "Trace", "TranslationModel", "Transformer", "__version__",
            "load"]
@@ -16,8 +16,9 @@ __all__ = ["DecoderCache", "Encoded", "ModelConfig", "Trace", "TranslationModel"
 _IMPORT_FORMATS = ("marian", "fsmt", "fairseq", "opennmt")  # the formats workbench.importers converts
 
 # public name -> module that defines it
-_LAZY = {"ModelConfig": "config", "DecoderCache": "model", "Encoded": "model", "Transformer": "model",
-         "Trace": "trace", "TranslationModel": "translator"}
+_LAZY = {"ModelConfig": "core.config", "DecoderCache": "core.model", "Encoded": "core.model",
+         "Transformer": "core.model", "Trace": "core.trace", "TranslationModel": "decoding.translator"}
+_MODULES = {"presets": "core.presets"}  # public modules by their short name: `from workbench import presets`
 
 
 def load(path_or_id, *, device="cpu", **decode):
@@ -26,13 +27,15 @@ def load(path_or_id, *, device="cpu", **decode):
     "fairseq:/data/wmt16.en-de/model.pt", ... (see workbench.importers)."""
     fmt, _, rest = str(path_or_id).partition(":")
     # own checkpoints go straight to the translator; only "FORMAT:SOURCE" needs the importers
-    module = "importers" if fmt in _IMPORT_FORMATS and rest else "translator"
+    module = "importers" if fmt in _IMPORT_FORMATS and rest else "decoding.translator"
     return importlib.import_module(f"{__name__}.{module}").load(path_or_id, device=device, **decode)
 
 
-def __getattr__(name):  # PEP 562: the public classes, and submodules as attributes (workbench.config ...)
+def __getattr__(name):  # PEP 562: the public classes, and submodules as attributes (workbench.core.config ...)
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
     if not name.startswith("_"):
         try:
             return importlib.import_module(f"{__name__}.{name}")

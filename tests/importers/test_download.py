@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.download import (
+from workbench.corpus.download import (
     NetworkUnreachable,
     UnsafeArchiveError,
     download,
@@ -190,7 +190,7 @@ def test_gzip_download_for_datasets(server, tmp_path):
 def test_named_dataset_downloads_through_the_same_module(server, tmp_path, monkeypatch):
     import gzip
 
-    from workbench import data
+    from workbench.corpus import data
 
     server.put("corpus/train.de.gz", gzip.compress("Ein Hund läuft.\n".encode()))
     server.put("corpus/train.en.gz", gzip.compress(b"A dog runs.\n"))
@@ -224,14 +224,6 @@ def test_proxy_settings_are_read_per_request_and_never_installed_globally(server
     assert download(url, Path(url_folder(url)) / "file.txt")["size"] == 5
     assert urllib.request._opener is opener_before
     assert server.gets() == 1
-
-
-def test_old_download_names_are_re_exported():
-    import workbench.download as new
-    from workbench.importers import download as old
-
-    assert old.NetworkUnreachable is new.NetworkUnreachable and old.from_url is new.from_url
-    assert old.resolve_source is new.resolve_source and old.cache_dir is new.cache_dir
 
 
 def test_hub_download_then_offline_reuse(server, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from importer_helpers import (
     padded_batch,
 )
 
-from workbench.decoding import beam_search
+from workbench.decoding.search import beam_search
 from workbench.importers.errors import ConversionError
 from workbench.importers.fairseq import convert_fairseq, import_fairseq
 
@@ -118,7 +118,7 @@ def test_model_pt_import_translates_like_the_reference(tmp_path):
     ours = beam_search(imported.model, src, beam=4, max_len=20).best[0].tokens
     assert ours == ref[0, 1:].tolist()[: len(ours)] and ours[-1] == 2
     ck_dir = imported.save(tmp_path / "ckpt")
-    from workbench.checkpoint import load_checkpoint
+    from workbench.checkpoint.format import load_checkpoint
 
     ck = load_checkpoint(ck_dir)
     assert beam_search(ck.model, src, beam=4, max_len=20).best[0].tokens == ours

@@ -6,7 +6,7 @@ import pytest
 import torch
 from importer_helpers import PER_STACK, bpe_files, eos_prone_fsmt, fsmt_model, padded_batch
 
-from workbench.decoding import beam_search, greedy
+from workbench.decoding.search import beam_search, greedy
 from workbench.importers.fsmt import convert_fsmt, import_fsmt
 
 pytest.importorskip("transformers", reason="the parity reference is transformers' FSMTForConditionalGeneration")
@@ -81,7 +81,7 @@ def test_tokenizer_matches_fsmt_tokenizer(tmp_path):
 
 
 def test_import_save_load_translate_identical(tmp_path):
-    from workbench.checkpoint import load_checkpoint
+    from workbench.checkpoint.format import load_checkpoint
 
     vocab, _ = bpe_files(tmp_path)
     eos_prone_fsmt(fsmt_model(src_vocab_size=len(vocab), tgt_vocab_size=len(vocab)), 2.0).save_pretrained(tmp_path)

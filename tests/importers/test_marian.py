@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from importer_helpers import PER_STACK, marian_model, padded_batch, write_marian_dir
+from importer_helpers import PER_STACK, TARGET_SENTENCES, marian_model, padded_batch, write_marian_dir
 
-from workbench.decoding import beam_search, greedy
+from workbench.decoding.search import beam_search, greedy
 from workbench.importers.marian import convert_marian, import_marian
 
 pytest.importorskip("transformers", reason="the parity reference is transformers' MarianMTModel")
@@ -114,9 +114,32 @@ def test_tokenizer_matches_marian_tokenizer(tmp_path):
             ">>fr<< ", "").replace(">>de<< ", ""), text
 
 
+def test_pieces_of_either_side_decode_as_marian_tokenizer_does(tmp_path):
+    """A shared vocabulary holds pieces only the source sentencepiece model knows; an output may use them.
+    MarianTokenizer decodes with the target model and turns any "▁" left into a space: so does the import."""
+    from transformers import MarianTokenizer
+
+    write_marian_dir(tmp_path, target_sentences=TARGET_SENTENCES)
+    imported = import_marian(tmp_path)
+    ref = MarianTokenizer(str(tmp_path / "source.spm"), str(tmp_path / "target.spm"), str(tmp_path / "vocab.json"))
+    tok = imported.tgt_tokenizer
+    source_only = [i for i, p in enumerate(tok.vocab) if p.startswith("\u2581") and tok.sp_decode.piece_to_id(p) == 0]
+    assert len(source_only) >= 4  # pieces the target model does not know, as in the issue's "▁look"
+    g = torch.Generator().manual_seed(0)
+    rows = [source_only[:2] * 2, source_only[1:4]]
+    rows += [torch.randint(0, tok.vocab_size, (12,), generator=g).tolist() for _ in range(20)]
+    for ids in rows:
+        expected = ref.decode(ids, skip_special_tokens=True)
+        for code in (">>fr<<", ">>de<<"):  # MarianTokenizer keeps language codes; the workbench drops them
+            expected = expected.replace(code, "")
+        got = tok.decode(ids)
+        assert "\u2581" not in got, ids
+        assert got.split() == expected.split(), ids
+
+
 @pytest.mark.parametrize("sizes", ["uniform", "per_stack"])
 def test_import_save_load_translate_identical(tmp_path, sizes):
-    from workbench.checkpoint import load_checkpoint
+    from workbench.checkpoint.format import load_checkpoint
 
     hf = write_marian_dir(tmp_path / "opus", **(PER_STACK if sizes == "per_stack" else {}))
     _eos_prone(hf, 0.0)
@@ -140,8 +163,8 @@ def test_import_save_load_translate_identical(tmp_path, sizes):
 
 def test_cli_import_then_translate_equals_in_memory_import(tmp_path, capsys):
     from workbench.cli import main
+    from workbench.decoding.translator import load as load_checkpoint_model
     from workbench.importers import load
-    from workbench.translator import load as load_checkpoint_model
 
     _eos_prone(write_marian_dir(tmp_path / "opus"), 0.0)
     assert main(["import", "marian", str(tmp_path / "opus"), "--out", str(tmp_path / "ckpt")]) == 0

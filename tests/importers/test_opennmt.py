@@ -13,7 +13,7 @@ import torch
 from importer_helpers import SENTENCES, foreign_class, foreign_modules, train_spm
 from onmt_reference import forward, random_state
 
-from workbench.decoding import beam_search
+from workbench.decoding.search import beam_search
 from workbench.importers.opennmt import convert_opennmt, import_opennmt
 
 SPECIALS = ["<unk>", "<blank>", "<s>", "</s>"]
@@ -153,7 +153,7 @@ def test_v1_checkpoint_with_pickled_optimizer_object_loads(tmp_path):
 def test_import_with_sentencepiece_save_load_translate_identical(tmp_path):
     import sentencepiece as spm
 
-    from workbench.checkpoint import load_checkpoint
+    from workbench.checkpoint.format import load_checkpoint
 
     proto = train_spm()
     sp = spm.SentencePieceProcessor()

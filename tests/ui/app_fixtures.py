@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from workbench import presets
-from workbench.checkpoint import save_checkpoint
-from workbench.model import Transformer
-from workbench.tokenizer import SentencePieceTokenizer
+from workbench.checkpoint.format import save_checkpoint
+from workbench.checkpoint.tokenizer import SentencePieceTokenizer
+from workbench.core.model import Transformer
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
 
@@ -39,9 +39,10 @@ def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab:
                            meta={"src_lang": langs[0], "tgt_lang": langs[1],
                                  "generation": generation or {"beam": 1, "max_len": 16},
                                  **({"step": step} if step is not None else {}),
-                                 **({"train_config": {"out_dir": run}} if run is not None else {}),
-                                 "train": {"schedule": "noam", "warmup": WARMUP, "d_model": cfg.d_model,
-                                           "factor": FACTOR}},
+                                 # as `workbench train` stores it (the keys this run used; the rest default)
+                                 "train_config": {"schedule": "noam", "warmup": WARMUP, "noam_factor": FACTOR,
+                                                  "model": {"d_model": cfg.d_model}, "max_steps": max(steps, 1),
+                                                  **({"out_dir": run} if run is not None else {})}},
                            train_log=log)
 
 
@@ -49,7 +50,7 @@ WARMUP, FACTOR = 30, 0.7
 
 
 def _train(model: Transformer, tok, de: list[str], en: list[str], steps: int, batch: int = 32) -> list[dict]:
-    from workbench.schedule import noam
+    from workbench.training.schedule import noam
 
     cfg = model.cfg
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98))

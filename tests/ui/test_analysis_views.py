@@ -45,7 +45,7 @@ def test_every_analysis_draws(session, analysis):
 
 def test_beam_replay_in_the_tab_ends_on_the_search_output(session):
     from workbench.analysis import replay_beam
-    from workbench.decoding import beam_search
+    from workbench.decoding.search import beam_search
 
     view = ModelAnalysisView(session=session, analysis="beam search replay", beam=3)
     view.show()

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ..decoding import generate
-from ..heads import KINDS, Head
-from ..interventions import ablate_heads
+from ..core.heads import Head
+from ..core.interventions import ablate_heads
+from ..decoding.search import generate
 
-__all__ = ["KINDS", "AblationEffect", "ablation_effect", "check_heads"]  # KINDS: re-exported from heads
+__all__ = ["AblationEffect", "ablation_effect", "check_heads"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ def check_heads(cfg, heads: Iterable[Head | str | tuple[str, int, int]]) -> dict
     Heads may be spelled any way `Head.parse` reads (Head, "cross:1:0", ("cross", 1, 0))."""
     spec: dict[tuple[str, int], list[int]] = {}
     for spelled in heads:
-        kind, layer, head = Head.parse(spelled).check(cfg)
-        spec.setdefault((kind, layer), []).append(head)
+        head = Head.parse(spelled).check(cfg)
+        spec.setdefault((head.kind, head.layer), []).append(head.head)
     return spec
 
 
@@ -51,7 +51,8 @@ def ablation_effect(tm, source_ids: Sequence[int], output_ids: Sequence[int],
     """Decode `source_ids` with `heads` zeroed (`decode_options`: beam=, alpha=, ... as `translate`), and
     teacher-force `output_ids` (the original output, EOS-terminated) with and without the ablation."""
 
-    heads = tuple(sorted({tuple(Head.parse(h)) for h in heads}))  # (kind, layer, head) tuples, as before
+    parsed = [Head.parse(h) for h in heads]
+    heads = tuple(sorted({(h.kind, h.layer, h.head) for h in parsed}))  # (kind, layer, head) tuples, as before
     hooks = ablate_heads(check_heads(tm.model.cfg, heads))
     clean = tm.score(source_ids, output_ids).log_prob
     src = torch.tensor([list(source_ids)], dtype=torch.long, device=tm.device)

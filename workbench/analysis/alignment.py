@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
+from ..core.heads import Head
 from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
@@ -150,7 +151,8 @@ def alignment_head_scores(
 
     `cross[n]` is sentence n's (L, H, T, S) attention; `references[n]` its links as a set (sure only) or
     (sure, possible) as `parse_pharaoh` returns. Returns a DataFrame sorted best first with columns
-    layer, head ("mean" for averages), aer, agreement (1 - aer), reference.
+    head_id ("cross:1:2"; None for averages), kind, layer, head_index ("mean" for averages), aer, agreement
+    (1 - aer), reference.
     """
     import pandas as pd
 
@@ -188,7 +190,9 @@ def alignment_head_scores(
     def score(pick, layer, head):
         pred = [attention_links(pick(a), method=method, threshold=threshold) for a in arrays]
         e = corpus_aer(pred, sure, possible)
-        rows.append({"layer": layer, "head": head, "aer": e, "agreement": 1.0 - e, "reference": label})
+        head_id = str(Head("cross", layer, head)) if isinstance(head, int) and isinstance(layer, int) else None
+        rows.append({"head_id": head_id, "kind": "cross", "layer": layer, "head_index": head, "aer": e,
+                     "agreement": 1.0 - e, "reference": label})
 
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -237,7 +241,7 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
                 if len(t) < 2:
                     raise ValueError(f"target {start + n} has {len(t)} tokens: need at least one word and EOS")
             src = pad_sequences(src_rows, cfg.pad_id, device=model.device)
-            tgt = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
+            tgt = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
             trace = capture_attention(model, src, tgt, names)
             cross = trace.stack("dec.*.cross_attn.hook_probs").float().cpu().numpy()  # (L, B, H, T, S)
             for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..heads import block_path
+from ..core.heads import block_path
 
 
 @dataclass(frozen=True)

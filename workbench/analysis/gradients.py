@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
-from ..hooks import HookPoint, NameFilter
-from ..trace import Trace
+from ..core.hooks import HookPoint, NameFilter
+from ..core.trace import Trace
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..trace import Trace
+from ..core.trace import Trace
 
 HeadReduce = Literal["mean", "max", "min"]
 

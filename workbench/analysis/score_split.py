@@ -94,7 +94,7 @@ def split_cross_scores(model, src: torch.Tensor, tgt: torch.Tensor, layer: int, 
         scale = trace[f"dec.{layer}.cross_attn_norm.hook_scale"]
         q_parts = torch.cat([frozen_norm(q_parts, norm, scale), norm.bias.detach().double().expand_as(q_parts[:1])])
         q_labels = [*q_labels, f"dec.{layer}.cross_attn_norm.bias"]
-        q_info = [*q_info, {"stack": "dec", "kind": "norm_bias", "layer": layer, "head": None}]
+        q_info = [*q_info, {"stack": "dec", "kind": "norm_bias", "layer": layer, "head_index": None}]
     h, dh = attn.n_heads, attn.d_head
     w_q = attn.q_proj.weight.detach().double().view(h, dh, -1)  # (H, Dh, D)
     w_k = attn.k_proj.weight.detach().double().view(h, dh, -1)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import pad_sequences
+from ..core.batching import pad_sequences
 from .alti import alti
 
 WORD_START = "▁"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import pad_sequences
+from ..core.batching import pad_sequences
 from .alignment import Link, score_alignments
 from .alti import alti_hooks, block_terms, cross_contributions
 from .norms import value_norms

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 from bokeh.layouts import row
 
-from ..trace import AttentionKind, Trace
+from ..core.heads import AttentionKind
+from ..core.trace import Trace
 from .heatmap import DIVERGING, matrix_figure
 from .select import Attention, Heads, select_attention, to_words
 from .tokens import Scheme

@@ -27,7 +27,8 @@ from bokeh.models import (
 from bokeh.palettes import Category10_10, Category20_20
 from bokeh.plotting import figure
 
-from ..trace import AttentionKind, Trace
+from ..core.heads import AttentionKind
+from ..core.trace import Trace
 from .select import KIND_LABEL, Attention, combined_attention, select_attention
 
 SEGMENTS_NAME = "head_lines"  # the exact lines (q, k, h, w, alpha) of the layer shown

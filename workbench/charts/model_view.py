@@ -25,8 +25,8 @@ from bokeh.models import (
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
-from ..heads import KINDS
-from ..trace import AttentionKind, Trace
+from ..core.heads import KINDS, AttentionKind
+from ..core.trace import Trace
 from .heatmap import MASKED_COLOR, downsample, label_axes, token_axis_js
 from .select import KIND_LABEL, Attention, select_attention
 

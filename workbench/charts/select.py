@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..heads import KINDS, AttentionKind, check_kind  # noqa: F401  (KINDS: re-exported for old imports)
-from ..trace import Trace
+from ..core.heads import AttentionKind, check_kind
+from ..core.trace import Trace
 from .tokens import Scheme, merge_attention, merge_mask, word_groups
 
 KIND_LABEL = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention", "cross": "cross-attention",

@@ -38,10 +38,10 @@ from ..analysis.word_align import (
     fallback_spec,
     parse_units,
 )
-from ..checkpoint import save_alignment
-from ..evaluate import read_lines
-from ..translator import TranslationModel, load
-from ..version import __version__
+from ..checkpoint.format import save_alignment
+from ..core.version import __version__
+from ..decoding.evaluate import read_lines
+from ..decoding.translator import TranslationModel, load
 from .aer import line_range
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..average import average_checkpoints, last_checkpoints
+from ..training.average import average_checkpoints, last_checkpoints
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

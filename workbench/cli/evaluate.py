@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from ..evaluate import evaluate, read_lines, read_text
-from ..translator import load
+from ..decoding.evaluate import evaluate, read_lines, read_text
+from ..decoding.translator import load
 from .translate import add_decode_arguments, decode_options
 
 

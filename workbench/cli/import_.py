@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..corpus.download import NetworkUnreachable
 from ..importers import import_checkpoint
-from ..importers.download import NetworkUnreachable
 
 FORMATS = ("marian", "fsmt", "fairseq", "opennmt")
 
@@ -24,7 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spm", default=None, help="opennmt: sentencepiece model (default: *.model beside the .pt)")
     parser.add_argument("--alpha", type=float, default=None,
                         help="fairseq: length-penalty exponent to record, as translate --alpha (default 1.0)")
-    parser.add_argument("--lenpen", type=float, default=None, help=argparse.SUPPRESS)  # old spelling of --alpha
     parser.add_argument("--quiet", action="store_true", help="print only the output path")
 
 
@@ -32,12 +31,8 @@ def run(args: argparse.Namespace) -> int:
     options = {}
     if args.spm is not None:
         options["spm"] = args.spm
-    if args.lenpen is not None:
-        print("workbench import: --lenpen is now --alpha (as in translate); the old flag goes away in the next "
-              "release", file=sys.stderr)
-    alpha = args.alpha if args.alpha is not None else args.lenpen
-    if alpha is not None:
-        options["lenpen"] = alpha
+    if args.alpha is not None:
+        options["lenpen"] = args.alpha
     try:
         imported = import_checkpoint(args.format, args.source, **options)
     except NetworkUnreachable as exc:

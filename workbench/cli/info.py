@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import ModelConfig
-from ..model import Transformer
-from ..presets import PRESETS, preset
+from ..core.config import ModelConfig
+from ..core.model import Transformer
+from ..core.presets import PRESETS, preset
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from ..config import TrainConfig
-from ..train import Trainer, parse_overrides
+from ..core.config import override
+from ..training import Trainer
+from ..training.config import TrainConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fresh = args.fresh or "--fresh" in args.overrides  # REMAINDER also captures options after CONFIG
-    cfg = parse_overrides(TrainConfig.load(args.config), [a for a in args.overrides if a != "--fresh"])
+    cfg = override(TrainConfig.load(args.config), [a for a in args.overrides if a != "--fresh"], prefix="train")
     trainer = Trainer(cfg, resume=not fresh, progress="terminal")
     with _sigterm_as_interrupt():
         trainer.fit()

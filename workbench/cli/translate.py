@@ -13,8 +13,8 @@ import sys
 
 from ..analysis.alignment import format_pharaoh
 from ..analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
-from ..evaluate import read_lines
-from ..translator import load
+from ..decoding.evaluate import read_lines
+from ..decoding.translator import load
 
 DECODE_FLAGS = ("beam", "n_best", "length_penalty", "alpha", "max_len_a", "max_len_b", "max_len", "min_len",
                 "no_repeat_ngram", "max_tokens")
@@ -34,19 +34,13 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int, default=None)
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=None, metavar="K",
                    help="source tokens per batch, padding included (as training's max_tokens)")
-    p.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--errors", choices=["strict", "replace"], default="strict",
                    help="invalid UTF-8 input: stop with the line number (strict) or replace and warn")
 
 
 def decode_options(args: argparse.Namespace) -> dict:
     """The decoding flags the user set, as keyword arguments for `TranslationModel.config_with`."""
-    options = {k: getattr(args, k) for k in DECODE_FLAGS if getattr(args, k, None) is not None}
-    if getattr(args, "batch_tokens", None) is not None:  # the old spelling, accepted for one release
-        print(f"workbench {getattr(args, 'command', 'translate')}: --batch-tokens is now --max-tokens; the old "
-              "flag goes away in the next release", file=sys.stderr)
-        options.setdefault("max_tokens", args.batch_tokens)
-    return options
+    return {k: getattr(args, k) for k in DECODE_FLAGS if getattr(args, k, None) is not None}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..heads import KINDS
-from ..trace import Trace
+from ..core.heads import KINDS
+from ..core.trace import Trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@
 
 Each importer is a key-map table plus named transforms, checked key by key and shape by shape
 (keymap.py); files are read without running their code (reading.py); what the two Hugging Face
-formats share is in hf.py; downloads are workbench.download's. The model itself has no per-toolkit
+formats share is in hf.py; downloads are workbench.corpus.download's. The model itself has no per-toolkit
 branches, only config values.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..download import resolve_source
-from ..translator import TranslationModel, decode_config_from_meta
-from ..translator import load as load_own
+from ..corpus.download import resolve_source
+from ..decoding.translator import TranslationModel, decode_config_from_meta
+from ..decoding.translator import load as load_own
 from .errors import ConversionError, UnsafeCheckpointError
 from .fairseq import import_fairseq
 from .fsmt import import_fsmt

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import ModelConfig
+from ..core.config import ModelConfig
 from .errors import ConversionError
 from .keymap import (
     ACTIVATIONS,

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
-from ..model import Transformer
+from ..core.config import ModelConfig
+from ..core.model import Transformer
 from .errors import ConversionError
 from .result import ImportReport
 

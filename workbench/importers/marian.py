@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..core.config import ModelConfig
 from .hf import bart_family_sizes, generation_defaults, layer_table, position_tables, read_folder
 from .keymap import Source, build_model, check_aliases, convert, copy, first_present, flatten, target_state
 from .result import Imported, ImportReport

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
-from ..embedding import sinusoidal_positions
+from ..core.config import ModelConfig
+from ..core.embedding import sinusoidal_positions
 from .errors import ConversionError
 from .keymap import (
     ACTIVATIONS,

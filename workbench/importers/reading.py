@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..toolkit_tokenizers import read_json  # noqa: F401  (one JSON reader; the importers' own name for it)
+from ..checkpoint.toolkit_tokenizers import read_json  # noqa: F401  (one JSON reader; the importers' own name for it)
 from .errors import ConversionError, UnsafeCheckpointError
 
 

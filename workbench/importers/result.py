@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import save_checkpoint
+from ..checkpoint.format import save_checkpoint
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ImportReport:
 class Imported:
     """A converted model with its tokenizers, decoding defaults and conversion report."""
 
-    model: Any  # workbench.model.Transformer
+    model: Any  # workbench.core.model.Transformer
     report: ImportReport
     src_tokenizer: Any = None
     tgt_tokenizer: Any = None

@@ -1,7 +1,7 @@
 """Each toolkit's tokenizers, built from the files beside its checkpoint.
 
 The tokenizer classes themselves (`SpmVocabTokenizer`, `MosesBPETokenizer`) live in
-`workbench.toolkit_tokenizers`, below the importers, so a saved imported checkpoint loads without them.
+`workbench.checkpoint.toolkit_tokenizers`, below the importers, so a saved imported checkpoint loads without them.
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
+from ..checkpoint.toolkit_tokenizers import MosesBPETokenizer, SpmVocabTokenizer
 from .errors import ConversionError
 from .reading import read_json
 
-__all__ = ["MosesBPETokenizer", "SpmVocabTokenizer", "fairseq_dictionary", "fairseq_tokenizers", "fsmt_tokenizers",
-           "marian_tokenizers", "opennmt_tokenizers"]
+__all__ = ["fairseq_dictionary", "fairseq_tokenizers", "fsmt_tokenizers", "marian_tokenizers", "opennmt_tokenizers"]
 
 
 def _vocab_list(mapping: dict[str, int], what: str) -> list[str]:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..average import average_checkpoints
-from ..checkpoint import BEST, LATEST, Checkpoint, load_checkpoint, read_pointer, save_checkpoint, write_pointer
+from ..checkpoint.format import BEST, LATEST, Checkpoint, load_checkpoint, read_pointer, save_checkpoint, write_pointer
+from .average import average_checkpoints
 
 _STEP = re.compile(r"^step_(\d+)$")
 

@@ -1,7 +1,7 @@
 """Held-out evaluation during training: teacher-forced loss, and greedy sacreBLEU/chrF on the text.
 
 Plain functions of a model and data (the trainer calls them at each validation); scoring is
-`evaluate.score`, the same as `workbench evaluate`, and batching is `data.token_batches`.
+`evaluate.score`, the same as `workbench evaluate`, and batching is `core.batching.token_batches`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from typing import Any
 
 import torch
 
-from ..data import ParallelData, pad_sequences, token_batches
-from ..decoding import greedy
-from ..evaluate import score
-from ..loss import teacher_forced_loss
-from ..model import Transformer
-from ..tokenizer import Tokenizer
+from ..checkpoint.tokenizer import Tokenizer
+from ..core.batching import pad_sequences, token_batches
+from ..core.model import Transformer
+from ..corpus.data import ParallelData
+from ..decoding.evaluate import score
+from ..decoding.search import greedy
+from .loss import teacher_forced_loss
 
 
 @torch.no_grad()

@@ -1,0 +1,1 @@
+"""What is saved with a model: the checkpoint format, the tokenizers, the shipped checkpoints."""

@@ -1,0 +1,1 @@
+"""The model: configuration, layers, hook points, traces, head names, presets. Imports nothing else of workbench."""

@@ -1,0 +1,166 @@
+"""Multi-head attention with hook points and a per-call choice of kernel.
+
+Fast path: `F.scaled_dot_product_attention` (fused; flash / memory-efficient on GPU).
+Explicit path: softmax(Q Kᵀ / sqrt(d_k)) with masks, taken only when a hook in the current
+context listens to `hook_scores` or `hook_probs`. `hook_context` (per-head output before the
+output projection) is what SDPA returns, so head ablation stays on the fast path.
+`hook_result` (each head's output as written into the residual stream: its context times its slice
+of the output projection, bias excluded) is computed only when a hook listens to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .hooks import HookPoint, observed
+from .masks import causal_mask
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention block, (B, H, L, Dh) each."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def index_select(self, index: torch.Tensor) -> KVCache:
+        return KVCache(self.k.index_select(0, index), self.v.index_select(0, index))
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, *, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.hook_q = HookPoint()  # (B, H, Lq, Dh)
+        self.hook_k = HookPoint()  # (B, H, Lk, Dh)
+        self.hook_v = HookPoint()  # (B, H, Lk, Dh)
+        self.hook_scores = HookPoint()  # (B, H, Lq, Lk): scaled, masked, before softmax
+        self.hook_probs = HookPoint()  # (B, H, Lq, Lk): rows sum to 1 over keys
+        self.hook_context = HookPoint()  # (B, H, Lq, Dh): sum_k probs * v, per head
+        self.hook_result = HookPoint()  # (B, H, Lq, D): per head, context @ W_O slice; only when listened to
+        self.hook_out = HookPoint()  # (B, Lq, D): what the block adds to the residual stream
+
+    # -- projections ------------------------------------------------------------------------
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention: one GEMM over the concatenated weights instead of three (each projection called as
+        a module when a plain PyTorch hook watches one of them, so that hook sees and may edit its output)."""
+        if observed(self.q_proj) or observed(self.k_proj) or observed(self.v_proj):
+            return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        q, k, v = F.linear(x, w, b).chunk(3, dim=-1)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def project_kv(self, x: torch.Tensor) -> KVCache:
+        """Keys and values from `x`, hooked: used for cross-attention memory (once per sentence)."""
+        if observed(self.k_proj) or observed(self.v_proj):
+            return KVCache(self.hook_k(self._heads(self.k_proj(x))), self.hook_v(self._heads(self.v_proj(x))))
+        w = torch.cat([self.k_proj.weight, self.v_proj.weight])
+        b = None if self.k_proj.bias is None else torch.cat([self.k_proj.bias, self.v_proj.bias])
+        k, v = F.linear(x, w, b).chunk(2, dim=-1)
+        return KVCache(self.hook_k(self._heads(k)), self.hook_v(self._heads(v)))
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        static_kv: KVCache | None = None,
+    ) -> tuple[torch.Tensor, KVCache | None]:
+        """Attend from `x` (B, Lq, D).
+
+        Self-attention: keys/values from `x`, appended to `cache` when decoding incrementally.
+        Cross-attention: keys/values from `memory`, or `static_kv` computed once beforehand.
+        `mask` is bool, broadcastable to (B, H, Lq, Lk), True = may attend. With `causal`,
+        query i sees keys up to its absolute position (cache length + i).
+        Returns the block output and the (new) self-attention cache.
+        """
+        if static_kv is not None or memory is not None:
+            q = self.hook_q(self._heads(self.q_proj(x)))
+            kv = static_kv if static_kv is not None else self.project_kv(memory)  # type: ignore[arg-type]
+            k, v, new_cache = kv.k, kv.v, None
+        else:
+            q, k, v = self.project_qkv(x)
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+            if cache is not None:
+                k = torch.cat([cache.k, k], dim=2)
+                v = torch.cat([cache.v, v], dim=2)
+            new_cache = KVCache(k, v)
+
+        q_len, k_len = q.size(2), k.size(2)
+        offset = k_len - q_len  # earlier positions held in the cache
+        if causal and q_len == 1:
+            causal = False  # a single newest query may see every cached key
+        dropout = self.dropout if self.training else 0.0
+
+        if self.hook_scores.is_active() or self.hook_probs.is_active():
+            context = self._explicit(q, k, v, mask, causal, offset, dropout)
+        else:
+            if causal and (mask is not None or offset):
+                mask = _merge_causal(mask, q_len, k_len, q.device)
+                causal = False
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        context = self.hook_context(context)  # (B, H, Lq, Dh)
+        if self.hook_result.is_active():
+            return self.hook_out(self._by_head(context)), new_cache
+        return self.hook_out(self._project_out(context)), new_cache
+
+    def _project_out(self, context: torch.Tensor) -> torch.Tensor:
+        b, _, q_len, _ = context.shape
+        return self.out_proj(context.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_head))
+
+    def head_weights(self) -> torch.Tensor:
+        """Each head's slice of the output projection, (H, Dh, D): result_h = context_h @ W[h]."""
+        return self.out_proj.weight.t().reshape(self.n_heads, self.d_head, -1)
+
+    def _by_head(self, context: torch.Tensor) -> torch.Tensor:
+        # per-head terms summed: equals out_proj on the concatenated heads up to summation order
+        raw = torch.einsum("bhld,hde->bhle", context, self.head_weights())
+        result = self.hook_result(raw)
+        if observed(self.out_proj):  # out_proj's own hooks see its call; edits to the heads are added on top
+            return self._project_out(context) + (result.sum(1) - raw.sum(1) if result is not raw else 0)
+        out = result.sum(1)
+        return out if self.out_proj.bias is None else out + self.out_proj.bias
+
+    def _explicit(self, q, k, v, mask, causal, offset, dropout) -> torch.Tensor:
+        # scale q (L·Dh values) rather than the scores (L² values): one fewer pass over the big tensor
+        scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1))  # (B, H, Lq, Lk)
+        if causal:
+            mask = _merge_causal(mask, q.size(2), k.size(2), q.device)
+        if mask is not None:
+            # finfo.min, not -inf: exp underflows to exactly 0 on masked keys, and a row with
+            # no visible key becomes uniform instead of NaN
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = self.hook_scores(scores)
+        # softmax accumulates in fp32 internally for half types, so no upcast copy is needed
+        probs = self.hook_probs(torch.softmax(scores, dim=-1))
+        if dropout:
+            probs = F.dropout(probs, p=dropout)
+        return torch.matmul(probs, v)
+
+
+def _merge_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    # masks.causal_mask is the one definition: the mask chart draws the same one the model applies
+    causal = causal_mask(q_len, device, offset=k_len - q_len)  # (Lq, Lk)
+    return causal if mask is None else mask & causal

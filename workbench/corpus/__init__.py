@@ -1,0 +1,1 @@
+"""Parallel corpora: reading, batching by tokens, and the downloads that fetch them."""
