@@ -3,7 +3,7 @@
     python benchmarks/bench_hooks.py --json benchmarks/results/hooks_idle_cpu.json
 
 Hook points and the fused projections check, on every call, whether a `register_forward_hook`-style hook
-(or nnsight's instrumented forward) watches them (`workbench.hooks.observed`). This times an eval forward
+(or nnsight's instrumented forward) watches them (`workbench.core.hooks.observed`). This times an eval forward
 with those checks against the same model with the checks patched out (the hook points' old fast call:
 `__call__ = forward`; projections always fused), interleaved in one run (alternating which goes first), median
 of `--repeats` rounds each, in CPU time of the process (wall time on a loaded machine swings more than the

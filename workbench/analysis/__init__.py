@@ -9,11 +9,24 @@ Each module has one job; see docs/analysis.md for the definitions and the litera
 
 from __future__ import annotations
 
-from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
+from .alignment import (
+    AERScore,
+    aer,
+    alignment_head_scores,
+    attention_links,
+    corpus_aer,
+    corpus_cross_attention,
+    format_pharaoh,
+    parse_pharaoh,
+    read_alignments,
+    score_alignments,
+)
+from .alti import Alti, alti
 from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
-from .contrast import ContrastPair, noun_swaps
+from .circuits import EdgeGraph, EdgeScores, circuit_faithfulness, circuit_metric, edge_patching, edge_scores
+from .contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
 from .decompose import (
     Components,
     LogitAttribution,
@@ -25,6 +38,7 @@ from .decompose import (
 )
 from .generation_trace import generation_trace
 from .gradients import run_with_grads
+from .graph import AttributionGraph, attribution_graph, faithfulness_check, remove_nodes
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
@@ -42,9 +56,12 @@ from .patching import (
 )
 from .positional_share import positional_share, score_terms
 from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
+from .word_align import WordMaps, Words, alignment_maps, encode_words, maps_from_trace
 
 __all__ = [
     "aer", "alignment_head_scores", "attention_links", "corpus_aer", "corpus_cross_attention", "parse_pharaoh",
+    "AERScore", "format_pharaoh", "read_alignments", "score_alignments", "Alti", "alti",
+    "WordMaps", "Words", "alignment_maps", "encode_words", "maps_from_trace",
     "NORM_HOOKS", "STATS", "DecoderRollout", "HeadStats", "ValueNorms", "attention_flow", "attention_rollout",
     "block_stats", "corpus_head_stats", "decoder_rollout", "encoder_rollout", "head_stats", "punctuation_ids",
     "value_norms", "LogitLens", "logit_lens", "positional_share", "score_terms",
@@ -57,4 +74,6 @@ __all__ = [
     "sequence_log_prob", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
+    "GENDER_EN", "NUMBER_DE", "NUMBER_EN", "word_swaps", "AttributionGraph", "attribution_graph", "faithfulness_check",
+    "remove_nodes", "EdgeGraph", "EdgeScores", "circuit_faithfulness", "circuit_metric", "edge_patching", "edge_scores",
 ]

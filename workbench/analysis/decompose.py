@@ -167,11 +167,28 @@ def decompose_resid(model, src: torch.Tensor, tgt: torch.Tensor, *, stack: str =
             _, trace = model.run_with_cache(src, tgt, names=[*names, point])
     finally:
         model.train(was)
-    shape = trace[point].shape
+    labels, info, values = stream_components(model, trace, stack, layers, split_heads=split_heads)
+    return Components(labels, info, values, trace[point], point)
+
+
+def stream_components(model, trace, stack: str, layers: int, *, split_heads: bool = True, before: str | None = None
+                      ) -> tuple[list[str], list[dict[str, Any]], torch.Tensor]:
+    """The components of the `stack` stream after its first `layers` layers, from a trace holding
+    `_capture_names(model, stack, layers)`: (labels, info, values (N, B, L, D) float64). `before` (a block
+    path such as "dec.2.cross_attn") stops where that block would write: the stream that block reads
+    (pre-norm: before its input norm)."""
+    side = "src" if stack == "enc" else "tgt"
+    shape = trace[f"hook_{side}_tok"].shape
     labels: list[str] = []
     info: list[dict] = []
     parts: list[torch.Tensor] = []
-    for ev in _events(model, stack, layers, trace):
+    events = _events(model, stack, layers, trace)
+    if before is not None:
+        stop = [n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == before]
+        if not stop:
+            raise ValueError(f"no block {before!r} in the first {layers} layers of the {stack} stack")
+        events = events[: stop[0]]
+    for ev in events:
         if ev[0] == "norm":
             _, path, norm, scale = ev
             parts = [frozen_norm(p, norm, scale) for p in parts]
@@ -194,7 +211,7 @@ def decompose_resid(model, src: torch.Tensor, tgt: torch.Tensor, *, stack: str =
             labels.append(label)
             info.append(inf)
             parts.append(x.double().expand(shape))
-    return Components(labels, info, torch.stack(parts), trace[point], point)
+    return labels, info, torch.stack(parts)
 
 
 def _layer_of(path: str) -> int | None:

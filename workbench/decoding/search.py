@@ -36,7 +36,7 @@ import torch
 from ..core.batching import decoder_input, pad_sequences
 from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
 from ..core.hooks import decoding_step
-from ..core.model import DecoderCache, Transformer
+from ..core.model import DecoderCache, Encoded, Transformer
 from ..core.trace import Trace
 
 NEG_INF = float("-inf")
@@ -237,12 +237,14 @@ def greedy(
     *,
     trace: bool = False,
     check_every: int | None = None,
+    encoded: Encoded | None = None,
     **options,
 ) -> Generation:
     """Arg-max decoding of a (B, S) source batch; scores are normalised as beam search's are.
 
     Settings come from `config` (a DecodeConfig; its beam and n_best are ignored) with keyword
-    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields.
+    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields. `encoded`: the encoder's output
+    for `src`, computed before (`model.encode(src)`), so runs that edit only the decoder reuse it.
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -256,7 +258,7 @@ def greedy(
 
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
-        encoded = model.encode(src)
+        encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
         cache = model.start_cache(encoded)
         sent = torch.arange(batch, device=src.device)
         tokens = torch.full((batch, 1), model.cfg.start_id, dtype=torch.long, device=src.device)
@@ -320,6 +322,14 @@ def _complete(results: list) -> list[list[Hypothesis]]:
     if missing:  # the length limit forces EOS, so this is a bug, not bad input
         raise RuntimeError(f"decoding ended without a hypothesis for sentences {missing[:10]}")
     return results
+
+
+def _check_encoded(encoded: Encoded, src: torch.Tensor) -> Encoded:
+    """`encoded` when it can be the encoder's output for `src` (batch and length agree), else a ValueError."""
+    if tuple(encoded.memory.shape[:2]) != tuple(src.shape):
+        raise ValueError(f"encoded memory {tuple(encoded.memory.shape)} does not belong to a source batch of shape "
+                         f"{tuple(src.shape)}")
+    return encoded
 
 
 def _check_model(model: Transformer, src: torch.Tensor) -> None:
@@ -441,12 +451,13 @@ def beam_search(
     record_steps: bool = False,
     trace: bool = False,
     check_every: int | None = None,
+    encoded: Encoded | None = None,
     **options,
 ) -> Generation:
     """Beam search over a (B, S) source batch; see the module docstring for the search rules.
 
     Settings come from `config` (a DecodeConfig) with keyword `options` (beam=, n_best=, alpha=, ...)
-    overriding its fields.
+    overriding its fields. `encoded`: the encoder's output for `src` when already computed (as `greedy`).
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -462,7 +473,7 @@ def beam_search(
 
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
-        encoded = model.encode(src)
+        encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
         cache = model.start_cache(encoded)
         expand = torch.arange(batch, device=dev).repeat_interleave(K)
         encoded = encoded.index_select(expand)

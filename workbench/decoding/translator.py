@@ -56,6 +56,10 @@ class Translation:
     trace: Trace | None = None
     """Attention over the whole generation (enc self, dec self, cross; every layer and head)."""
     truncated: bool = False
+    forced: bool = False
+    """The output was given (teacher forcing, `trace(..., target=...)`), not decoded."""
+    notes: list[str] = field(default_factory=list)
+    """What was adjusted on the way, in words (a source or target cut to max_positions)."""
 
 
 class TranslationModel:
@@ -70,6 +74,7 @@ class TranslationModel:
         decode: DecodeConfig | None = None,
         append_eos: bool = True,
         meta: dict[str, Any] | None = None,
+        alignment: dict[str, Any] | None = None,
     ) -> None:
         self.model = model.eval()
         self.src_tokenizer = src_tokenizer
@@ -77,6 +82,7 @@ class TranslationModel:
         self.decode_config = decode or DecodeConfig()
         self.append_eos = append_eos
         self.meta = dict(meta or {})
+        self.alignment = alignment  # the checkpoint's alignment.json (workbench.analysis.word_align.AlignmentSpec)
 
     @classmethod
     def from_checkpoint(
@@ -92,7 +98,7 @@ class TranslationModel:
         if decode is None:
             decode = decode_config_from_meta(generation)
         return cls(ckpt.model, ckpt.src_tokenizer, ckpt.tgt_tokenizer, decode=decode, append_eos=append_eos,
-                   meta={"path": str(ckpt.path), **ckpt.meta})
+                   meta={"path": str(ckpt.path), **ckpt.meta}, alignment=ckpt.alignment)
 
     @property
     def device(self) -> torch.device:
@@ -172,9 +178,32 @@ class TranslationModel:
                    else [int(i) for i in o] for o in outputs]
         return teacher_forced(src_ids, out_ids, pad_id=cfg.pad_id, start_id=cfg.start_id, device=self.device)
 
-    def trace(self, text: str, **options: Any) -> Translation:
-        """One sentence with its whole-generation attention trace (token strings in trace.meta["*_pieces"])."""
-        return self.translate([text], return_traces=True, **options)[0]  # type: ignore[return-value]
+    def trace(self, text: str, *, target: str | Sequence[int] | None = None, **options: Any) -> Translation:
+        """A sentence in; its translation, whole-generation attention trace and notes out.
+
+        The one home of "inspect one sentence" (the app, notebooks): decodes with `options` (beam=, alpha=,
+        ... as `translate`), or with `target` (text, or output ids ending with EOS) teacher-forces that output
+        instead (`score`). Token strings are in trace.meta["src_pieces" / "tgt_pieces" / "out_pieces"];
+        what was cut to fit max_positions is in `notes` (as well as warned). An empty source gives an empty
+        Translation with no trace."""
+        cfg = self.config_with(**options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            src_ids, cut = self.encode_source(text, where="the sentence")
+            if not src_ids:
+                r = Translation(source=text, text="")
+            elif target is not None and len(target) > 0 and (not isinstance(target, str) or target.strip()):
+                r = self.score(src_ids, target, trace=True)
+                r.source, r.forced, r.truncated = text, True, r.truncated or cut
+            else:
+                r = Translation(source=text, text="", source_tokens=src_ids, truncated=cut)
+                src = torch.tensor([src_ids], dtype=torch.long, device=self.device)
+                with torch.no_grad():
+                    self._fill([r], [0], generate(self.model, src, cfg, trace=True))
+        r.notes = [str(w.message) for w in caught]
+        for w in caught:  # still a warning for the caller, as translate() gives one
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return r
 
     def score(self, source: str | Sequence[int], output: str | Sequence[int], *, trace: bool = False) -> Translation:
         """Teacher forcing: the log-probability the model gives `output` for `source`, with no search.
