@@ -51,7 +51,7 @@ def test_curve_reusing_clean_runs_equals_reencoding_and_hand_ablation():
     row = t[(t["kind"] == "cross") & (t["removed"] == 5)].iloc[0]
     heads = [("cross", int(x.split(":")[0]), int(x.split(":")[1])) for x in row["heads"].split()]
     imp = reused.importance
-    assert [(h[1], h[2]) for h in heads] == [(int(imp.loc[i, "layer"]), int(imp.loc[i, "head"]))
+    assert [(h[1], h[2]) for h in heads] == [(int(imp.loc[i, "layer"]), int(imp.loc[i, "head_index"]))
                                             for i in importance_order(imp, "cross")[:5]]
     hand = run_outcome(model, SOURCES, targets, hooks=ablate_heads(heads), detokenize=_text, references=refs,
                        **DECODE)
@@ -59,7 +59,7 @@ def test_curve_reusing_clean_runs_equals_reencoding_and_hand_ablation():
 
 
 def test_importance_order_and_removable_count():
-    imp = pd.DataFrame({"kind": ["enc_self"] * 4, "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+    imp = pd.DataFrame({"kind": ["enc_self"] * 4, "layer": [0, 0, 1, 1], "head_index": [0, 1, 0, 1],
                         "d_ref_log_prob": [-2.0, 0.1, -0.5, -0.5]})
     assert importance_order(imp, "enc_self") == [1, 2, 3, 0]  # helps first; ties by layer/head; most harmful last
     table = pd.DataFrame({"kind": "enc_self", "removed": [0, 1, 2, 3, 4], "total": 4,

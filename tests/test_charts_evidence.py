@@ -49,7 +49,7 @@ def test_source_share_bars_flag_tokens():
 
 
 def test_role_grid_pruning_and_formation_charts():
-    table = pd.DataFrame({"kind": ["enc_self"] * 2 + ["cross"] * 2, "layer": [0, 0, 0, 0], "head": [0, 1, 0, 1],
+    table = pd.DataFrame({"kind": ["enc_self"] * 2 + ["cross"] * 2, "layer": [0, 0, 0, 0], "head_index": [0, 1, 0, 1],
                           "prev_top": [0.95, 0.1, np.nan, np.nan], "next_top": [0.0, 0.1, np.nan, np.nan],
                           "eos": [0.0, 0.6, 0.1, 0.1], "punct": [0.0] * 4, "rare": [0.1] * 4,
                           "aer": [np.nan, np.nan, 0.4, 0.8], "roles": ["previous", "eos", "alignment", ""]})

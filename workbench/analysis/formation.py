@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.heads import Head
 from ..decoding.translator import load as load_checkpoint
 from .alignment import Link, read_alignments, score_alignments
 from .head_stats import corpus_head_stats, punctuation_ids
@@ -40,15 +41,15 @@ def diagonal_links(n_src: int, n_tgt: int) -> set[Link]:
 
 
 def head_aer_table(maps, gold, *, eos: str = "drop"):
-    """DataFrame layer, head, aer of every cross-attention head's argmax links (`maps`: one `WordMaps` per gold
-    pair; `word_align.unit_scores`), best first."""
+    """DataFrame head_id, layer, head_index, aer of every cross-attention head's argmax links (`maps`: one
+    `WordMaps` per gold pair; `word_align.unit_scores`), best first."""
     import pandas as pd
 
     if len(maps) != len(gold):
         raise ValueError(f"{len(maps)} alignment maps for {len(gold)} gold alignments")
-    rows = [{"layer": layer, "head": head, "aer": e} for (layer, head), e in unit_scores(maps, gold, eos=eos).items()
-            if head is not None]
-    return pd.DataFrame(rows).sort_values(["aer", "layer", "head"], kind="stable").reset_index(drop=True)
+    rows = [{"head_id": str(Head("cross", layer, head)), "layer": layer, "head_index": head, "aer": e}
+            for (layer, head), e in unit_scores(maps, gold, eos=eos).items() if head is not None]
+    return pd.DataFrame(rows).sort_values(["aer", "layer", "head_index"], kind="stable").reset_index(drop=True)
 
 
 @torch.no_grad()
@@ -114,17 +115,17 @@ class FormationProbe:
         pairs = _pairs(tm, self.test_src, self.test_ref)
         share, by_pos = self._source_share(model, pairs[: self.share_sentences])
         best = aer.iloc[0]
-        grid = np.full((int(aer["layer"].max()) + 1, int(aer["head"].max()) + 1), np.nan)
+        grid = np.full((int(aer["layer"].max()) + 1, int(aer["head_index"].max()) + 1), np.nan)
         for _, r in aer.iterrows():
-            grid[int(r["layer"]), int(r["head"])] = r["aer"]
+            grid[int(r["layer"]), int(r["head_index"])] = r["aer"]
         return {
             "step": step, "shift": self.shift, "gold_pairs": n_gold,
-            "best_aer": float(best["aer"]), "best_head": f"cross:{int(best['layer'])}:{int(best['head'])}",
+            "best_aer": float(best["aer"]), "best_head": best["head_id"],
             "diagonal_aer": float(diagonal), "head_aer": grid.tolist(),
             "source_share": share, "source_share_by_position": by_pos,
             "role_counts": roles.counts(),
-            "roles": {f"{r['kind']}:{r['layer']}:{r['head']}": r["roles"] for _, r in roles.table.iterrows()},
-            "stats": {f"{r['kind']}:{r['layer']}:{r['head']}": {k: _num(r[k]) for k in
+            "roles": {r["head_id"]: r["roles"] for _, r in roles.table.iterrows()},
+            "stats": {r["head_id"]: {k: _num(r[k]) for k in
                                                                 ("prev_top", "next_top", "eos", "punct", "rare")}
                       for _, r in roles.table.iterrows()},
         }

@@ -59,8 +59,8 @@ class PruningCurve:
 def importance_order(importance, kind: str) -> list[int]:
     """Row indices of `importance` for `kind`, least important first (largest change in log-probability first:
     a head whose removal helps goes before one whose removal hurts); ties by layer and head."""
-    part = importance[(importance["kind"] == kind) & (importance["head"] != "all")]
-    order = part.assign(_k=-part["d_ref_log_prob"]).sort_values(["_k", "layer", "head"], kind="stable")
+    part = importance[(importance["kind"] == kind) & (importance["head_index"] != "all")]
+    order = part.assign(_k=-part["d_ref_log_prob"]).sort_values(["_k", "layer", "head_index"], kind="stable")
     return list(order.index)
 
 
@@ -114,7 +114,7 @@ def pruning_curve(model, sources: Sequence[Sequence[int]], targets: Sequence[Seq
         total = len(ranked)
         levels = sorted({int(k) for k in (steps if steps is not None else range(total + 1)) if 0 <= k <= total})
         for n, k in enumerate(levels):
-            removed = [(kind, int(r["layer"]), int(r["head"])) for _, r in ranked.iloc[:k].iterrows()]
+            removed = [(kind, int(r["layer"]), int(r["head_index"])) for _, r in ranked.iloc[:k].iterrows()]
             if k == 0:
                 bleu, chrf = base_bleu, base_chrf
             else:

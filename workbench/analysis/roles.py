@@ -58,8 +58,8 @@ class RoleRules:
 
 @dataclass(frozen=True)
 class HeadRoles:
-    """Roles of every head: `table` (DataFrame: kind, layer, head, prev_top, next_top, eos, punct, rare, aer,
-    roles) and the rules that decided them."""
+    """Roles of every head: `table` (DataFrame: head_id, kind, layer, head_index, prev_top, next_top, eos, punct,
+    rare, aer, roles) and the rules that decided them."""
 
     table: object
     rules: RoleRules = field(default_factory=RoleRules)
@@ -67,7 +67,7 @@ class HeadRoles:
 
     def of(self, kind: str, layer: int, head: int) -> list[str]:
         t = self.table
-        row = t[(t["kind"] == kind) & (t["layer"] == layer) & (t["head"] == head)]
+        row = t[(t["kind"] == kind) & (t["layer"] == layer) & (t["head_index"] == head)]
         if row.empty:
             raise KeyError(f"no head {kind}:{layer}:{head}")
         value = row["roles"].iloc[0]
@@ -87,29 +87,31 @@ class HeadRoles:
     def __str__(self) -> str:
         lines = ["Head roles; a head has a role when:", *(f"  {x}" for x in self.rules.lines(self.diagonal_aer))]
         for _, r in self.table.iterrows():
-            lines.append(f"  {r['kind']}:{r['layer']}:{r['head']}  {r['roles'] or '-'}")
+            lines.append(f"  {r['head_id']}  {r['roles'] or '-'}")
         return "\n".join(lines)
 
 
 def head_roles(stats: HeadStats, *, aer=None, diagonal_aer: float | None = None,
                rules: RoleRules | None = None) -> HeadRoles:
     """Roles of every head from `stats` (`corpus_head_stats`; "rare" needs token counts, which it counts) and,
-    for cross-attention, a per-head AER table (DataFrame with columns layer, head, aer; rows with head "mean"
-    are ignored) with the diagonal aligner's AER on the same gold."""
+    for cross-attention, a per-head AER table (DataFrame with columns layer, head_index, aer, as
+    `head_aer_table` and `alignment_head_scores` give; rows with head_index "mean" are ignored) with the diagonal
+    aligner's AER on the same gold."""
     rules = rules or RoleRules()
     if (aer is None) != (diagonal_aer is None):
         raise ValueError("give both aer (per-head AER) and diagonal_aer (the diagonal baseline's), or neither")
     df = stats.summary()
-    cols = ["kind", "layer", "head", "prev_top", "next_top", "eos", "punct", "rare"]
+    cols = ["head_id", "kind", "layer", "head_index", "prev_top", "next_top", "eos", "punct", "rare"]
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise ValueError(f"the statistics lack {missing}: compute them with corpus_head_stats")
     df = df[cols].copy()
     df["aer"] = np.nan
     if aer is not None:
-        per_head = aer[aer["head"] != "mean"]
+        index = "head_index" if "head_index" in aer.columns else "head"  # a table written before the rename
+        per_head = aer[aer[index] != "mean"]
         for _, r in per_head.iterrows():
-            hit = (df["kind"] == "cross") & (df["layer"] == int(r["layer"])) & (df["head"] == int(r["head"]))
+            hit = (df["kind"] == "cross") & (df["layer"] == int(r["layer"])) & (df["head_index"] == int(r[index]))
             df.loc[hit, "aer"] = float(r["aer"])
 
     def decide(r) -> str:

@@ -115,10 +115,10 @@ def role_grid(roles, *, kinds: Sequence[str] | None = None):
         part = table[table["kind"] == kind]
         if part.empty:
             continue
-        n_layers, n_heads = int(part["layer"].max()) + 1, int(part["head"].max()) + 1
+        n_layers, n_heads = int(part["layer"].max()) + 1, int(part["head_index"].max()) + 1
         labels = [r or "–" for r in part["roles"]]
         src = ColumnDataSource({
-            "x": part["head"].astype(float).tolist(), "y": part["layer"].astype(float).tolist(),
+            "x": part["head_index"].astype(float).tolist(), "y": part["layer"].astype(float).tolist(),
             "roles": labels, "text": [x.replace(",", "\n") for x in labels],
             "color": [ROLE_COLOR.get(r.split(",")[0] if r else "", "#cccccc") for r in part["roles"]],
             "prev_top": part["prev_top"].tolist(), "next_top": part["next_top"].tolist(),

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         aer, diagonal, n = gold_aer(tm, read_text(args.gold_src), read_text(args.gold_tgt), links, shift=args.shift)
         aer.to_csv(out / "aer.csv", index=False)
         best = aer.iloc[0]
-        print(f"alignment ({args.shift}, {n} gold pairs): best head cross:{int(best['layer'])}:{int(best['head'])} "
+        print(f"alignment ({args.shift}, {n} gold pairs): best head {best['head_id']} "
               f"AER {100 * best['aer']:.1f} %, diagonal aligner {100 * diagonal:.1f} %")
     roles = head_roles(table, aer=aer, diagonal_aer=diagonal)
     roles.table.to_csv(out / "roles.csv", index=False)
