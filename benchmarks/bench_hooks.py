@@ -5,7 +5,9 @@
 Hook points and the fused projections check, on every call, whether a `register_forward_hook`-style hook
 (or nnsight's instrumented forward) watches them (`workbench.core.hooks.observed`). This times an eval forward
 with those checks against the same model with the checks patched out (the hook points' old fast call:
-`__call__ = forward`; projections always fused), interleaved in one run, median of `--repeats` rounds each.
+`__call__ = forward`; projections always fused), interleaved in one run (alternating which goes first), median
+of `--repeats` rounds each, in CPU time of the process (wall time on a loaded machine swings more than the
+difference measured).
 """
 
 from __future__ import annotations
@@ -40,17 +42,18 @@ def unchecked():
 
 
 def time_forward(model, src, tgt, n: int) -> float:
+    """CPU seconds per forward (process time: steadier than wall time on a shared machine)."""
     with torch.no_grad():
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(n):
             model(src, tgt)
-        return (time.perf_counter() - start) / n
+        return (time.process_time() - start) / n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -63,10 +66,13 @@ def main() -> None:
         tgt = torch.randint(4, cfg.tgt_vocab, (batch, length))
         time_forward(model, src, tgt, 3)  # warm up
         checked, plain = [], []
-        for _ in range(args.repeats):
-            checked.append(time_forward(model, src, tgt, n))
+        for i in range(args.repeats):  # alternate which goes first, so neither always runs warm
+            if i % 2:
+                checked.append(time_forward(model, src, tgt, n))
             with unchecked():
                 plain.append(time_forward(model, src, tgt, n))
+            if not i % 2:
+                checked.append(time_forward(model, src, tgt, n))
         c, p = statistics.median(checked), statistics.median(plain)
         results[label] = {"batch": batch, "length": length, "hook_points": len(model.hook_names()),
                           "forward_ms_with_checks": c * 1e3, "forward_ms_without": p * 1e3, "ratio": c / p}

@@ -110,7 +110,7 @@ def test_ranking_and_sentence_search():
     found = t.sentences("enc_self", 0, 1, "eos", top=2)
     assert found["sentence"].tolist() == [0, 1] and found["value"].tolist() == [1.0, pytest.approx(0.2)]
     ranked = t.rank("entropy")
-    assert list(ranked.columns[:3]) == ["kind", "layer", "head"] and len(ranked) == 2
+    assert list(ranked.columns[:4]) == ["head_id", "kind", "layer", "head_index"] and len(ranked) == 2
     with pytest.raises(KeyError, match="unknown statistic"):
         t.values("nope")
     with pytest.raises(KeyError, match="no block"):

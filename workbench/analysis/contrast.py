@@ -147,7 +147,8 @@ def word_swaps(tm, sentences: Sequence[str], swaps: Sequence[tuple[str, str]], m
             swapped = next(j for j in range(len(ids)) if ids[j] != c_ids[j])
             pairs.append(ContrastPair(
                 src=torch.tensor([ids], device=dev), corrupted_src=torch.tensor([c_ids], device=dev),
-                tgt=torch.tensor([[cfg.start_id, *a[:-1]]], device=dev), position=diff, good=a[diff], bad=b[diff],
+                tgt=torch.tensor([decoder_input(a, cfg.start_id)], device=dev), position=diff, good=a[diff],
+                bad=b[diff],
                 swapped=swapped, text=text, corrupted_text=c_text, output=outs[2 * k].text,
                 corrupted_output=outs[2 * k + 1].text))
             if max_pairs is not None and len(pairs) >= max_pairs:

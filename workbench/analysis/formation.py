@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.heads import Head
 from ..decoding.translator import load as load_checkpoint
 from .alignment import Link, read_alignments, score_alignments
 from .head_stats import corpus_head_stats, punctuation_ids
@@ -41,16 +42,13 @@ def diagonal_links(n_src: int, n_tgt: int) -> set[Link]:
 
 def head_aer_table(maps, gold, *, eos: str = "drop"):
     """DataFrame head_id, layer, head_index, aer of every cross-attention head's argmax links (`maps`: one
-    `WordMaps` per gold
-    pair; `word_align.unit_scores`), best first."""
+    `WordMaps` per gold pair; `word_align.unit_scores`), best first."""
     import pandas as pd
 
     if len(maps) != len(gold):
         raise ValueError(f"{len(maps)} alignment maps for {len(gold)} gold alignments")
-    scores = unit_scores(maps, gold, eos=eos)
-    rows = [{"head_id": f"cross:{layer}:{head}", "layer": layer, "head_index": head, "aer": e}
-            for (layer, head), e in scores.items()
-            if head is not None]
+    rows = [{"head_id": str(Head("cross", layer, head)), "layer": layer, "head_index": head, "aer": e}
+            for (layer, head), e in unit_scores(maps, gold, eos=eos).items() if head is not None]
     return pd.DataFrame(rows).sort_values(["aer", "layer", "head_index"], kind="stable").reset_index(drop=True)
 
 

@@ -59,8 +59,7 @@ class RoleRules:
 @dataclass(frozen=True)
 class HeadRoles:
     """Roles of every head: `table` (DataFrame: head_id, kind, layer, head_index, prev_top, next_top, eos, punct,
-    rare, aer,
-    roles) and the rules that decided them."""
+    rare, aer, roles) and the rules that decided them."""
 
     table: object
     rules: RoleRules = field(default_factory=RoleRules)
@@ -95,9 +94,9 @@ class HeadRoles:
 def head_roles(stats: HeadStats, *, aer=None, diagonal_aer: float | None = None,
                rules: RoleRules | None = None) -> HeadRoles:
     """Roles of every head from `stats` (`corpus_head_stats`; "rare" needs token counts, which it counts) and,
-    for cross-attention, a per-head AER table (DataFrame with columns layer, head_index, aer; rows with head_index
-    "mean"
-    are ignored) with the diagonal aligner's AER on the same gold."""
+    for cross-attention, a per-head AER table (DataFrame with columns layer, head_index, aer, as
+    `head_aer_table` and `alignment_head_scores` give; rows with head_index "mean" are ignored) with the diagonal
+    aligner's AER on the same gold."""
     rules = rules or RoleRules()
     if (aer is None) != (diagonal_aer is None):
         raise ValueError("give both aer (per-head AER) and diagonal_aer (the diagonal baseline's), or neither")
@@ -109,10 +108,10 @@ def head_roles(stats: HeadStats, *, aer=None, diagonal_aer: float | None = None,
     df = df[cols].copy()
     df["aer"] = np.nan
     if aer is not None:
-        per_head = aer[aer["head_index"] != "mean"]
+        index = "head_index" if "head_index" in aer.columns else "head"  # a table written before the rename
+        per_head = aer[aer[index] != "mean"]
         for _, r in per_head.iterrows():
-            hit = ((df["kind"] == "cross") & (df["layer"] == int(r["layer"]))
-                   & (df["head_index"] == int(r["head_index"])))
+            hit = (df["kind"] == "cross") & (df["layer"] == int(r["layer"])) & (df["head_index"] == int(r[index]))
             df.loc[hit, "aer"] = float(r["aer"])
 
     def decide(r) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from .alti import alti
 
 WORD_START = "▁"
@@ -43,7 +43,7 @@ def output_source_shares(model, sources: Sequence[Sequence[int]], outputs: Seque
             if not sources[k] or not outputs[k]:
                 raise ValueError(f"sentence {k}: empty source or output")
         src = pad_sequences([list(sources[k]) for k in batch], cfg.pad_id, device=model.device)
-        tgt = pad_sequences([[cfg.start_id, *list(outputs[k])[:-1]] for k in batch], cfg.pad_id, device=model.device)
+        tgt = pad_sequences([decoder_input(outputs[k], cfg.start_id) for k in batch], cfg.pad_id, device=model.device)
         share = alti(model, src, tgt).source_share.cpu().numpy()  # (B, T)
         for b, k in enumerate(batch):
             out[k] = share[b, : len(outputs[k])].astype(np.float64)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from .alignment import Link, score_alignments
 from .alti import alti_hooks, block_terms, cross_contributions
 from .norms import value_norms
@@ -270,8 +270,8 @@ def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *,
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
                 src = pad_sequences([[*sources[k].ids, cfg.eos_id] for k in batch], cfg.pad_id, device=model.device)
-                tgt = pad_sequences([[cfg.start_id, *targets[k].ids] for k in batch], cfg.pad_id,
-                                    device=model.device)
+                tgt = pad_sequences([decoder_input(targets[k].ids, cfg.start_id, prefix=True) for k in batch],
+                                    cfg.pad_id, device=model.device)
                 _, trace = model.run_with_cache(src, tgt, names=names)
                 per_head, layers = piece_maps(model, trace, method, heads=heads)
                 for b, k in enumerate(batch):

@@ -57,8 +57,8 @@ def logit_attribution_grid(dla, *, title: str = "", top: int = 12, width: int = 
     bound = float(np.abs(values).max()) or 1.0
     grids = []
     for kind, name in HEAD_KINDS.items():
-        cells = [(inf["layer"], inf["head"], v) for inf, v in zip(dla.info, values)
-                 if inf.get("head") is not None and inf.get("kind") == kind]
+        cells = [(inf["layer"], inf["head_index"], v) for inf, v in zip(dla.info, values)
+                 if inf.get("head_index") is not None and inf.get("kind") == kind]
         if not cells:
             continue
         layers = max(c[0] for c in cells) + 1

@@ -109,8 +109,9 @@ class HookPoint(nn.Module):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # nn.Module.__call__'s machinery costs ~1 µs and these run hundreds of times per forward: take it only
         # when a plain PyTorch hook (or a replaced forward) is there to see the call; the test is a few dict reads
-        if (self._forward_hooks or self._forward_pre_hooks or _GLOBAL_FORWARD or _GLOBAL_PRE
-                or "forward" in self.__dict__ or self._backward_hooks or _GLOBAL_BACKWARD):
+        d = self.__dict__  # item reads, not attribute lookups: a fifth cheaper
+        if (_GLOBAL_FORWARD or _GLOBAL_PRE or _GLOBAL_BACKWARD or d["_forward_hooks"] or d["_forward_pre_hooks"]
+                or d["_backward_hooks"] or "forward" in d):
             return nn.Module.__call__(self, x)
         if _ACTIVE_COUNT == 0:
             return x
@@ -119,9 +120,9 @@ class HookPoint(nn.Module):
     def is_active(self) -> bool:
         """True when a hook in the current context, or a plain PyTorch hook, listens here (lets attention
         and the norms pick their path)."""
+        d = self.__dict__
         return ((_ACTIVE_COUNT != 0 and _listens(self)) or bool(
-            self._forward_hooks or self._forward_pre_hooks or _GLOBAL_FORWARD or _GLOBAL_PRE
-            or "forward" in self.__dict__))
+            _GLOBAL_FORWARD or _GLOBAL_PRE or d["_forward_hooks"] or d["_forward_pre_hooks"] or "forward" in d))
 
     @property
     def decoding(self) -> DecodingStep | None:
