@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 app: $(STAMP)
-	$(VENV)/bin/panel serve apps/attention.py --show $(ARGS)
+	$(VENV)/bin/panel serve apps/attention.py --setup apps/serve_setup.py --show $(ARGS)
 
 notebook: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

@@ -116,7 +116,8 @@ def serve(path: Path) -> tuple[subprocess.Popen, str]:
     from conftest import _free_port
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--setup",
+                             str(ROOT / "apps" / "serve_setup.py"), "--port",
                              str(port), "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
                              "--args", "--checkpoints", str(path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -132,10 +133,10 @@ def serve(path: Path) -> tuple[subprocess.Popen, str]:
 
 def submit_and_wait(page, text: str, n_src: int) -> float:
     v = page.evaluate(VERSION)
-    box = page.locator(".sentence-input input")
+    box = page.locator(".sentence-input textarea")
     box.fill(text)
     t = time.perf_counter()
-    box.press("Enter")
+    page.locator(".translate-btn button").click()
     page.wait_for_function(f"() => ({VERSION})() > {v} && ({FIGURE_KEYS})() === {n_src}", timeout=120_000,
                            polling="raf")
     return time.perf_counter() - t
@@ -201,9 +202,9 @@ def concurrent(b, url: str, tm, sessions: int, seconds: float) -> dict:
                 text = pool[k % len(pool)] + f" {k}"
                 k += 1
                 v = page.evaluate(VERSION)
-                box = page.locator(".sentence-input input")
+                box = page.locator(".sentence-input textarea")
                 box.fill(text)
-                box.press("Enter")
+                page.locator(".translate-btn button").click()
                 pending[i] = (time.perf_counter(), v, len(tm.encode_source(text)[0]))
     elapsed = time.perf_counter() - start
     return {"sessions": sessions, "completed": len(lat), "seconds": round(elapsed, 1),
@@ -251,12 +252,113 @@ def server_side(path: Path, tm, sessions: int, seconds: float) -> dict:
     return asyncio.run(run())
 
 
+LONG_EN = ("The old fisherman who had lived in the small village by the sea for more than forty years told the "
+           "children that the storm which destroyed the harbour last winter was not the worst he had seen, because "
+           "when he was young a much stronger wind had carried away every boat, the church roof and half of the "
+           "houses along the narrow street near the market.")
+
+
+def contention(path: Path, tm, seconds: float, interactive: int = 8, heavy: int = 2) -> dict:
+    """Issue 28's speed goal: `interactive` sessions translating ~10-word sentences and changing the selection
+    (layer, head, highlighted token) in a loop, with and without `heavy` more sessions running the Why tab's exact
+    patching sweep on a 60-word sentence over and over. Every session has its views attached to a Bokeh document,
+    in this process, on one event loop (as under `panel serve`, without browsers). Latency: from the change to the
+    applied answer (translation: `version` bumped; selection: the attention view redrawn)."""
+    import asyncio
+
+    from bokeh.document import Document
+
+    from workbench.ui import Workbench
+    from workbench.ui.why_view import WhyView
+
+    short = [s for s in sentences(tm, 14, 30)]
+    long_src = LONG_EN if (tm.meta.get("src_lang") or "en") == "en" else pool_long(tm)
+
+    async def run(with_heavy: bool) -> dict:
+        pages = []
+        for _ in range(interactive + (heavy if with_heavy else 0)):
+            wb = Workbench(path, default_dir=None, sync_url=False, background=True)
+            doc = Document()
+            doc.add_root(wb.__panel__().get_root(doc))
+            pages.append(wb)
+        for wb in pages:
+            while wb.session.result is None or wb.session.busy:
+                await asyncio.sleep(0.01)
+        stop = [False]
+        sweeps, patched = [0], [0]
+
+        async def sweeper(wb) -> None:
+            why = WhyView(session=wb.session)
+            wb.session.sentence = long_src
+            while wb.session.busy or wb.session.result is None or wb.session.result.request.sentence != long_src:
+                await asyncio.sleep(0.01)
+            why.show()
+            k = 0
+            while not stop[0]:
+                why.corrupted = long_src.replace("fisherman", ["sailor", "farmer", "teacher", "baker"][k % 4])
+                k += 1
+                while why._patch_box.loading and not stop[0]:
+                    await asyncio.sleep(0.05)
+                why.refresh_patching(exact=True)  # the exact sweep, superseded by the next edit
+                await asyncio.sleep(3.0)
+                sweeps[0] += 1
+                patched[0] += why._bar.value if why._bar.visible else 0
+            why.stop()
+
+        lat: dict[str, list[float]] = {"translate": [], "select": []}
+        counter = [0]
+        start = time.perf_counter()
+
+        async def user(wb) -> None:
+            s = wb.session
+            while time.perf_counter() - start < seconds:
+                v, t = s.version, time.perf_counter()
+                s.sentence = short[counter[0] % len(short)] + f" {counter[0]}"
+                counter[0] += 1
+                while s.version == v:
+                    await asyncio.sleep(0.002)
+                lat["translate"].append(time.perf_counter() - t)
+                for change in ({"layer": 1 % max(1, len(s.param.layer.objects))}, {"head": 0}, {"token": 2},
+                               {"layer": 0, "head": -1, "token": -1}):
+                    t = time.perf_counter()
+                    s.param.update(**change)  # the attention view redraws on the loop, inline
+                    lat["select"].append(time.perf_counter() - t)
+                    await asyncio.sleep(0)
+
+        heavy_tasks = [asyncio.ensure_future(sweeper(wb)) for wb in pages[interactive:]]
+        await asyncio.gather(*(user(wb) for wb in pages[:interactive]))
+        stop[0] = True
+        await asyncio.gather(*heavy_tasks)
+        for wb in pages:
+            wb.session.close()
+        every = lat["translate"] + lat["select"]
+        q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+        return {"interactive_sessions": interactive, "heavy_sessions": heavy if with_heavy else 0,
+                "sweeps_started": sweeps[0], "sites_patched_in_3s_windows": patched[0],
+                "translations": len(lat["translate"]),
+                "translate_p50_s": statistics.median(lat["translate"]), "translate_p95_s": q(lat["translate"], 0.95),
+                "select_p50_s": statistics.median(lat["select"]), "select_p95_s": q(lat["select"], 0.95),
+                "all_p50_s": statistics.median(every), "all_p95_s": q(every, 0.95)}
+
+    idle = asyncio.run(run(False))
+    busy = asyncio.run(run(True))
+    return {"idle": idle, "with_heavy": busy, "p95_ratio": busy["all_p95_s"] / idle["all_p95_s"],
+            "translate_p95_ratio": busy["translate_p95_s"] / idle["translate_p95_s"]}
+
+
+def pool_long(tm) -> str:
+    return sentences(tm, 80, 1)[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--no-browser", action="store_true", help="only the in-process and server-side parts")
+    ap.add_argument("--contention", action="store_true",
+                    help="only issue 28's goal: 8 interactive sessions with and without 2 running Why sweeps")
+    ap.add_argument("--out", help="write the JSON report here too")
     args = ap.parse_args()
     from workbench.ui import loader
 
@@ -264,6 +366,12 @@ def main() -> int:
     path, what = pick_checkpoint(args.checkpoint)
 
     tm = loader.load_model(str(path))
+    if args.contention:
+        report = {"checkpoint": what, "seconds": args.seconds, "contention": contention(path, tm, args.seconds)}
+        print(json.dumps(report, indent=1), flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return 0
     texts = {n: sentences(tm, n, 3) for n in (30, 200)}
     report = {"checkpoint": what, "in_process": in_process(path, texts)}
     report["server_side_concurrent"] = server_side(path, tm, args.sessions, args.seconds)

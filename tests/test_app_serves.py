@@ -20,6 +20,7 @@ def test_app_serves_a_page():
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port", str(port),
+         "--setup", str(ROOT / "apps" / "serve_setup.py"),
          "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )

@@ -82,11 +82,11 @@ def test_lr_chart_data_comes_from_the_schedules_and_the_log():
 
 
 def test_training_curves_from_log_rows():
-    log = [{"step": s, "loss": 5 - s / 10, "val_loss": (4.0 if s % 20 == 0 else None), "epoch": 0}
+    log = [{"step": s, "loss": 5 - s / 10, "valid_loss": (4.0 if s % 20 == 0 else None), "epoch": 0}
            for s in range(0, 50, 5)]
     data = training_curves_data(log)
-    assert set(data.metric) == {"loss", "val_loss"}
-    assert len(data[data.metric == "val_loss"]) == 3
+    assert set(data.metric) == {"loss", "valid_loss"}
+    assert len(data[data.metric == "valid_loss"]) == 3
     assert training_curves_chart(log).to_dict()["facet"]["field"] == "metric"
     with pytest.raises(ValueError, match="'step'"):
         training_curves_data([{"loss": 1.0}])

@@ -64,6 +64,7 @@ def app_server(tmp_path_factory):
     log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port", str(port),
+         "--setup", str(ROOT / "apps" / "serve_setup.py"),
          "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
          # closed pages' sessions are destroyed within ~6 s (a page's own session must outlive its script loading)
          "--check-unused-sessions", "1000", "--unused-session-lifetime", "5000",
@@ -87,7 +88,11 @@ def app_server(tmp_path_factory):
     yield served
     proc.terminate()
     try:
+        proc.wait(timeout=60)  # a running model call finishes its batch first; on a loaded 2-core box that took >20 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
         proc.wait(timeout=20)
+        pytest.fail("panel serve did not stop within 60 s of SIGTERM")
     finally:
         log.close()
     errors = server_tracebacks(log_path.read_text())

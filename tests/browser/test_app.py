@@ -89,9 +89,9 @@ def source_tokens(page) -> int:
 
 def submit(page, text: str) -> int:
     v = version(page)
-    box = page.locator(".sentence-input input")
+    box = page.locator(".sentence-input textarea")
     box.fill(text)
-    box.press("Enter")
+    page.locator(".translate-btn button").click()  # the box commits when it loses focus
     return wait_version(page, v)
 
 
@@ -150,7 +150,7 @@ def test_two_sessions_do_not_share_ablations(browser, app_server):
     # B: same sentence re-run after A's ablation; its page has no ablation and the same result as before
     vb = version(pb)
     pb.locator(".beam-slider").first.focus()
-    submit(pb, pb.locator(".sentence-input input").input_value() + " ")
+    submit(pb, pb.locator(".sentence-input textarea").input_value() + " ")
     assert version(pb) > vb
     assert "Δ =" not in text(pb, ".ablation-out")
     assert text(pb, ".translation").split("log p")[0] == b_before.split("log p")[0]
@@ -201,7 +201,7 @@ def test_a_bad_link_is_ignored_with_a_message(page, app_server):
     """A path in the link is never used: only labels from the discovered list are; the rest still applies."""
     watch = open_app(page, app_server + "?ckpt=%2Fetc%2Fpasswd&head=1&src=Ein+Hund+l%C3%A4uft.")
     assert "could not be used" in text(page, ".message") and "/etc/passwd" in text(page, ".message")
-    assert page.locator(".sentence-input input").input_value() == "Ein Hund läuft."
+    assert page.locator(".sentence-input textarea").input_value() == "Ein Hund läuft."
     page.wait_for_function(f"({FIGURE_JS})().title.includes('head 1')", timeout=TIMEOUT)
     assert watch.errors == []
 

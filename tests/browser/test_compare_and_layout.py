@@ -13,7 +13,7 @@ from test_app import FIGURE_JS, TIMEOUT, open_app, text
 
 ROOT = Path(__file__).resolve().parents[2]
 TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why")
-READY = {"Attention": "Ablate heads", "Internals": "Training curves stored", "Compare": "B reads A's output",
+READY = {"Attention": "Ablate heads", "Internals": "validation curves stored", "Compare": "B reads A's output",
          "Analysis": "Head statistics", "Model analysis": "Pick an analysis", "Why": "Patching against"}
 
 
@@ -88,6 +88,13 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
     for tab in TABS:
         open_tab(page, tab)
         page.get_by_text(READY[tab]).first.wait_for(timeout=TIMEOUT * 2)  # the tab's work is done
+        if tab == "Why":  # its attribution and its patching answer
+            page.locator(".why-dla").first.wait_for(timeout=TIMEOUT * 2)
+            page.locator(".why-patching-note").first.wait_for(timeout=TIMEOUT * 2)
+        if tab == "Compare":  # A | B | B-A side by side on a wide page
+            boxes = [page.locator(".bk-Figure").nth(i).bounding_box() for i in range(3)]
+            if width >= 1400:
+                assert len({round(b["y"]) for b in boxes}) == 1, boxes
         page.wait_for_timeout(1000)  # and its figures painted
         name = f"screenshot_{tab.lower().replace(' ', '_')}_{width}.png"
         page.screenshot(path=str(out / name), full_page=True)

@@ -24,9 +24,11 @@ def test_export_downloads_a_file_that_draws_offline(browser, app_server, tmp_pat
     open_app(page, app_server + "?ckpt=demo")
     with page.expect_download(timeout=TIMEOUT) as info:
         page.locator(".export-html button").click()
-    path = tmp_path / "attention.html"
+    assert info.value.suggested_filename == "demo_heatmap_cross-L0-Hmean.html"  # checkpoint, view, kind, layer, head
+    path = tmp_path / info.value.suggested_filename
     info.value.save_as(path)
     html = path.read_text(encoding="utf-8")
+    assert "Checkpoint: demo" in html and "Sentence: " in html and "Translation: " in html  # the caption
     assert "cdn.jsdelivr.net" not in html and external_references(html) == []  # no CDN, not even MathJax's
     ctx.close()
 

@@ -39,9 +39,10 @@ def build_checkpoint(directory: Path, *, seed: int = 0, lines: int = 400, vocab:
                            meta={"src_lang": langs[0], "tgt_lang": langs[1],
                                  "generation": generation or {"beam": 1, "max_len": 16},
                                  **({"step": step} if step is not None else {}),
-                                 **({"train_config": {"out_dir": run}} if run is not None else {}),
-                                 "train": {"schedule": "noam", "warmup": WARMUP, "d_model": cfg.d_model,
-                                           "factor": FACTOR}},
+                                 # as `workbench train` stores it (the keys this run used; the rest default)
+                                 "train_config": {"schedule": "noam", "warmup": WARMUP, "noam_factor": FACTOR,
+                                                  "model": {"d_model": cfg.d_model}, "max_steps": max(steps, 1),
+                                                  **({"out_dir": run} if run is not None else {})}},
                            train_log=log)
 
 

@@ -158,7 +158,7 @@ def test_the_selection_offers_only_what_the_model_and_sentence_have(session):
     ("", "Type a sentence"),
     ("   \n ", "Type a sentence"),
     ("x" * 5001, "only the first 5,000"),
-    ("Hund " * 300, "cut to the model's limit"),
+    ("Hund " * 300, "truncated to"),
 ])
 def test_bad_input_gives_a_message(session, text, expect):
     session.sentence = text
@@ -215,6 +215,7 @@ def test_attention_view_draws_every_kind_and_mode(session):
     from workbench.ui.views import AttentionView
 
     view = AttentionView(session=session)
+    view.__panel__()  # its widgets and the export button's name follow the session
     for kind in ("enc_self", "dec_self", "cross"):
         for mode in ("heatmap", "lines", "grid"):
             session.param.update(kind=kind, view=mode)
@@ -223,6 +224,10 @@ def test_attention_view_draws_every_kind_and_mode(session):
     assert view.figure.title.text.startswith("cross-attention, layer 1, head 2")
     html = view.export_html().getvalue()  # a fresh figure of the same view, self-contained
     assert "cross-attention, layer 1, head 2" in html and "<script src" not in html
+    assert view.export_name() == "alpha_heatmap_cross-L1-H2.html"
+    assert "Sentence: Ein Hund l" in html and "Checkpoint: alpha" in html  # the caption (JSON-escaped text)
+    session.param.update(view="grid", kind="enc_self")
+    assert view.export_name() == "alpha_grid_enc_self-Lall-Hall.html"
 
 
 def test_workbench_assembles_for_notebooks(ckpt_dir):
@@ -236,10 +241,10 @@ def test_workbench_assembles_for_notebooks(ckpt_dir):
     assert _figures(wb.compare.content) == 3 and not _alerts(wb.compare.content)  # A, B, B - A
     wb.internals.show()  # positional encodings, masks, LR formula vs log, curves: all drawn, none failed
     headings = " ".join(o.object for o in wb.internals.content if isinstance(o, pn.pane.Markdown))
-    for part in ("Positional encodings", "Masks", "Learning-rate schedule", "Training curves"):
+    for part in ("Positional encodings", "Masks", "Learning-rate schedule", "validation curves"):
         assert part in headings
     assert _figures(wb.internals.content) >= 2 and not _alerts(wb.internals.content)
-    assert wb.internals.warmup == 30  # read from the checkpoint's meta["train"]
+    assert "noam: warm-up 30 steps" in headings  # read from the checkpoint's stored train_config
     wb.analysis.show()
     for analysis in ("head statistics", "decoder rollout"):
         wb.analysis.analysis = analysis

@@ -1,83 +1,51 @@
-"""The Why tab without a browser: attribution of the tapped token sums to its logit, and patching runs against
-a changed source (or says why it cannot)."""
+"""The Why tab without a browser: attribution of the picked token sums to its logit (grid and bars agree with the
+library), patching runs once per (sentence, changed source), starts with the estimate on long outputs, reports
+progress and stops; the token picker follows the output length; a new sentence resets the changed source."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import panel as pn
 import pytest
 import torch
-from bokeh.models import GlyphRenderer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
+from test_requests import on_loop, until  # noqa: E402
 
-from workbench.ui import Workbench, loader  # noqa: E402
+from workbench.analysis.decompose import direct_logit_attribution  # noqa: E402
+from workbench.analysis.patching import log_prob, patching_sweep  # noqa: E402
+from workbench.ui import Workbench, loader, why_view  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
-from workbench.ui.why_view import TAB, WhyView  # noqa: E402
+from workbench.ui.why_view import TAB, WhyView, explain_token, patch  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def entries(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
     build_checkpoint(root / "alpha", seed=0, steps=0)
-    entries, _ = loader.discover([root], default=None)
+    return loader.discover([root], default=None)[0]
+
+
+@pytest.fixture
+def session(entries):
     return Session(entries, checkpoint="alpha", sentence=SENTENCE)
-
-
-def _bokeh(view) -> list:
-    return [o.object for o in view.content if isinstance(o, pn.pane.Bokeh)]
 
 
 def _note(view) -> str:
     return next(o.object for o in view.content if "why-patching-note" in o.css_classes)
 
 
-def test_attribution_bars_sum_to_the_tapped_tokens_logit(session):
-    view = WhyView(session=session)
-    assert view.content == []  # hidden: no work
-    view.position = 2
-    view.show()
-    bars = _bokeh(view)[0]
-    values = bars.select_one({"type": GlyphRenderer}).data_source.data["value"]
-    r = session.result
-    tm = session.translation_model()
-    tgt = torch.tensor([[tm.model.cfg.start_id, *r.out_ids[:-1]]])
-    with torch.no_grad():
-        logit = tm.model(torch.tensor([list(r.src_ids)]), tgt)[0, 2, r.out_ids[2]]
-    assert sum(values) == pytest.approx(float(logit), abs=1e-3)
-    assert f"{r.out_pieces[2]!r} at output position 2" in bars.title.text
-
-
-def test_patching_needs_the_same_token_count_and_draws_two_maps(session):
-    view = WhyView(session=session)
-    view.show()
-    view.corrupted = "Ein Hund läuft durch den großen Park mit Bäumen."
-    assert "tokens and the original" in _note(view)
-    tm = session.translation_model()
-    ids, _ = tm.encode_source(SENTENCE)
-    swapped = tm.src_tokenizer.decode([ids[1], *ids[:1], *ids[2:-1]])  # same pieces, two swapped
-    if tm.encode_source(swapped)[0] == ids or len(tm.encode_source(swapped)[0]) != len(ids):
-        pytest.skip("this tokenizer re-splits the swapped text")
-    view.corrupted = swapped
-    assert "log p of the output" in _note(view) and len(_bokeh(view)) == 4  # bars, reads, stream, heads
-
-
-def test_the_tab_joins_through_the_constructor(session, tmp_path):
-    wb = Workbench(session.entry.path, default_dir=None, extra_tabs=[TAB])
-    assert [t for t, _ in wb.tabs][-1] == "Why"
-
-
 def _swapped(session) -> str:
     """The sentence with its first two pieces swapped: the same token count (skips if the tokenizer re-splits)."""
-    tm = session.translation_model()
+    tm = session.model
     ids, _ = tm.encode_source(SENTENCE)
     swapped = tm.src_tokenizer.decode([ids[1], *ids[:1], *ids[2:-1]])
     if tm.encode_source(swapped)[0] == ids or len(tm.encode_source(swapped)[0]) != len(ids):
@@ -85,45 +53,139 @@ def _swapped(session) -> str:
     return swapped
 
 
-def test_patching_reports_its_progress_per_batch_and_hides_it_when_done(session):
+def test_attribution_grid_and_bars_sum_to_the_picked_tokens_logit(session):
+    r = session.result
+    answer = explain_token(r, 2)
+    tm = session.model
+    tgt = torch.tensor([[tm.model.cfg.start_id, *r.out_ids[:-1]]])
+    with torch.no_grad():
+        logit = tm.model(torch.tensor([list(r.src_ids)]), tgt)[0, 2, r.out_ids[2]]
+    dla = answer["dla"]
+    assert float(dla.values.sum()) == pytest.approx(float(logit), abs=1e-3)
+    again = direct_logit_attribution(tm.model, torch.tensor([list(r.src_ids)]), tgt, 2, r.out_ids[2])
+    assert torch.allclose(dla.values, again.values)
+    grid = answer["grid"]
+    cross = grid.select_one({"name": "dla_grid_cross-attention"})
+    image = cross.renderers[0].data_source.data["image"][0]  # (layers, heads), drawn as stored
+    want = np.array([[float(v) for lab, v in zip(dla.labels, dla.values) if lab == f"dec.{i}.cross_attn.head.{h}"]
+                     for i in range(2) for h in range(4)]).reshape(2, 4)
+    assert np.allclose(image, want)
+    bars = grid.select_one({"name": "dla_bars"}).renderers[0].data_source.data
+    assert sum(bars["value"]) == pytest.approx(float(logit), abs=1e-3)  # top-k, the rest summed, the heads' sum
+    sizes = [abs(v) for v in bars["value"][:-1]]
+    assert sizes == sorted(sizes, reverse=True)  # largest first (the last bar is the rest)
+
+
+def test_patching_runs_once_per_sentence_and_changed_source(session, monkeypatch):
+    calls = []
+    monkeypatch.setattr(why_view, "patch", lambda *a, **k: calls.append(a[1]) or patch(*a, **k))
     view = WhyView(session=session)
-    seen = []
-    view._progress_text.param.watch(lambda e: seen.append(e.new), "object")
     view.show()
-    seen.clear()
+    assert len(calls) == 1 and calls[0] is None  # prefilled for this sentence
+    for position in (1, 2, 0):
+        view.position = position  # a token tap redraws attribution only
+    assert len(calls) == 1
+    view.corrupted = "Ein Hund läuft durch den großen Park mit Bäumen."
+    assert "tokens and the original" in _note(view) and len(calls) == 2
+    swapped = _swapped(session)
+    view.corrupted = swapped
+    assert "log p of the output" in _note(view) and len(calls) == 3
+    maps = [o for o in view.content if isinstance(o, pn.pane.Bokeh) and o.object.name == "why_patching_map"]
+    titles = [m.object.title.text for m in maps]
+    assert len(maps) == 3 and "encoder stream" in titles[0] and "encoder self-attention heads" in titles[1]
+    assert "decoder heads" in titles[2] and maps[2].object.xaxis[0].axis_label == "query: output token produced"
+    view.position = 1
+    view.corrupted = "Ein Hund läuft durch den großen Park mit Bäumen."
+    view.corrupted = swapped  # both are answers it has: cached
+    assert len(calls) == 3
+
+
+def test_the_exact_sweeps_effect_is_centred_on_no_effect(session):
+    """Two ways: the view's effect map against the library's sweep, normalised by hand."""
+    r = session.result
+    swapped = _swapped(session)
+    p = patch(r, swapped, exact=True)
+    tm = session.model
+    src = torch.tensor([list(r.src_ids)])
+    tgt = torch.tensor([[tm.model.cfg.start_id, *r.out_ids[:-1]]])
+    c_src = torch.tensor([tm.encode_source(swapped)[0]])
+    sweep = patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites="resid_enc", metric=log_prob(list(r.out_ids)))
+    by_hand = (sweep.clean_metric - sweep.values.numpy()) / (sweep.clean_metric - sweep.corrupted_metric)
+    assert p.exact and np.allclose(p.maps[0][1], by_hand, equal_nan=True)
+    # the embeddings of the unchanged tokens (all but the two swapped) are the same in both runs: no effect, 0
+    assert np.allclose(p.maps[0][1][0, 2:], 0.0, atol=1e-9) and np.abs(p.maps[0][1][0, :2]).max() > 1e-3
+    fig = why_view.patching_heatmap(p.maps[0][1], p.maps[0][2], p.maps[0][3])
+    mapper = fig.renderers[0].glyph.color_mapper
+    assert mapper.low == -mapper.high  # white = no effect
+
+
+def test_long_outputs_start_with_the_estimate_and_offer_the_exact_sweep(session, monkeypatch):
+    monkeypatch.setattr(why_view, "EXACT_AT_ONCE", 0)
+    view = WhyView(session=session)
+    view.show()
     view.corrupted = _swapped(session)
-    assert "log p of the output" in _note(view)
-    enc = [t for t in seen if "encoder stream" in t]
-    heads = [t for t in seen if "heads" in t]
-    assert enc and heads and seen == enc + heads  # the stream sweep first, then the heads
-    for lines in (enc, heads):
-        done_total = [tuple(int(w) for w in t.split("patched ")[1].split(" sites")[0].split(" of ")) for t in lines]
-        assert done_total[-1][0] == done_total[-1][1] and [d for d, _ in done_total] == sorted(d for d, _ in done_total)
-    assert not view._bar.visible and not view._progress_text.visible
+    assert "attribution patching" in _note(view) and view._exact.visible
+    view.refresh_patching(exact=True)
+    assert "exact sweep" in _note(view) and not view._exact.visible
 
 
-def test_served_progress_arrives_on_the_event_loop_while_the_sweep_runs(session):
-    """Background: each report is applied on the loop's thread, and the bar shows before the answer lands."""
+def test_the_token_picker_follows_the_output_and_a_new_sentence_resets_the_changed_source(session):
+    view = WhyView(session=session)
+    view.show()
+    assert isinstance(view._picker.objects[0], pn.widgets.RadioButtonGroup)
+    first = view.corrupted = "Ein Hund läuft durch den großen Park mit Bäumen."  # the user's edit
+    assert "tokens and the original" in _note(view)
+    view.position = 2
+    session.target = " ".join(["A dog runs through the big green park"] * 4)  # a long (teacher-forced) output
+    assert len(session.result.out_pieces) > why_view.MAX_BUTTONS
+    assert isinstance(view._picker.objects[0], pn.widgets.Select)
+    session.target = ""
+    session.sentence = "Zwei Männer spielen Fußball im Park."
+    assert view.position == 0 and view.corrupted != first
+    assert "tokens and the original" not in _note(view)  # the new sentence's own changed source
+
+
+def test_the_tab_joins_through_the_constructor(session):
+    wb = Workbench(session.entry.path, default_dir=None, extra_tabs=[TAB])
+    assert [t for t, _ in wb.tabs][-1] == "Why"
+
+
+def test_served_progress_arrives_on_the_loop_and_stop_ends_the_sweep(entries, monkeypatch):
+    """Background: progress is applied on the loop's thread while the sweep runs; Stop ends it at its next batch
+    (the worker patches no further batch) and its answer never lands."""
+    monkeypatch.setattr(why_view, "EXACT_AT_ONCE", 0)
+    batches, first_batch, release = [], threading.Event(), threading.Event()
+
+    def slow_sweep(*args, progress=None, **kw):
+        def counted(done, total):
+            batches.append(done)
+            first_batch.set()
+            release.wait(60)
+            progress(done, total)
+        return patching_sweep(*args, progress=counted, batch_size=8, **kw)
+
+    monkeypatch.setattr(why_view, "patching_sweep", slow_sweep)
     loop_thread, applied = [], []
 
     async def main():
         loop_thread.append(threading.current_thread())
-        s = Session(session.entries, checkpoint=session.checkpoint, sentence=SENTENCE, background=True)
-        while s.busy or s.result is None:
-            await asyncio.sleep(0.01)
+        s = Session(entries, checkpoint="alpha", sentence=SENTENCE, background=True)
+        await until(lambda: s.result is not None and not s.busy, "the translation")
         view = WhyView(session=s)
-        view._progress_text.param.watch(
-            lambda e: applied.append((threading.current_thread(), e.new, view._box.loading)), "object")
+        view._progress_text.param.watch(lambda e: applied.append((threading.current_thread(), e.new)), "object")
         view.show()
-        while view._box.loading:
-            await asyncio.sleep(0.01)
         view.corrupted = _swapped(s)
-        while view._box.loading:
-            await asyncio.sleep(0.01)
+        await until(lambda: view._exact.visible, "the estimate")
+        view.refresh_patching(exact=True)
+        await asyncio.get_running_loop().run_in_executor(None, first_batch.wait, 60)
+        release.set()
+        await until(lambda: applied, "the first progress report")
+        view.stop()
+        await asyncio.sleep(0.5)
         return view
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        view = pool.submit(asyncio.run, main()).result(timeout=120)
-    reports = [(t, text, loading) for t, text, loading in applied if text]
-    assert reports and all(t is loop_thread[0] and loading for t, text, loading in reports)
-    assert "log p of the output" in _note(view) and not view._progress_text.visible
+    view = on_loop(main)
+    assert applied and all(t is loop_thread[0] for t, _ in applied)
+    assert "Stopped the exact sweep" in _note(view) and "attribution patching" in _note(view)
+    total = why_view.site_count(view.session.result)
+    assert len(batches) < total / 8 - 1  # it stopped early

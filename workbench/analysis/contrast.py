@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.batching import decoder_input
+
 NOUNS = ("Mann", "Frau", "Hund", "Kind", "Junge", "Mädchen", "Auto", "Ball", "Haus", "Straße", "Pferd", "Katze",
          "Wasser", "Fahrrad", "Strand", "Gitarre", "Boot", "Baum", "Hut", "Buch")
 NOUNS_EN = ("man", "woman", "dog", "child", "boy", "girl", "animal", "car", "ball", "house", "street", "horse", "cat",
@@ -82,7 +84,8 @@ def noun_swaps(tm, sentences: Sequence[str], nouns: Sequence[str] | None = None,
             dev = tm.model.device
             pairs.append(ContrastPair(
                 src=torch.tensor([ids], device=dev), corrupted_src=torch.tensor([swapped], device=dev),
-                tgt=torch.tensor([[cfg.start_id, *a[:-1]]], device=dev), position=diff, good=a[diff], bad=b[diff],
+                tgt=torch.tensor([decoder_input(a, cfg.start_id)], device=dev), position=diff, good=a[diff],
+                bad=b[diff],
                 swapped=hit, text=text, corrupted_text=c_text, output=outs[0].text, corrupted_output=corr.text))
             break
         if max_pairs is not None and len(pairs) >= max_pairs:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from html import escape as html_escape
 from pathlib import Path
 
 from bokeh.document import Document
@@ -35,8 +36,16 @@ def _is_altair(obj) -> bool:
     return type(obj).__module__.startswith("altair")
 
 
-def to_html(obj, title: str = "Attention Workbench") -> str:
-    """A self-contained HTML page for a Bokeh model/layout or an Altair chart."""
+def to_html(obj, title: str = "Attention Workbench", caption: str | None = None) -> str:
+    """A self-contained HTML page for a Bokeh model/layout or an Altair chart; `caption` (plain text, shown
+    escaped) goes above a Bokeh figure: what it shows, for a file read away from the app."""
+    if isinstance(obj, Model) and caption:
+        from bokeh.layouts import column
+        from bokeh.models import Div
+
+        lines = "<br>".join(html_escape(line) for line in caption.splitlines())
+        obj = column(Div(text=f'<p class="caption" style="font: 13px sans-serif; margin: 4px 0 8px">{lines}</p>'),
+                     obj)
     if isinstance(obj, Model):
         # An explicit fresh curdoc: file_html's temporary document copies curdoc()'s JS callbacks, and in a
         # server callback curdoc() can be a closed session's document whose callback manager is gone.
@@ -53,10 +62,10 @@ def to_html(obj, title: str = "Attention Workbench") -> str:
     raise TypeError(f"cannot export {type(obj).__name__}: expected a Bokeh model or an Altair chart")
 
 
-def save_html(obj, path: str | Path, title: str = "Attention Workbench") -> Path:
+def save_html(obj, path: str | Path, title: str = "Attention Workbench", caption: str | None = None) -> Path:
     """Write `to_html(obj)` to path; returns the path."""
     path = Path(path)
-    path.write_text(to_html(obj, title), encoding="utf-8")
+    path.write_text(to_html(obj, title, caption), encoding="utf-8")
     return path
 
 

@@ -117,8 +117,10 @@ def matrix_figure(
     highlight: int | None = None,
     colorbar: bool = True,
     value_label: str = "weight",
+    axis_labels: tuple[str, str] = ("query", "key"),
 ):
-    """A (Lq, Lk) matrix as a Bokeh image with token axes, token hover and masked cells in grey."""
+    """A (Lq, Lk) matrix as a Bokeh image with token axes, token hover and masked cells in grey.
+    `axis_labels`: (rows, columns) as the hover names them; given explicitly, also the axis titles."""
     values = np.asarray(values)
     lq, lk = values.shape
     if (lq, lk) != (len(queries), len(keys)):
@@ -144,7 +146,7 @@ def matrix_figure(
                          color_mapper=mapper, name=IMAGE_NAME)
     fig.add_tools(HoverTool(
         renderers=[renderer],
-        tooltips=[("query", "$y{custom}"), ("key", "$x{custom}"), (value_label, "@image{custom}")],
+        tooltips=[(axis_labels[0], "$y{custom}"), (axis_labels[1], "$x{custom}"), (value_label, "@image{custom}")],
         formatters={"$y": token_axis_js(queries), "$x": token_axis_js(keys), "@image": weight_js()},
     ))
     label_axes(fig, queries, keys)
@@ -154,6 +156,8 @@ def matrix_figure(
                                       "left": [-0.5] * len(rows), "right": [lk - 0.5] * len(rows)}),
              top="top", bottom="bottom", left="left", right="right", fill_alpha=0, line_color="#ff2d55",
              line_width=2, name=HIGHLIGHT_NAME)
+    if axis_labels != ("query", "key"):
+        fig.yaxis.axis_label, fig.xaxis.axis_label = axis_labels
     if colorbar:
         fig.add_layout(ColorBar(color_mapper=mapper, width=10, title=value_label), "right")
     return fig

@@ -186,7 +186,7 @@ def training_curves_data(log: Sequence[Mapping], metrics: Sequence[str] | None =
     frame = pd.DataFrame(list(log))
     if "step" not in frame:
         raise ValueError(f"training log rows need a 'step' key; keys: {sorted(frame.columns)}")
-    default = ["loss", "val_loss", "val_bleu", "lr", "grad_norm", "tokens_per_s"]
+    default = ["loss", "valid_loss", "valid_bleu", "valid_chrf", "lr", "grad_norm", "tokens_per_s"]
     metrics = [m for m in (metrics or default) if m in frame]
     if not metrics:
         raise ValueError(f"none of the metrics {list(metrics or default)} is in the log; keys: {sorted(frame.columns)}")
@@ -206,9 +206,11 @@ def training_curves_chart(log: Sequence[Mapping], metrics: Sequence[str] | None 
 
 
 # -- masks ----------------------------------------------------------------------------------------
-def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: int = 0):
+def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: int = 0,
+              src_pieces: Sequence[str] | None = None, tgt_pieces: Sequence[str] | None = None):
     """The masks of a padded batch, from `workbench.core.masks`: source padding for the whole batch (B x S),
-    decoder causal (T x T) and cross-attention padding for one sentence (T x S). 1 = may attend."""
+    decoder causal (T x T) and cross-attention padding for one sentence (T x S). 1 = may attend.
+    `src_pieces` / `tgt_pieces`: the token strings of sentence `batch` (padding shown as <pad>); ids otherwise."""
 
     if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
         raise ValueError(f"src and tgt must be (B, S) and (B, T) with the same B, got {tuple(src.shape)}, "
@@ -220,15 +222,34 @@ def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: i
     causal = causal_mask(t).cpu()
     cross = keep[batch][None, :].expand(t, s)
     rows_b = [f"sentence {b}" for b in range(bsz)]
-    src_tok, tgt_tok = [str(int(i)) for i in src[batch]], [str(int(i)) for i in tgt[batch]]
+
+    def names(ids, pieces):
+        ids = [int(i) for i in ids]
+        if pieces is None:
+            return [str(i) for i in ids]
+        out = [*pieces][: len(ids)] + ["<pad>"] * max(0, len(ids) - len(pieces))
+        return [f"{j}: {p}" for j, p in enumerate(out)]  # numbered: repeated pieces stay distinct on the axis
+
+    src_tok, tgt_tok = names(src[batch], src_pieces), names(tgt[batch], tgt_pieces)
     common = {"low": 0.0, "high": 1.0, "palette": ["#f3f3f3", "#2b6cb0"], "value_label": "may attend",
               "colorbar": False}
     figs = [
         matrix_figure(keep.float().numpy(), rows_b, [str(i) for i in range(s)], title="source padding mask (batch)",
-                      **common),
+                      axis_labels=("sentence", "source position"), **common),
         matrix_figure(causal.float().numpy(), tgt_tok, tgt_tok, title=f"decoder causal mask (sentence {batch})",
-                      **common),
+                      axis_labels=("query: decoder input", "key: decoder input"), **common),
         matrix_figure(cross.float().numpy(), tgt_tok, src_tok, title=f"cross-attention padding (sentence {batch})",
-                      **common),
+                      axis_labels=("query: decoder input", "key: source token"), **common),
     ]
     return row(*figs)
+
+
+def schedule_vs_log_chart(frame: pd.DataFrame, *, title: str = "learning rate"):
+    """Altair: the checkpoint's own schedule (a line) over the learning rate its log recorded (points);
+    `frame` has columns step, lr, source ("schedule" / "logged")."""
+    base = alt.Chart(frame, title=title).encode(
+        x="step:Q", y=alt.Y("lr:Q", title="learning rate"), color=alt.Color("source:N", title=None),
+        tooltip=["source:N", "step:Q", alt.Tooltip("lr:Q", format=".3e")])
+    line = base.transform_filter(alt.datum.source != "logged (checkpoint)").mark_line()
+    dots = base.transform_filter(alt.datum.source == "logged (checkpoint)").mark_point(size=14, filled=True)
+    return (dots + line).properties(width="container", height=280).interactive()

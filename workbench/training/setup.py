@@ -13,7 +13,7 @@ from ..core import presets
 from ..core.config import ModelConfig
 from ..corpus.data import ParallelData, copy_task, load_dataset, read_parallel
 from .config import TrainConfig
-from .schedule import make_schedule
+from .schedule import budget_cosine, make_schedule
 
 
 def model_config(cfg: TrainConfig, src_vocab: int, tgt_vocab: int) -> ModelConfig:
@@ -44,6 +44,15 @@ def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
         return make_schedule("warmup_cosine", peak_lr=cfg.lr, warmup=cfg.warmup, total=cfg.max_steps,
                              min_lr=cfg.min_lr)
     return make_schedule("constant", lr=cfg.lr, warmup=cfg.warmup)
+
+
+def lr_at(cfg: TrainConfig, schedule: Callable[[int], float], step: int, train_seconds: float = 0.0) -> float:
+    """The learning rate the trainer sets for `step` (1-based), `train_seconds` into the run: `schedule(step)`
+    (from `lr_schedule(cfg)`), times the time-budget cosine when warmup_cosine runs over max_minutes."""
+    lr = schedule(step)
+    if cfg.schedule == "warmup_cosine" and not cfg.max_steps:  # cosine over the time budget (max_minutes)
+        lr = cfg.min_lr + (lr - cfg.min_lr) * budget_cosine(train_seconds / (60.0 * cfg.max_minutes))
+    return lr
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:

@@ -45,8 +45,7 @@ from .config import TrainConfig
 from .distributed import init_distributed, pick_device
 from .loss import teacher_forced_loss
 from .progress import make_progress
-from .schedule import budget_cosine
-from .setup import load_run_data, lr_schedule, make_optimizer, model_config
+from .setup import load_run_data, lr_at, lr_schedule, make_optimizer, model_config
 
 
 class TrainingDiverged(FloatingPointError, ValueError):
@@ -275,9 +274,7 @@ class Trainer:
             if share:
                 acc.add(loss.detach(), nll, batch.n_tgt_tokens, batch.n_src_tokens)
                 self._since_save += loss.detach().double()
-        lr = self.schedule(self.step + 1)
-        if c.schedule == "warmup_cosine" and not c.max_steps:  # cosine over the time budget (max_minutes)
-            lr = c.min_lr + (lr - c.min_lr) * budget_cosine(self.train_seconds / (60.0 * c.max_minutes))
+        lr = lr_at(c, self.schedule, self.step + 1, self.train_seconds)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm or float("inf"))

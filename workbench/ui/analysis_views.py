@@ -25,7 +25,6 @@ from ..analysis import (
 )
 from ..charts import analysis as charts
 from ..decoding.search import beam_search
-from . import loader
 from .views import LazyTab
 
 ANALYSES = ["(pick one)", "logit lens", "attribution vs attention", "beam search replay", "encoder rollout",
@@ -42,6 +41,7 @@ class ModelAnalysisView(LazyTab):
     step = param.Integer(default=0, bounds=(0, None))
 
     title = "Model analysis"
+    heavy = True  # a backward pass per output token, a beam replay: analysis work, off the interactive pool
     redraws = ("analysis", "method", "beam", "step")
 
     def __init__(self, **params):
@@ -57,7 +57,7 @@ class ModelAnalysisView(LazyTab):
         return r, self.analysis, self.method, self.beam, self.step
 
     def compute(self, r, analysis, method, beam, step):
-        return self.build(r, loader.load_model(r.request.path), analysis=analysis, method=method, beam=beam,
+        return self.build(r, r.model, analysis=analysis, method=method, beam=beam,
                           step=step)
 
     def render(self, fig):

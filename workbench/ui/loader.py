@@ -1,4 +1,4 @@
-"""What is per process: checkpoint discovery, the cached models, and the worker threads.
+"""What is per process: checkpoint discovery, and the cached models (the worker threads are requests.py's).
 
 A model is loaded once per process (`pn.cache`) and shared read-only by every session: the
 sessions never mutate it, and interventions are call-scoped hooks (a ContextVar set inside the
@@ -16,7 +16,6 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,18 +29,12 @@ from ..decoding.translator import TranslationModel, decode_config_from_meta
 DEFAULT_DIR = CHECKPOINTS  # the shipped checkpoints (workbench.checkpoint.shipped)
 MAX_DEPTH = 3  # how deep below a listed directory checkpoints are looked for
 
-# Model work runs here, off the event loop. Two workers: the machine this targets has 2 cores, and
-# torch already uses intra-op threads; more workers would only queue inside torch.
-EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_WORKERS", "2")),
-                              thread_name_prefix="workbench-ui")
-
-
 def configure_torch_threads() -> int:
     """One intra-op thread per model call (WORKBENCH_TORCH_THREADS overrides) for the served app.
 
-    Requests already run side by side in EXECUTOR; letting each also spread over every core made a
-    30-token translation with traces take 7.9 s instead of 0.39 s on a busy 2-core machine (measured,
-    docs/app.md): the small per-step ops spend their time synchronising threads.
+    Requests already run side by side in the request path's pools (requests.py); letting each also spread
+    over every core made a 30-token translation with traces take 7.9 s instead of 0.39 s on a busy 2-core
+    machine (measured, docs/app.md): the small per-step ops spend their time synchronising threads.
     """
     n = int(os.environ.get("WORKBENCH_TORCH_THREADS", "1"))
     torch.set_num_threads(n)

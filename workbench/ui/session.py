@@ -2,9 +2,11 @@
 
 State only. Inputs are params (checkpoint label, sentence, decoding settings, optional target, selection,
 ablated heads); outputs are params too (`result`, `ablation`, `error`, `notes`, `busy`, `version`), written
-only when an answer is applied. The model work is `work.compute`, run by `work.run`: inline in tests and
-notebooks, in worker threads under `panel serve` (`background=True`). Every request carries a generation
-number: an answer that comes back after a newer request was made is dropped.
+only when an answer is applied. The model work is `work.compute`, submitted on the session's request path
+(`self.requests`, see `requests.py`): inline in tests and notebooks, in worker threads under `panel serve`
+(`background=True`); an answer that comes back after a newer request was made is dropped. Tabs submit their
+own work on lanes of the same request path (`session.lane(name, heavy=...)`). The store hands out the model
+that made the current result (`session.model`); no view turns a path into a model.
 
 The selection's choices follow the current result: `layer`, `head` and `token` are Selectors whose objects
 (with display names) are the current model's layers and heads and the current sentence's tokens, so a view
@@ -13,13 +15,15 @@ is `pn.widgets.Select.from_param(session.param.head)` and an impossible value is
 
 from __future__ import annotations
 
+import logging
 import math
 
 import param
 
 from ..core.heads import Head
 from . import loader
-from .work import Outcome, Request, Result, compute, run
+from .requests import Lane, Requests
+from .work import Outcome, Request, Result, compute
 
 VIEWS = ("heatmap", "lines", "grid")
 EXAMPLES = {  # the first sentence shown, in the checkpoint's source language
@@ -28,16 +32,6 @@ EXAMPLES = {  # the first sentence shown, in the checkpoint's source language
     "fr": "L'animal n'a pas traversé la rue parce qu'il était trop fatigué.",
 }
 EXAMPLE = EXAMPLES["de"]
-
-
-def parse_head(spec: str) -> tuple[str, int, int]:
-    """'cross:1:2' -> ('cross', 1, 2); a clear ValueError otherwise (heads.Head is the one spelling)."""
-    head = Head.parse(str(spec))
-    return head.kind, head.layer, head.head
-
-
-def head_label(kind: str, layer: int, head: int) -> str:
-    return str(Head(kind, layer, head))  # type: ignore[arg-type]
 
 
 class Session(param.Parameterized):
@@ -72,13 +66,13 @@ class Session(param.Parameterized):
     def __init__(self, entries: list[loader.Entry] | None = None, *, problems: list[str] | None = None, **params):
         self._entries = {e.label: e for e in (entries if entries is not None else [])}
         self._problems = list(problems or [])
-        self._generation = 0
-        self._job = None
         self._pending_notes: list[str] = []  # shown with the next answer (e.g. ignored link settings)
         self._ready = False  # input watchers wait for the end of __init__
         autorun = params.pop("autorun", True)
         default = params.pop("checkpoint", None)
         super().__init__(autorun=False, **params)
+        self.requests = Requests(background=self.background)
+        self._lane = self.requests.lane("translate")
         self.param.checkpoint.objects = list(self._entries)
         self.param.checkpoint.check_on_set = True  # off by default when the class declares no objects
         if default is None and self._entries:
@@ -118,17 +112,45 @@ class Session(param.Parameterized):
         """The directory of a listed checkpoint (KeyError for anything not in the list)."""
         return self._entries[label].path
 
+    @property
+    def model(self):
+        """The TranslationModel that made the current result (None before the first one)."""
+        return self.result.model if self.result is not None else None
+
     def translation_model(self):
-        """The shared TranslationModel of the current checkpoint (raises if it cannot be loaded)."""
+        """The shared TranslationModel of the current checkpoint (loads it if needed: call off the event loop)."""
         if self.entry is None:
             raise LookupError("no checkpoint is selected")
         return loader.load_model(str(self.entry.path))
 
-    def heads(self) -> list[tuple[str, int, int]]:
+    def model_of(self, label: str):
+        """The TranslationModel of a listed checkpoint (KeyError for anything not in the list; call off the loop)."""
+        return loader.load_model(str(self._entries[label].path))
+
+    def languages(self, label: str | None) -> tuple[str | None, str | None]:
+        """(source, target) language of a listed checkpoint from its meta.json ((None, None) when unknown)."""
+        entry = self._entries.get(label) if label is not None else None
+        meta = loader.read_meta(entry.path) if entry is not None else {}
+        return meta.get("src_lang"), meta.get("tgt_lang")
+
+    def train_log(self, label: str) -> list[dict]:
+        """The training log of a listed checkpoint ([] when it has none or it cannot be read)."""
+        try:
+            return loader.load_train_log(str(self._entries[label].path))
+        except Exception as exc:  # a checkpoint without a readable log just shows none
+            logging.getLogger(__name__).info("no training log for %s: %s", label, exc)
+            return []
+
+    def lane(self, name: str, *, heavy: bool = False) -> Lane:
+        """A lane of this page's request path for a tab's work (`heavy`: analysis, one at a time per page)."""
+        return self.requests.lane(name, heavy=heavy)
+
+    def heads(self) -> list[Head]:
+        """The ablated heads as `Head`s (the list's text is the URL and widget spelling; bad entries skipped)."""
         out = []
         for spec in self.ablate:
             try:
-                out.append(parse_head(spec))
+                out.append(Head.parse(spec))
             except ValueError:
                 continue
         return sorted(set(out))
@@ -136,11 +158,11 @@ class Session(param.Parameterized):
     def head_exists(self, spec: str) -> bool:
         """Whether `spec` (kind:layer:head) names a head of the current result's model."""
         try:
-            kind, layer, head = parse_head(spec)
+            head = Head.parse(spec)
         except ValueError:
             return False
         r = self.result
-        return r is not None and layer < r.depth(kind) and head < r.n_heads(kind)
+        return r is not None and head.layer < r.depth(head.kind) and head.head < r.n_heads(head.kind)
 
     def request(self) -> Request | None:
         if self.entry is None:
@@ -170,7 +192,7 @@ class Session(param.Parameterized):
         if head < 0:
             self.notes = [*self.notes, "Pick one head (not the mean of all heads) to ablate it."]
             return
-        label = head_label(kind, layer, head)
+        label = str(Head(kind, layer, head))
         self.ablate = [h for h in self.ablate if h != label] if label in self.ablate else [*self.ablate, label]
 
     def reset_ablation(self) -> None:
@@ -206,6 +228,12 @@ class Session(param.Parameterized):
         self.sentence = want  # its own change event runs the model
         return True
 
+    @param.depends("sentence", watch=True)
+    def _new_sentence(self) -> None:
+        """A highlighted token belongs to the sentence it was picked in."""
+        if self._ready:
+            self.token = -1
+
     @param.depends("checkpoint", "sentence", "target", "beam", "alpha", "ablate", watch=True)
     def _inputs_changed(self) -> None:
         if self._ready and not self._match_example() and not self._match_alpha() and self.autorun:
@@ -213,73 +241,68 @@ class Session(param.Parameterized):
 
     def refresh(self) -> None:
         """Start the model work for the current inputs (inline, or in a worker thread when background)."""
-        self._generation += 1
-        gen = self._generation
         notes = [f"Ignored {b!r}: heads are written kind:layer:head, e.g. cross:0:1." for b in self.ablate
                  if not _is_head(b)]
         notes += self._pending_notes
         self._pending_notes = []
         if not self._entries:
-            self._apply(gen, Outcome(error=self._no_checkpoints()), notes)
+            self._lane.cancel()
+            self._apply(Outcome(error=self._no_checkpoints()), notes)
             return
         req = self.request()
         if not req.sentence.strip():
-            self._apply(gen, Outcome(error="Type a sentence to translate."), notes)
+            self._lane.cancel()
+            self._apply(Outcome(error="Type a sentence to translate."), notes)
             return
-        if self._job is not None:
-            self._job.cancel()  # a stale request never starts, and a late answer is dropped
         self.busy = True
-        self._job = run(compute, req, self.result, background=self.background,
-                        done=lambda outcome: self._apply(gen, outcome, notes),
-                        failed=lambda exc: self._apply(gen, Outcome(error=f"{type(exc).__name__}: {exc}"), notes))
+        self._lane.submit(compute, req, self.result, done=lambda outcome: self._apply(outcome, notes),
+                          failed=lambda exc: self._apply(Outcome(error=f"{type(exc).__name__}: {exc}"), notes))
 
-    def _apply(self, gen: int, outcome: Outcome, notes: list[str]) -> None:
-        if gen != self._generation:
-            return  # superseded by a newer request
-        self._job = None
+    def _apply(self, outcome: Outcome, notes: list[str]) -> None:
         notes = [*(outcome.result.notes if outcome.result is not None else ()), *notes, *outcome.notes]
+        result = outcome.result if outcome.result is not None or not outcome.error else None
+        # The pickers' choices first, each event on its own: a link's selection, applied when `version` fires,
+        # must find its value among the widget's options (in one batch the options event came after the value's,
+        # and the widget fell back to its first option while the figure drew the link's: issue 28).
+        self._follow_result(result)
         with param.parameterized.batch_call_watchers(self):
-            self.param.update(result=outcome.result if outcome.result is not None or not outcome.error else None,
-                              ablation=outcome.ablation, error=outcome.error, notes=notes, busy=False,
+            self.param.update(result=result, ablation=outcome.ablation, error=outcome.error, notes=notes, busy=False,
                               version=self.version + 1)
-            self._follow_result()
 
     @param.depends("kind", watch=True)
-    def _follow_result(self) -> None:
-        """The selection's choices from the current result; a value it no longer offers falls back."""
-        r = self.result
+    def _kind_changed(self) -> None:
+        self._follow_result(self.result)
+
+    def _follow_result(self, r: Result | None) -> None:
+        """The selection's choices from result `r`; a value it no longer offers falls back (first, so the
+        widgets never hold a value outside their options)."""
         if r is None:
             return
         depth, n_heads, queries = r.depth(self.kind), r.n_heads(self.kind), r.queries(self.kind)
-        with param.parameterized.batch_call_watchers(self):
-            self.param.layer.objects = {str(i): i for i in range(max(depth, 1))}
-            self.param.head.objects = {"all (mean)": -1, **{f"head {h}": h for h in range(n_heads)}}
-            self.param.token.objects = {"none": -1, **{f"{i}: {t}": i for i, t in enumerate(queries)}}
-            changes = {}
-            if self.layer >= max(depth, 1):
-                changes["layer"] = max(depth, 1) - 1
-            if self.head >= n_heads:
-                changes["head"] = -1
-            if self.token >= len(queries):
-                changes["token"] = -1
-            self.param.update(**changes)
+        changes = {}
+        if self.layer >= max(depth, 1):
+            changes["layer"] = max(depth, 1) - 1
+        if self.head >= n_heads:
+            changes["head"] = -1
+        if self.token >= len(queries):
+            changes["token"] = -1
+        self.param.update(**changes)
+        layers = {str(i): i for i in range(max(depth, 1))}
+        heads = {"all (mean)": -1, **{f"head {h}": h for h in range(n_heads)}}
+        tokens = {"none": -1, **{f"{i}: {t}": i for i, t in enumerate(queries)}}
+        for p, objects in ((self.param.layer, layers), (self.param.head, heads), (self.param.token, tokens)):
+            if p.names != objects:  # unchanged choices send no event (and no widget update)
+                p.objects = objects
 
     def _no_checkpoints(self) -> str:
         where = "; ".join(self._problems) or f"nothing under {loader.DEFAULT_DIR}"
         return ("No workbench checkpoint found (" + where + "). Start the app with "
                 "`panel serve apps/attention.py --args --checkpoints DIR` pointing at a checkpoint directory.")
 
-    def run(self, fn, *args, done, failed):
-        """Run other model work (a tab's analysis) the way this session runs its own: inline or off the loop."""
-        return run(fn, *args, background=self.background, done=done, failed=failed)
-
     def close(self) -> None:
-        """The session ended: cancel queued work, drop late answers, release the trace (no redraws)."""
-        self._generation += 1
+        """The session ended: stop its jobs, drop late answers, release the trace (no redraws)."""
         self.autorun = False
-        if self._job is not None:
-            self._job.cancel()
-            self._job = None
+        self.requests.close()
         with param.parameterized.discard_events(self):
             self.result = None
             self.ablation = None
@@ -299,7 +322,7 @@ def first_loadable(entries: list[loader.Entry]) -> str:
 
 def _is_head(spec: str) -> bool:
     try:
-        parse_head(spec)
+        Head.parse(spec)
         return True
     except ValueError:
         return False

@@ -9,9 +9,12 @@ event loop, with a loading indicator. Every view shows a failure as text: a view
 from __future__ import annotations
 
 import logging
+import re
 from io import StringIO
 from typing import Any, ClassVar
 
+import numpy as np
+import pandas as pd
 import panel as pn
 import param
 import torch
@@ -25,7 +28,6 @@ from ..charts import (
     attention_heatmap,
     compare_traces,
     head_view,
-    lr_schedule_chart,
     mask_view,
     model_view,
     positional_encoding_view,
@@ -33,10 +35,13 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
+from ..charts.internals import schedule_vs_log_chart
 from ..core.batching import pad_sequences
-from ..core.heads import KINDS
+from ..core.heads import KINDS, Head
+from ..training.config import TrainConfig
+from ..training.setup import lr_at, lr_schedule
 from . import loader
-from .session import Session, fmt_logp, head_label
+from .session import Session, fmt_logp
 from .work import Request, translate
 
 log = logging.getLogger(__name__)
@@ -76,17 +81,20 @@ class SourcePanel(pn.viewable.Viewer):
         longest = max((len(label) for label in s.param.checkpoint.objects), default=10)
         picker = pn.widgets.Select.from_param(s.param.checkpoint, name="Checkpoint", css_classes=["ckpt-picker"],
                                               width=min(520, max(200, 8 * longest + 60)))
-        # TextInput commits on Enter or blur; max_length above the store's own cut so its message shows.
-        sentence = pn.widgets.TextInput.from_param(s.param.sentence, name="Source sentence (Enter to translate)",
-                                                   max_length=50_000, css_classes=["sentence-input"],
-                                                   sizing_mode="stretch_width", min_width=300)
+        # A multi-line box (a paragraph fits); it commits when it loses focus, so the button only has to take
+        # the focus. max_length above the store's own cut, so the store's message about the cut shows.
+        sentence = pn.widgets.TextAreaInput.from_param(s.param.sentence, name="Source sentence", max_length=50_000,
+                                                       css_classes=["sentence-input"], auto_grow=True, rows=2,
+                                                       max_rows=8, sizing_mode="stretch_width", min_width=300)
+        go = pn.widgets.Button(label="Translate", color="primary", css_classes=["translate-btn"], align="end",
+                               width=110)
         target = pn.widgets.TextInput.from_param(
             s.param.target, name="Target for teacher forcing (empty: translate)", max_length=50_000,
             css_classes=["target-input"], sizing_mode="stretch_width", min_width=300)
         beam = pn.widgets.IntSlider.from_param(s.param.beam, name="Beam size (1 = greedy)", width=170,
                                                css_classes=["beam-slider"])
         alpha = pn.widgets.FloatSlider.from_param(s.param.alpha, name="Length penalty α", width=170)
-        return pn.Column(pn.Row(picker, sentence, sizing_mode="stretch_width"),
+        return pn.Column(pn.Row(picker, sentence, go, sizing_mode="stretch_width"),
                          pn.Row(target, beam, alpha, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
 
@@ -195,12 +203,22 @@ class AttentionView(pn.viewable.Viewer):
             i = indices[0]
             self.session.param.update(layer=int(src.data["layer"][i]), head=int(src.data["head"][i]))
 
+    def export_name(self) -> str:
+        """`<checkpoint>_<view>_<kind>-L<layer>-H<head>.html` (H = mean for the mean of all heads)."""
+        s = self.session
+        ckpt = re.sub(r"[^A-Za-z0-9._-]+", "-", s.checkpoint or "none").strip("-")
+        layer = "all" if s.view == "grid" else s.layer
+        head = "all" if s.view == "grid" else ("mean" if s.head < 0 else s.head)
+        return f"{ckpt}_{s.view}_{s.kind}-L{layer}-H{head}.html"
+
     def export_html(self) -> StringIO:
-        """The current view as one offline HTML file: a fresh figure, not the one the page shows."""
-        r = self.session.result
+        """The current view as one offline HTML file with a caption: a fresh figure, not the one the page shows."""
+        s, r = self.session, self.session.result
         if r is None:
             return StringIO("<p>nothing to export</p>")
-        return StringIO(to_html(self.build(r)))
+        caption = (f"Sentence: {r.request.sentence}\n{'Target (teacher-forced)' if r.forced else 'Translation'}: "
+                   f"{r.text}\nCheckpoint: {s.checkpoint}")
+        return StringIO(to_html(self.build(r), title=self.export_name()[:-5], caption=caption))
 
     def __panel__(self):
         s = self.session
@@ -213,9 +231,11 @@ class AttentionView(pn.viewable.Viewer):
             pn.widgets.Checkbox.from_param(s.param.words, name="words (merge sub-words)",
                                            css_classes=["words-toggle"], align="end", margin=(5, 10, 12, 10)),
             align_items="end", sizing_mode="stretch_width")
-        export = pn.widgets.FileDownload(callback=self.export_html, filename="attention.html",
+        export = pn.widgets.FileDownload(callback=self.export_html, filename=self.export_name(),
                                          label="Export view (offline HTML)", color="light",
                                          css_classes=["export-html"], width=220)
+        s.param.watch(lambda *_events: setattr(export, "filename", self.export_name()),
+                      ["checkpoint", "view", "kind", "layer", "head"])
         modes = pn.widgets.RadioButtonGroup.from_param(s.param.view, name="", css_classes=["view-picker"])
         return pn.Column(controls, pn.Row(modes, export), self._box, sizing_mode="stretch_width")
 
@@ -228,7 +248,7 @@ class AblationPanel(pn.viewable.Viewer):
     def _options(self, result, ablate) -> list[str]:
         if result is None:
             return list(ablate)
-        found = [head_label(k, layer, h) for k in KINDS for layer in range(result.depth(k))
+        found = [str(Head(k, layer, h)) for k in KINDS for layer in range(result.depth(k))
                  for h in range(result.n_heads(k))]
         return found + [h for h in ablate if h not in found]
 
@@ -266,10 +286,13 @@ def _ablation_md(ablate, a, r) -> str:
 
 
 class LazyTab(pn.viewable.Viewer):
-    """A tab that works only while shown: `inputs()` on the event loop, `compute(*inputs)` off it (in the
-    session's worker threads when served), `render(answer)` back on it. A newer refresh drops older answers.
+    """A tab that works only while shown, on the page's request path (`requests.py`): `inputs()` on the event
+    loop, `compute(*inputs)` off it (in the session's worker threads when served; a `ticket` parameter gets
+    the job's `Ticket` for `check()` between batches and `report()` of progress), `render(answer)` back on it,
+    under the page's lock. A newer refresh supersedes the older job; its answer is never shown.
 
-    Subclasses name the session params that make the content stale (`follows`) and their own (`redraws`).
+    Subclasses name the session params that make the content stale (`follows`), their own (`redraws`), and
+    whether their work is `heavy` (analysis: its own pool, at most one such job per page).
     """
 
     session = param.ClassSelector(class_=Session)
@@ -278,13 +301,13 @@ class LazyTab(pn.viewable.Viewer):
     title: ClassVar[str] = "This tab"
     follows: ClassVar[tuple[str, ...]] = ("version",)
     redraws: ClassVar[tuple[str, ...]] = ()
+    heavy: ClassVar[bool] = False
 
     def __init__(self, **params):
         super().__init__(**params)
         self._box = pn.Column(sizing_mode="stretch_width", min_height=120)
         self._stale = True
-        self._generation = 0
-        self._job = None
+        self.lane = self.session.lane(f"{type(self).__name__}-{id(self)}", heavy=self.heavy)
         self.session.param.watch(self._changed, list(self.follows))
         if self.redraws:
             self.param.watch(self._changed, list(self.redraws))
@@ -309,14 +332,11 @@ class LazyTab(pn.viewable.Viewer):
 
     def refresh(self) -> None:
         self._stale = False
-        self._generation += 1
-        gen = self._generation
-        if self._job is not None:
-            self._job.cancel()
-            self._job = None
+        self.lane.cancel()
         try:
             inputs = self.inputs()
         except Exception as exc:
+            self._box.loading = False
             self._box.objects = [_fail(self.title, exc)]
             return
         if isinstance(inputs, str):  # nothing to compute: a placeholder line
@@ -324,13 +344,10 @@ class LazyTab(pn.viewable.Viewer):
             self._box.objects = [pn.pane.Markdown(inputs)]
             return
         self._box.loading = True
-        self._job = self.session.run(self.compute, *inputs, done=lambda answer: self._done(gen, answer),
-                                     failed=lambda exc: self._done(gen, exc))
+        self.lane.submit(self.compute, *inputs, done=self._done, failed=self._done, progress=self.progress,
+                         stopped=self.stopped)
 
-    def _done(self, gen: int, answer: Any) -> None:
-        if gen != self._generation:
-            return
-        self._job = None
+    def _done(self, answer: Any) -> None:
         self._box.loading = False
         if isinstance(answer, Exception):
             self._box.objects = [_fail(self.title, answer)]
@@ -339,6 +356,15 @@ class LazyTab(pn.viewable.Viewer):
             self._box.objects = list(self.render(answer))
         except Exception as exc:
             self._box.objects = [_fail(self.title, exc)]
+
+    def progress(self, *report) -> None:
+        """A progress report of the current job (on the event loop); tabs that report override it."""
+
+    def stopped(self) -> None:
+        """Another heavy job of the page stopped this tab's job: say so (it runs again when asked)."""
+        self._stale = True
+        self._box.loading = False
+        self._box.objects = [pn.pane.Markdown(f"*{self.title}: stopped, another analysis of this page started.*")]
 
     def inputs(self) -> tuple | str:
         """The compute arguments, read from the store now; a string instead means 'show this, compute nothing'."""
@@ -357,99 +383,95 @@ class LazyTab(pn.viewable.Viewer):
 
 
 class InternalsView(LazyTab):
-    """Positional encodings, the masks of a padded batch, the LR schedule next to the logged LR, training curves."""
-
-    warmup = param.Integer(default=4000, bounds=(1, None))
-    factor = param.Number(default=1.0, bounds=(0.0, None))
-    steps = param.Integer(default=20000, bounds=(10, None))
+    """Positional encodings, the masks of a padded batch (labelled with this sentence's pieces), the checkpoint's
+    own LR schedule (from its stored training config) over the LR its log recorded, and its training and
+    validation curves."""
 
     title = "Internals"
     follows = ("checkpoint", "version")
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._lr = pn.Column(sizing_mode="stretch_width")
-        self._log_rows: list[dict] = []
-        self._d_model = 0
-        self._schedule_for = None
-        self.param.watch(self._draw_lr, ["warmup", "factor", "steps"])
-
     def inputs(self):
-        s = self.session
-        if s.entry is None:
+        s, r = self.session, self.session.result
+        if r is None or s.checkpoint is None:
             return "*Load a checkpoint to see its internals.*"
-        r = s.result
-        return str(s.entry.path), (r.request.sentence if r else ""), (r.out_ids if r else ())
+        return r, s.checkpoint
 
-    def compute(self, path, sentence, out_ids):
-        tm = loader.load_model(path)
+    def compute(self, r, label):
+        tm = r.model
         cfg = tm.model.cfg
-        parts = {"train": dict(tm.meta.get("train") or {}), "d_model": cfg.d_model, "log": _train_log(path)}
+        log_rows = self.session.train_log(label)
+        parts = {"log": log_rows}
         try:
-            src_ids = tm.src_tokenizer.encode(sentence)[:40] if sentence else [5, 6, 7]
-            length = min(cfg.max_positions, max(50, len(src_ids) + 1))
+            length = min(cfg.max_positions, max(50, len(r.src_ids)))
             parts["positions"] = positional_encoding_view(cfg, length=length, model=tm.model)
         except Exception as exc:
             parts["positions"] = exc
         try:
-            rows = [src_ids + [cfg.eos_id], src_ids[: len(src_ids) // 2] + [cfg.eos_id], src_ids[:2] + [cfg.eos_id]]
-            tgt = [cfg.start_id, *list(out_ids[:-1])[:40]] if out_ids else [cfg.start_id, 5]
+            src_ids, out_ids = list(r.src_ids)[:40], list(r.out_ids)[:40]
+            body = src_ids[:-1] if src_ids and src_ids[-1] == cfg.eos_id else src_ids
+            rows = [body + [cfg.eos_id], body[: len(body) // 2] + [cfg.eos_id], body[:2] + [cfg.eos_id]]
+            tgt = [cfg.start_id, *out_ids[:-1]]
             tgt_rows = [tgt, tgt[: max(1, len(tgt) // 2)], tgt[:2]]
             parts["masks"] = mask_view(pad_sequences(rows, cfg.pad_id), pad_sequences(tgt_rows, cfg.pad_id),
-                                       pad_id=cfg.pad_id)
+                                       pad_id=cfg.pad_id, src_pieces=tm.src_tokenizer.pieces(rows[0]),
+                                       tgt_pieces=tm.tgt_tokenizer.pieces(tgt))
         except Exception as exc:
             parts["masks"] = exc
-        return path, parts
+        try:
+            parts["schedule"] = checkpoint_schedule(tm.meta.get("train_config"), log_rows)
+        except Exception as exc:
+            parts["schedule"] = exc
+        return parts
 
-    def render(self, answer):
-        path, parts = answer
-        self._log_rows, self._d_model = parts["log"], parts["d_model"]
-        if self._schedule_for != path:  # a new checkpoint: its own schedule settings
-            self._schedule_for = path
-            train = parts["train"]
-            last = max((r.get("step", 0) for r in self._log_rows), default=0)
-            with param.parameterized.discard_events(self):
-                self.param.update(warmup=int(train.get("warmup", self.warmup)),
-                                  factor=float(train.get("factor", 1.0)),
-                                  steps=max(10, int(last * 1.2)) if last else self.steps)
-        self._draw_lr()
-        controls = pn.Row(pn.widgets.IntInput.from_param(self.param.warmup, name="warmup", width=110),
-                          pn.widgets.FloatInput.from_param(self.param.factor, name="factor", width=110),
-                          pn.widgets.IntInput.from_param(self.param.steps, name="steps shown", width=110))
+    def render(self, parts):
+        schedule = parts["schedule"]
+        if isinstance(schedule, Exception):
+            lr = [_fail("Learning-rate schedule", schedule)]
+        else:
+            frame, words = schedule
+            lr = [pn.pane.Markdown(words, css_classes=["lr-schedule-note"], sizing_mode="stretch_width"),
+                  pn.pane.Vega(schedule_vs_log_chart(frame), sizing_mode="stretch_width")]
         return [pn.pane.Markdown("### Positional encodings"), _wrapped(parts["positions"], "Positional encodings"),
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
                 _wrapped(parts["masks"], "Masks"),
-                pn.pane.Markdown("### Learning-rate schedule"), controls, self._lr,
-                pn.pane.Markdown("### Training curves stored in the checkpoint"), self._curves()]
+                pn.pane.Markdown("### Learning-rate schedule"), *lr,
+                pn.pane.Markdown("### Training and validation curves stored in the checkpoint"),
+                self._curves(parts["log"])]
 
-    def _draw_lr(self, *_):
-        d = self._d_model
-        schedules = {f"noam(d={d}, warmup={self.warmup}, factor={self.factor:g})":
-                     {"name": "noam", "d_model": d, "warmup": self.warmup, "factor": self.factor}}
-        rows = [r for r in self._log_rows if "lr" in r]
-        try:
-            chart = lr_schedule_chart(schedules, steps=self.steps, log=rows or None)
-            formula = ("lr(step) = factor · d_model<sup>-0.5</sup> · min(step<sup>-0.5</sup>, "
-                       "step · warmup<sup>-1.5</sup>)")
-            self._lr.objects = [pn.pane.HTML(formula), pn.pane.Vega(chart)]
-        except Exception as exc:
-            self._lr.objects = [_fail("Learning-rate chart", exc)]
-
-    def _curves(self):
-        if not self._log_rows:
+    def _curves(self, log_rows):
+        if not log_rows:
             return pn.pane.Markdown("*This checkpoint stores no training log.*")
         try:
-            return pn.pane.Vega(training_curves_chart(self._log_rows))
+            return pn.pane.Vega(training_curves_chart(log_rows), sizing_mode="stretch_width")
         except Exception as exc:
             return _fail("Training curves", exc)
 
 
-def _train_log(path: str) -> list[dict]:
-    try:
-        return loader.load_train_log(path)
-    except Exception as exc:  # a checkpoint without a readable log just shows none
-        log.warning("no training log for %s: %s", path, exc)
-        return []
+def checkpoint_schedule(train_config: dict | None, log_rows: list[dict]) -> tuple[pd.DataFrame, str]:
+    """(step, lr, source) rows of the checkpoint's own schedule, evaluated at its logged steps (and their run
+    time, which the time-budget cosine needs) or over its max_steps when it logged none, next to the logged LR;
+    and a sentence saying which schedule it is."""
+    if not train_config:
+        raise ValueError("this checkpoint stores no training config (meta.json train_config), so its schedule "
+                         "is unknown")
+    cfg = TrainConfig.from_dict(dict(train_config))
+    fn = lr_schedule(cfg)
+    logged = [r for r in log_rows if "lr" in r and "step" in r]
+    if logged:
+        points = [(int(r["step"]), lr_at(cfg, fn, int(r["step"]), float(r.get("time", 0.0)))) for r in logged]
+    else:
+        last = cfg.max_steps or 20_000
+        points = [(int(x), lr_at(cfg, fn, int(x))) for x in np.unique(np.linspace(1, last, 400).astype(int))]
+    name = "schedule " + cfg.schedule
+    frame = pd.DataFrame([{"step": x, "lr": y, "source": name} for x, y in points]
+                         + [{"step": r["step"], "lr": r["lr"], "source": "logged (checkpoint)"} for r in logged])
+    budget = cfg.schedule == "warmup_cosine" and not cfg.max_steps
+    words = (f"{cfg.schedule}: warm-up {cfg.warmup} steps, "
+             + (f"d_model^-0.5 × factor {cfg.noam_factor}" if cfg.schedule == "noam" else f"peak {cfg.lr:g}")
+             + (f", cosine decay over the {cfg.max_minutes:g}-minute time budget (read at each logged step's run "
+                "time)" if budget else (f", {cfg.max_steps} steps" if cfg.max_steps else ""))
+             + ". The line is the schedule from the stored training config; the dots are the LR the log recorded.")
+    return frame, words
 
 
 def _pane(obj, what: str):
@@ -485,7 +507,6 @@ class CompareView(LazyTab):
         self._chosen_by_user = False
         self._pick_partner()
         self.session.param.watch(lambda e: self._pick_partner(), ["checkpoint"])
-        self.param.watch(self._user_pick, ["other"])
 
     def _pick_partner(self) -> None:
         s = self.session
@@ -501,23 +522,37 @@ class CompareView(LazyTab):
             self._chosen_by_user = True
             self._why = "chosen by you"
 
+    def _changed(self, *events) -> None:
+        if any(getattr(e, "name", None) == "other" for e in events):
+            self._user_pick(events[0])  # the reason first, then the refresh that shows it
+        super()._changed(*events)
+
+    def direction_note(self) -> str:
+        """A sentence when B does not translate the direction A does (meta.json languages), else ''."""
+        a, b = self.session.languages(self.session.checkpoint), self.session.languages(self.other)
+        if None in a or None in b or a == b:
+            return ""
+        return (f"Note: B translates {b[0]}→{b[1]}, A {a[0]}→{a[1]}; B is teacher-forced on A's output anyway, "
+                "so its attention reads text in languages it was not trained on.")
+
     def inputs(self):
         s, r = self.session, self.session.result
         if r is None:
             return "*Nothing to compare yet.*"
         if self.other is None:
             return f"*No checkpoint to compare with by default: {self._why}. Pick one above to compare anyway.*"
-        return (r, str(s.entries_by_label(self.other)), s.kind, s.layer, s.head, s.words,
-                (f"A = {s.checkpoint}", f"B = {self.other}"), self._why)
+        return (r, self.other, s.kind, s.layer, s.head, s.words, (f"A = {s.checkpoint}", f"B = {self.other}"),
+                self._why, self.direction_note())
 
-    def compute(self, r, path_b, kind, layer, head, words, labels, why):
-        tm_b = loader.load_model(path_b)
+    def compute(self, r, label_b, kind, layer, head, words, labels, why, direction):
+        tm_b = self.session.model_of(label_b)
         # Same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words.
         try:
             same_vocab = tm_b.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
         except Exception:  # noqa: BLE001 - an id beyond B's vocabulary (sentencepiece raises its own error types)
             same_vocab = False
-        b = translate(tm_b, Request(path_b, r.request.sentence, target=r.text or r.request.target or ".",
+        b = translate(tm_b, Request(str(tm_b.meta.get("path", label_b)), r.request.sentence,
+                                    target=r.text or r.request.target or ".",
                                     target_ids=tuple(r.out_ids) if same_vocab else ()))
         if b is None:
             raise ValueError("checkpoint B produced no result for this sentence")
@@ -529,17 +564,19 @@ class CompareView(LazyTab):
                              height=matrix_height(len(r.queries(kind))), width=420)
         note = (f"B reads A's output (teacher-forced): log p(A's output | B) = {fmt_logp(b.log_prob)} vs "
                 f"{fmt_logp(r.log_prob)} under A. {labels[1]}: {why}.")
-        return note, fig
+        return note, direction, fig
 
     def render(self, answer):
-        note, fig = answer
+        note, direction, fig = answer
         panes = []
-        for child in fig.children:  # one pane each, so narrow pages wrap them (their ranges stay linked)
+        for child in fig.children:  # one pane each, side by side in a row (their ranges stay linked)
             child.title.text_font_size = "12px"
-            panes.append(pn.pane.Bokeh(_stretch(child), min_width=380, sizing_mode="stretch_width",
-                                       styles={"flex": "1 1 380px"}))
-        return [pn.pane.Markdown(_md_escape(note), css_classes=["compare-note"], sizing_mode="stretch_width"),
-                pn.FlexBox(*panes, sizing_mode="stretch_width")]
+            panes.append(pn.pane.Bokeh(_stretch(child), min_width=0, sizing_mode="stretch_width"))
+        out = [pn.pane.Markdown(_md_escape(note), css_classes=["compare-note"], sizing_mode="stretch_width")]
+        if direction:
+            out.append(pn.pane.Alert(_md_escape(direction), alert_type="warning", css_classes=["compare-direction"],
+                                     sizing_mode="stretch_width"))
+        return [*out, pn.Row(*panes, sizing_mode="stretch_width")]
 
     def __panel__(self):
         picker = pn.widgets.Select.from_param(self.param.other, name="Compare with (B)", css_classes=["compare-picker"],

@@ -1,189 +1,381 @@
 """The "Why" tab: why the model produced one output token, and which parts of the network carry a change.
 
-- Tap an output token: bars of its direct logit attribution to every decoder component (embeddings, each
-  head by layer and kind, FFNs, biases; they sum to the logit), and for each cross-attention head the source
-  tokens it read (`analysis.decompose`).
-- A corrupted source (prefilled: the sentence with one noun swapped, `analysis.contrast.noun_swaps`; any text
-  with the same number of tokens): activation patching of the clean output's log-probability, encoder stream
-  by layer x source position and every head by query position (`analysis.patching`), normalized so 1 = as
-  clean and 0 = as corrupted. While the sweeps run, a bar and "patched N of M sites" follow them, batch by
-  batch (reported from the worker, applied on the event loop).
+- Pick an output token (buttons for short outputs, a list for long ones; it follows the output length): its
+  direct logit attribution as a layer x head grid per attention kind plus sorted bars for embeddings, FFNs and
+  biases (they sum to the logit), and what each cross-attention head read from each source token
+  (`analysis.decompose`). Interactive work: one forward pass, on the page's interactive lane.
+- A changed source (prefilled for each new sentence: one noun swapped, `analysis.contrast.noun_swaps`; any
+  text with the same number of tokens): patching of the output's log p, computed once per (sentence, changed
+  source), not per tapped token. Long outputs start with attribution patching (`analysis.patching.
+  attribution_patching`: one forward and backward pass, the first-order estimate of the sweep) and offer the
+  exact sweep (`patching_sweep`) with a progress bar and a Stop button; short ones get the exact sweep at once.
+  Maps show the effect, the share of the change a site carries (0 = no effect, white; 1 = all of it), on a
+  diverging scale; encoder and decoder apart. Heavy work: the page's heavy lane (one at a time per page).
 
-A `LazyTab`: computed only while shown, off the event loop. Added by `Workbench(extra_tabs=[TAB])`.
+Added by `Workbench(extra_tabs=[TAB])`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
+import numpy as np
 import panel as pn
 import param
 import torch
 
-from ..analysis.contrast import noun_swaps
+from ..analysis.contrast import NOUNS, NOUNS_EN, noun_swaps
 from ..analysis.decompose import direct_logit_attribution, source_attribution
-from ..analysis.patching import log_prob, patching_sweep
-from ..charts.why import logit_attribution_bars, patching_heatmap
-from . import loader
-from .views import LazyTab, _md_escape, _pane, _stretch
+from ..analysis.patching import attribution_patching, build_sites, log_prob, patching_sweep
+from ..charts.why import logit_attribution_grid, patching_heatmap
+from .views import LazyTab, _fail, _md_escape, _stretch
 
-MAX_BUTTONS = 20  # up to this many output tokens are tapped as buttons; longer outputs get a list
+MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
+EXACT_AT_ONCE = 600  # up to this many patching sites the exact sweep runs at once; above, the estimate first
+CACHED = 8  # patching answers kept per page (sentence x changed source)
+
+
+# ------------------------------------------------------------------------------------- the work (off the loop)
+
+
+def explain_token(r, position: int) -> dict:
+    """Direct logit attribution of output `position` of result `r` and the cross heads' reads (figures)."""
+    tm = r.model
+    model, cfg = tm.model, tm.model.cfg
+    src = torch.tensor([list(r.src_ids)], device=tm.device)
+    tgt = torch.tensor([[cfg.start_id, *r.out_ids[:-1]]], device=tm.device)
+    token, piece = r.out_ids[position], r.out_pieces[position]
+    dla = direct_logit_attribution(model, src, tgt, position, token)
+    grid = logit_attribution_grid(dla, title=f"why {piece!r} at output position {position} (logit {dla.logit:.2f})")
+    reads = source_attribution(model, src, tgt, position, token)  # (L, H, S)
+    layers, heads = reads.shape[:2]
+    rows = [f"cross:{i}:{h}" for i in range(layers) for h in range(heads)]
+    reads_fig = patching_heatmap(reads.reshape(layers * heads, -1).numpy(), rows, list(r.src_pieces),
+                                 value_label="logit", axis_labels=("cross-attention head", "source token"),
+                                 title=f"what each cross-attention head read for {piece!r} "
+                                       "(logit share per source token)")
+    return {"dla": dla, "grid": _stretch(grid), "reads": _stretch(reads_fig)}
+
+
+@dataclass
+class Patching:
+    """Patching of one (sentence, changed source): the maps' data, not figures (cached across token taps)."""
+
+    corrupted: str
+    note: str
+    maps: list[tuple[str, np.ndarray, list[str], list[str], tuple[str, str]]] = field(default_factory=list)
+    exact: bool = False
+    sites: int = 0
+
+
+def site_count(r) -> int:
+    """How many sites the exact sweeps patch (encoder stream plus every head at every query position)."""
+    model = r.model.model
+    s, t = len(r.src_ids), len(r.out_ids)
+    return len(build_sites(model, "resid_enc", s, t)[2]) + len(build_sites(model, "head", s, t)[2])
+
+
+def patch(r, corrupted: str | None, exact: bool | None = None, ticket=None) -> Patching:
+    """Patching of the output's log p against `corrupted` (None: prefill it with a noun swap). `exact`: the sweep
+    (progress reported per batch through `ticket`, which also stops it); False: attribution patching; None:
+    the sweep when it is small (EXACT_AT_ONCE sites), else the estimate."""
+    tm = r.model
+    if corrupted is None:
+        corrupted = prefill(tm, r.request.sentence, len(r.src_ids))
+        if ticket is not None:
+            ticket.check()
+    if not corrupted.strip():
+        return Patching(corrupted, "No noun of the swap list in this sentence: type the sentence with one word "
+                                   "changed (the same number of tokens) to patch.")
+    c_ids, _ = tm.encode_source(corrupted)
+    if c_ids == list(r.src_ids):
+        return Patching(corrupted, "The changed sentence is the same as the original: change one word.")
+    if len(c_ids) != len(r.src_ids):
+        return Patching(corrupted, f"The changed sentence has {len(c_ids)} tokens and the original {len(r.src_ids)}: "
+                                   "patching needs the same positions, so change one word for one of the same "
+                                   "length in tokens.")
+    cfg = tm.model.cfg
+    src = torch.tensor([list(r.src_ids)], device=tm.device)
+    tgt = torch.tensor([[cfg.start_id, *r.out_ids[:-1]]], device=tm.device)
+    c_src = torch.tensor([c_ids], device=tm.device)
+    metric = log_prob(list(r.out_ids))
+    n_sites = site_count(r)
+    exact = n_sites <= EXACT_AT_ONCE if exact is None else exact
+    results = {}
+    done_before = 0
+    for sites in ("resid_enc", "head"):
+        if ticket is not None:
+            ticket.check()
+        if exact:
+            def progress(done, total, before=done_before):
+                if ticket is not None:
+                    ticket.report(before + done, n_sites)
+            results[sites] = patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=sites, metric=metric,
+                                            progress=progress)
+            done_before += int(np.isfinite(results[sites].values.numpy()).sum())
+        else:
+            results[sites] = attribution_patching(tm.model, src, tgt, corrupted_src=c_src, sites=sites, metric=metric)
+    clean, corr = results["head"].clean_metric, results["head"].corrupted_metric
+    how = ("exact sweep: each cell runs the clean input with one activation taken from the changed run"
+           if exact else "attribution patching, the first-order estimate (one forward and backward pass); "
+                         f"run the exact sweep ({n_sites:,} sites) to check it")
+    note = (f"log p of the output: {clean:.3f} clean, {corr:.3f} with the changed source. Effect = the share of "
+            f"that change a site carries when patched (0 = none, 1 = all of it). {how}.")
+    maps = []
+    stream = results["resid_enc"]
+    names = ["embeddings"] + [f"after layer {i}" for i in range(len(stream.rows) - 1)]
+    maps.append(("encoder stream: layer × source token", _effect(stream), names, list(r.src_pieces),
+                 ("encoder stream", "source token")))
+    heads = results["head"]
+    effect = _effect(heads)
+    enc = [i for i, row in enumerate(heads.rows) if row.startswith("enc_self")]
+    dec = [i for i, row in enumerate(heads.rows) if not row.startswith("enc_self")]
+    s, t = len(r.src_ids), len(r.out_ids)
+    if enc:
+        maps.append(("encoder self-attention heads × source token (query)", effect[enc][:, :s],
+                     [heads.rows[i] for i in enc], list(r.src_pieces), ("head", "query: source token")))
+    if dec:
+        maps.append(("decoder heads (self, cross) × output token (query: the step that produces it)",
+                     effect[dec][:, :t], [heads.rows[i] for i in dec], list(r.out_pieces),
+                     ("head", "query: output token produced")))
+    return Patching(corrupted, note, maps, exact, n_sites)
+
+
+def prefill(tm, sentence: str, n_src: int, candidates: int = 4) -> str:
+    """The sentence with its first listed noun swapped for one that changes the translation (`noun_swaps`),
+    trying `candidates` replacements in one batch (not the whole list: each is a translation of the sentence);
+    '' when it has none of the listed nouns or no candidate changes the output."""
+    words = set(re.findall(r"\w+", sentence))
+    for nouns in (NOUNS, NOUNS_EN):
+        hit = next((w for w in nouns if w in words), None)
+        if hit is not None:
+            tries = [hit, *[w for w in nouns if w != hit][:candidates]]
+            pairs = noun_swaps(tm, [sentence], nouns=tries, max_len=max(60, n_src))
+            return pairs[0].corrupted_text if pairs else ""
+    return ""
+
+
+def _effect(result) -> np.ndarray:
+    """(clean - value) / (clean - corrupted): 0 = the site changes nothing, 1 = it carries the whole change;
+    in raw log p when the change moves nothing."""
+    v = result.values.numpy()
+    den = result.clean_metric - result.corrupted_metric
+    return (result.clean_metric - v) / den if den else result.clean_metric - v
+
+
+# --------------------------------------------------------------------------------------------- the view
 
 
 class WhyView(LazyTab):
-    """Direct logit attribution of the chosen output token, and patching against a corrupted source."""
+    """Direct logit attribution of the chosen output token, and patching against a changed source."""
 
     position = param.Selector(default=0, objects={"0": 0}, doc="The output token to explain")
     corrupted = param.String(default="", doc="The sentence with one word changed (same number of tokens)")
 
     title = "Why"
-    redraws = ("position", "corrupted")
+    follows = ("version",)
+    redraws = ("position",)
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._prefilled_for = None  # the sentence whose swap `corrupted` holds (None: typed by the user)
-        self._prefilling = False
+        self._patch_lane = self.session.lane(f"why-patching-{id(self)}", heavy=True)  # the exact sweep
+        self._estimate_lane = self.session.lane(f"why-estimate-{id(self)}")  # one forward + backward: interactive
+        self._patch_box = pn.Column(sizing_mode="stretch_width", min_height=60)
+        self._cache: OrderedDict[tuple, Patching] = OrderedDict()
+        self._sentence = None  # the sentence `corrupted` belongs to
+        self._prefill = True  # `corrupted` is to be prefilled for the current sentence
+        self._setting = False  # the view itself is writing `corrupted`
+        self._patch_stale = True
+        self._shown: Patching | None = None
+        self._picker = pn.Column(sizing_mode="stretch_width")
+        self._picker_many: bool | None = None
         self._bar = pn.indicators.Progress(value=0, max=1, visible=False, width=240, css_classes=["why-progress-bar"])
         self._progress_text = pn.pane.Markdown("", visible=False, css_classes=["why-progress"], margin=(0, 10))
-        self.session.param.watch(self._follow, ["result"])
+        self._exact = pn.widgets.Button(label="Run the exact sweep", css_classes=["why-exact"], visible=False)
+        self._stop = pn.widgets.Button(label="Stop", css_classes=["why-stop"], visible=False, color="danger")
+        self._exact.on_click(lambda _e: self.refresh_patching(exact=True))
+        self._stop.on_click(lambda _e: self.stop())
+        self.param.watch(self._typed, "corrupted")
+        self.session.param.watch(self._follow, "result")
         self._follow()
 
+    # -- following the page -----------------------------------------------------------------------
+    @property
+    def content(self) -> list:
+        return [*self._box.objects, *self._patch_box.objects]
+
     def _follow(self, *_) -> None:
+        """A new result: the token picker follows the output; a new sentence resets its changed source."""
         r = self.session.result
         if r is None:
             return
         with param.parameterized.batch_call_watchers(self):
             self.param.position.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)}
-            if self.position >= len(r.out_pieces):
-                self.position = 0
+            if self.position >= len(r.out_pieces) or r.request.sentence != self._sentence:
+                with param.parameterized.discard_events(self):
+                    self.position = 0
+        many = len(r.out_pieces) > MAX_BUTTONS
+        if many != self._picker_many:
+            self._picker_many = many
+            self._picker.objects = [
+                pn.widgets.Select.from_param(self.param.position, name="Output token", width=260,
+                                             css_classes=["why-token-list"]) if many else
+                pn.widgets.RadioButtonGroup.from_param(self.param.position, name="", css_classes=["why-tokens"])]
+        if r.request.sentence != self._sentence:
+            self._sentence = r.request.sentence
+            self._prefill = True
+            self._set_corrupted("")
+        self._patch_stale = True
+        if self.active:
+            self.refresh_patching()
 
-    def _changed(self, *events) -> None:
-        if not self._prefilling:  # the prefill comes with the answer that made it: no second run
-            super()._changed(*events)
+    def _typed(self, event) -> None:
+        if self._setting:
+            return
+        self._prefill = False
+        self._patch_stale = True
+        if self.active:
+            self.refresh_patching()
 
+    def _set_corrupted(self, text: str) -> None:
+        self._setting = True
+        try:
+            self.corrupted = text
+        finally:
+            self._setting = False
+
+    @param.depends("active", watch=True)
+    def _activated_patching(self) -> None:
+        if self.active and self._patch_stale:
+            self.refresh_patching()
+
+    # -- token: interactive ---------------------------------------------------------------------
     def inputs(self):
         r = self.session.result
         if r is None:
             return "*Nothing to explain yet.*"
-        prefill = self._prefilled_for is not None and self._prefilled_for != r.request.sentence or not self.corrupted
-        self._show_progress(self._generation, None)
-        return r, self.position, None if prefill else self.corrupted, self._reporter()
+        return r, min(self.position, len(r.out_ids) - 1)
 
-    def _reporter(self):
-        """report(what, done, total) for the worker: applied on the event loop when served, directly when inline."""
-        gen = self._generation
-        if not self.session.background:
-            return lambda what, done, total: self._show_progress(gen, (what, done, total))
-        loop, ctx = asyncio.get_running_loop(), contextvars.copy_context()  # the page's document comes along
-        return lambda what, done, total: loop.call_soon_threadsafe(self._show_progress, gen, (what, done, total),
-                                                                   context=ctx)
+    def compute(self, r, position):
+        return explain_token(r, position)
 
-    def _show_progress(self, gen: int, step: tuple[str, int, int] | None) -> None:
-        """Show the sweep's progress (None: hide it); a report from an older request is dropped."""
-        if gen != self._generation:
+    def render(self, answer):
+        return [pn.pane.Bokeh(answer["grid"], sizing_mode="stretch_width", css_classes=["why-dla"]),
+                pn.pane.Bokeh(answer["reads"], sizing_mode="stretch_width")]
+
+    # -- patching: heavy, once per (sentence, changed source) ------------------------------------
+    def _key(self, r) -> tuple:
+        return (r.request.translate_key, None if self._prefill else self.corrupted)
+
+    def refresh_patching(self, exact: bool | None = None) -> None:
+        self._patch_stale = False
+        r = self.session.result
+        self._patch_lane.cancel()
+        self._estimate_lane.cancel()
+        self._progress(None)
+        if r is None:
+            self._patch_box.objects = [pn.pane.Markdown("*Nothing to patch yet.*")]
             return
+        key = self._key(r)
+        cached = self._cache.get(key)
+        if cached is not None and (cached.exact or not exact):
+            self._show_patching(cached)
+            return
+        exact = site_count(r) <= EXACT_AT_ONCE if exact is None else exact
+        self._patch_box.loading = True
+        self._stop.visible = exact
+        self._exact.visible = False
+        corrupted = None if self._prefill else self.corrupted
+        # The estimate is a first answer, as quick as a translation: the interactive lane. The sweep is analysis
+        # work: the heavy lane (its own low-priority threads, one heavy job per page).
+        lane = self._patch_lane if exact else self._estimate_lane
+        lane.submit(patch, r, corrupted, exact, done=lambda p: self._patched(key, r, p), failed=self._patch_failed,
+                    progress=self._report, stopped=self._stopped)
+
+    def _patched(self, key: tuple, r, p: Patching) -> None:
+        self._remember(key, p)
+        if key[1] is None:  # prefilled: the same answer stands for the text it was prefilled with
+            self._remember((key[0], p.corrupted), p)
+            self._set_corrupted(p.corrupted)
+            self._prefill = False
+        self._show_patching(p)
+
+    def _remember(self, key: tuple, p: Patching) -> None:
+        self._cache[key] = p
+        self._cache.move_to_end(key)
+        while len(self._cache) > CACHED:
+            self._cache.popitem(last=False)
+
+    def _show_patching(self, p: Patching, extra: str = "") -> None:
+        self._shown = p
+        self._patch_box.loading = False
+        self._progress(None)
+        self._stop.visible = False
+        self._exact.visible = bool(p.maps) and not p.exact
+        objs = [pn.pane.Markdown(_md_escape(extra + p.note), css_classes=["why-patching-note"],
+                                 sizing_mode="stretch_width")]
+        for title, values, rows, cols, axes in p.maps:
+            try:
+                fig = patching_heatmap(values, rows, cols, title=f"patching effect, {title}", value_label="effect",
+                                       axis_labels=axes)
+                fig.name = "why_patching_map"
+                objs.append(pn.pane.Bokeh(_stretch(fig), sizing_mode="stretch_width"))
+            except Exception as exc:
+                objs.append(_fail("Patching map", exc))
+        self._patch_box.objects = objs
+
+    def _patch_failed(self, exc: Exception) -> None:
+        self._patch_box.loading = False
+        self._progress(None)
+        self._stop.visible = False
+        self._patch_box.objects = [_fail("Patching", exc)]
+
+    def _report(self, done: int, total: int) -> None:
+        self._progress((done, total))
+
+    def _progress(self, step: tuple[int, int] | None) -> None:
         if step is None:
             self._bar.visible = self._progress_text.visible = False
             return
-        what, done, total = step
+        done, total = step
         self._bar.value = 0  # the value's bounds follow max: lower it first
         self._bar.max = max(total, 1)
         self._bar.param.update(value=min(done, total), visible=True)
-        self._progress_text.param.update(object=f"Patching {what}: patched {done} of {total} sites", visible=True)
+        self._progress_text.param.update(object=f"Exact sweep: patched {done:,} of {total:,} sites", visible=True)
 
-    def _done(self, gen: int, answer) -> None:
-        super()._done(gen, answer)
-        if gen == self._generation:
-            self._show_progress(gen, None)
+    def stop(self) -> None:
+        """The Stop button: end the running sweep; the estimate (if any) stays."""
+        shown = self._bar.value, self._bar.max
+        self._patch_lane.cancel()
+        r = self.session.result
+        estimate = self._cache.get(self._key(r)) if r is not None else None
+        extra = f"Stopped the exact sweep after {shown[0]:,} of {shown[1]:,} sites. "
+        if estimate is not None:
+            self._show_patching(estimate, extra)
+        else:
+            self._patch_box.loading = False
+            self._progress(None)
+            self._stop.visible = False
+            self._patch_box.objects = [pn.pane.Markdown(extra, css_classes=["why-patching-note"])]
 
-    def compute(self, r, position, corrupted, report=None):
-        tm = loader.load_model(r.request.path)
-        model, cfg = tm.model, tm.model.cfg
-        src = torch.tensor([list(r.src_ids)], device=tm.device)
-        tgt = torch.tensor([[cfg.start_id, *r.out_ids[:-1]]], device=tm.device)
-        token = r.out_ids[position]
-        piece = r.out_pieces[position]
-        out = {"corrupted": corrupted, "prefilled": corrupted is None}
-        dla = direct_logit_attribution(model, src, tgt, position, token)
-        out["bars"] = _stretch(logit_attribution_bars(
-            dla, title=f"why {piece!r} at output position {position}: direct logit attribution "
-                       f"(sums to its logit, {dla.logit:.2f})"))
-        reads = source_attribution(model, src, tgt, position, token)  # (L, H, S)
-        layers, heads = reads.shape[:2]
-        rows = [f"cross {i}.{h}" for i in range(layers) for h in range(heads)]
-        out["reads"] = _stretch(patching_heatmap(  # diverging: a head can push the logit down through a token
-            reads.reshape(layers * heads, -1).numpy(), rows, list(r.src_pieces), value_label="logit",
-            title=f"what each cross-attention head read for {piece!r} (logit share per source token)"))
-        if corrupted is None:
-            pairs = noun_swaps(tm, [r.request.sentence])
-            corrupted = pairs[0].corrupted_text if pairs else ""
-            out["corrupted"] = corrupted
-        out["patching"] = self._patching(tm, r, src, tgt, corrupted, report)
-        return out
-
-    def _patching(self, tm, r, src, tgt, corrupted: str, report=None):
-        """(note, [figures]) of patching the clean output's log p against `corrupted`."""
-        if not corrupted.strip():
-            return ("No noun of the swap list in this sentence: type the sentence with one word changed "
-                    "(the same number of tokens) to patch.", [])
-        c_ids, _ = tm.encode_source(corrupted)
-        if c_ids == list(r.src_ids):
-            return "The changed sentence is the same as the original: change one word.", []
-        if len(c_ids) != len(r.src_ids):
-            return (f"The changed sentence has {len(c_ids)} tokens and the original {len(r.src_ids)}: patching needs "
-                    "the same positions, so change one word for one of the same length in tokens.", [])
-        c_src = torch.tensor([c_ids], device=tm.device)
-        metric = log_prob(list(r.out_ids))
-        sweeps = [patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=s, metric=metric,
-                                 progress=None if report is None else
-                                 (lambda done, total, what=what: report(what, done, total)))
-                  for s, what in (("resid_enc", "encoder stream (1 of 2)"), ("head", "heads (2 of 2)"))]
-        clean, corr = sweeps[0].clean_metric, sweeps[0].corrupted_metric
-        note = (f"log p of the output: {clean:.3f} clean, {corr:.3f} with the changed source. Each cell runs the "
-                "clean input with one activation taken from the changed run (1 = as clean, 0 = as changed).")
-        figs = []
-        for sweep, what, cols in ((sweeps[0], "encoder stream: layer x source position", r.src_pieces),
-                                  (sweeps[1], "heads x query position", None)):
-            try:
-                values = sweep.normalized().numpy()
-            except ValueError:  # the change does not move the metric: show it raw
-                values = sweep.values.numpy()
-            labels = list(cols) if cols is not None and len(cols) == values.shape[1] else [str(p) for p in
-                                                                                        sweep.positions]
-            figs.append(_stretch(patching_heatmap(values, sweep.rows, labels, title=f"patching, {what}")))
-        return note, figs
-
-    def render(self, answer):
-        if answer["prefilled"]:
-            self._prefilled_for = self.session.result.request.sentence if self.session.result else None
-            self._prefilling = True
-            try:
-                self.corrupted = answer["corrupted"]
-            finally:
-                self._prefilling = False
-        note, figs = answer["patching"]
-        return [pn.pane.Bokeh(answer["bars"], sizing_mode="stretch_width"),
-                pn.pane.Bokeh(answer["reads"], sizing_mode="stretch_width"),
-                pn.pane.Markdown("### Patching against a changed source"),
-                pn.pane.Markdown(_md_escape(note), css_classes=["why-patching-note"], sizing_mode="stretch_width"),
-                *[_pane(f, "Patching") for f in figs]]
-
-    def _user_typed(self, event) -> None:
-        if not self._prefilling:
-            self._prefilled_for = None
+    def _stopped(self) -> None:
+        self._patch_stale = True
+        self._patch_box.loading = False
+        self._progress(None)
+        self._stop.visible = False
+        self._patch_box.objects = [pn.pane.Markdown("*Patching stopped: another analysis of this page started.*",
+                                                    css_classes=["why-patching-note"])]
 
     def __panel__(self):
-        r = self.session.result
-        many = r is not None and len(r.out_pieces) > MAX_BUTTONS
-        tokens = (pn.widgets.Select.from_param(self.param.position, name="Output token", width=240)
-                  if many else pn.widgets.RadioButtonGroup.from_param(self.param.position, name="",
-                                                                      css_classes=["why-tokens"]))
         box = pn.widgets.TextInput.from_param(self.param.corrupted, name="Changed source (Enter to patch)",
-                                              css_classes=["why-corrupted"], sizing_mode="stretch_width")
-        box.param.watch(self._user_typed, "value")
-        return pn.Column(pn.pane.Markdown("Tap an output token to see which components wrote it."), tokens, box,
-                         pn.Row(self._bar, self._progress_text), self._box, sizing_mode="stretch_width")
+                                              css_classes=["why-corrupted"], max_length=50_000,
+                                              sizing_mode="stretch_width")
+        return pn.Column(pn.pane.Markdown("Pick an output token to see which components wrote it."), self._picker,
+                         self._box, pn.pane.Markdown("### Patching against a changed source"), box,
+                         pn.Row(self._exact, self._stop, self._bar, self._progress_text), self._patch_box,
+                         sizing_mode="stretch_width")
 
 
 TAB = ("Why", lambda session: WhyView(session=session))

@@ -1,28 +1,22 @@
-"""The model work behind one request, and where it runs.
+"""The model work behind one page request: a pure function of a frozen `Request` and a `TranslationModel`.
 
-`compute(Request)` is a pure function of a frozen request: it loads the (cached) model and calls the
-library (`TranslationModel.score`, `decoding.generate`, `analysis.ablation.ablation_effect`); it never raises,
-so a failing request becomes a message. `run()` calls any such function inline (tests, notebooks without a
-server) or in the process's worker threads with the caller's contextvars (hooks, interventions) copied in,
-and hands the answer back on the event loop, so a model call never blocks the server for other sessions.
+`compute(Request)` gets the (cached) model and calls the library: `TranslationModel.trace` (a sentence in,
+translation + trace + notes out) and `analysis.ablation.ablation_effect`; it never raises, so a failing request
+becomes a message. Where it runs (inline, or off the event loop) is `requests.Lane.submit`'s business.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
-from ..core.hooks import submit
+from ..core.heads import Head
 from ..core.trace import Trace
-from ..decoding.search import generate
+from ..decoding.translator import Translation, TranslationModel
 from . import loader
 
 log = logging.getLogger(__name__)
@@ -39,7 +33,7 @@ class Request:
     target: str = ""
     beam: int = 1
     alpha: float = 1.0
-    ablate: tuple[tuple[str, int, int], ...] = ()
+    ablate: tuple[Head, ...] = ()
     target_ids: tuple[int, ...] = ()
     """Teacher-force these output ids (EOS-terminated) instead of `target` (comparing models that share a vocab)."""
 
@@ -50,19 +44,44 @@ class Request:
 
 @dataclass(frozen=True)
 class Result:
-    """One sentence's translation (or teacher-forced target) with its attention, compact and CPU-only."""
+    """What the page keeps of one request: the library's `Translation`, its trace compacted to float16 on the
+    CPU, the notes the page adds (input cut to MAX_CHARS), the time it took, and the model that made it (the
+    store hands it to the views, so no view turns a path back into a model)."""
 
     request: Request
-    text: str
-    src_pieces: tuple[str, ...]
-    out_pieces: tuple[str, ...]
-    out_ids: tuple[int, ...]
-    src_ids: tuple[int, ...]
-    log_prob: float
+    translation: Translation
     trace: Trace
-    forced: bool = False
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    model: TranslationModel | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def text(self) -> str:
+        return self.translation.text
+
+    @property
+    def log_prob(self) -> float:
+        return self.translation.log_prob
+
+    @property
+    def forced(self) -> bool:
+        return self.translation.forced
+
+    @property
+    def src_ids(self) -> tuple[int, ...]:
+        return tuple(self.translation.source_tokens)
+
+    @property
+    def out_ids(self) -> tuple[int, ...]:
+        return tuple(self.translation.tokens)
+
+    @property
+    def src_pieces(self) -> tuple[str, ...]:
+        return tuple(self.trace.meta["src_pieces"])
+
+    @property
+    def out_pieces(self) -> tuple[str, ...]:
+        return tuple(self.translation.pieces)
 
     @property
     def n_tokens(self) -> int:
@@ -113,115 +132,21 @@ def compute(req: Request, previous: Result | None = None) -> Outcome:
     return out
 
 
-def source_ids(tm, sentence: str) -> tuple[list[int], list[str]]:
-    """The sentence's source ids and notes on what was cut (characters, then the model's max_positions)."""
+def translate(tm: TranslationModel, req: Request) -> Result | None:
+    """`tm.trace` of one request (translation, or teacher-forced target), its attention as float16 on the CPU."""
+    start = time.perf_counter()
     notes = []
-    text = sentence
+    text = req.sentence
     if len(text) > MAX_CHARS:
         notes.append(f"The sentence has {len(text):,} characters; only the first {MAX_CHARS:,} were used.")
         text = text[:MAX_CHARS]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ids, cut = tm.encode_source(text, where="the sentence")
-    if cut:
-        notes.append(f"The sentence was cut to the model's limit of {tm.model.cfg.max_positions - 1} source tokens.")
-    else:
-        notes.extend(str(w.message) for w in caught)
-    return ids, notes
-
-
-def translate(tm, req: Request) -> Result | None:
-    """Translate (or teacher-force the target of) one request, keeping its attention as float16 on the CPU."""
-    start = time.perf_counter()
-    src_ids, notes = source_ids(tm, req.sentence)
-    if not src_ids:
+    target = list(req.target_ids) or (req.target[:MAX_CHARS] if req.target.strip() else None)
+    t = tm.trace(text, target=target, beam=req.beam, alpha=req.alpha, n_best=1)
+    if t.trace is None:
         return None
-    forced = bool(req.target_ids or req.target.strip())
-    if forced:
-        out_ids = list(req.target_ids)
-        if not out_ids:
-            out_ids, target_notes = _target_ids(tm, req.target)
-            notes += target_notes
-        scored = tm.score(src_ids, out_ids, trace=True)
-        log_prob, trace = scored.log_prob, scored.trace
-    else:
-        src = torch.tensor([src_ids], dtype=torch.long, device=tm.device)
-        with torch.no_grad():
-            gen = generate(tm.model, src, tm.config_with(beam=req.beam, alpha=req.alpha, n_best=1), trace=True)
-        best = gen.hypotheses[0][0]
-        out_ids, log_prob, trace = list(best.tokens), float(best.log_prob), gen.traces[0]
     cfg = tm.model.cfg
-    src_pieces = tm.src_tokenizer.pieces(src_ids)
-    out_pieces = tm.tgt_tokenizer.pieces(out_ids)
     # float16 on CPU: a 200-token sentence through a 6+6-layer, 8-head model stays ~10 MB per session.
-    compact = trace.to("cpu", torch.float16)
-    compact.meta.update(src_pieces=src_pieces, tgt_pieces=tm.tgt_tokenizer.pieces([cfg.start_id, *out_ids[:-1]]),
-                        out_pieces=out_pieces, pad_id=cfg.pad_id, eos_id=cfg.eos_id)
-    return Result(req, tm.detokenize(out_ids), tuple(src_pieces), tuple(out_pieces), tuple(out_ids), tuple(src_ids),
-                  log_prob, compact, forced, tuple(notes), time.perf_counter() - start)
-
-
-def _target_ids(tm, target: str) -> tuple[list[int], list[str]]:
-    notes = []
-    ids = tm.tgt_tokenizer.encode(target[:MAX_CHARS])
-    room = tm.model.cfg.max_positions - 1
-    if len(ids) > room:
-        notes.append(f"The target was cut to the model's limit of {room} tokens.")
-        ids = ids[:room]
-    return ids + [tm.model.cfg.eos_id], notes
-
-
-# ------------------------------------------------------------------------------------------ where it runs
-
-
-class Job:
-    """One submitted call; `cancel()` stops it if still queued and drops its answer either way."""
-
-    def __init__(self, future=None):
-        self._future = future
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self._future is not None:
-            self._future.cancel()
-
-
-def run(fn: Callable[..., Any], *args: Any, background: bool, done: Callable[[Any], None],
-        failed: Callable[[Exception], None]) -> Job:
-    """Call fn(*args), then done(answer) or failed(exception), both on the caller's thread.
-
-    background=False: now, inline. background=True: in a worker thread with a copy of the caller's contextvars
-    (so hooks and interventions entered around the call apply there too); the answer comes back as a task on
-    the running event loop, never blocking it.
-    """
-    if not background:
-        try:
-            answer = fn(*args)
-        except Exception as exc:
-            failed(exc)
-        else:
-            done(answer)
-        return Job()
-    future = submit(loader.EXECUTOR, fn, *args)  # the caller's hooks come along (hooks.submit)
-    job = Job(future)
-
-    async def finish():
-        try:
-            answer = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            return
-        except Exception as exc:
-            if not job.cancelled:
-                failed(exc)
-            return
-        if job.cancelled:
-            return
-        try:
-            done(answer)
-        except Exception as exc:  # a view failing to update must not end up as a traceback in the server log
-            log.warning("updating the page failed: %s: %s", type(exc).__name__, exc)
-            failed(exc)
-
-    asyncio.ensure_future(finish())
-    return job
+    compact = t.trace.to("cpu", torch.float16)
+    compact.meta.update(pad_id=cfg.pad_id, eos_id=cfg.eos_id)
+    t.trace = None  # the page keeps the compact copy only
+    return Result(req, t, compact, tuple(notes + t.notes), time.perf_counter() - start, tm)

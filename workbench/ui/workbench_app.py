@@ -99,8 +99,14 @@ class Workbench(pn.viewable.Viewer):
 
         session.autorun = True
         if session.background:  # served: even the first model load and translation run off the event loop
-            first = []
-            first.append(session.param.watch(lambda _e: (session.param.unwatch(first[0]), finish_link()), "version"))
+            pending = [True]
+
+            def first_answer(_event) -> None:  # the first applied answer only
+                if pending:
+                    pending.clear()
+                    finish_link()
+
+            session.param.watch(first_answer, "version")
             if chosen is None and "checkpoint" not in link and session.entries:
                 _open_first_loadable(session)
             else:
@@ -138,7 +144,9 @@ class Workbench(pn.viewable.Viewer):
             f"# {TITLE}\nType a sentence and see what the translation model attends to. Views: pick a kind, "
             "layer and head; tap a heatmap row to highlight a token; tap a grid tile to select a head to ablate.",
             css_classes=["wb-header"], stylesheets=[CSS], sizing_mode="stretch_width")
-        inspect = pn.FlexBox(pn.Column(self.attention, sizing_mode="stretch_width", styles={"flex": "1 1 560px"}),
+        # The view takes what the ablation panel leaves; below ~1200 px the panel moves under it (nothing overlaps).
+        inspect = pn.FlexBox(pn.Column(self.attention, sizing_mode="stretch_width", min_width=0,
+                                       styles={"flex": "1 1 760px", "min-width": "0"}),
                              pn.Column(self.ablation, width=400, styles={"flex": "0 0 400px"}),
                              flex_wrap="wrap", align_items="start", sizing_mode="stretch_width")
         views = [view for _, view in self.tabs]
@@ -167,7 +175,8 @@ def _open_first_loadable(session: Session) -> None:
         else:
             session.refresh()
 
-    session.run(first_loadable, session.entries, done=picked, failed=lambda _exc: picked(session.checkpoint))
+    session.lane("translate").submit(first_loadable, session.entries, done=picked,
+                                     failed=lambda _exc: picked(session.checkpoint))
 
 
 def _link_values() -> dict[str, str]:

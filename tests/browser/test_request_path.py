@@ -1,0 +1,143 @@
+"""The request path in Chromium (issue 28): every fresh load draws, links set the widgets (and refused values
+leave the URL), the Why tab answers fast on a long sentence and its sweeps never stall another user.
+
+Before: about 1 load in 10 showed the translation and then "No attention to show yet." forever; a link's
+selection drew one head while the pickers named another; a Why sweep on a 60-word sentence took 183 s and
+two of them made another user's 10-word translation wait 287 s.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from urllib.parse import parse_qs, urlencode, urlparse
+
+from test_app import FIGURE_JS, TIMEOUT, open_app, submit, text, version
+
+# A 60-word English sentence for the shipped en->de default (general-en-de): the Why tab on a real model.
+LONG = ("The old man who had lived in the small village by the sea for more than forty years told the "
+        "children that the storm which destroyed the harbour last winter was not the worst he had seen, because "
+        "when he was young a much stronger wind had carried away every boat, the church roof and half of the "
+        "houses along the narrow street near the market.")
+SHORT = "The children are playing in the park with a red ball today."  # 10 words (+ a few for tokens)
+
+
+def test_thirty_fresh_loads_each_draw_the_attention_view(browser, app_server):
+    ctx = browser.new_context()
+    for i in range(30):
+        page = ctx.new_page()
+        open_app(page, app_server + ("" if i % 2 else "?ckpt=demo"))  # the default checkpoint, and a small one
+        page.wait_for_function(f"({FIGURE_JS})() !== null", timeout=20_000)
+        assert page.get_by_text("No attention to show yet").count() == 0, i
+        page.close()
+    ctx.close()
+
+
+def _selected(page, css: str) -> str:
+    return page.locator(css + " select").evaluate("s => s.options[s.selectedIndex] ? s.options[s.selectedIndex].text "
+                                                  ": null", timeout=TIMEOUT)
+
+
+KIND_TITLE = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention", "cross": "cross-attention"}
+
+
+def test_random_links_the_widgets_the_figure_and_the_url_agree(browser, app_server):
+    """demo: 2 layers of 4 heads; each value valid or not at random. A valid one sets its widget and stays in the
+    URL; a refused one is named, leaves the URL, and its widget shows the default; the figure draws what the
+    widgets say."""
+    rng = random.Random(28)
+    ctx = browser.new_context()
+    for _ in range(6):
+        link = {"ckpt": "demo", "src": "Ein Hund läuft durch den Park."}
+        link["kind"] = rng.choice(["cross", "enc_self", "dec_self", "both"])
+        link["layer"] = rng.choice(["0", "1", "2", "x"])
+        link["head"] = rng.choice(["-1", "0", "3", "4", "abc"])
+        link["tok"] = rng.choice(["-1", "2", "999"])
+        page = ctx.new_page()
+        open_app(page, app_server + "?" + urlencode(link))
+        page.wait_for_timeout(300)
+        kind = link["kind"] if link["kind"] in KIND_TITLE else "cross"
+        layer = int(link["layer"]) if link["layer"] in ("0", "1") else 0
+        head = int(link["head"]) if link["head"] in ("-1", "0", "3") else -1
+        tok = int(link["tok"]) if link["tok"] in ("-1", "2") else -1
+        refused = {k for k, v in link.items() if k in ("kind", "layer", "head", "tok")
+                   and v != str({"kind": kind, "layer": layer, "head": head, "tok": tok}[k])}
+        title = f"{KIND_TITLE[kind]}, layer {layer}, " + ("mean of all heads" if head < 0 else f"head {head}")
+        page.wait_for_function(f"({FIGURE_JS})() !== null && ({FIGURE_JS})().title.startsWith({title!r})",
+                               timeout=TIMEOUT)
+        assert _selected(page, ".layer-picker") == str(layer), link
+        assert _selected(page, ".head-picker") == ("all (mean)" if head < 0 else f"head {head}"), link
+        assert (_selected(page, ".token-picker") == "none") == (tok < 0), link
+        active = page.locator(".kind-picker button.bk-active").inner_text(timeout=TIMEOUT)
+        assert active == {"enc_self": "encoder self", "dec_self": "decoder self", "cross": "cross"}[kind], link
+        query = parse_qs(urlparse(page.url).query)
+        for key in ("kind", "layer", "head", "tok"):
+            assert (key in query) == (key not in refused), (key, link, page.url)
+        if refused:
+            assert "could not be used" in text(page, ".message"), link
+        page.close()
+    ctx.close()
+
+
+BARS_JS = """() => { const v = [...Bokeh.index.all_views()].filter(
+    v => v.model.name === 'dla_bars' && v.el.isConnected);
+    return v.length === 1 ? v[0].model.title.text : null; }"""
+
+
+def _why(page, url: str) -> float:
+    """Open the Why tab on `url`; the seconds from the click to its first answer (the attribution drawn); then
+    wait for the patching answer too."""
+    open_app(page, url)
+    start = time.monotonic()
+    page.locator(".main-tabs").get_by_text("Why", exact=True).click()
+    page.wait_for_function(f"({BARS_JS})() !== null", timeout=TIMEOUT)
+    first = time.monotonic() - start
+    page.locator(".why-patching-note").first.wait_for(timeout=TIMEOUT)
+    return first
+
+
+def test_why_on_a_long_sentence_answers_fast_and_stop_ends_the_sweep(page, app_server):
+    url = app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG})
+    assert _why(page, url) < 5.0  # attribution and the patching estimate, not the sweep
+    assert "attribution patching" in text(page, ".why-patching-note")
+    page.locator(".why-token-list select").select_option(index=5)  # a long output: a list, not 90 buttons
+    page.wait_for_function(f"({BARS_JS})().includes('output position 5')", timeout=TIMEOUT)
+    assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+    page.locator(".why-exact button").click(timeout=TIMEOUT)
+    page.locator(".why-progress").get_by_text("patched").wait_for(timeout=TIMEOUT)
+    page.locator(".why-stop button").click(timeout=TIMEOUT)
+    page.get_by_text("Stopped the exact sweep").wait_for(timeout=TIMEOUT)
+    assert "attribution patching" in text(page, ".why-patching-note")  # the estimate stays
+    assert not page.locator(".why-progress").is_visible()
+
+
+def test_why_sweeps_never_stall_another_users_translation(browser, app_server):
+    a, b = browser.new_context(), browser.new_context()
+    pa, pb = a.new_page(), b.new_page()
+    _why(pa, app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG}))
+    open_app(pb, app_server + "?ckpt=general-en-de")
+    alone = []  # the same translations with no sweep running: said in the failure message, not asserted
+    for colour in ("black", "white"):
+        start = time.monotonic()
+        submit(pb, SHORT.replace("red", colour))
+        alone.append(time.monotonic() - start)
+    box = pa.locator(".why-corrupted input")
+    for word in ("girl", "horse"):  # two sweeps in one page: the second supersedes the first (not the prefill)
+        pa.locator(".why-exact button").click(timeout=TIMEOUT)
+        pa.locator(".why-progress").get_by_text("patched").wait_for(timeout=TIMEOUT)
+        box.fill(LONG.replace("old man", "old " + word))
+        box.press("Enter")
+        pa.get_by_text("log p of the output").wait_for(timeout=TIMEOUT)  # the new source's estimate
+    pa.locator(".why-exact button").click(timeout=TIMEOUT)
+    pa.locator(".why-progress").get_by_text("patched").wait_for(timeout=TIMEOUT)
+    waits = []
+    for i in range(3):  # while page A's sweep runs
+        start = time.monotonic()
+        v = version(pb)
+        submit(pb, SHORT.replace("red", ["blue", "green", "yellow"][i]))
+        waits.append(time.monotonic() - start)
+        assert version(pb) > v
+    assert pa.locator(".why-progress").is_visible()  # the sweep was still running throughout
+    assert max(waits) < 2.0, f"with a sweep running: {waits}; with none: {alone}"
+    a.close()
+    b.close()

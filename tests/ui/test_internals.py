@@ -1,0 +1,70 @@
+"""The Internals tab tells the truth (issue 28 point 4): the schedule comes from the checkpoint's stored training
+config and coincides with the learning rate its log recorded (every shipped checkpoint, and a test one trained
+here with noam); validation curves are drawn from the `valid_*` rows the trainer writes; masks name pieces."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import FACTOR, WARMUP, build_checkpoint  # noqa: E402
+
+from workbench.charts import mask_view, training_curves_chart  # noqa: E402
+from workbench.checkpoint.format import read_log  # noqa: E402
+from workbench.training.schedule import noam  # noqa: E402
+from workbench.ui.views import checkpoint_schedule  # noqa: E402
+
+SHIPPED = sorted(p for p in (Path(__file__).resolve().parents[2] / "checkpoints").iterdir()
+                 if (p / "meta.json").is_file())
+
+
+def _gap(frame) -> float:
+    logged = frame[frame.source == "logged (checkpoint)"].set_index("step").lr
+    drawn = frame[frame.source != "logged (checkpoint)"].set_index("step").lr
+    return float(((drawn - logged).abs() / logged.abs().max()).max())
+
+
+@pytest.mark.parametrize("ckpt", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_checkpoints_schedule_coincides_with_its_logged_lr(ckpt):
+    meta = json.loads((ckpt / "meta.json").read_text())
+    log = read_log(ckpt / "train_log.jsonl")
+    frame, words = checkpoint_schedule(meta["train_config"], log)
+    assert words.startswith(meta["train_config"]["schedule"])  # e.g. warmup_cosine, not a noam default
+    assert f"warm-up {meta['train_config']['warmup']} steps" in words
+    assert _gap(frame) < 1e-3  # the time-budget cosine is read at the log's run time, which is rounded
+
+
+def test_a_noam_checkpoint_by_hand(tmp_path):
+    ckpt = build_checkpoint(tmp_path / "noam", steps=40)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    frame, words = checkpoint_schedule(meta["train_config"], read_log(ckpt / "train_log.jsonl"))
+    drawn = frame[frame.source != "logged (checkpoint)"]
+    d_model = meta["train_config"]["model"]["d_model"]
+    assert list(drawn.lr) == pytest.approx([noam(s, d_model=d_model, warmup=WARMUP, factor=FACTOR) for s in drawn.step])
+    assert _gap(frame) == 0.0 and "noam" in words
+    with pytest.raises(ValueError, match="no training config"):
+        checkpoint_schedule(None, [])
+
+
+def test_validation_curves_come_from_the_trainers_valid_rows():
+    log = [{"step": s, "loss": 5 - s / 10, "lr": 1e-3} for s in range(1, 41)]
+    log += [{"step": s, "kind": "valid", "valid_loss": 4.0 - s / 40, "valid_bleu": s / 4, "valid_chrf": s}
+            for s in (20, 40)]
+    spec = training_curves_chart(log).to_dict()
+    metrics = {row["metric"] for row in next(iter(spec["datasets"].values()))}
+    assert {"valid_loss", "valid_bleu", "valid_chrf", "loss", "lr"} <= metrics
+
+
+def test_masks_are_labelled_with_pieces():
+    src = torch.tensor([[5, 6, 2], [5, 2, 0]])
+    tgt = torch.tensor([[1, 7, 8], [1, 7, 0]])
+    layout = mask_view(src, tgt, pad_id=0, src_pieces=["▁Ein", "▁Hund", "</s>"], tgt_pieces=["<s>", "▁A", "▁dog"])
+    causal, cross = layout.children[1], layout.children[2]
+    assert list(causal.yaxis[0].major_label_overrides.values()) == ["0: <s>", "1: ▁A", "2: ▁dog"]
+    assert list(cross.xaxis[0].major_label_overrides.values()) == ["0: ▁Ein", "1: ▁Hund", "2: </s>"]
+    assert cross.xaxis[0].axis_label == "key: source token"
