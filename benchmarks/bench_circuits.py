@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import torch
-from scipy.stats import spearmanr
 
 from workbench import load
+from workbench.analysis.attribution import spearman
 from workbench.analysis.circuits import EdgeGraph, circuit_faithfulness, edge_patching, edge_scores
 from workbench.analysis.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
 
@@ -89,7 +89,7 @@ def main() -> None:
         idx = tuple(torch.tensor(sample).T)
         for method in ("eap", "eap-ig"):
             est = edge_scores(model, sub, method=method, steps=args.steps).scores[idx]
-            entry[f"{method}_spearman"] = float(spearmanr(est.numpy(), exact.numpy()).statistic)
+            entry[f"{method}_spearman"] = float(spearman(est.numpy(), exact.numpy()))
         # circuits
         entry["circuits"] = {}
         t = time.perf_counter()

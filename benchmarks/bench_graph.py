@@ -36,8 +36,12 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--positions", type=int, default=0, help="time this many output positions (0: all)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_cpu.json"))
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tm = load(ROOT / "checkpoints" / "multi30k-de-en")
     model = tm.model
     texts = (DATA / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
@@ -49,7 +53,10 @@ def main() -> None:
     out = tm.translate([text], return_tokens=True, beam=1)[0]
     tgt = torch.tensor([[model.cfg.start_id, *out.tokens[:-1]]])
     g_times, sweep_times, head_times, sizes = [], [], [], []
-    for pos in range(tgt.size(1)):
+    timed = range(tgt.size(1))
+    if args.positions:
+        timed = sorted({round(k * (tgt.size(1) - 1) / max(args.positions - 1, 1)) for k in range(args.positions)})
+    for pos in timed:
         t = time.perf_counter()
         graph = attribution_graph(model, src, tgt, pos, out.tokens[pos])
         g_times.append(time.perf_counter() - t)
@@ -65,6 +72,7 @@ def main() -> None:
         head_times.append(time.perf_counter() - t)
     result["speed"] = {
         "sentence": text, "source_tokens": src.size(1), "output_tokens": tgt.size(1),
+        "timed_positions": list(timed),
         "graph_seconds_mean": statistics.mean(g_times), "graph_seconds_max": max(g_times),
         "node_sweep_seconds_mean": statistics.mean(sweep_times), "head_sweep_seconds_mean": statistics.mean(head_times),
         "nodes_mean": statistics.mean(sizes), "edges_dense_mean": statistics.mean(n * n for n in sizes),
@@ -95,7 +103,7 @@ def main() -> None:
                 f = faithfulness_check(model, src, tgt, graph, 5, random_sets=10, seed=n)
                 top_drops.append(f["top_drop"])
                 rand_drops.append(f["random_drop"])
-        if (n + 1) % 50 == 0 or n + 1 == len(chosen):
+        if (n + 1) % 10 == 0 or n + 1 == len(chosen):
             k = torch.tensor(kept, dtype=torch.float64)
             result["coverage"] = {
                 "sentences": n + 1, "tokens": len(kept), "share_at_most_100_nodes": float((k <= 100).double().mean()),

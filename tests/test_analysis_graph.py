@@ -105,7 +105,7 @@ def test_logit_edges_are_the_direct_logit_attribution():
     last = len(m.dec) - 1
     for h in range(m.dec[last].cross_attn.n_heads):
         i = g.index(kind="head", stack="dec", layer=last, block="cross_attn", head=h, position=5)[0]
-        want = float(dla.values[dla.labels.index(f"cross:{last}:{h}")])
+        want = float(dla.values[dla.labels.index(f"cross:{last}:{h}")])  # the one head spelling (core.heads)
         assert float(g.adjacency[-1, i]) == pytest.approx(want, rel=1e-5, abs=1e-7)
     i = g.index(kind="ffn", stack="dec", layer=last, position=5)[0]
     assert float(g.adjacency[-1, i]) == pytest.approx(float(dla.values[dla.labels.index(f"dec.{last}.ffn")]),
