@@ -215,6 +215,7 @@ def test_attention_view_draws_every_kind_and_mode(session):
     from workbench.ui.views import AttentionView
 
     view = AttentionView(session=session)
+    view.__panel__()  # its widgets and the export button's name follow the session
     for kind in ("enc_self", "dec_self", "cross"):
         for mode in ("heatmap", "lines", "grid"):
             session.param.update(kind=kind, view=mode)

@@ -28,13 +28,13 @@ tests/ui/test_requests.py:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures.thread as _cf_thread
 import contextvars
 import inspect
 import logging
 import os
 import threading
 from collections.abc import Callable
-import concurrent.futures.thread as _cf_thread
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
