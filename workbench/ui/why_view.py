@@ -289,8 +289,8 @@ class WhyView(LazyTab):
         # Analysis work, the estimate too (a forward and backward pass over a long sentence costs several
         # translations): the heavy lane, its own lower-priority threads, one heavy job per page. Measured with the
         # estimate on the interactive pool instead, 2 Why users raised 8 others' translation p95 2.0x.
-        self._patch_lane.submit(patch, r, corrupted, exact, done=lambda p: self._patched(key, r, p), failed=self._patch_failed,
-                    progress=self._report, stopped=self._stopped)
+        self._patch_lane.submit(patch, r, corrupted, exact, done=lambda p: self._patched(key, r, p),
+                                failed=self._patch_failed, progress=self._report, stopped=self._stopped)
 
     def _patched(self, key: tuple, r, p: Patching) -> None:
         self._remember(key, p)
