@@ -33,10 +33,13 @@ if QUICK:
 tm = load(shipped("multi30k-de-en"))
 site_dir = shipped("multi30k-de-en") / "features" / "hook_memory"
 fd = FeatureData.load(tm, site_dir)
-card = json.loads((site_dir / "eval.json").read_text())
-print(f"{fd.name}: {fd.n_features} features, k = {fd.d.cfg.k}; held-out FVU {card['fvu']:.3f}, "
-      f"L0 {card['l0']:.1f}, CE recovered {card['ce_recovered']:.1%}, test2016 BLEU {card['bleu_clean']:.2f} "
-      f"clean vs {card['bleu_spliced']:.2f} spliced")
+card_file = site_dir / "eval.json"  # written by `workbench features eval --card`
+card = json.loads(card_file.read_text()) if card_file.is_file() else {}
+print(f"{fd.name}: {fd.n_features} features, k = {fd.d.cfg.k}")
+if card:
+    print(f"held-out FVU {card['fvu']:.3f}, L0 {card['l0']:.1f}, CE recovered {card['ce_recovered']:.1%}"
+          + (f", test2016 BLEU {card['bleu_clean']:.2f} clean vs {card['bleu_spliced']:.2f} spliced"
+             if "bleu_clean" in card else ""))
 print(f"statistics over {fd.stats.tokens:,} source tokens of {fd.stats.meta['corpus']}")
 
 # %% [markdown]
