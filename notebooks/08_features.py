@@ -33,10 +33,13 @@ if QUICK:
 tm = load(shipped("multi30k-de-en"))
 site_dir = shipped("multi30k-de-en") / "features" / "hook_memory"
 fd = FeatureData.load(tm, site_dir)
-card = json.loads((site_dir / "eval.json").read_text())
-print(f"{fd.name}: {fd.n_features} features, k = {fd.d.cfg.k}; held-out FVU {card['fvu']:.3f}, "
-      f"L0 {card['l0']:.1f}, CE recovered {card['ce_recovered']:.1%}, test2016 BLEU {card['bleu_clean']:.2f} "
-      f"clean vs {card['bleu_spliced']:.2f} spliced")
+card_file = site_dir / "eval.json"  # written by `workbench features eval --card`
+card = json.loads(card_file.read_text()) if card_file.is_file() else {}
+print(f"{fd.name}: {fd.n_features} features, k = {fd.d.cfg.k}")
+if card:
+    print(f"held-out FVU {card['fvu']:.3f}, L0 {card['l0']:.1f}, CE recovered {card['ce_recovered']:.1%}"
+          + (f", test2016 BLEU {card['bleu_clean']:.2f} clean vs {card['bleu_spliced']:.2f} spliced"
+             if "bleu_clean" in card else ""))
 print(f"statistics over {fd.stats.tokens:,} source tokens of {fd.stats.meta['corpus']}")
 
 # %% [markdown]
@@ -108,9 +111,10 @@ print(f"the head that carries most of it: layer {top_head['layer']} head {top_he
 # ## 3. A causal check on held-out sentences
 #
 # On test2016 sentences that contain a German number word the model translates into the matching English
-# number, we remove the feature where it fires on the number word and measure the drop in log p(number word) at
-# the aligned output position; as a control we remove, at the same token, the active feature whose activation is
-# closest to it (a feature of the same size but another meaning).
+# number, we remove, at the number word, every number feature found above that is active there (a concept is
+# often split over several features) and measure the drop in log p(number word) at the output position that
+# produces it; as a control we remove as many other active features there, those whose activations are closest
+# in size.
 
 # %%
 from workbench.features import capture_site, splice_hooks  # noqa: E402, F401
@@ -159,33 +163,36 @@ for s, r, word in cases:
     out_pos = en_pieces.index(DE_EN[word])  # the decoder position that predicts the number word
     word_id = tgt_ids[out_pos]
     acts = capture_site(tm.model, torch.tensor([src_ids]), torch.tensor([[tm.model.cfg.start_id]]), fd.site)
-    feats = d.encode(acts["hook_memory"][0, position])
-    a = float(feats[feature])
-    if a <= 0:
+    with torch.no_grad():
+        feats = d.encode(acts["hook_memory"][0, position])
+    group = [f for f in number_features if feats[f] > 0]
+    if not group:
         continue
     fired += 1
-    others = [(abs(float(v) - a), int(j)) for j, v in enumerate(feats) if v > 0 and j != feature]
-    control = min(others)[1]
-    drops.append(log_prob_drop(src_ids, tgt_ids, position, out_pos, word_id, a * d.W_dec[feature]))
-    controls.append(log_prob_drop(src_ids, tgt_ids, position, out_pos, word_id,
-                                  float(feats[control]) * d.W_dec[control]))
+    pool = sorted((float(v), j) for j, v in enumerate(feats.tolist()) if v > 0 and j not in number_features)
+    control = [min(pool, key=lambda p, a=float(feats[f]): abs(p[0] - a))[1] for f in group]
+    with torch.no_grad():
+        delta = sum(feats[f] * d.W_dec[f] for f in group)
+        control_delta = sum(feats[j] * d.W_dec[j] for j in set(control))
+    drops.append(log_prob_drop(src_ids, tgt_ids, position, out_pos, word_id, delta))
+    controls.append(log_prob_drop(src_ids, tgt_ids, position, out_pos, word_id, control_delta))
 mean = lambda xs: sum(xs) / max(len(xs), 1)
-print(f"{len(cases)} held-out sentences with a number word translated as such; feature {feature} fires on the "
+print(f"{len(cases)} held-out sentences with a number word translated as such; number features fire on the "
       f"number word in {fired}")
-print(f"removing feature {feature} there lowers log p(number word) by {mean(drops):.3f} on average; "
-      f"removing a same-sized other active feature: {mean(controls):.3f}")
+print(f"removing the active number features there lowers log p(number word) by {mean(drops):.3f} on average; "
+      f"removing as many same-sized other active features: {mean(controls):.3f}")
 
 # %% [markdown]
 # ## What the numbers say
 
 # %%
-ratio = mean(drops) / mean(controls) if mean(controls) > 0 else float("inf")
 print(f"- Feature {feature} of the hook_memory dictionary is a number-word feature: {best_purity:.0%} of its top "
       f"contexts on the corpus fire on a German number word, and {len(number_features)} features in all have a "
       "majority of such contexts.")
 print(f"- It drives English number words: {number_share:.0%} of the ten tokens whose probability drops most without "
       f"it are English number words ({', '.join(w for w in raised if w in NUMBERS_EN) or 'none'}), carried most by "
       f"cross-attention head {top_head['layer']}.{top_head['head']}.")
-print(f"- Causally, on {fired} held-out sentences, removing it lowers the log-probability of the number word by "
-      f"{mean(drops):.3f}, {ratio:.1f}x what removing a same-sized other feature does ({mean(controls):.3f})."
-      if fired else "- It did not fire on the held-out number words found here.")
+print(f"- Causally, on {fired} held-out sentences, removing the number features active at the number word lowers the "
+      f"log-probability of the English number word by {mean(drops):.3f}, against {mean(controls):.3f} for as many "
+      "other active features of the same sizes." if fired else
+      "- No number feature fired on the held-out number words found here.")

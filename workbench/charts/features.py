@@ -71,7 +71,8 @@ def head_effects_figure(effects: dict[str, Any], *, width: int = 420, top: int =
 
 
 def _piece(p: str) -> str:
-    return html.escape(p.replace("\u2581", " "))
+    text = p.replace("\u2581", " ")
+    return html.escape(text) if text.strip() else "\u2423"  # a lone word-start marker shows as ␣
 
 
 def contexts_html(contexts: Sequence[Context], *, window: int = 8) -> str:

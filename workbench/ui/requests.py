@@ -21,7 +21,7 @@ tests/ui/test_requests.py:
   and never for a closed page. Views may still be under construction when an answer lands: whatever they
   read from the store when they render is the answer's state, so nothing is lost.
 - **No user stalls another.** Interactive lanes run in `INTERACTIVE`; heavy lanes in `HEAVY`, whose threads
-  run at the lowest OS scheduling priority, so a sweep takes the CPU only when no translation wants it.
+  run at a lower OS scheduling priority (nice 10), so a translation gets the CPU first.
   A page has at most one heavy job: a new heavy submit stops the page's running one (its lane is told).
 """
 
@@ -46,13 +46,17 @@ log = logging.getLogger(__name__)
 
 
 def _lower_priority() -> None:
-    """Worker initializer for HEAVY: this thread at the lowest scheduling priority (Linux: nice is per thread)."""
+    """Worker initializer for HEAVY: this thread at a lower scheduling priority (Linux: nice is per thread).
+
+    Nice 10: a translation thread (nice 0) gets ~90 % of a contended core; 19 starved the sweeps entirely on a
+    machine other jobs kept busy (0 sites patched in 12 s windows, benchmarks/bench_app.py --contention)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HEAVY_NICE)
     except (AttributeError, OSError):  # not Linux, or not permitted: the separate queue still holds
         pass
 
 
+HEAVY_NICE = int(os.environ.get("WORKBENCH_APP_HEAVY_NICE", "10"))
 # Two workers each: the machine this targets has 2 cores and every model call uses one intra-op thread
 # (loader.configure_torch_threads). Separate pools so a translation never queues behind a patching sweep.
 INTERACTIVE = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_WORKERS", "2")),
