@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=20, help="source tokens of the timed sentence (EOS included)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--ig-steps", type=int, default=32)
+    ap.add_argument("--ig-steps", type=int, default=None, help="midpoint steps (default: the adaptive rule)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:

@@ -103,7 +103,7 @@ pd.DataFrame([r for r in trainer.log if r["kind"] == "valid"]).drop(
 # ## Evaluate on test2016 with sacreBLEU
 #
 # The checkpoint the trainer wrote (averaged when the recipe averages) is loaded as a `TranslationModel`;
-# `workbench.evaluate.evaluate` translates with beam search and scores with sacreBLEU, signature included. The
+# `workbench.decoding.evaluate.evaluate` translates with beam search and scores with sacreBLEU, signature included. The
 # same from the shell: `workbench evaluate --checkpoint DIR --src test_2016_flickr.de --ref test_2016_flickr.en`.
 
 # %%

@@ -72,22 +72,24 @@ alt.Chart(long).mark_rect().encode(
 # does so least: its outliers. Then look at the most unusual one.
 
 # %%
+from workbench.core.heads import Head
+
 top = stats.rank("prev", kind="enc_self").iloc[0]
-layer, head = int(top["layer"]), int(top["head"])
-print(f"encoder layer {layer} head {head}: previous-token weight {top['prev']:.3f} over the corpus")
-odd = stats.sentences("enc_self", layer, head, "prev", top=5, largest=False)
+head = Head.parse(top["head_id"])  # the one spelling of a head: "enc_self:layer:head"
+print(f"encoder head {head}: previous-token weight {top['prev']:.3f} over the corpus")
+odd = stats.sentences(head, "prev", top=5, largest=False)
 odd.assign(text=[test_de[i] for i in odd["sentence"]])
 
 # %%
 from workbench.charts import attention_heatmap
+from workbench.core.batching import decoder_input
 
 i = int(odd["sentence"].iloc[0])
 src = torch.tensor([sources[i]])
-tgt = torch.tensor([[tm.model.cfg.start_id, *targets[i][:-1]]])
-_, trace = tm.model.run_with_cache(src, tgt)
-trace.meta.update(src_pieces=tm.src_tokenizer.pieces(sources[i]),
-                  tgt_pieces=tm.tgt_tokenizer.pieces([tm.model.cfg.start_id, *targets[i][:-1]]))
-show(attention_heatmap(trace, "enc_self", layer=layer, heads=head))
+tgt_in = decoder_input(targets[i], tm.model.cfg.start_id)  # start + the reference without its EOS
+_, trace = tm.model.run_with_cache(src, torch.tensor([tgt_in]))
+trace.meta.update(src_pieces=tm.src_tokenizer.pieces(sources[i]), tgt_pieces=tm.tgt_tokenizer.pieces(tgt_in))
+show(attention_heatmap(trace, "enc_self", layer=head.layer, heads=head.head))
 
 # %% [markdown]
 # ## Head importance by ablation on BLEU

@@ -141,7 +141,7 @@ for k, q in enumerate(pairs):
         for h in range(per_src.size(1)):
             label = f"cross:{layer}:{h}"
             rows.append({"pair": k, "head": label,
-                         "dla": float(d.values[d.labels.index(f"dec.{layer}.cross_attn.head.{h}")]),
+                         "dla": float(d.values[d.labels.index(label)]),
                          "dla_from_noun": float(ps[layer, h, q.swapped]),
                          "patching": float(sw_n[sw.rows.index(label), q.position]),
                          "attention_to_noun": float(att[layer, h])})

@@ -43,7 +43,7 @@ def test_head_scores_find_the_aligning_head():
         refs.append({(int(perm[t]), t) for t in range(n)})
     table = alignment_head_scores(sents, refs)
     best = table.iloc[0]
-    assert (best["layer"], best["head"], best["aer"]) == (1, 2, 0.0)
+    assert (best["layer"], best["head_index"], best["aer"]) == (1, 2, 0.0)
     assert len(table) == 2 * 3 + 2 + 1 and set(table["reference"]) == {"reference alignments"}
     own = alignment_head_scores(sents)
     assert own["reference"].iloc[0].startswith("model-average aligner")

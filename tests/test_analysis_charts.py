@@ -52,7 +52,7 @@ def test_head_stats_views_show_the_table_values():
     expected = np.stack([table.values("entropy")[table.block_index("cross", i)] for i in range(2)])
     np.testing.assert_allclose(_image(fig), expected, rtol=1e-6)
     dt = head_stats_table(table, kind="enc_self", stats=["entropy", "eos"])
-    assert isinstance(dt, DataTable) and dt.sortable and len(dt.source.data["head"]) == 8
+    assert isinstance(dt, DataTable) and dt.sortable and len(dt.source.data["head_index"]) == 8
     assert "</html>" in to_html(head_stats_view(table))
 
 
@@ -82,8 +82,8 @@ def test_alignment_and_importance_views():
     scores = alignment_head_scores(cross, [{(0, 0), (1, 1)}, {(2, 2)}])
     view = alignment_view(scores)
     grid = _image(view.children[0])
-    best = scores[scores["head"] != "mean"].iloc[0]
-    assert grid[int(best["layer"]), int(best["head"])] == np.nanmin(grid)
+    best = scores[scores["head_index"] != "mean"].iloc[0]
+    assert grid[int(best["layer"]), int(best["head_index"])] == np.nanmin(grid)
     model = make_model(CFG)
     table = head_importance(model, [[5, 6, 2]], [[6, 2]], kinds=["cross"], decode=False)
     assert "</html>" in to_html(head_importance_view(table))

@@ -7,6 +7,7 @@ from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.analysis.decompose import decompose_resid, direct_logit_attribution, source_attribution
+from workbench.core.heads import Head
 
 CONFIGS = {
     "pre_norm": dict(norm_first=True),
@@ -49,7 +50,7 @@ def test_components_sum_to_the_stream(model, stack, layer):
     src, tgt = make_batch(model.cfg)
     comps = decompose_resid(model, src, tgt, stack=stack, layer=layer)
     torch.testing.assert_close(comps.values.sum(0).float(), comps.target, atol=2e-5, rtol=1e-5)
-    heads = [i for i in comps.info if i["head"] is not None]
+    heads = [i for i in comps.info if i["head_index"] is not None]
     blocks = 1 if stack == "enc" else 2
     depth = 2 if layer is None else (layer % 2) + 1
     assert len(heads) == model.cfg.n_heads * blocks * depth
@@ -66,7 +67,9 @@ def test_dla_sums_to_the_logit_and_the_logit_difference(model):
     diff = direct_logit_attribution(model, src, tgt, position=-4, token=17, baseline_token=9)
     assert diff.values.sum().item() == pytest.approx(float(logits[17] - logits[9]), abs=1e-4)
     frame = dla.frame()
-    assert list(frame.columns) == ["component", "stack", "kind", "layer", "head", "value"]
+    assert list(frame.columns) == ["component", "stack", "kind", "layer", "head_index", "value"]
+    heads = frame[frame["head_index"].notna()]
+    assert [str(Head.parse(c)) for c in heads["component"]] == list(heads["component"])  # prints what parse reads
     assert frame["value"].sum() == pytest.approx(dla.logit, abs=1e-4)
 
 
@@ -102,12 +105,12 @@ def test_removing_a_component_changes_the_logit_by_its_attribution_on_the_linear
 def test_source_attribution_splits_each_heads_dla_over_the_keys(model):
     src, tgt = make_batch(model.cfg, batch=1, pad=False)
     dla = direct_logit_attribution(model, src, tgt, position=4, token=5)
-    for kind, block in (("cross", "cross_attn"), ("dec_self", "self_attn")):
+    for kind in ("cross", "dec_self"):
         per_key = source_attribution(model, src, tgt, position=4, token=5, kind=kind)
         assert per_key.shape == (2, model.cfg.n_heads, src.size(1) if kind == "cross" else tgt.size(1))
         for layer in range(2):
             for h in range(model.cfg.n_heads):
-                want = dla.values[dla.labels.index(f"dec.{layer}.{block}.head.{h}")].item()
+                want = dla.values[dla.labels.index(str(Head(kind, layer, h)))].item()
                 assert per_key[layer, h].sum().item() == pytest.approx(want, abs=1e-5)
     if kind == "dec_self":
         assert torch.all(per_key[..., 5:] == 0)  # causal: position 4 reads keys 0..4 only

@@ -54,6 +54,30 @@ def test_constructed_patterns_give_expected_values():
     assert np.isnan(v["monotonic"]).all()
 
 
+def test_argmax_position_and_rare_token_statistics():
+    """prev_top / next_top count rows whose argmax is one step back / ahead (Voita et al.'s positional test);
+    rare counts rows whose argmax is the sentence's least frequent key (EOS and padding never count)."""
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    prev = torch.zeros(L, L)
+    prev[0, 0] = 1
+    for i in range(1, L):
+        prev[i, i - 1] = 0.6
+        prev[i, i] = 0.4
+    nxt = torch.roll(torch.eye(L), 1, dims=1)  # row i -> key i+1; the last row wraps to key 0
+    on_rare = torch.zeros(L, L)
+    on_rare[:, 2] = 0.9  # token 7
+    on_rare[:, 4] = 0.1
+    counts = torch.full((10,), 100)
+    counts[7] = 3  # the rarest of 5, 6, 7, 8
+    counts[2] = 0  # EOS is rarer still but never the "rare" key
+    t = head_stats(_trace([prev, nxt, on_rare], src), pad_id=0, eos_id=2, src_counts=counts)
+    v = {s: t.values(s)[0] for s in t.sums}
+    assert v["prev_top"][0] == 1.0 and v["prev"][0] == pytest.approx(0.6 * (L - 1) / L)  # rows 1..L-1 only
+    assert v["next_top"][1] == 1.0 and v["next_top"][0] == 0  # rows 0..L-2: the wrapped last row is not counted
+    assert v["rare"].tolist() == pytest.approx([1 / L, 1 / L, 1.0])  # row 3 / row 1 of the positional heads hit key 2
+    assert np.isnan(head_stats(_trace([prev], src), pad_id=0, eos_id=2).values("rare")).all()  # no counts: NaN
+
+
 def test_padding_rows_are_left_out():
     src = torch.tensor([[5, 6, 2, 0, 0]])
     p = torch.zeros(1, 1, L, L)
@@ -195,11 +219,12 @@ def test_corpus_stats_cut_long_targets_and_skip_long_sources():
 
     sources = [ids(6), ids(8), ids(15), ids(5)]  # sentence 2: source longer than 12 positions
     targets = [ids(5), ids(20), ids(6), ids(12)]  # sentence 1: 20 tokens, the decoder would read 20 positions
+    counts = {"src_counts": torch.arange(40), "tgt_counts": torch.arange(40)}  # "rare" needs the same frequencies
     with pytest.warns(UserWarning, match=r"1 target\(s\) cut .* 1 sentence\(s\) skipped"):
-        table = corpus_head_stats(model, sources, targets, batch_size=2)
+        table = corpus_head_stats(model, sources, targets, batch_size=2, **counts)
     assert table.truncated == (1,) and table.skipped == (2,)
     assert table.sentence_ids.tolist() == [0, 1, 3]
-    cut = corpus_head_stats(model, [sources[1]], [targets[1][: cfg.max_positions]])
+    cut = corpus_head_stats(model, [sources[1]], [targets[1][: cfg.max_positions]], **counts)
     for stat in table.sums:
         np.testing.assert_allclose(table.per_sentence(stat)[1], cut.per_sentence(stat)[0], rtol=1e-6, atol=1e-9,
                                    equal_nan=True)

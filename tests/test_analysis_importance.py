@@ -28,11 +28,11 @@ def test_ablating_an_unused_head_changes_nothing():
         attn.out_proj.weight[:, 2 * attn.d_head:3 * attn.d_head] = 0
     table = head_importance(model, SOURCES, TARGETS, kinds=["cross"], detokenize=lambda ids: " ".join(map(str, ids)),
                             references=["6 7", "9", "11 12"], **DECODE)
-    row = table[(table["layer"] == 1) & (table["head"] == 2)].iloc[0]
+    row = table[(table["layer"] == 1) & (table["head_index"] == 2)].iloc[0]
     assert row["d_ref_log_prob"] == 0.0 and row["changed_sentences"] == 0.0 and row["changed_tokens"] == 0.0
     assert row["d_bleu"] == 0.0 and row["d_chrf"] == 0.0
     # a head that writes does change the reference's probability
-    others = table[~((table["layer"] == 1) & (table["head"] == 2))]
+    others = table[~((table["layer"] == 1) & (table["head_index"] == 2))]
     assert (others["d_ref_log_prob"].abs() > 1e-6).all()
     assert len(table) == 2 * 4 and table.attrs["baseline"]["bleu"] is not None
 
@@ -43,7 +43,7 @@ def test_block_ablation_equals_ablating_all_its_heads():
     direct = intervention_effect(model, ablate_heads({("enc_self", 0): [0, 1, 2, 3]}), SOURCES, TARGETS,
                                  decode=False)
     row = blocks[blocks["layer"] == 0].iloc[0]
-    assert row["head"] == "all" and row["d_ref_log_prob"] == direct["d_ref_log_prob"]
+    assert row["head_index"] == "all" and row["d_ref_log_prob"] == direct["d_ref_log_prob"]
 
 
 def test_reference_log_prob_matches_a_direct_computation_and_batching():

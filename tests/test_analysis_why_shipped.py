@@ -39,7 +39,7 @@ def test_dla_on_the_post_norm_model_sums_to_the_logit_difference(tm, pair):
     real = logit_diff(pair.position, pair.good, pair.bad)(tm.model(pair.src, pair.tgt)).item()
     assert dla.values.sum().item() == pytest.approx(real, abs=1e-3)
     per_src = source_attribution(tm.model, pair.src, pair.tgt, pair.position, pair.good, baseline_token=pair.bad)
-    cross = [dla.labels.index(f"dec.{i}.cross_attn.head.{h}") for i in range(4) for h in range(4)]
+    cross = [dla.labels.index(f"cross:{i}:{h}") for i in range(4) for h in range(4)]
     torch.testing.assert_close(per_src.sum(-1).flatten(), dla.values[cross], atol=1e-5, rtol=0)
 
 

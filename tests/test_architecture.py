@@ -30,8 +30,8 @@ PACKAGE = ROOT / "workbench"
 # Layers, lowest first. A module's layer is the folder it sits in (workbench/core/model.py is in "core"; apps/ is
 # "apps"); folders listed together share a rank. A module may import its own folder (if that stays acyclic) and
 # the layers below, never a higher layer and never a sibling folder of its own rank.
-LAYERS = [{"core"}, {"checkpoint"}, {"corpus", "decoding"}, {"training", "importers"}, {"analysis"}, {"charts"},
-          {"ui"}, {"apps"}, {"cli"}]
+LAYERS = [{"core"}, {"checkpoint"}, {"corpus", "decoding"}, {"training", "importers"}, {"features"}, {"analysis"},
+          {"charts"}, {"ui"}, {"apps"}, {"cli"}]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
 MODEL_SIDE = {"core", "checkpoint", "corpus", "decoding", "training", "importers"}
 

@@ -38,7 +38,8 @@ def test_help_lists_every_subcommand(capsys):
 
 @pytest.mark.parametrize(("command", "flag"), [("train", "--fresh"), ("average", "--last"), ("translate", "--beam"),
                                                ("evaluate", "--ref"), ("import", "--spm"), ("info", "--hooks"),
-                                               ("views", "--min-weight"), ("heads", "--stat")])
+                                               ("views", "--min-weight"), ("heads", "--stat"),
+                                               ("align", "--choose"), ("aer", "--swap-gold")])
 def test_subcommand_help_shows_its_own_flags(command, flag, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])

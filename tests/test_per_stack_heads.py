@@ -38,7 +38,7 @@ def test_head_stats_list_each_block_with_its_own_heads():
 
 def test_head_importance_ablates_every_head_of_each_stack():
     table = head_importance(_model(), SOURCES, TARGETS, max_len_b=6)
-    assert table.groupby("kind")["head"].max().to_dict() == {"enc_self": 1, "dec_self": 7, "cross": 7}
+    assert table.groupby("kind")["head_index"].max().to_dict() == {"enc_self": 1, "dec_self": 7, "cross": 7}
     assert len(table) == 2 * 2 + 2 * 8 + 2 * 8
 
 

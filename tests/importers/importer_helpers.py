@@ -104,31 +104,41 @@ def train_spm(vocab_size: int = 40, seed_sentences: list[str] | None = None) -> 
     return buf.getvalue()
 
 
-def marian_vocab(proto: bytes, lang_codes: tuple[str, ...] = (">>de<<", ">>fr<<")) -> dict[str, int]:
-    """opus-mt's vocab.json layout: </s> 0, <unk> 1, language codes, pieces, <pad> last."""
+def marian_vocab(proto: bytes, lang_codes: tuple[str, ...] = (">>de<<", ">>fr<<"), *more: bytes) -> dict[str, int]:
+    """opus-mt's vocab.json layout: </s> 0, <unk> 1, language codes, pieces (of every model given), <pad> last."""
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(proto)
     tokens = ["</s>", "<unk>", *lang_codes]
-    tokens += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.id_to_piece(i) not in tokens]
+    for p in (proto, *more):
+        sp = spm.SentencePieceProcessor()
+        sp.LoadFromSerializedProto(p)
+        tokens += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.id_to_piece(i) not in tokens]
     tokens.append("<pad>")
     return {t: i for i, t in enumerate(tokens)}
 
 
-def write_marian_dir(directory, *, seed: int = 0, **changes):
+TARGET_SENTENCES = [
+    "die katze sitzt auf der matte .", "ein hund läuft im park", "wir übersetzen jeden tag nachrichten",
+    "aufmerksamkeit ist alles was man braucht", "look here , look there", "kleine tests halten den bau schnell",
+]
+
+
+def write_marian_dir(directory, *, seed: int = 0, target_sentences: list[str] | None = None, **changes):
     """An opus-mt-style directory (config.json, model.safetensors, source/target.spm, vocab.json)
-    for a random MarianMTModel whose vocabulary is the tiny sentencepiece model's."""
+    for a random MarianMTModel whose vocabulary is the tiny sentencepiece model's. With `target_sentences`,
+    target.spm is trained on those (a second language, as opus-mt's two models are) and the shared
+    vocabulary holds both models' pieces."""
     import json
 
     proto = train_spm()
-    vocab = marian_vocab(proto)
+    tgt_proto = proto if target_sentences is None else train_spm(seed_sentences=target_sentences)
+    vocab = marian_vocab(proto, (">>de<<", ">>fr<<"), *([tgt_proto] if target_sentences is not None else []))
     v = len(vocab)
     model = marian_model(seed, vocab_size=v, decoder_vocab_size=v, pad_token_id=v - 1, decoder_start_token_id=v - 1,
                          share_encoder_decoder_embeddings=True, tie_word_embeddings=True, **changes)
     model.save_pretrained(directory)
-    for name in ("source.spm", "target.spm"):
-        (directory / name).write_bytes(proto)
+    (directory / "source.spm").write_bytes(proto)
+    (directory / "target.spm").write_bytes(tgt_proto)
     (directory / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     return model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from importer_helpers import PER_STACK, marian_model, padded_batch, write_marian_dir
+from importer_helpers import PER_STACK, TARGET_SENTENCES, marian_model, padded_batch, write_marian_dir
 
 from workbench.decoding.search import beam_search, greedy
 from workbench.importers.marian import convert_marian, import_marian
@@ -112,6 +112,29 @@ def test_tokenizer_matches_marian_tokenizer(tmp_path):
         assert imported.src_tokenizer.encode(text) + [imported.model.cfg.eos_id] == expected, text
         assert imported.tgt_tokenizer.decode(expected) == ref.decode(expected, skip_special_tokens=True).replace(
             ">>fr<< ", "").replace(">>de<< ", ""), text
+
+
+def test_pieces_of_either_side_decode_as_marian_tokenizer_does(tmp_path):
+    """A shared vocabulary holds pieces only the source sentencepiece model knows; an output may use them.
+    MarianTokenizer decodes with the target model and turns any "▁" left into a space: so does the import."""
+    from transformers import MarianTokenizer
+
+    write_marian_dir(tmp_path, target_sentences=TARGET_SENTENCES)
+    imported = import_marian(tmp_path)
+    ref = MarianTokenizer(str(tmp_path / "source.spm"), str(tmp_path / "target.spm"), str(tmp_path / "vocab.json"))
+    tok = imported.tgt_tokenizer
+    source_only = [i for i, p in enumerate(tok.vocab) if p.startswith("\u2581") and tok.sp_decode.piece_to_id(p) == 0]
+    assert len(source_only) >= 4  # pieces the target model does not know, as in the issue's "▁look"
+    g = torch.Generator().manual_seed(0)
+    rows = [source_only[:2] * 2, source_only[1:4]]
+    rows += [torch.randint(0, tok.vocab_size, (12,), generator=g).tolist() for _ in range(20)]
+    for ids in rows:
+        expected = ref.decode(ids, skip_special_tokens=True)
+        for code in (">>fr<<", ">>de<<"):  # MarianTokenizer keeps language codes; the workbench drops them
+            expected = expected.replace(code, "")
+        got = tok.decode(ids)
+        assert "\u2581" not in got, ids
+        assert got.split() == expected.split(), ids
 
 
 @pytest.mark.parametrize("sizes", ["uniform", "per_stack"])

@@ -9,32 +9,71 @@ Each module has one job; see docs/analysis.md for the definitions and the litera
 
 from __future__ import annotations
 
-from .alignment import aer, alignment_head_scores, attention_links, corpus_aer, corpus_cross_attention, parse_pharaoh
+from .alignment import (
+    AERScore,
+    aer,
+    alignment_head_scores,
+    attention_links,
+    corpus_aer,
+    corpus_cross_attention,
+    format_pharaoh,
+    parse_pharaoh,
+    read_alignments,
+    score_alignments,
+)
+from .alti import Alti, alti
 from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
-from .contrast import ContrastPair, noun_swaps
-from .decompose import Components, LogitAttribution, decompose_resid, direct_logit_attribution, source_attribution
+from .circuits import EdgeGraph, EdgeScores, circuit_faithfulness, circuit_metric, edge_patching, edge_scores
+from .contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
+from .decompose import (
+    Components,
+    LogitAttribution,
+    LogitAttributions,
+    decompose_resid,
+    direct_logit_attribution,
+    logit_attributions,
+    source_attribution,
+)
 from .generation_trace import generation_trace
 from .gradients import run_with_grads
+from .graph import AttributionGraph, attribution_graph, faithfulness_check, remove_nodes
 from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
 from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
 from .logit_lens import LogitLens, logit_lens
 from .norms import NORM_HOOKS, ValueNorms, value_norms
-from .patching import PatchingResult, attribution_patching, log_prob, logit_diff, patching_sweep, path_patching
+from .patching import (
+    BatchPatchingResult,
+    PatchingResult,
+    attribution_patching,
+    batch_attribution_patching,
+    log_prob,
+    logit_diff,
+    patching_sweep,
+    path_patching,
+    sequence_log_prob,
+)
 from .positional_share import positional_share, score_terms
 from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
+from .word_align import WordMaps, Words, alignment_maps, encode_words, maps_from_trace
 
 __all__ = [
     "aer", "alignment_head_scores", "attention_links", "corpus_aer", "corpus_cross_attention", "parse_pharaoh",
+    "AERScore", "format_pharaoh", "read_alignments", "score_alignments", "Alti", "alti",
+    "WordMaps", "Words", "alignment_maps", "encode_words", "maps_from_trace",
     "NORM_HOOKS", "STATS", "DecoderRollout", "HeadStats", "ValueNorms", "attention_flow", "attention_rollout",
     "block_stats", "corpus_head_stats", "decoder_rollout", "encoder_rollout", "head_stats", "punctuation_ids",
     "value_norms", "LogitLens", "logit_lens", "positional_share", "score_terms",
     "Attribution", "gradient_attribution", "spearman", "step_agreement", "token_attribution",
     "BeamReplay", "add_cross_attention", "replay_beam",
     "head_importance", "intervention_effect", "patch_effect", "run_outcome",
-    "Components", "LogitAttribution", "decompose_resid", "direct_logit_attribution", "source_attribution",
-    "run_with_grads", "PatchingResult", "attribution_patching", "log_prob", "logit_diff", "path_patching",
+    "Components", "LogitAttribution", "LogitAttributions", "decompose_resid", "direct_logit_attribution",
+    "logit_attributions", "source_attribution",
+    "run_with_grads", "PatchingResult", "attribution_patching", "BatchPatchingResult", "batch_attribution_patching",
+    "sequence_log_prob", "log_prob", "logit_diff", "path_patching",
     "patching_sweep", "generation_trace",
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
+    "GENDER_EN", "NUMBER_DE", "NUMBER_EN", "word_swaps", "AttributionGraph", "attribution_graph", "faithfulness_check",
+    "remove_nodes", "EdgeGraph", "EdgeScores", "circuit_faithfulness", "circuit_metric", "edge_patching", "edge_scores",
 ]

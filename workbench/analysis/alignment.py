@@ -1,6 +1,7 @@
 """Cross-attention heads as word aligners: alignment error rate (Och & Ney 2003) per head and per layer.
 
-    refs = [parse_pharaoh(line) for line in open("test.align")]     # "0-0 1-2 2?1" (? = possible link)
+    refs = read_alignments("test.talp", base=1)                     # "1-1 2-3 3p2" (p or ? = possible link)
+    score_alignments(hyps, refs)                                      # AERScore: aer, precision, recall
     table = alignment_head_scores(cross, refs)                         # AER per head, layer mean, all mean
     table = alignment_head_scores(cross)                               # no references: agreement instead
 
@@ -18,29 +19,54 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
+from ..core.heads import Head
 from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
 
 
-def parse_pharaoh(line: str) -> tuple[set[Link], set[Link]]:
-    """"i-j" sure links and "i?j" possible links -> (sure, possible ⊇ sure)."""
+def parse_pharaoh(line: str, *, base: int = 0, swap: bool = False) -> tuple[set[Link], set[Link]]:
+    """"i-j" sure links and "i?j" or "ipj" possible links -> (sure, possible ⊇ sure), 0-based, source first.
+
+    `base`: the index of the first word in the file (1 for the talp gold files, 0 for Pharaoh output);
+    `swap`: the file writes target first."""
     sure, possible = set(), set()
     for item in line.split():
-        sep = "-" if "-" in item else "?" if "?" in item else None
+        sep = "-" if "-" in item else "?" if "?" in item else "p" if "p" in item else None
         parts = item.split(sep) if sep else []
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"bad alignment link {item!r} in {line.strip()!r}: expected 'i-j' or 'i?j'")
-        link = (int(parts[0]), int(parts[1]))
+            raise ValueError(f"bad alignment link {item!r} in {line.strip()!r}: expected 'i-j', 'i?j' or 'ipj'")
+        i, j = int(parts[0]) - base, int(parts[1]) - base
+        if i < 0 or j < 0:
+            raise ValueError(f"link {item!r} is below index {base}: is the file {1 - base}-based?")
+        link = (j, i) if swap else (i, j)
         possible.add(link)
         if sep == "-":
             sure.add(link)
     return sure, possible
+
+
+def read_alignments(path, *, base: int = 0, swap: bool = False) -> list[tuple[set[Link], set[Link]]]:
+    """One (sure, possible) pair per line of an alignment file (see `parse_pharaoh`); errors name the line."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                out.append(parse_pharaoh(line, base=base, swap=swap))
+            except ValueError as exc:
+                raise ValueError(f"{path} line {n}: {exc}") from None
+    return out
+
+
+def format_pharaoh(links: Iterable[Link]) -> str:
+    """Links as one Pharaoh line, "i-j" 0-based, source first, sorted by target then source word."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(links, key=lambda link: (link[1], link[0])))
 
 
 def aer(predicted: Iterable[Link], sure: Iterable[Link], possible: Iterable[Link] | None = None) -> float:
@@ -52,20 +78,53 @@ def aer(predicted: Iterable[Link], sure: Iterable[Link], possible: Iterable[Link
     return 1.0 - (len(a & s) + len(a & p)) / (len(a) + len(s))
 
 
+@dataclass(frozen=True)
+class AERScore:
+    """Corpus alignment error rate (Och & Ney 2003) with its parts; counts summed over sentences first."""
+
+    aer: float
+    precision: float  # |A∩P| / |A|
+    recall: float  # |A∩S| / |S|
+    links: int  # |A|
+    sure: int  # |S|
+    hit_sure: int  # |A∩S|
+    hit_possible: int  # |A∩P|
+    sentences: int
+
+    def __str__(self) -> str:
+        return (f"AER {100 * self.aer:.1f} %  precision {100 * self.precision:.1f} %  recall {100 * self.recall:.1f} %"
+                f"  ({self.links} links, {self.sure} sure gold links, {self.sentences} sentences)")
+
+
+def score_alignments(predicted: Sequence[Iterable[Link]],
+                     gold: Sequence[set[Link] | tuple[set[Link], set[Link]]]) -> AERScore:
+    """Corpus AER, precision and recall of `predicted` (link sets) against `gold` ((sure, possible) pairs as
+    `read_alignments` gives, or sure-only sets). Same sums as lilt/alignment-scripts' `aer.py`."""
+    if len(predicted) != len(gold):
+        raise ValueError(f"{len(predicted)} predicted alignments but {len(gold)} gold ones: the files must have "
+                         "one line per sentence pair")
+    hit_s = hit_p = n_a = n_s = 0
+    for a, g in zip(predicted, gold):
+        s, p = g if isinstance(g, tuple) else (g, g)
+        a, s = set(a), set(s)
+        p = s | set(p)
+        hit_s += len(a & s)
+        hit_p += len(a & p)
+        n_a += len(a)
+        n_s += len(s)
+    total = n_a + n_s
+    return AERScore(aer=1.0 - (hit_s + hit_p) / total if total else 0.0, precision=hit_p / n_a if n_a else 0.0,
+                    recall=hit_s / n_s if n_s else 0.0, links=n_a, sure=n_s, hit_sure=hit_s, hit_possible=hit_p,
+                    sentences=len(predicted))
+
+
 def corpus_aer(predicted: Sequence[Iterable[Link]], sure: Sequence[Iterable[Link]],
                possible: Sequence[Iterable[Link]] | None = None) -> float:
     """AER over a corpus: counts summed over sentences before the ratio (as the standard scripts do)."""
     if len(predicted) != len(sure):
         raise ValueError(f"{len(predicted)} predicted alignments but {len(sure)} references")
-    hit_s = hit_p = n_a = n_s = 0
-    for k, (a, s) in enumerate(zip(predicted, sure)):
-        a, s = set(a), set(s)
-        p = s | (set(possible[k]) if possible is not None else set())
-        hit_s += len(a & s)
-        hit_p += len(a & p)
-        n_a += len(a)
-        n_s += len(s)
-    return 1.0 - (hit_s + hit_p) / max(n_a + n_s, 1)
+    gold = [(set(s), set(possible[k]) if possible is not None else set(s)) for k, s in enumerate(sure)]
+    return score_alignments(predicted, gold).aer
 
 
 def attention_links(matrix: np.ndarray, *, method: str = "argmax", threshold: float = 0.5) -> set[Link]:
@@ -92,7 +151,8 @@ def alignment_head_scores(
 
     `cross[n]` is sentence n's (L, H, T, S) attention; `references[n]` its links as a set (sure only) or
     (sure, possible) as `parse_pharaoh` returns. Returns a DataFrame sorted best first with columns
-    layer, head ("mean" for averages), aer, agreement (1 - aer), reference.
+    head_id ("cross:1:2"; None for averages), kind, layer, head_index ("mean" for averages), aer, agreement
+    (1 - aer), reference.
     """
     import pandas as pd
 
@@ -130,7 +190,9 @@ def alignment_head_scores(
     def score(pick, layer, head):
         pred = [attention_links(pick(a), method=method, threshold=threshold) for a in arrays]
         e = corpus_aer(pred, sure, possible)
-        rows.append({"layer": layer, "head": head, "aer": e, "agreement": 1.0 - e, "reference": label})
+        head_id = str(Head("cross", layer, head)) if isinstance(head, int) and isinstance(layer, int) else None
+        rows.append({"head_id": head_id, "kind": "cross", "layer": layer, "head_index": head, "aer": e,
+                     "agreement": 1.0 - e, "reference": label})
 
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -179,7 +241,7 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
                 if len(t) < 2:
                     raise ValueError(f"target {start + n} has {len(t)} tokens: need at least one word and EOS")
             src = pad_sequences(src_rows, cfg.pad_id, device=model.device)
-            tgt = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
+            tgt = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
             trace = capture_attention(model, src, tgt, names)
             cross = trace.stack("dec.*.cross_attn.hook_probs").float().cpu().numpy()  # (L, B, H, T, S)
             for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):

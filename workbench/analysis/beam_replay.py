@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.batching import decoder_input
 from ..decoding.search import Generation, length_penalty_value
 
 
@@ -109,7 +110,8 @@ def add_cross_attention(replay: BeamReplay, model, src: torch.Tensor) -> BeamRep
     src = src[:, : int((src[0] != model.cfg.pad_id).sum())].to(model.device)
     names = model.hook_names("dec.*.cross_attn.hook_probs")
     for st in replay.steps:
-        prefixes = torch.tensor([[model.cfg.start_id, *p] for p in st.live], dtype=torch.long, device=model.device)
+        prefixes = torch.tensor([decoder_input(p, model.cfg.start_id, prefix=True) for p in st.live],
+                                dtype=torch.long, device=model.device)
         _, trace = model.run_with_cache(src.expand(len(st.live), -1), prefixes, names=names)
         cross = trace.stack("dec.*.cross_attn.hook_probs")[:, :, :, -1]  # (L, K, H, S): the step's query
         st.cross_attention = cross.permute(1, 0, 2, 3).float().cpu()

@@ -3,7 +3,7 @@
     comps = decompose_resid(model, src, tgt)            # decoder stream read by the output layer
     comps.values.sum(0) == comps.target                  # (B, T, D), to fp32 tolerance (tested)
     dla = direct_logit_attribution(model, src, tgt, position=3, token=tok)
-    dla.frame()                                          # component, stack, kind, layer, head, value
+    dla.frame()                                          # component, stack, kind, layer, head_index, value
     dla.values.sum() == dla.logit                        # exact (tested)
     src_dla = source_attribution(model, src, tgt, position=3, token=tok)   # (L, H, S) cross heads
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..core.heads import kind_of
+from ..core.heads import Head, kind_of
 
 STACKS = ("enc", "dec")
 
@@ -35,8 +35,8 @@ STACKS = ("enc", "dec")
 class Components:
     """Parts of one stream at one point, in the residual basis; `values.sum(0)` is the stream there."""
 
-    labels: list[str]  # "tgt_tok", "dec.1.cross_attn.head.2", "dec.1.cross_attn.bias", "dec.1.ffn", ...
-    info: list[dict[str, Any]]  # per label: stack, kind, layer, head (None where it does not apply)
+    labels: list[str]  # "tgt_tok", "cross:1:2" (a head, as `Head` spells it), "dec.1.cross_attn.bias", "dec.1.ffn", ...
+    info: list[dict[str, Any]]  # per label: stack, kind, layer, head_index (None where it does not apply)
     values: torch.Tensor  # (N, B, L, D) float64
     target: torch.Tensor  # (B, L, D) the real activation they sum to
     point: str  # the hook name whose value `target` is
@@ -61,7 +61,8 @@ class LogitAttribution:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def frame(self):
-        """A pandas DataFrame: component, stack, kind, layer, head, value (model order)."""
+        """A pandas DataFrame: component, stack, kind, layer, head_index, value (model order); a head's component
+        is its `Head` spelling ("cross:1:2"), so `Head.parse(row.component)` gives it back."""
         import pandas as pd  # optional: only the tabular view needs it
 
         rows = [{"component": lab, **inf, "value": float(v)}
@@ -77,57 +78,51 @@ class LogitAttribution:
 
 
 def _capture_names(model, stack: str, layers: int) -> list[str]:
-    cfg = model.cfg
-    side = "src" if stack == "enc" else "tgt"
-    names = [f"hook_{side}_tok", f"hook_{side}_pos"]
-    if cfg.emb_norm:
-        names.append(f"{side}_emb_norm.hook_scale")
-    blocks = ["self_attn"] if stack == "enc" else ["self_attn", "cross_attn"]
-    for i in range(layers):
-        for b in blocks:
-            names.append(f"{stack}.{i}.{b}.hook_result")
-            if not cfg.norm_first:
-                names.append(f"{stack}.{i}.{b}_norm.hook_scale")
-        names.append(f"{stack}.{i}.ffn.hook_out")
-        if not cfg.norm_first:
-            names.append(f"{stack}.{i}.ffn_norm.hook_scale")
-    final = model.enc_norm if stack == "enc" else model.dec_norm
-    if final is not None and layers == len(getattr(model, stack)):
-        names.append(f"{stack}_norm.hook_scale")
+    stream = model.stream(stack)
+    names = [stream.hook_tok.name, stream.hook_pos.name]
+    if stream.emb_norm is not None:
+        names.append(stream.emb_norm.hook_scale.name)
+    for _, sub in stream.sublayers(layers):
+        names.append((sub.block.hook_result if sub.is_attention else sub.block.hook_out).name)
+        if not model.cfg.norm_first:
+            names.append(sub.norm.hook_scale.name)
+    if stream.final_norm is not None and layers == len(stream.layers):
+        names.append(stream.final_norm.hook_scale.name)
     return names
+
+
+def _path(module) -> str:
+    """A module's path, from its hook points' names (named from the model's module tree)."""
+    return module.hook_out.name.rsplit(".", 1)[0] if hasattr(module, "hook_out") else \
+        module.hook_scale.name.rsplit(".", 1)[0]
 
 
 def _events(model, stack: str, layers: int, trace) -> list[tuple]:
     """The stream in order: ("write", label, info, (B, L, D) or per-head (B, H, L, D)) and
     ("norm", path, module, scale)."""
-    cfg = model.cfg
-    side = "src" if stack == "enc" else "tgt"
-    embed = {"stack": stack, "kind": "embed", "layer": None, "head": None}
-    ev: list[tuple] = [("write", f"{side}_{x}", embed, trace[f"hook_{side}_{x}"]) for x in ("tok", "pos")]
-    if cfg.emb_norm:
-        norm = f"{side}_emb_norm"
-        ev.append(("norm", norm, getattr(model, norm), trace[f"{norm}.hook_scale"]))
-    blocks = ["self_attn"] if stack == "enc" else ["self_attn", "cross_attn"]
-    for i in range(layers):
-        layer = getattr(model, stack)[i]
-        for b in blocks:
-            kind = kind_of(f"{stack}.{i}.{b}")
-            attn = getattr(layer, b)
-            ev.append(("write", f"{stack}.{i}.{b}.head", {"stack": stack, "kind": kind, "layer": i, "head": "*"},
-                       trace[f"{stack}.{i}.{b}.hook_result"]))
-            if attn.out_proj.bias is not None:
-                ev.append(("write", f"{stack}.{i}.{b}.bias", {"stack": stack, "kind": kind + "_bias", "layer": i,
-                                                              "head": None}, attn.out_proj.bias.detach()))
-            if not cfg.norm_first:
-                ev.append(("norm", f"{stack}.{i}.{b}_norm", getattr(layer, f"{b}_norm"),
-                           trace[f"{stack}.{i}.{b}_norm.hook_scale"]))
-        ev.append(("write", f"{stack}.{i}.ffn", {"stack": stack, "kind": "ffn", "layer": i, "head": None},
-                   trace[f"{stack}.{i}.ffn.hook_out"]))
-        if not cfg.norm_first:
-            ev.append(("norm", f"{stack}.{i}.ffn_norm", layer.ffn_norm, trace[f"{stack}.{i}.ffn_norm.hook_scale"]))
-    final = model.enc_norm if stack == "enc" else model.dec_norm
-    if final is not None and layers == len(getattr(model, stack)):
-        ev.append(("norm", f"{stack}_norm", final, trace[f"{stack}_norm.hook_scale"]))
+    stream = model.stream(stack)
+    embed = {"stack": stack, "kind": "embed", "layer": None, "head_index": None}
+    ev: list[tuple] = [("write", f"{stream.side}_{x}", embed, trace[point.name])
+                       for x, point in (("tok", stream.hook_tok), ("pos", stream.hook_pos))]
+    if stream.emb_norm is not None:
+        norm = stream.emb_norm
+        ev.append(("norm", _path(norm), norm, trace[norm.hook_scale.name]))
+    for i, sub in stream.sublayers(layers):
+        path = _path(sub.block)
+        if sub.is_attention:
+            kind = kind_of(path)
+            ev.append(("write", path, {"stack": stack, "kind": kind, "layer": i, "head_index": "*"},
+                       trace[sub.block.hook_result.name]))
+            if sub.block.out_proj.bias is not None:
+                ev.append(("write", f"{path}.bias", {"stack": stack, "kind": kind + "_bias", "layer": i,
+                                                     "head_index": None}, sub.block.out_proj.bias.detach()))
+        else:
+            ev.append(("write", path, {"stack": stack, "kind": "ffn", "layer": i, "head_index": None},
+                       trace[sub.block.hook_out.name]))
+        if not model.cfg.norm_first:
+            ev.append(("norm", _path(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
+    if stream.final_norm is not None and layers == len(stream.layers):
+        ev.append(("norm", _path(stream.final_norm), stream.final_norm, trace[stream.final_norm.hook_scale.name]))
     return ev
 
 
@@ -138,9 +133,7 @@ def frozen_norm(x: torch.Tensor, norm, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _point(model, stack: str, layers: int) -> str:
-    if layers == len(getattr(model, stack)):
-        return "hook_memory" if stack == "enc" else "hook_dec_out"
-    return f"{stack}.{layers - 1}.hook_resid_ffn" if layers else f"hook_{'src' if stack == 'enc' else 'tgt'}_embed"
+    return model.stream(stack).resid(layers).name
 
 
 def _check(model, src, tgt, stack, layer):
@@ -174,34 +167,51 @@ def decompose_resid(model, src: torch.Tensor, tgt: torch.Tensor, *, stack: str =
             _, trace = model.run_with_cache(src, tgt, names=[*names, point])
     finally:
         model.train(was)
-    shape = trace[point].shape
+    labels, info, values = stream_components(model, trace, stack, layers, split_heads=split_heads)
+    return Components(labels, info, values, trace[point], point)
+
+
+def stream_components(model, trace, stack: str, layers: int, *, split_heads: bool = True, before: str | None = None
+                      ) -> tuple[list[str], list[dict[str, Any]], torch.Tensor]:
+    """The components of the `stack` stream after its first `layers` layers, from a trace holding
+    `_capture_names(model, stack, layers)`: (labels, info, values (N, B, L, D) float64). `before` (a block
+    path such as "dec.2.cross_attn") stops where that block would write: the stream that block reads
+    (pre-norm: before its input norm)."""
+    side = "src" if stack == "enc" else "tgt"
+    shape = trace[f"hook_{side}_tok"].shape
     labels: list[str] = []
     info: list[dict] = []
     parts: list[torch.Tensor] = []
-    for ev in _events(model, stack, layers, trace):
+    events = _events(model, stack, layers, trace)
+    if before is not None:
+        stop = [n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == before]
+        if not stop:
+            raise ValueError(f"no block {before!r} in the first {layers} layers of the {stack} stack")
+        events = events[: stop[0]]
+    for ev in events:
         if ev[0] == "norm":
             _, path, norm, scale = ev
             parts = [frozen_norm(p, norm, scale) for p in parts]
             labels.append(f"{path}.bias")
-            info.append({"stack": stack, "kind": "norm_bias", "layer": _layer_of(path), "head": None})
+            info.append({"stack": stack, "kind": "norm_bias", "layer": _layer_of(path), "head_index": None})
             parts.append(norm.bias.detach().double().expand(shape))
             continue
         _, label, inf, x = ev
-        if inf["head"] == "*":
+        if inf["head_index"] == "*":
             if split_heads:
                 for h in range(x.size(1)):
-                    labels.append(f"{label}.{h}")
-                    info.append({**inf, "head": h})
+                    labels.append(str(Head(inf["kind"], inf["layer"], h)))  # the one spelling: "cross:1:2"
+                    info.append({**inf, "head_index": h})
                     parts.append(x[:, h].double())
             else:
-                labels.append(label.removesuffix(".head") + ".heads")
-                info.append({**inf, "head": None})
+                labels.append(f"{label}.heads")
+                info.append({**inf, "head_index": None})
                 parts.append(x.double().sum(1))
         else:
             labels.append(label)
             info.append(inf)
             parts.append(x.double().expand(shape))
-    return Components(labels, info, torch.stack(parts), trace[point], point)
+    return labels, info, torch.stack(parts)
 
 
 def _layer_of(path: str) -> int | None:
@@ -236,6 +246,67 @@ def logit_direction(model, token: int, baseline_token: int | None = None) -> tup
     return d, bias
 
 
+@dataclass
+class LogitAttributions:
+    """Direct logit attribution over a batch: every sentence, every position at once (TransformerLens's
+    `cache.logit_attrs`). values[n, b, t] is component n's share of logit(tokens[b, t]) (minus
+    baseline_tokens[b, t]'s) at decoder position t of sentence b; summed over n it is `logits[b, t]`."""
+
+    labels: list[str]
+    info: list[dict[str, Any]]
+    values: torch.Tensor  # (N, B, T) float64
+    logits: torch.Tensor  # (B, T) float64: the model's real logit (difference)
+    tokens: torch.Tensor  # (B, T)
+    baseline_tokens: torch.Tensor | None = None
+
+    def at(self, sentence: int, position: int) -> LogitAttribution:
+        """One (sentence, position) as the single-position `LogitAttribution`."""
+        base = None if self.baseline_tokens is None else int(self.baseline_tokens[sentence, position])
+        return LogitAttribution(self.labels, self.info, self.values[:, sentence, position],
+                                float(self.logits[sentence, position]), position,
+                                int(self.tokens[sentence, position]), base)
+
+
+def logit_attributions(model, src: torch.Tensor, tgt: torch.Tensor, tokens: torch.Tensor, *,
+                       baseline_tokens: torch.Tensor | None = None, split_heads: bool = True) -> LogitAttributions:
+    """Direct logit attribution of `tokens` (B, T) at every decoder position of a padded batch (src (B, S),
+    tgt (B, T), e.g. `tm.encode_batch(...)`'s src/tgt_in/tgt_out): one forward, every sentence and position.
+    Padded positions get values too; mask them with the batch's lengths."""
+    if src.dim() != 2 or tgt.dim() != 2 or tokens.shape != tgt.shape:
+        raise ValueError(f"need src (B, S), tgt (B, T) and tokens (B, T); got {tuple(src.shape)}, "
+                         f"{tuple(tgt.shape)}, {tuple(tokens.shape)}")
+    if baseline_tokens is not None and baseline_tokens.shape != tokens.shape:
+        raise ValueError(f"baseline_tokens {tuple(baseline_tokens.shape)} must match tokens {tuple(tokens.shape)}")
+    src, tgt = src.to(model.device), tgt.to(model.device)
+    tokens = tokens.to(model.device)
+    vocab = model.output_proj.weight.size(0)
+    for t in (tokens, baseline_tokens):
+        if t is not None and (int(t.min()) < 0 or int(t.max()) >= vocab):
+            raise ValueError(f"tokens out of range: the target vocabulary has {vocab} entries")
+    comps = decompose_resid(model, src, tgt, stack="dec", split_heads=split_heads)
+    w = model.output_proj.weight.detach().double()
+    b = None if model.output_proj.bias is None else model.output_proj.bias.detach().double()
+    direction = w[tokens]  # (B, T, D)
+    bias = None if b is None else b[tokens]
+    if baseline_tokens is not None:
+        baseline_tokens = baseline_tokens.to(model.device)
+        direction = direction - w[baseline_tokens]
+        bias = None if b is None else bias - b[baseline_tokens]
+    values = torch.einsum("nbtd,btd->nbt", comps.values, direction)
+    labels, info = list(comps.labels), list(comps.info)
+    if bias is not None:
+        labels.append("output_bias")
+        info.append({"stack": "dec", "kind": "output_bias", "layer": None, "head_index": None})
+        values = torch.cat([values, bias[None]])
+    with torch.no_grad():
+        logits = model.output_proj(comps.target).double()  # (B, T, V)
+    logit = logits.gather(-1, tokens[..., None])[..., 0]
+    if baseline_tokens is not None:
+        logit = logit - logits.gather(-1, baseline_tokens[..., None])[..., 0]
+    return LogitAttributions(labels, info, values.cpu(), logit.cpu(), tokens.cpu(),
+                             None if baseline_tokens is None else baseline_tokens.cpu())
+
+
 def direct_logit_attribution(model, src, tgt, position: int, token: int, *, baseline_token: int | None = None,
                              split_heads: bool = True) -> LogitAttribution:
     """Each decoder component's share of the logit of `token` at decoder position `position` (the token
@@ -251,7 +322,7 @@ def direct_logit_attribution(model, src, tgt, position: int, token: int, *, base
     labels, info = list(comps.labels), list(comps.info)
     if model.output_proj.bias is not None:
         labels.append("output_bias")
-        info.append({"stack": "dec", "kind": "output_bias", "layer": None, "head": None})
+        info.append({"stack": "dec", "kind": "output_bias", "layer": None, "head_index": None})
         values = torch.cat([values, values.new_tensor([bias])])
     with torch.no_grad():
         logits = model.output_proj(comps.target[0, position]).double()
@@ -273,8 +344,9 @@ def source_attribution(model, src, tgt, position: int, token: int, *, baseline_t
     position %= tgt.size(1)
     block = "cross_attn" if kind == "cross" else "self_attn"
     layers = len(model.dec)
+    attns = [getattr(layer, block) for layer in model.dec]
     names = _capture_names(model, "dec", layers)
-    names += [f"dec.{i}.{block}.hook_{x}" for i in range(layers) for x in ("probs", "v")]
+    names += [point.name for a in attns for point in (a.hook_probs, a.hook_v)]
     was = model.training
     model.eval()
     try:
@@ -285,12 +357,11 @@ def source_attribution(model, src, tgt, position: int, token: int, *, baseline_t
     events = _events(model, "dec", layers, trace)
     direction, _ = logit_direction(model, token, baseline_token)
     out = []
-    for i in range(layers):
-        attn = getattr(model.dec[i], block)
-        probs = trace[f"dec.{i}.{block}.hook_probs"][0, :, position].double()  # (H, K)
-        v = trace[f"dec.{i}.{block}.hook_v"][0].double()  # (H, K, Dh)
+    for attn in attns:
+        probs = trace[attn.hook_probs.name][0, :, position].double()  # (H, K)
+        v = trace[attn.hook_v.name][0].double()  # (H, K, Dh)
         per_key = probs[..., None] * torch.einsum("hkd,hde->hke", v, attn.head_weights().detach().double())
-        start = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == f"dec.{i}.{block}.head")
+        start = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == _path(attn))
         for ev in events[start + 1:]:
             if ev[0] == "norm":
                 per_key = frozen_norm(per_key, ev[2], ev[3][0, position])

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
-from ..core.heads import KINDS, AttentionKind, kind_of
+from ..core.batching import decoder_input, pad_sequences
+from ..core.heads import KINDS, AttentionKind, Head, kind_of
+from ..core.masks import real_positions
 from ..core.trace import Trace
 
 STATS: dict[str, str] = {
@@ -40,28 +41,35 @@ STATS: dict[str, str] = {
     "self": "weight on the query's own position (self-attention)",
     "prev": "weight on the previous token (self-attention)",
     "next": "weight on the next token (encoder self-attention; the causal decoder cannot see it)",
+    "prev_top": "share of rows whose largest weight is on the previous token, over rows that have one (Voita et "
+                "al. 2019's positional test)",
+    "next_top": "share of rows whose largest weight is on the next token, over rows that have one (encoder)",
     "first": "weight on the first key (a common sink)",
     "eos": "weight on EOS keys (the source's </s>; sink)",
     "punct": "weight on punctuation keys (when their ids are given)",
+    "rare": "share of rows whose largest weight is on the sentence's rarest key (when token counts are given; "
+            "Voita et al. 2019's rare-words heads)",
     "monotonic": "cross-attention: share of consecutive target steps whose argmax source position does not go back",
 }
 _NAN_UNLESS = {"self": ("enc_self", "dec_self"), "prev": ("enc_self", "dec_self"), "next": ("enc_self",),
-               "monotonic": ("cross",)}
+               "prev_top": ("enc_self", "dec_self"), "next_top": ("enc_self",), "monotonic": ("cross",)}
 
 
 def _masks(trace: Trace, kind: AttentionKind, pad_id: int | None, lq: int, lk: int, batch: int):
-    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them."""
-    def real(ids: torch.Tensor | None, length: int) -> torch.Tensor:
+    """(B, Lq) real queries and (B, Lk) real keys, from the ids when the trace has them (decoder inputs by their
+    lengths: the start token is real even when it is the padding id, as Marian's is)."""
+    def real(ids: torch.Tensor | None, length: int, decoder: bool) -> torch.Tensor:
         if ids is None or pad_id is None:
             return torch.ones(batch, length, dtype=torch.bool)
         ids = ids.cpu()
         if ids.shape != (batch, length):
             raise ValueError(f"{kind} attention is ({batch}, {length}) on this side but the ids are {tuple(ids.shape)}")
-        return ids != pad_id
+        return real_positions(ids, pad_id, decoder=decoder)
 
-    q_ids = trace.src if kind == "enc_self" else trace.tgt
-    k_ids = trace.tgt if kind == "dec_self" else trace.src
-    return real(q_ids, lq), real(k_ids, lk), k_ids
+    q_dec, k_dec = kind != "enc_self", kind == "dec_self"
+    q_ids = trace.tgt if q_dec else trace.src
+    k_ids = trace.tgt if k_dec else trace.src
+    return real(q_ids, lq, q_dec), real(k_ids, lk, k_dec), k_ids
 
 
 def block_stats(
@@ -73,10 +81,13 @@ def block_stats(
     key_ids: torch.Tensor | None = None,
     eos_id: int | None = None,
     punct_ids: Sequence[int] | None = None,
+    key_counts: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Per-sentence sums and row counts of every statistic for one block: ({stat: (B, H)}, {stat: (B,)}).
 
     `probs` (B, H, Lq, Lk); padded query rows are left out, padded keys carry no weight already.
+    `key_counts` (vocabulary,): corpus frequency of each key id, for "rare" (the rarest real key of each sentence,
+    EOS excluded; ties: the first).
     """
     if probs.dim() != 4:
         raise ValueError(f"attention must be (B, H, Lq, Lk), got shape {tuple(probs.shape)}")
@@ -118,6 +129,9 @@ def block_stats(
         row[..., first_row : first_row + d.size(-1)] = d
         per_row[stat] = row
     per_row["first"] = p[..., 0]
+    arg = p.argmax(-1)  # (B, H, Lq)
+    per_row["prev_top"] = (arg == (qi - 1).long()).to(dt)
+    per_row["next_top"] = (arg == (qi + 1).long()).to(dt)
     nan_rows = torch.full((b, h, lq), float("nan"), dtype=dt, device=dev)
     feats = {}  # key features read with one matmul: (B, Lk) each
     if key_ids is not None and eos_id is not None:
@@ -129,14 +143,25 @@ def block_stats(
         mass = torch.matmul(p, f[:, None])  # (B, H, Lq, F)
         for i, name in enumerate(feats):
             per_row[name] = mass[..., i]
-    for name in ("eos", "punct"):
+    if key_ids is not None and key_counts is not None:
+        ids = key_ids.to(dev)
+        freq = key_counts.to(dev, torch.float64)[ids]
+        skip = ~km | ((ids == eos_id) if eos_id is not None else torch.zeros_like(km))
+        rarest = torch.where(skip, torch.inf, freq).argmin(-1)  # (B,)
+        per_row["rare"] = (arg == rarest[:, None, None]).to(dt)
+    for name in ("eos", "punct", "rare"):
         per_row.setdefault(name, nan_rows)
     per_row = {k: per_row[k] for k in STATS if k in per_row}
 
     sums = {k: (v.to(torch.float64) * rows[:, None, :]).sum(-1) for k, v in per_row.items()}  # (B, H)
     counts = {k: n_rows.clone() for k in per_row}
+    # the argmax tests count only rows that have a previous / next key (a first row cannot point back)
+    has = {"prev_top": qi[None, :] >= 1, "next_top": qi[None, :] + 1 < km.sum(1, keepdim=True).to(dt)}
+    for stat, ok in has.items():
+        r = rows * ok.to(torch.float64)
+        sums[stat] = (per_row[stat].to(torch.float64) * r[:, None, :]).sum(-1)
+        counts[stat] = r.sum(1)
     # monotonicity counts pairs of consecutive real target steps, not rows
-    arg = p.argmax(-1)  # (B, H, Lq)
     pair = (qm[:, 1:] & qm[:, :-1]).to(torch.float64)  # (B, Lq-1)
     forward = (arg[..., 1:] >= arg[..., :-1]).to(torch.float64)  # (B, H, Lq-1)
     sums["monotonic"] = (forward * pair[:, None]).sum(-1)
@@ -191,14 +216,15 @@ class HeadStats:
             return np.where(c > 0, self.sums[stat] / np.where(c > 0, c, 1), np.nan)
 
     def summary(self):
-        """pandas DataFrame: kind, layer, head and one column per statistic (corpus values)."""
+        """pandas DataFrame: head_id (the `Head` spelling, "cross:1:0"), kind, layer, head_index and one column per
+        statistic (corpus values). No column is named "head": it would shadow `DataFrame.head`."""
         import pandas as pd
 
         rows = []
         vals = {s: self.values(s) for s in self.sums}
         for bi, (kind, layer) in enumerate(self.blocks):
             for head in range(self.heads_of(bi)):
-                rows.append({"kind": kind, "layer": layer, "head": head,
+                rows.append({"head_id": str(Head(kind, layer, head)), "kind": kind, "layer": layer, "head_index": head,
                              **{s: float(v[bi, head]) for s, v in vals.items()}})
         return pd.DataFrame(rows)
 
@@ -209,9 +235,18 @@ class HeadStats:
             df = df[df["kind"] == kind]
         return df.sort_values(stat, ascending=not descending, na_position="last", kind="stable").reset_index(drop=True)
 
-    def sentences(self, kind: str, layer: int, head: int, stat: str, *, top: int = 10, largest: bool = True):
-        """The sentences where this head shows `stat` the most (or least): DataFrame sentence, value."""
+    def sentences(self, *spec, top: int = 10, largest: bool = True):
+        """The sentences where a head shows a statistic the most (or least): DataFrame sentence, value.
+        `sentences(head, stat)` with a `Head` or its spelling ("cross:1:0"), or `sentences(kind, layer, head, stat)`."""
         import pandas as pd
+
+        if len(spec) == 2:
+            parsed, stat = Head.parse(spec[0]), spec[1]
+            kind, layer, head = parsed.kind, parsed.layer, parsed.head
+        elif len(spec) == 4:
+            kind, layer, head, stat = spec
+        else:
+            raise TypeError("sentences(head, stat) or sentences(kind, layer, head, stat)")
 
         bi = self.block_index(kind, layer)
         if not 0 <= head < self.heads_of(bi):
@@ -261,8 +296,11 @@ def head_stats(
     tgt_punct: Sequence[int] | None = None,
     kinds: Sequence[AttentionKind] = KINDS,
     sentence_ids: Sequence[int] | None = None,
+    src_counts: torch.Tensor | None = None,
+    tgt_counts: torch.Tensor | None = None,
 ) -> HeadStats:
-    """Statistics of every captured attention block of a batch trace (needs `*.hook_probs` and the ids)."""
+    """Statistics of every captured attention block of a batch trace (needs `*.hook_probs` and the ids).
+    `src_counts` / `tgt_counts`: token frequencies (vocabulary,) for the "rare" statistic (NaN without them)."""
     blocks, sums, counts = [], {}, {}
     for kind in kinds:
         for layer in range(trace.layers(kind)):
@@ -270,7 +308,9 @@ def head_stats(
             b, _, lq, lk = probs.shape
             q_real, k_real, k_ids = _masks(trace, kind, pad_id, lq, lk, b)
             punct = tgt_punct if kind == "dec_self" else src_punct
-            s, c = block_stats(probs, kind, q_real, k_real, key_ids=k_ids, eos_id=eos_id, punct_ids=punct)
+            counts_k = tgt_counts if kind == "dec_self" else src_counts
+            s, c = block_stats(probs, kind, q_real, k_real, key_ids=k_ids, eos_id=eos_id, punct_ids=punct,
+                               key_counts=counts_k)
             blocks.append((kind, layer))
             for k in s:
                 sums.setdefault(k, []).append(s[k].numpy())
@@ -300,6 +340,12 @@ def punctuation_ids(pieces: Sequence[str]) -> list[int]:
         if core and all(unicodedata.category(ch).startswith("P") for ch in core):
             out.append(i)
     return out
+
+
+def token_counts(rows: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
+    """How often each id occurs in `rows`: (vocab,) int64, for the "rare" statistic."""
+    flat = torch.tensor([i for r in rows for i in r], dtype=torch.long)
+    return torch.bincount(flat, minlength=vocab)[:vocab] if len(flat) else torch.zeros(vocab, dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -352,12 +398,15 @@ def corpus_head_stats(
     kinds: Sequence[AttentionKind] = KINDS,
     src_punct: Sequence[int] | None = None,
     tgt_punct: Sequence[int] | None = None,
+    src_counts: torch.Tensor | None = None,
+    tgt_counts: torch.Tensor | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> HeadStats:
     """Head statistics over a corpus, teacher-forced: `sources` end with EOS, `targets` are the reference
     outputs (ending with EOS; the decoder reads start + all but the last). Sentences are sorted by length
     so batches carry little padding; results come back in corpus order. Sentences longer than the model's
-    positions are cut or skipped as `fit_to_positions` says, with a warning giving the counts."""
+    positions are cut or skipped as `fit_to_positions` says, with a warning giving the counts.
+    `src_counts` / `tgt_counts` (vocabulary,): token frequencies for "rare"; by default counted over this corpus."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not sources:
@@ -372,17 +421,21 @@ def corpus_head_stats(
     if fitted.report():
         warnings.warn(fitted.report("corpus_head_stats"), stacklevel=3)
     ids, sources, targets = fitted.ids, fitted.sources, fitted.targets
+    if src_counts is None:
+        src_counts = token_counts(sources, cfg.src_vocab)
+    if tgt_counts is None:  # the decoder's keys are the start token and the target's pieces
+        tgt_counts = token_counts([[cfg.start_id, *t] for t in targets], cfg.tgt_vocab)
     order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(targets[i])))
     names = [n for n in model.hook_names("*.hook_probs") if kind_of(n) in kinds]
     parts = []
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         src = pad_sequences([sources[i] for i in idx], cfg.pad_id, device=dev)
-        tgt = pad_sequences([[cfg.start_id, *targets[i][:-1]] if targets[i] else [cfg.start_id] for i in idx],
-                            cfg.pad_id, device=dev)
+        tgt = pad_sequences([decoder_input(targets[i], cfg.start_id) for i in idx], cfg.pad_id, device=dev)
         trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
-                                tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx]))
+                                tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx],
+                                src_counts=src_counts, tgt_counts=tgt_counts))
         if progress is not None:
             progress(min(start + batch_size, len(order)), len(order))
     table = HeadStats.concat(parts)

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..core.batching import pad_sequences
-from ..core.heads import KINDS
+from ..core.batching import decoder_input, pad_sequences
+from ..core.config import DecodeConfig
+from ..core.heads import KINDS, Head
 from ..core.heads import n_heads as heads_of
 from ..core.interventions import ablate_heads, patch
 from ..decoding.evaluate import score
-from ..decoding.search import greedy
+from ..decoding.search import decode_config, generate
+from .generation_trace import decoding_setup
 from .head_stats import fit_to_positions
 
 UNITS = ("head", "block")
@@ -46,8 +48,15 @@ class Outcome:
 @torch.no_grad()
 def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *, hooks=None,
                 decode: bool = True, detokenize: Callable[[list[int]], str] | None = None,
-                references: Sequence[str] | None = None, batch_size: int = 64, **decode_options) -> Outcome:
-    """Reference log-probabilities and (optionally) greedy outputs and scores, under `hooks`."""
+                references: Sequence[str] | None = None, batch_size: int = 64, config: DecodeConfig | None = None,
+                **decode_options) -> Outcome:
+    """Reference log-probabilities and (optionally) decoded outputs and scores, under `hooks`.
+
+    `model`: a Transformer or a `TranslationModel`. Decoding follows `config`, else a TranslationModel's own
+    settings (greedy or beam, its length penalty and repetition guard: what `tm.translate` does), else greedy
+    search with the defaults; `decode_options` override single fields."""
+    model, config = decoding_setup(model, config)
+    search = decode_config(config or DecodeConfig(beam=1), decode_options)
 
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -67,12 +76,12 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
         for start in range(0, len(sources), batch_size):
             src = pad_sequences(sources[start : start + batch_size], cfg.pad_id, device=model.device)
             tgt_rows = [list(t) for t in targets[start : start + batch_size]]
-            tgt_in = pad_sequences([[cfg.start_id, *t[:-1]] for t in tgt_rows], cfg.pad_id, device=model.device)
+            tgt_in = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
             tgt_out = pad_sequences(tgt_rows, cfg.pad_id, device=model.device)
             logp = model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]
             lp[start : start + len(tgt_rows)] = (logp * (tgt_out != cfg.pad_id)).sum(1).double().cpu().numpy()
             if decode:
-                outputs += [h.tokens for h in greedy(model, src, **decode_options).best]
+                outputs += [h.tokens for h in generate(model, src, search).best]
     out = Outcome(lp, outputs, skipped=fitted.skipped)
     if decode and detokenize is not None and references is not None:
         s = score([detokenize(o) for o in outputs], [list(references)])
@@ -105,9 +114,12 @@ def intervention_effect(model, hooks: dict, sources, targets, *, baseline: Outco
 def head_importance(model, sources, targets, *, kinds: Sequence[str] = KINDS, units: str = "head", **options):
     """One ablation per head (or per block with units="block") over the test set; DataFrame sorted by
     the drop in reference log-probability, most important first. `options` go to `run_outcome`
-    (decode, detokenize, references, batch_size, greedy's max_len_a/max_len_b ...)."""
+    (decode, detokenize, references, batch_size, config, max_len_a/max_len_b ...); a `TranslationModel`
+    decodes with its own settings."""
     import pandas as pd
 
+    model, config = decoding_setup(model, options.pop("config", None))
+    options["config"] = config
     if units not in UNITS:
         raise ValueError(f"units must be one of {UNITS}, got {units!r}")
     bad = [k for k in kinds if k not in KINDS]
@@ -122,8 +134,9 @@ def head_importance(model, sources, targets, *, kinds: Sequence[str] = KINDS, un
             groups = [[h] for h in range(n_heads)] if units == "head" else [list(range(n_heads))]
             for heads in groups:
                 edited = run_outcome(model, sources, targets, hooks=ablate_heads({(kind, layer): heads}), **options)
-                rows.append({"kind": kind, "layer": layer, "head": heads[0] if units == "head" else "all",
-                             **compare(base, edited)})
+                one = units == "head"
+                rows.append({"head_id": str(Head(kind, layer, heads[0])) if one else None, "kind": kind,
+                             "layer": layer, "head_index": heads[0] if one else "all", **compare(base, edited)})
     df = pd.DataFrame(rows)
     df.attrs["baseline"] = {"ref_log_prob": float(base.ref_log_prob.mean()), "bleu": base.bleu, "chrf": base.chrf}
     return df.sort_values("d_ref_log_prob", kind="stable").reset_index(drop=True)

@@ -31,9 +31,10 @@ def logit_lens(model, src: torch.Tensor, tgt: torch.Tensor, *, targets: torch.Te
     """Decoder states after the embeddings and after every layer, read through the output layer."""
     if targets is not None and targets.shape != tgt.shape:
         raise ValueError(f"targets {tuple(targets.shape)} must match the decoder input {tuple(tgt.shape)}")
-    names = ["hook_tgt_embed", *model.hook_names("dec.*.hook_resid_ffn")]
-    _, trace = model.run_with_cache(src, tgt, names=names)
-    states = torch.stack([trace["hook_tgt_embed"], *trace.stack("dec.*.hook_resid_ffn")])  # (L+1, B, T, D)
+    stream = model.stream("dec")
+    points = [stream.hook_embed, *(layer.hook_resid_ffn for layer in stream.layers)]
+    _, trace = model.run_with_cache(src, tgt, names=[p.name for p in points])
+    states = torch.stack([trace[p.name] for p in points])  # (L+1, B, T, D)
     if model.dec_norm is not None:
         states = model.dec_norm(states)
     logp = model.output_proj(states).float().log_softmax(-1)  # (L+1, B, T, V)
@@ -41,6 +42,6 @@ def logit_lens(model, src: torch.Tensor, tgt: torch.Tensor, *, targets: torch.Te
     top_lp, top_ids = logp.topk(k, dim=-1)
     target_lp = None if targets is None else logp.gather(-1, targets.to(logp.device)[None, ..., None]
                                                          .expand(logp.size(0), -1, -1, 1))[..., 0]
-    labels = ("embed", *(f"dec.{i}" for i in range(len(model.dec))))
+    labels = ("embed", *(layer.hook_resid_ffn.name.removesuffix(".hook_resid_ffn") for layer in stream.layers))
     return LogitLens(labels, top_ids.cpu(), top_lp.cpu(), None if target_lp is None else target_lp.cpu(),
                      logp.cpu() if keep_full else None)

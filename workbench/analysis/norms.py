@@ -32,16 +32,15 @@ def _block(model, kind: AttentionKind, layer: int):
     stack = model.enc if kind == "enc_self" else model.dec
     if not 0 <= layer < len(stack):
         raise IndexError(f"layer {layer} out of range: the model has {len(stack)} {kind} layers")
-    return stack[layer].cross_attn if kind == "cross" else stack[layer].self_attn
+    return model.get_submodule(block_path(kind, layer))
 
 
 @torch.no_grad()
 def value_norms(model, trace: Trace, kind: AttentionKind, layer: int) -> ValueNorms:
     """Norms for one block; the trace needs that block's hook_probs and hook_v (see NORM_HOOKS)."""
     attn = _block(model, kind, layer)
-    prefix = block_path(kind, layer)
-    probs = trace[f"{prefix}.hook_probs"].to(torch.float64)  # (B, H, Lq, Lk)
-    v = trace[f"{prefix}.hook_v"].to(torch.float64)  # (B, H, Lk, Dh)
+    probs = trace[attn.hook_probs.name].to(torch.float64)  # (B, H, Lq, Lk)
+    v = trace[attn.hook_v.name].to(torch.float64)  # (B, H, Lk, Dh)
     h, dh = attn.n_heads, attn.d_head
     w_o = attn.out_proj.weight.detach().to(device=v.device, dtype=torch.float64)  # (D, H·Dh)
     w_o = w_o.view(w_o.size(0), h, dh).permute(1, 2, 0)  # (H, Dh, D)
@@ -56,9 +55,8 @@ def layer_output_from_norm_terms(model, trace: Trace, kind: AttentionKind, layer
     """Σ_h Σ_j α_hij f_h(x_j) + b_O: the block's output rebuilt from the terms the norms measure
     (equals hook_out; the tests use it to check the decomposition)."""
     attn = _block(model, kind, layer)
-    prefix = block_path(kind, layer)
-    probs = trace[f"{prefix}.hook_probs"].to(torch.float64)
-    v = trace[f"{prefix}.hook_v"].to(torch.float64)
+    probs = trace[attn.hook_probs.name].to(torch.float64)
+    v = trace[attn.hook_v.name].to(torch.float64)
     w_o = attn.out_proj.weight.detach().to(torch.float64)
     w_o = w_o.view(w_o.size(0), attn.n_heads, attn.d_head).permute(1, 2, 0)
     out = torch.einsum("bhqk,bhkd,hde->bqe", probs, v, w_o)

@@ -30,8 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.heads import Head, block_path, stack_of
-from ..decoding.search import greedy
+from ..core.config import DecodeConfig
+from ..core.heads import Head, block_path, kind_of, stack_of
+from ..core.masks import real_positions
+from ..decoding.search import decode_config, generate
+from .generation_trace import decoding_setup, source_side
 from .gradients import evaluating, run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
@@ -106,11 +109,12 @@ class PatchingResult:
         return pd.DataFrame(self.values.numpy(), index=self.rows, columns=self.positions)
 
 
-def _heads_of(model, kind: str) -> list[tuple[str, str, int, int]]:
+def _heads_of(model, kind: str) -> list[tuple[str, Any, int, int]]:
+    """(label, attention block, layer, head) of every head of a kind."""
     out = []
     for layer in range(len(getattr(model, stack_of(kind)))):
-        block = block_path(kind, layer)
-        for h in range(model.get_submodule(block).n_heads):
+        block = model.get_submodule(block_path(kind, layer))
+        for h in range(block.n_heads):
             out.append((str(Head(kind, layer, h)), block, layer, h))  # type: ignore[arg-type]
     return out
 
@@ -125,12 +129,11 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
     rows: list[str] = []
     per_row: list[tuple[list[str], int, Callable[[int], tuple]]] = []  # hooks, length, index(pos)
     if family in ("resid_enc", "resid_dec"):
-        stack = family[-3:]
-        first = "hook_src_embed" if stack == "enc" else "hook_tgt_embed"
-        length = src_len if stack == "enc" else tgt_len
-        for name in [first, *(f"{stack}.{i}.hook_resid_ffn" for i in range(len(getattr(model, stack))))]:
-            rows.append(name)
-            per_row.append(([name], length, lambda p: (p,)))
+        stream = model.stream(family[-3:])
+        length = src_len if stream.stack == "enc" else tgt_len
+        for point in [stream.hook_embed, *(layer.hook_resid_ffn for layer in stream.layers)]:
+            rows.append(point.name)
+            per_row.append(([point.name], length, lambda p: (p,)))
     elif family in ("head_enc", "head_dec_self", "head_cross", "head", "pattern"):
         kinds = {"head_enc": ["enc_self"], "head_dec_self": ["dec_self"], "head_cross": ["cross"]}.get(
             family, ["enc_self", "dec_self", "cross"])
@@ -139,12 +142,12 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
             length = src_len if kind == "enc_self" else tgt_len
             for label, block, _, h in _heads_of(model, kind):
                 rows.append(label)
-                per_row.append(([f"{block}.{leaf}"], length, lambda p, h=h: (h, p)))
+                per_row.append(([getattr(block, leaf).name], length, lambda p, h=h: (h, p)))
     else:  # cross_kv
-        for i in range(len(model.dec)):
-            rows.append(f"dec.{i}.cross_attn.kv")
-            block = f"dec.{i}.cross_attn"
-            per_row.append(([f"{block}.hook_k", f"{block}.hook_v"], src_len, lambda p: (slice(None), p)))
+        for layer in model.dec:
+            attn = layer.cross_attn
+            rows.append(_kv_label(attn))
+            per_row.append(([attn.hook_k.name, attn.hook_v.name], src_len, lambda p: (slice(None), p)))
     sites: list[Site] = []
     if positions == "all":
         cols: list[int | str] = ["all"]
@@ -156,6 +159,11 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
             for p in range(length):
                 sites.append(Site(r, p, [(n, index(p)) for n in names]))
     return rows, cols, sites
+
+
+def _kv_label(attn) -> str:
+    """Row label of a cross-attention block's keys and values: "dec.1.cross_attn.kv"."""
+    return attn.hook_k.name.removesuffix("hook_k") + "kv"
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -195,9 +203,9 @@ def _donors(model, base_cache, names, ablation, reference, seed) -> dict[str, to
     for n in names:
         acts = ref[n]  # (R, L, ...) or (R, H, L, ...); the position axis follows the head axis if any
         head_axis = acts.dim() == 4
-        ids = ref_src if (n.startswith("enc.") or n == "hook_src_embed" or ".cross_attn.hook_k" in n
-                          or ".cross_attn.hook_v" in n) else ref_tgt
-        real = ids != pad  # (R, L)
+        source = source_side(model, n)
+        # decoder inputs start with the start token, which may be the padding id (Marian): lengths, not ids
+        real = real_positions(ref_src if source else ref_tgt, pad, decoder=not source)  # (R, L)
         base = base_cache[n]
         length = base.size(2 if head_axis else 1)
         if ablation == "mean":
@@ -261,13 +269,13 @@ def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Ten
     return values, passes
 
 
-def _translation_metric(model, name: str, detokenize, reference: str, decode_options: dict):
+def _translation_metric(model, name: str, detokenize, reference: str, search: DecodeConfig):
     import sacrebleu  # optional: only translation metrics need it
 
     scorer = sacrebleu.sentence_bleu if name == "bleu" else sacrebleu.sentence_chrf
 
     def translate(src: torch.Tensor) -> list[float]:
-        gen = greedy(model, src, **decode_options)
+        gen = generate(model, src, search)
         return [float(scorer(detokenize(h.tokens), [reference]).score) for h in gen.best]
 
     return translate
@@ -283,8 +291,10 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
     `progress(done, total)`, if given, is called with the number of sites patched after each batch.
 
     `metric`: a function logits (N, T, V) -> (N,) (`logit_diff`, `log_prob`), or "bleu" / "chrf" of the
-    greedy re-decoded translation against `reference_text` (needs `detokenize`; encoder-side sites only,
-    as decoder positions shift when the output changes)."""
+    re-decoded translation against `reference_text` (needs `detokenize`; encoder-side sites only, as decoder
+    positions shift when the output changes). `model` may be a `TranslationModel`: re-decoding then follows its
+    settings; `config=` (a DecodeConfig) and `decode_options` set them on a bare model (default: greedy)."""
+    model, config = decoding_setup(model, decode_options.pop("config", None))
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if ablation is not None and ablation not in ABLATIONS:
@@ -309,7 +319,8 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
                              f"{ENCODER_SIDE}, not {sites!r}")
         if detokenize is None or reference_text is None:
             raise ValueError(f"metric={metric!r} needs detokenize= and reference_text=")
-        translate = _translation_metric(model, metric, detokenize, reference_text, decode_options)
+        search = decode_config(config or DecodeConfig(beam=1), decode_options)
+        translate = _translation_metric(model, metric, detokenize, reference_text, search)
     rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
     names = sorted({n for s in site_list for n, _ in s.edits})
     with evaluating(model):
@@ -392,35 +403,73 @@ def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=N
                            "backward_passes": 1})
 
 
-def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size: int = 64) -> PatchingResult:
-    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023) from encoder components to each decoder
-    layer's cross-attention, through its keys and values only.
+SENDERS = ("encoder", "decoder", "all")
+RECEIVERS = ("cross_kv", "cross_q", "self_q")
 
-    Senders: every encoder head (`hook_result`) and FFN. For each sender, the encoder runs on the clean source
-    with that sender's output taken from the corrupted run and every other encoder component frozen at its
-    clean output, so the change reaches the memory only along the residual stream (norms still rescale it).
-    Each decoder layer's cross-attention keys/values are recomputed from that memory and patched, alone, into
-    a clean run. values[sender, receiver layer] is the metric. Forwards: 2 + senders/batch + senders x layers/batch."""
+
+def _senders(model, which: str, embeddings: bool) -> list[tuple[str, str, int | None]]:
+    """(label, hook name, head or None) of every sender: heads (`hook_result`), FFNs, token embeddings."""
+    out: list[tuple[str, str, int | None]] = []
+    for stack in ("enc", "dec") if which == "all" else (which[:3],):
+        stream = model.stream(stack)
+        if embeddings:
+            out.append((stream.hook_tok.name, stream.hook_tok.name, None))
+        for i, sub in stream.sublayers():
+            if sub.is_attention:
+                kind = kind_of(sub.block.hook_result.name)
+                out += [(str(Head(kind, i, h)), sub.block.hook_result.name, h) for h in range(sub.block.n_heads)]
+            else:
+                out.append((sub.block.hook_out.name.removesuffix(".hook_out"), sub.block.hook_out.name, None))
+    return out
+
+
+def _receivers(model, which: str) -> list[tuple[str, list[str]]]:
+    """(label, hook names patched together) per receiver."""
+    if which == "cross_kv":
+        return [(_kv_label(layer.cross_attn), [layer.cross_attn.hook_k.name, layer.cross_attn.hook_v.name])
+                for layer in model.dec]
+    block = "cross_attn" if which == "cross_q" else "self_attn"
+    return [(getattr(layer, block).hook_q.name, [getattr(layer, block).hook_q.name]) for layer in model.dec]
+
+
+def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size: int = 64, senders: str = "encoder",
+                  receivers: str = "cross_kv", embeddings: bool = False) -> PatchingResult:
+    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): from sender components to receivers, along
+    the residual stream only.
+
+    Senders (`senders`): every head (`hook_result`) and FFN of the encoder, the decoder or both; with
+    `embeddings=True` also each stack's token embedding (`hook_src_tok` / `hook_tgt_tok`). Receivers
+    (`receivers`): each decoder layer's cross-attention keys and values ("cross_kv", read from the memory),
+    cross-attention queries ("cross_q") or self-attention queries ("self_q"). For each sender the model runs on
+    the clean input with that sender's output taken from the corrupted run and every other component (of both
+    stacks) frozen at its clean output, so the change reaches a receiver only along the residual stream (norms
+    still rescale it). Each receiver's recomputed input is patched, alone, into a clean run; values[sender,
+    receiver] is the metric. A path that cannot exist (a decoder sender to the memory's keys, an encoder sender
+    to a query: every cross-attention output is frozen) gives the clean metric.
+    Forwards: 2 + senders/batch + senders x receivers/batch."""
+    if senders not in SENDERS:
+        raise ValueError(f"senders must be one of {SENDERS}, got {senders!r}")
+    if receivers not in RECEIVERS:
+        raise ValueError(f"receivers must be one of {RECEIVERS}, got {receivers!r}")
     dev = model.device
     src, tgt = _one(src, "src", dev), _one(tgt, "tgt", dev)
     c_src = _one(corrupted_src, "corrupted_src", dev)
     if c_src.shape != src.shape:
         raise ValueError(f"corrupted_src must have the clean source's length: {tuple(src.shape)} vs "
                          f"{tuple(c_src.shape)}")
-    senders: list[tuple[str, str, int | None]] = []
-    for i, layer in enumerate(model.enc):
-        senders += [(f"enc_self:{i}:{h}", f"enc.{i}.self_attn.hook_result", h) for h in range(layer.self_attn.n_heads)]
-        senders.append((f"enc.{i}.ffn", f"enc.{i}.ffn.hook_out", None))
-    comp_names = sorted({n for _, n, _ in senders})
-    kv_names = [f"dec.{i}.cross_attn.hook_{x}" for i in range(len(model.dec)) for x in ("k", "v")]
+    sender_list = _senders(model, senders, embeddings)
+    frozen = sorted({n for _, n, _ in _senders(model, "all", False)})  # every component, both stacks
+    moved = sorted({n for _, n, _ in sender_list} | set(frozen))
+    recv = _receivers(model, receivers)
+    recv_names = [n for _, names in recv for n in names]
     with evaluating(model):
         with torch.no_grad():
-            clean_logits, clean = model.run_with_cache(src, tgt, names=comp_names)
-            corr_logits, corr = model.run_with_cache(c_src, tgt, names=comp_names)
+            clean_logits, clean = model.run_with_cache(src, tgt, names=moved)
+            corr_logits, corr = model.run_with_cache(c_src, tgt, names=moved)
             passes = 2
-            new_kv: dict[str, list[torch.Tensor]] = {n: [] for n in kv_names}
-            for start in range(0, len(senders), batch_size):
-                chunk = senders[start : start + batch_size]
+            new_inputs: dict[str, list[torch.Tensor]] = {n: [] for n in recv_names}
+            for start in range(0, len(sender_list), batch_size):
+                chunk = sender_list[start : start + batch_size]
                 n = len(chunk)
 
                 def freeze(x, hook, chunk=chunk):
@@ -433,30 +482,126 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
                                 out[j, h] = corr[name][0, h]
                     return out
 
-                with model.capture(kv_names) as store, model.hooks({n_: freeze for n_ in comp_names}):
+                with model.capture(recv_names) as store, model.hooks({n_: freeze for n_ in moved}):
                     model(src.expand(n, -1), tgt.expand(n, -1))
                 passes += 1
-                for name in kv_names:
-                    new_kv[name].append(store[name][-1])
-            kv = {n: torch.cat(v) for n, v in new_kv.items()}  # (senders, H, S, Dh)
-            jobs = [(s, i) for s in range(len(senders)) for i in range(len(model.dec))]
+                for name in recv_names:
+                    new_inputs[name].append(store[name][-1])
+            values_in = {n: torch.cat(v) for n, v in new_inputs.items()}  # (senders, ...)
+            jobs = [(s, r) for s in range(len(sender_list)) for r in range(len(recv))]
             vals: list[float] = []
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start : start + batch_size]
 
                 def put(x, hook, chunk=chunk):
                     out = x.clone()
-                    layer = int(hook.name.split(".")[1])
-                    for j, (s, i) in enumerate(chunk):
-                        if i == layer:
-                            out[j] = kv[hook.name][s]
+                    for j, (s, r) in enumerate(chunk):
+                        if hook.name in recv[r][1]:
+                            out[j] = values_in[hook.name][s]
                     return out
 
-                with model.hooks({n_: put for n_ in kv_names}):
+                with model.hooks({n_: put for n_ in recv_names}):
                     logits = model(src.expand(len(chunk), -1), tgt.expand(len(chunk), -1))
                 vals += metric(logits).double().cpu().tolist()
                 passes += 1
-    values = torch.tensor(vals, dtype=torch.float64).view(len(senders), len(model.dec))
-    return PatchingResult(values, [s for s, _, _ in senders], [f"dec.{i}.cross_attn.kv" for i in range(len(model.dec))],
+    values = torch.tensor(vals, dtype=torch.float64).view(len(sender_list), len(recv))
+    return PatchingResult(values, [s for s, _, _ in sender_list], [label for label, _ in recv],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
-                          {"sites": "path:enc->cross_kv"})
+                          {"sites": f"path:{senders}->{receivers}", "embeddings": embeddings})
+
+
+# ------------------------------------------------------------------------------------- many sentences
+
+
+def sequence_log_prob(targets: torch.Tensor, lengths: torch.Tensor | Sequence[int] | None = None) -> Metric:
+    """Per sentence of a padded batch: summed log-probability of its own `targets` (B, T) over its first
+    `lengths[b]` positions (all: None). The batched `log_prob`."""
+    t = torch.as_tensor(targets, dtype=torch.long)
+    if t.dim() != 2:
+        raise ValueError(f"targets must be (B, T), got shape {tuple(t.shape)}")
+    n = torch.full((t.size(0),), t.size(1)) if lengths is None else torch.as_tensor(lengths).view(-1)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        if logits.shape[:2] != t.shape:
+            raise ValueError(f"sequence_log_prob: targets {tuple(t.shape)} for logits {tuple(logits.shape)}")
+        lp = logits.float().log_softmax(-1).gather(-1, t.to(logits.device)[..., None])[..., 0]
+        keep = torch.arange(t.size(1), device=logits.device)[None] < n.to(logits.device)[:, None]
+        return (lp * keep).sum(-1)
+
+    metric.__name__ = "sequence_log_prob"
+    return metric
+
+
+@dataclass
+class BatchPatchingResult:
+    """`values[b, row, col]`: sentence b's metric with that site patched (NaN on its padding)."""
+
+    values: torch.Tensor  # (B, rows, cols) float64
+    rows: list[str]
+    positions: list[int | str]
+    clean_metric: torch.Tensor  # (B,)
+    corrupted_metric: torch.Tensor  # (B,)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def sentence(self, b: int) -> PatchingResult:
+        """Sentence b as a one-sentence `PatchingResult` (columns up to the batch's longest)."""
+        return PatchingResult(self.values[b], self.rows, self.positions, float(self.clean_metric[b]),
+                              float(self.corrupted_metric[b]), 2, dict(self.meta))
+
+
+def batch_attribution_patching(model, src: torch.Tensor, tgt: torch.Tensor, *, corrupted_src=None,
+                               corrupted_tgt=None, sites: str = "head", metric: Metric, direction: str = "noising",
+                               positions: str = "each") -> BatchPatchingResult:
+    """`attribution_patching` for a padded batch of sentences in one forward + backward and one donor forward:
+    src (B, S), tgt (B, T) (e.g. `tm.encode_batch`'s), corrupted inputs of the same shapes, `metric` logits
+    (B, T, V) -> (B,) per sentence (`sequence_log_prob`, `logit_diff`). Sentences do not interact in a batch, so
+    each row's gradient is its own; sites on a sentence's padding are NaN."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if corrupted_src is None and corrupted_tgt is None:
+        raise ValueError("give corrupted_src and/or corrupted_tgt")
+    dev = model.device
+    src, tgt = torch.as_tensor(src).to(dev), torch.as_tensor(tgt).to(dev)
+    c_src = src if corrupted_src is None else torch.as_tensor(corrupted_src).to(dev)
+    c_tgt = tgt if corrupted_tgt is None else torch.as_tensor(corrupted_tgt).to(dev)
+    if src.dim() != 2 or tgt.dim() != 2 or c_src.shape != src.shape or c_tgt.shape != tgt.shape:
+        raise ValueError(f"need src (B, S), tgt (B, T) and corrupted inputs of the same shapes; got "
+                         f"{tuple(src.shape)}, {tuple(tgt.shape)}, {tuple(c_src.shape)}, {tuple(c_tgt.shape)}")
+    rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
+    names = sorted({n for s in site_list for n, _ in s.edits})
+    (b_src, b_tgt), (d_src, d_tgt) = ((src, tgt), (c_src, c_tgt)) if direction == "noising" else \
+        ((c_src, c_tgt), (src, tgt))
+    per_row: dict[str, torch.Tensor] = {}
+
+    def total(logits: torch.Tensor) -> torch.Tensor:
+        per_row["m"] = metric(logits)
+        return per_row["m"].sum()
+
+    _, acts, grads = run_with_grads(model, b_src, b_tgt, total, names)
+    base_m = per_row["m"].detach().double().cpu()
+    with evaluating(model), torch.no_grad():
+        d_logits, donor = model.run_with_cache(d_src, d_tgt, names=names)
+    donor_m = metric(d_logits).double().cpu()
+    values = torch.full((src.size(0), len(rows), len(cols)), float("nan"), dtype=torch.float64)
+    reduced: dict[tuple[str, int], torch.Tensor] = {}
+    for site in site_list:
+        total_b = base_m.clone()
+        for name, idx in site.edits:
+            if (name, len(idx)) not in reduced:
+                prod = grads[name].double() * (donor[name] - acts[name]).double()  # (B, ...)
+                reduced[name, len(idx)] = prod.sum(tuple(range(len(idx) + 1, prod.dim()))).cpu()
+            total_b += reduced[name, len(idx)][(slice(None), *idx)].reshape(src.size(0), -1).sum(-1)
+        values[:, site.row, site.col] = total_b
+    # padding: a source-side column past a sentence's source, a decoder-side one past its decoder input
+    if positions == "each":
+        src_real = real_positions(src, model.cfg.pad_id, decoder=False).cpu()
+        tgt_real = real_positions(tgt, model.cfg.pad_id, decoder=True).cpu()
+        for r in range(len(rows)):
+            name = next(s.edits[0][0] for s in site_list if s.row == r)
+            real = src_real if source_side(model, name) else tgt_real
+            width = real.size(1)
+            values[:, r, :width] = values[:, r, :width].masked_fill(~real, float("nan"))
+    clean_m, corr_m = (base_m, donor_m) if direction == "noising" else (donor_m, base_m)
+    return BatchPatchingResult(values, rows, cols, clean_m, corr_m,
+                               {"sites": sites, "direction": direction, "estimate": "attribution", "batch": True})
+

@@ -16,7 +16,8 @@ import math
 
 import torch
 
-from ..core.masks import causal_mask
+from ..core.heads import Head
+from ..core.masks import causal_mask, real_positions
 
 TERMS = ("token·token", "token·position", "position·token", "position·position", "bias")
 
@@ -44,11 +45,11 @@ def score_terms(model, src: torch.Tensor, tgt: torch.Tensor, kind: str = "enc_se
         raise ValueError("emb_norm normalises e + p before layer 0, which this exact split does not cover")
     if kind not in ("enc_self", "dec_self"):
         raise ValueError(f"kind must be 'enc_self' or 'dec_self' (cross keys are encoder states), got {kind!r}")
-    side = "src" if kind == "enc_self" else "tgt"
-    layer = model.enc[0] if kind == "enc_self" else model.dec[0]
+    stream = model.stream("enc" if kind == "enc_self" else "dec")
+    layer = stream.layers[0]
     with torch.no_grad():
-        _, trace = model.run_with_cache(src, tgt, names=[f"hook_{side}_tok", f"hook_{side}_pos"])
-        parts = _split_input(model, trace[f"hook_{side}_tok"], trace[f"hook_{side}_pos"], layer.self_attn_norm)
+        _, trace = model.run_with_cache(src, tgt, names=[stream.hook_tok.name, stream.hook_pos.name])
+        parts = _split_input(model, trace[stream.hook_tok.name], trace[stream.hook_pos.name], layer.self_attn_norm)
         attn = layer.self_attn
         wq, wk = attn.q_proj.weight, attn.k_proj.weight
         bq = attn.q_proj.bias if attn.q_proj.bias is not None else torch.zeros(wq.size(0))
@@ -77,7 +78,7 @@ def positional_share(model, src: torch.Tensor, tgt: torch.Tensor, kinds=("enc_se
     for kind in kinds:
         terms = score_terms(model, src, tgt, kind)
         ids = src if kind == "enc_self" else tgt
-        real = ids != model.cfg.pad_id  # (B, L)
+        real = real_positions(ids, model.cfg.pad_id, decoder=kind == "dec_self")  # (B, L); a pad start is real
         vis = real[:, None, :, None] & real[:, None, None, :]
         if kind == "dec_self":
             n = ids.size(1)
@@ -87,6 +88,7 @@ def positional_share(model, src: torch.Tensor, tgt: torch.Tensor, kinds=("enc_se
         total = sum(means.values())
         pos = means["token·position"] + means["position·token"] + means["position·position"]
         for h in range(next(iter(terms.values())).size(1)):
-            rows.append({"kind": kind, "layer": 0, "head": h, **{t: float(m[h]) for t, m in means.items()},
+            rows.append({"head_id": str(Head(kind, 0, h)), "kind": kind, "layer": 0, "head_index": h,
+                         **{t: float(m[h]) for t, m in means.items()},
                          "pos_share": float(pos[h] / total[h])})
     return pd.DataFrame(rows)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .compare import align, compare_attention, compare_traces, difference
 from .export import external_references, save_html, save_image, to_html
+from .graph import attribution_graph_view, graph_data
 from .head_view import head_view, head_view_figure, line_data
 from .heatmap import altair_heatmap, attention_heatmap, heatmap, matrix_figure
 from .internals import (
@@ -27,7 +28,8 @@ from .select import Attention, combined_attention, select_attention, to_words
 from .tokens import WordGroups, merge_attention, word_groups
 
 __all__ = [
-    "Attention", "WordGroups", "align", "altair_heatmap", "attention_heatmap", "combined_attention",
+    "Attention", "WordGroups", "align", "attribution_graph_view", "graph_data", "altair_heatmap", "attention_heatmap",
+    "combined_attention",
     "compare_attention", "compare_traces", "difference", "external_references", "head_view", "head_view_figure",
     "heatmap", "label_smoothing_chart", "line_data", "lr_schedule_chart", "mask_view", "matrix_figure",
     "merge_attention", "model_view", "model_view_figure", "position_table", "positional_encoding_view", "save_html",

@@ -42,8 +42,8 @@ def head_stats_table(table, *, kind: str | None = None, stats: Sequence[str] | N
     if stats is not None:
         missing = [s for s in stats if s not in df.columns]
         if missing:
-            raise KeyError(f"unknown statistics {missing}; known: {list(df.columns[3:])}")
-        df = df[["kind", "layer", "head", *stats]]
+            raise KeyError(f"unknown statistics {missing}; known: {list(df.columns[4:])}")
+        df = df[["head_id", "kind", "layer", "head_index", *stats]]
     df = df.dropna(axis=1, how="all")
     return _frame_table(df, **kw)
 
@@ -139,16 +139,16 @@ def decoder_rollout_view(rollout, *, batch: int = 0, src_tokens=None, tgt_tokens
 
 def alignment_view(scores):
     """The AER table (best first) and a layers × heads AER heatmap (lower is better)."""
-    heads = scores[scores["head"] != "mean"]
+    heads = scores[scores["head_index"] != "mean"]
     layers = sorted(int(x) for x in heads["layer"].unique())
-    n_heads = int(heads["head"].max()) + 1
+    n_heads = int(heads["head_index"].max()) + 1
     grid = np.full((len(layers), n_heads), np.nan)
     for _, r in heads.iterrows():
-        grid[layers.index(int(r["layer"])), int(r["head"])] = r["aer"]
+        grid[layers.index(int(r["layer"])), int(r["head_index"])] = r["aer"]
     label = scores["reference"].iloc[0]
     fig = layer_head_figure(grid, value_label="AER", title=f"alignment error rate per cross-attention head ({label})",
                             palette=tuple(reversed(matrix_palette())))
-    table = _frame_table(scores.astype({"layer": str, "head": str}))
+    table = _frame_table(scores.astype({"layer": str, "head_index": str, "head_id": str}))
     return column(fig, table)
 
 
@@ -163,27 +163,27 @@ def head_importance_view(table, metric: str = "d_ref_log_prob"):
     if metric not in table.columns:
         raise KeyError(f"unknown metric {metric!r}; columns: {list(table.columns)}")
     figs = []
-    per_head = table[table["head"] != "all"]
+    per_head = table[table["head_index"] != "all"]
     for kind in ("enc_self", "dec_self", "cross"):
         part = per_head[per_head["kind"] == kind]
         if part.empty:
             continue
-        n_layers, n_heads = int(part["layer"].max()) + 1, int(part["head"].max()) + 1
+        n_layers, n_heads = int(part["layer"].max()) + 1, int(part["head_index"].max()) + 1
         grid = np.full((n_layers, n_heads), np.nan)
         for _, r in part.iterrows():
-            grid[int(r["layer"]), int(r["head"])] = r[metric]
+            grid[int(r["layer"]), int(r["head_index"])] = r[metric]
         figs.append(layer_head_figure(grid, value_label=metric, diverging=True,
                                       title=f"ablating one head: {metric}, {KIND_LABEL[kind]}"))
-    return column(*figs, _frame_table(table.astype({"head": str})))
+    return column(*figs, _frame_table(table.astype({"head_index": str, "head_id": str})))
 
 
 def positional_share_view(df):
     """Layer-0 heads: share of |score| from positions, one row per attention kind."""
     kinds = list(dict.fromkeys(df["kind"]))
-    n_heads = int(df["head"].max()) + 1
+    n_heads = int(df["head_index"].max()) + 1
     grid = np.full((len(kinds), n_heads), np.nan)
     for _, r in df.iterrows():
-        grid[kinds.index(r["kind"]), int(r["head"])] = r["pos_share"]
+        grid[kinds.index(r["kind"]), int(r["head_index"])] = r["pos_share"]
     fig = layer_head_figure(grid, value_label="positional share", title="layer 0: positional share of attention scores",
                             low=0.0, high=1.0)
     fig.yaxis.major_label_overrides = {i: f"{k} 0" for i, k in enumerate(kinds)}

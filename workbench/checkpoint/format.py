@@ -6,6 +6,7 @@
         tokenizer.json       {"src": spec, "tgt": spec | "shared"} + the tokenizer files it names
         meta.json            format version, creator, languages, generation defaults, file sizes
         train_log.jsonl      one JSON object per logged step / validation
+        alignment.json       optional: the checkpoint's own word aligner (method, heads), see `save_alignment`
         train_state/         state.json + tensors.safetensors: optimiser, scheduler, step, RNG, data position
 
 Nothing is ever unpickled: tensors come from safetensors, structure from JSON. A directory is
@@ -41,6 +42,7 @@ FORMAT_VERSION = 1
 CONFIG, WEIGHTS, TOKENIZER, META, LOG, STATE = (
     "config.json", "model.safetensors", "tokenizer.json", "meta.json", "train_log.jsonl", "train_state",
 )
+ALIGNMENT = "alignment.json"  # optional, written after training: not listed in meta.json's file sizes
 LATEST, BEST = "latest", "best"  # pointer files in a run directory: the name of a checkpoint beside them
 POINTERS = (LATEST, BEST)
 
@@ -59,6 +61,7 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
     train_log: list[dict[str, Any]] = field(default_factory=list)
     train_state: dict[str, Any] | None = None
+    alignment: dict[str, Any] | None = None  # alignment.json: the default word aligner (workbench.analysis.word_align)
 
 
 # ------------------------------------------------------------------------------------------- saving
@@ -176,7 +179,24 @@ def load_checkpoint(
     src_tok, tgt_tok = _load_tokenizers(path)
     log = read_log(path / LOG)
     state = _load_train_state(path / STATE) if with_train_state else None
-    return Checkpoint(path, config, model, src_tok, tgt_tok, meta, log, state)
+    alignment = _read_json(path / ALIGNMENT, required=False)
+    if alignment is not None and not isinstance(alignment, dict):
+        raise CheckpointError(f"{path / ALIGNMENT} must hold a JSON object")
+    return Checkpoint(path, config, model, src_tok, tgt_tok, meta, log, state, alignment)
+
+
+def save_alignment(directory: str | Path, alignment: dict[str, Any]) -> Path:
+    """Write (or replace) a checkpoint's alignment.json atomically; the other files are untouched."""
+    path = resolve_checkpoint(directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{ALIGNMENT}.tmp-", dir=path)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(alignment, indent=2) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path / ALIGNMENT)
+    _fsync(path)
+    return path / ALIGNMENT
 
 
 def resolve_checkpoint(directory: str | Path) -> Path:

@@ -54,9 +54,12 @@ class SpmVocabTokenizer:
         return [self.index.get(p, self.unk_id) for p in pieces]
 
     def decode(self, ids: Sequence[int]) -> str:
+        """Text of output ids, as MarianTokenizer decodes: the decoding sentencepiece model joins the pieces, and
+        a word marker it leaves (a piece of a shared vocabulary only the *other* side's model knows, kept
+        verbatim) becomes a space."""
         pieces = [self.vocab[i] for i in ids if i not in self._skip and 0 <= i < self.vocab_size]
         pieces = [p for p in pieces if not (self.lang_codes and p.startswith(">>") and p.endswith("<<"))]
-        return self.sp_decode.decode_pieces(pieces).strip()
+        return self.sp_decode.decode_pieces(pieces).replace("\u2581", " ").strip()
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.vocab[i] if 0 <= i < self.vocab_size else "<?>" for i in ids]

@@ -21,6 +21,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("workbench.cli.import_", "convert a Marian/opus-mt, FSMT, fairseq or OpenNMT-py checkpoint"),
     "views": ("workbench.cli.views", "write a saved trace's attention views as offline HTML files"),
     "heads": ("workbench.cli.heads", "head statistics of a checkpoint over a test set (CSV + HTML report)"),
+    "prune": ("workbench.cli.prune", "BLEU and chrF as heads are removed in order of importance, per attention kind"),
+    "formation": ("workbench.cli.formation", "per-head AER, source share and roles at every snapshot of a run"),
+    "align": ("workbench.cli.align", "word alignments of sentence pairs from a checkpoint (Pharaoh i-j per line)"),
+    "aer": ("workbench.cli.aer", "alignment error rate, precision and recall of an alignment file against gold"),
+    "features": ("workbench.cli.features", "sparse dictionaries (SAEs, transcoders): train, eval, corpus stats"),
 }
 
 

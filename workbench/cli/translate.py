@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..analysis.alignment import format_pharaoh
+from ..analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
 from ..decoding.evaluate import read_lines
 from ..decoding.translator import load
 
@@ -46,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", default="-", metavar="FILE", help="input file (default: stdin)")
     p.add_argument("--output", "-o", default="-", metavar="FILE", help="output file (default: stdout)")
     p.add_argument("--chunk", type=int, default=512, help="lines held in memory at once (sorted within a chunk)")
+    p.add_argument("--alignments", action="store_true",
+                   help="append ' ||| i-j ...' to each output: its word alignment to the source (0-based, source "
+                        "first; the checkpoint's own aligner, as `workbench align` computes it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
     sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
     try:
         lines = read_lines(source, errors=args.errors, name=args.input if args.input != "-" else "stdin")
-        for text in tm.translate_lines(lines, chunk=args.chunk):
-            sink.write(text + "\n")
+        if args.alignments:
+            _translate_aligned(tm, lines, sink, args.chunk)
+        else:
+            for text in tm.translate_lines(lines, chunk=args.chunk):
+                sink.write(text + "\n")
         sink.flush()
     finally:
         if source is not sys.stdin.buffer:
@@ -65,3 +73,23 @@ def run(args: argparse.Namespace) -> int:
         if sink is not sys.stdout:
             sink.close()
     return 0
+
+
+def _translate_aligned(tm, lines, sink, chunk: int) -> None:
+    """Chunk by chunk: translate, then align each output to its source (teacher-forced, as `workbench align`)."""
+    spec = AlignmentSpec.from_dict(tm.alignment) if tm.alignment else fallback_spec(tm.model)
+    buffer: list[str] = []
+
+    def flush() -> None:
+        outputs = list(tm.translate_lines(buffer, chunk=chunk))
+        links = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, buffer, outputs, spec, skip_long=True)
+        for text, link in zip(outputs, links):
+            sink.write(f"{text} ||| {format_pharaoh(link)}\n")
+        buffer.clear()
+
+    for line in lines:
+        buffer.append(line)
+        if len(buffer) >= chunk:
+            flush()
+    if buffer:
+        flush()

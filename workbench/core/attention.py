@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .hooks import HookPoint
+from .hooks import HookPoint, observed
 from .masks import causal_mask
 
 
@@ -59,7 +59,10 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, Dh)
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Self-attention: one GEMM over the concatenated weights instead of three."""
+        """Self-attention: one GEMM over the concatenated weights instead of three (each projection called as
+        a module when a plain PyTorch hook watches one of them, so that hook sees and may edit its output)."""
+        if observed(self.q_proj) or observed(self.k_proj) or observed(self.v_proj):
+            return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
         q, k, v = F.linear(x, w, b).chunk(3, dim=-1)
@@ -67,6 +70,8 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, x: torch.Tensor) -> KVCache:
         """Keys and values from `x`, hooked: used for cross-attention memory (once per sentence)."""
+        if observed(self.k_proj) or observed(self.v_proj):
+            return KVCache(self.hook_k(self._heads(self.k_proj(x))), self.hook_v(self._heads(self.v_proj(x))))
         w = torch.cat([self.k_proj.weight, self.v_proj.weight])
         b = None if self.k_proj.bias is None else torch.cat([self.k_proj.bias, self.v_proj.bias])
         k, v = F.linear(x, w, b).chunk(2, dim=-1)
@@ -119,9 +124,11 @@ class MultiHeadAttention(nn.Module):
         context = self.hook_context(context)  # (B, H, Lq, Dh)
         if self.hook_result.is_active():
             return self.hook_out(self._by_head(context)), new_cache
-        b = context.size(0)
-        out = self.out_proj(context.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_head))
-        return self.hook_out(out), new_cache
+        return self.hook_out(self._project_out(context)), new_cache
+
+    def _project_out(self, context: torch.Tensor) -> torch.Tensor:
+        b, _, q_len, _ = context.shape
+        return self.out_proj(context.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_head))
 
     def head_weights(self) -> torch.Tensor:
         """Each head's slice of the output projection, (H, Dh, D): result_h = context_h @ W[h]."""
@@ -129,7 +136,10 @@ class MultiHeadAttention(nn.Module):
 
     def _by_head(self, context: torch.Tensor) -> torch.Tensor:
         # per-head terms summed: equals out_proj on the concatenated heads up to summation order
-        result = self.hook_result(torch.einsum("bhld,hde->bhle", context, self.head_weights()))
+        raw = torch.einsum("bhld,hde->bhle", context, self.head_weights())
+        result = self.hook_result(raw)
+        if observed(self.out_proj):  # out_proj's own hooks see its call; edits to the heads are added on top
+            return self._project_out(context) + (result.sum(1) - raw.sum(1) if result is not raw else 0)
         out = result.sum(1)
         return out if self.out_proj.bias is None else out + self.out_proj.bias
 

@@ -4,6 +4,7 @@ batches. Training, the translator, validation and the analyses all batch here (m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -38,3 +39,51 @@ def token_batches(lengths: Sequence[int], max_tokens: int, order: Sequence[int] 
     if cur:
         out.append(cur)
     return out
+
+
+def decoder_input(tokens: Sequence[int], start_id: int, *, prefix: bool = False) -> list[int]:
+    """What the decoder reads, teacher-forced: the start token, then `tokens` without the last (an output that
+    ends with EOS: the decoder reads start + all but the EOS to predict every output token). `prefix=True`:
+    `tokens` is a prefix still being extended (beam search's live beams), read whole. The one place the shift
+    is written."""
+    tokens = [int(t) for t in tokens]
+    return [start_id, *(tokens if prefix else tokens[:-1])]
+
+
+@dataclass
+class TeacherForced:
+    """A padded batch ready for `model(src, tgt_in)` / `run_with_cache`, with what padding hides spelled out.
+
+    Lengths, not `ids != pad_id`, say which positions are real: a decoder input may start with the padding id
+    (Marian's decoder start token is its pad)."""
+
+    src: torch.Tensor  # (B, S) source ids, right-padded
+    tgt_in: torch.Tensor | None  # (B, T) decoder inputs: start + output[:-1] (None: sources only)
+    tgt_out: torch.Tensor | None  # (B, T) the outputs predicted at each position (EOS last), pad after
+    src_lengths: torch.Tensor  # (B,)
+    tgt_lengths: torch.Tensor | None  # (B,) real decoder positions = output lengths
+
+    def src_mask(self) -> torch.Tensor:
+        """(B, S) True on real source positions."""
+        return torch.arange(self.src.size(1), device=self.src.device)[None] < self.src_lengths[:, None]
+
+    def tgt_mask(self) -> torch.Tensor:
+        """(B, T) True on real decoder positions (the start token included, whatever its id)."""
+        if self.tgt_in is None or self.tgt_lengths is None:
+            raise ValueError("this batch has no outputs, so no decoder positions")
+        return torch.arange(self.tgt_in.size(1), device=self.tgt_in.device)[None] < self.tgt_lengths[:, None]
+
+
+def teacher_forced(sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], *, pad_id: int,
+                   start_id: int, device: torch.device | str | None = None) -> TeacherForced:
+    """Pad sources and outputs (each output ending with EOS) into a `TeacherForced` batch."""
+    if len(sources) != len(outputs):
+        raise ValueError(f"{len(sources)} sources but {len(outputs)} outputs")
+    empty = [i for i, o in enumerate(outputs) if len(o) == 0]
+    if empty:
+        raise ValueError(f"outputs {empty[:5]} are empty: every output needs at least its EOS")
+    src = pad_sequences(sources, pad_id, device=device)
+    tgt_in = pad_sequences([decoder_input(o, start_id) for o in outputs], pad_id, device=device)
+    tgt_out = pad_sequences(outputs, pad_id, device=device)
+    as_lengths = lambda rows: torch.tensor([len(r) for r in rows], dtype=torch.long, device=src.device)  # noqa: E731
+    return TeacherForced(src, tgt_in, tgt_out, as_lengths(sources), as_lengths(outputs))

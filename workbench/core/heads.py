@@ -13,6 +13,8 @@ interventions, the trace, the analyses and the views cannot disagree about where
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,6 +69,11 @@ def n_heads(cfg: Any, kind: AttentionKind) -> int:
     return cfg.heads(stack_of(kind))
 
 
+def _is_integral(x: Any) -> bool:
+    """An integer of any kind (numpy's from a DataFrame row included), not a bool and not a float."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 @dataclass(frozen=True, order=True)
 class Head:
     """One attention head, spelled "kind:layer:head" in text (CLI, URLs, the app) and unpackable as a tuple."""
@@ -83,21 +90,33 @@ class Head:
                 raise ValueError(f"head {name} must be a non-negative int, got {value!r}")
 
     @classmethod
-    def parse(cls, spec: Head | str | tuple | list) -> Head:
-        """A Head from "cross:1:0", ("cross", 1, 0) or a Head; a ValueError naming the spelling otherwise."""
+    def parse(cls, spec: Head | str | tuple | list | Mapping) -> Head:
+        """A Head from "cross:1:0" (what every function prints), ("cross", 1, 0), a Head, a table row or dict with
+        kind / layer / head_index, or the module-path spelling "dec.1.cross_attn.head.0" (older attributions);
+        a ValueError naming the spelling otherwise."""
         if isinstance(spec, Head):
             return spec
         if isinstance(spec, str):
-            parts = spec.strip().split(":")
+            text = spec.strip()
+            parts = text.split(":")
             if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and parts[0] in _BLOCK:
                 return cls(parts[0], int(parts[1]), int(parts[2]))  # type: ignore[arg-type]
+            dotted = text.split(".")
+            if len(dotted) == 5 and dotted[3] == "head" and dotted[1].isdigit() and dotted[4].isdigit():
+                kind = kind_of(text)
+                if kind is not None:
+                    return cls(kind, int(dotted[1]), int(dotted[4]))
             raise ValueError(f"head {spec!r} is not kind:layer:head with kind in {KINDS}")
+        if isinstance(spec, Mapping) or hasattr(spec, "keys") and hasattr(spec, "__getitem__"):
+            keys = set(spec.keys())
+            index = "head_index" if "head_index" in keys else "head"
+            if {"kind", "layer", index} <= keys:
+                return cls.parse((spec["kind"], spec["layer"], spec[index]))
+            raise ValueError(f"head {dict(spec)!r} lacks kind, layer and head_index")
         if isinstance(spec, (tuple, list)) and len(spec) == 3:
             kind, layer, head = spec
-            if isinstance(layer, str) and layer.isdigit():
-                layer = int(layer)
-            if isinstance(head, str) and head.isdigit():
-                head = int(head)
+            layer, head = (int(x) if isinstance(x, str) and x.isdigit() or _is_integral(x) else x
+                           for x in (layer, head))
             return cls(kind, layer, head)
         raise ValueError(f"head {spec!r} is not 'kind:layer:head' or a (kind, layer, head) tuple")
 

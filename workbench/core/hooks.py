@@ -26,10 +26,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 """TransformerLens's signature: fn(tensor, hook) -> replacement tensor, or None to keep it."""
@@ -42,11 +44,58 @@ _ACTIVE: contextvars.ContextVar[dict[HookPoint, tuple[HookFn, ...]] | None] = co
     "workbench_hooks", default=None
 )
 _ACTIVE_COUNT = 0  # number of open hook contexts in the process; 0 = nothing can listen
+
+
+@dataclass(frozen=True)
+class DecodingStep:
+    """Where a search stands while its decoder runs: what a hook sees as `hook.decoding` during generation.
+
+    Row r of the activation decodes input sentence `sentences[r]` (an index into the batch given to the
+    search) on its beam `beams[r]` (0 in greedy search); `step` is the decoder position being computed (0 reads
+    the start token). None outside a search, and for the encoder (which runs once, before step 0)."""
+
+    step: int
+    sentences: torch.Tensor  # (rows,) long
+    beams: torch.Tensor  # (rows,) long
+
+
+_DECODING: contextvars.ContextVar[DecodingStep | None] = contextvars.ContextVar("workbench_decoding", default=None)
+
+
+@contextlib.contextmanager
+def decoding_step(step: int, sentences: torch.Tensor, beams: torch.Tensor) -> Iterator[None]:
+    """Mark the block as one decoding step (the searches wrap each decoder call in it)."""
+    token = _DECODING.set(DecodingStep(step, sentences, beams))
+    try:
+        yield
+    finally:
+        _DECODING.reset(token)
 _COUNT_LOCK = threading.Lock()
 
 
+# torch's process-wide hook dicts (`register_module_forward_hook` ...): mutated in place, never rebound, so
+# reading them through these names is one global lookup
+_GLOBAL_FORWARD, _GLOBAL_PRE = _nn._global_forward_hooks, _nn._global_forward_pre_hooks
+_GLOBAL_BACKWARD, _GLOBAL_BACKWARD_PRE = _nn._global_backward_hooks, _nn._global_backward_pre_hooks
+
+
+def observed(module: nn.Module) -> bool:
+    """True when plain PyTorch machinery watches `module`: a forward or backward (pre-)hook registered on it
+    or on every module (`register_module_forward_hook`), or a `forward` replaced on the instance (nnsight's
+    way in). Code that would bypass the module's call for speed (fused projections, the hook points' fast
+    call) asks this first and calls the module through `nn.Module.__call__` when it is True."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+                or module._backward_hooks or module._backward_pre_hooks or _GLOBAL_FORWARD or _GLOBAL_PRE
+                or _GLOBAL_BACKWARD or _GLOBAL_BACKWARD_PRE)
+
+
 class HookPoint(nn.Module):
-    """Identity at a named place in the forward pass; active hooks may read or replace the tensor."""
+    """Identity at a named place in the forward pass; active hooks may read or replace the tensor.
+
+    Two ways in, which compose: the workbench's call-scoped `hooks()` (below), and plain PyTorch hooks
+    (`register_forward_hook`, `register_forward_pre_hook`, nnsight's instrumented `forward`), which see the
+    tensor after the call-scoped hooks ran and may replace it in turn.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,12 +106,27 @@ class HookPoint(nn.Module):
             return x
         return _run_hooks(self, x)
 
-    # Skip nn.Module.__call__'s hook machinery: these run hundreds of times per forward.
-    __call__ = forward
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # nn.Module.__call__'s machinery costs ~1 µs and these run hundreds of times per forward: take it only
+        # when a plain PyTorch hook (or a replaced forward) is there to see the call; the test is a few dict reads
+        if (self._forward_hooks or self._forward_pre_hooks or _GLOBAL_FORWARD or _GLOBAL_PRE
+                or "forward" in self.__dict__ or self._backward_hooks or _GLOBAL_BACKWARD):
+            return nn.Module.__call__(self, x)
+        if _ACTIVE_COUNT == 0:
+            return x
+        return _run_hooks(self, x)
 
     def is_active(self) -> bool:
-        """True when a hook in the current context listens here (lets attention pick its path)."""
-        return _ACTIVE_COUNT != 0 and _listens(self)
+        """True when a hook in the current context, or a plain PyTorch hook, listens here (lets attention
+        and the norms pick their path)."""
+        return ((_ACTIVE_COUNT != 0 and _listens(self)) or bool(
+            self._forward_hooks or self._forward_pre_hooks or _GLOBAL_FORWARD or _GLOBAL_PRE
+            or "forward" in self.__dict__))
+
+    @property
+    def decoding(self) -> DecodingStep | None:
+        """During generation, the step and each row's sentence and beam (see `DecodingStep`); else None."""
+        return _DECODING.get()
 
     def extra_repr(self) -> str:
         return self.name

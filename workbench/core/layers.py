@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,11 +82,37 @@ class FeedForward(nn.Module):
         return self.hook_out(self.down_proj(self.act_dropout(hidden)))
 
 
+@dataclass(frozen=True, eq=False)
+class Sublayer:
+    """One residual line of a layer, as the layer publishes it: the block that writes into the stream, its norm
+    (pre-norm: before the block; post-norm: after the add) and the stream hook points around it. Analyses
+    name hook points through these references (`sub.block.hook_out.name`), never by spelling paths."""
+
+    name: str  # "self_attn", "cross_attn" or "ffn"
+    block: nn.Module  # MultiHeadAttention or FeedForward
+    norm: LayerNorm
+    hook_norm: HookPoint
+    hook_resid: HookPoint  # the stream after this sub-layer has written (and, post-norm, been normalised)
+
+    @property
+    def is_attention(self) -> bool:
+        return isinstance(self.block, MultiHeadAttention)
+
+
+class _Layer(nn.Module):
+    SUBLAYERS: tuple[str, ...] = ()
+
+    def sublayers(self) -> list[Sublayer]:
+        """The layer's residual lines in the order they write."""
+        return [Sublayer(name, getattr(self, name), getattr(self, f"{name}_norm"), getattr(self, f"hook_norm_{name}"),
+                         getattr(self, f"hook_resid_{name}")) for name in self.SUBLAYERS]
+
+
 def _attention(cfg: ModelConfig, stack: str) -> MultiHeadAttention:
     return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.heads(stack), bias=cfg.bias, dropout=cfg.attn_dropout)
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(_Layer):
     """Self-attention then feed-forward, each one residual line.
 
     hook_norm_{sub} is the {sub} norm's output. Pre-norm (norm_first): that is the sub-layer's
@@ -93,6 +121,8 @@ class EncoderLayer(nn.Module):
     hook_resid_{sub} hold the same tensor (the norm hook runs first; an edit there reaches the
     resid hook and the rest of the model).
     """
+
+    SUBLAYERS = ("self_attn", "ffn")
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -123,9 +153,11 @@ class EncoderLayer(nn.Module):
         return x
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_Layer):
     """Self-attention, cross-attention, feed-forward; hook_norm_* / hook_resid_* as in EncoderLayer
     (post-norm: each hook_norm_{sub} holds the same tensor as hook_resid_{sub})."""
+
+    SUBLAYERS = ("self_attn", "cross_attn", "ffn")
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

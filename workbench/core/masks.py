@@ -30,3 +30,22 @@ def causal_mask(length: int, device: torch.device | str | None = None, offset: i
     q = torch.arange(offset, offset + length, device=device)[:, None]
     k = torch.arange(offset + length, device=device)[None, :]
     return k <= q
+
+
+def target_lengths(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B,) real positions of right-padded decoder inputs: through the last non-padding id, and never fewer than 1.
+
+    Position 0 is the decoder start token, real even when it is the padding id (Marian starts with pad), so
+    `tgt != pad_id` is not the mask of a decoder input; this is.
+    """
+    if tgt.dim() != 2:
+        raise ValueError(f"decoder inputs must be (batch, length), got shape {tuple(tgt.shape)}")
+    index = torch.arange(1, tgt.size(1) + 1, device=tgt.device)
+    return ((tgt != pad_id) * index).amax(1).clamp(min=1)
+
+
+def real_positions(ids: torch.Tensor, pad_id: int, *, decoder: bool) -> torch.Tensor:
+    """(B, L) bool, True on real positions: sources by their ids, decoder inputs by `target_lengths`."""
+    if not decoder:
+        return ids != pad_id
+    return torch.arange(ids.size(1), device=ids.device)[None, :] < target_lengths(ids, pad_id)[:, None]

@@ -23,7 +23,7 @@ from .attention import KVCache
 from .config import ModelConfig
 from .embedding import Positions, init_embedding
 from .hooks import HookFn, HookPoint, NameFilter, hooks, name_hook_points, select_names
-from .layers import DecoderLayer, Dropout, EncoderLayer, LayerNorm
+from .layers import DecoderLayer, Dropout, EncoderLayer, LayerNorm, Sublayer
 from .masks import padding_mask
 from .trace import Trace
 
@@ -58,6 +58,35 @@ class DecoderCache:
             [None if kv is None else kv.index_select(index) for kv in self.self_kv],
             [kv.index_select(index) for kv in self.cross_kv],
         )
+
+
+@dataclass(frozen=True, eq=False)
+class Stream:
+    """One stack's residual stream, described once: the embedding that starts it, the layers whose sub-layers
+    write into it (`Sublayer`), the final norm and the hook point where it ends. Analyses walk this instead of
+    spelling hook names (`model.stream("dec").layers[1].cross_attn.hook_k.name`)."""
+
+    stack: str  # "enc" or "dec"
+    side: str  # "src" or "tgt": which ids it reads
+    hook_tok: HookPoint
+    hook_pos: HookPoint
+    emb_norm: LayerNorm | None
+    hook_embed: HookPoint
+    layers: nn.ModuleList
+    final_norm: LayerNorm | None
+    hook_out: HookPoint  # hook_memory / hook_dec_out: after the final norm
+
+    def sublayers(self, layers: int | None = None) -> list[tuple[int, Sublayer]]:
+        """(layer index, sub-layer) in the order they write, through the first `layers` layers (all: None)."""
+        n = len(self.layers) if layers is None else layers
+        return [(i, sub) for i in range(n) for sub in self.layers[i].sublayers()]
+
+    def resid(self, layers: int) -> HookPoint:
+        """The stream after the first `layers` layers: the embedding for 0; the stack's output (after its final
+        norm) for all of them; else that layer's `hook_resid_ffn`."""
+        if layers == len(self.layers):
+            return self.hook_out
+        return self.layers[layers - 1].hook_resid_ffn if layers else self.hook_embed
 
 
 class Transformer(nn.Module):
@@ -114,6 +143,16 @@ class Transformer(nn.Module):
         init_embedding(self.src_embed, self.cfg.d_model, self.cfg.pad_id)
         if self.tgt_embed is not self.src_embed:
             init_embedding(self.tgt_embed, self.cfg.d_model, self.cfg.pad_id)
+
+    def stream(self, stack: str) -> Stream:
+        """The encoder ("enc") or decoder ("dec") residual stream: see `Stream`."""
+        if stack == "enc":
+            return Stream("enc", "src", self.hook_src_tok, self.hook_src_pos, self.src_emb_norm, self.hook_src_embed,
+                          self.enc, self.enc_norm, self.hook_memory)
+        if stack == "dec":
+            return Stream("dec", "tgt", self.hook_tgt_tok, self.hook_tgt_pos, self.tgt_emb_norm, self.hook_tgt_embed,
+                          self.dec, self.dec_norm, self.hook_dec_out)
+        raise ValueError(f"stack must be 'enc' or 'dec', got {stack!r}")
 
     # -- hook-point discovery ---------------------------------------------------------------
     @property

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
-from ..core.model import DecoderCache, Transformer
+from ..core.hooks import decoding_step
+from ..core.model import DecoderCache, Encoded, Transformer
 from ..core.trace import Trace
 
 NEG_INF = float("-inf")
@@ -221,7 +222,7 @@ class _Recorder:
                 tensors[name] = probs.cpu()
             else:  # cross-attention
                 tensors[name] = torch.stack([calls[s][rows[s], :, 0, :src_len] for s in range(steps)], 1)[None].cpu()
-        tgt = torch.tensor([[cfg.start_id, *tokens[:-1]]], dtype=torch.long)
+        tgt = torch.tensor([decoder_input(tokens, cfg.start_id)], dtype=torch.long)
         return Trace(tensors, src=src[sentence : sentence + 1, :src_len].cpu(), tgt=tgt)
 
 
@@ -236,12 +237,14 @@ def greedy(
     *,
     trace: bool = False,
     check_every: int | None = None,
+    encoded: Encoded | None = None,
     **options,
 ) -> Generation:
     """Arg-max decoding of a (B, S) source batch; scores are normalised as beam search's are.
 
     Settings come from `config` (a DecodeConfig; its beam and n_best are ignored) with keyword
-    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields.
+    `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields. `encoded`: the encoder's output
+    for `src`, computed before (`model.encode(src)`), so runs that edit only the decoder reuse it.
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -255,14 +258,15 @@ def greedy(
 
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
-        encoded = model.encode(src)
+        encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
         cache = model.start_cache(encoded)
         sent = torch.arange(batch, device=src.device)
         tokens = torch.full((batch, 1), model.cfg.start_id, dtype=torch.long, device=src.device)
         scores = torch.zeros(batch, device=src.device)
         ended_at = torch.full((batch,), -1, dtype=torch.long, device=src.device)
         for step in range(horizon + 1):
-            logits, cache = model.decode(tokens[:, -1:], encoded, cache)
+            with decoding_step(step, sent, torch.zeros_like(sent)):
+                logits, cache = model.decode(tokens[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, tokens[:, 1:], step, limits, cfg, eos=eos, pad=pad, first_limit=first_limit)
             best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
@@ -318,6 +322,14 @@ def _complete(results: list) -> list[list[Hypothesis]]:
     if missing:  # the length limit forces EOS, so this is a bug, not bad input
         raise RuntimeError(f"decoding ended without a hypothesis for sentences {missing[:10]}")
     return results
+
+
+def _check_encoded(encoded: Encoded, src: torch.Tensor) -> Encoded:
+    """`encoded` when it can be the encoder's output for `src` (batch and length agree), else a ValueError."""
+    if tuple(encoded.memory.shape[:2]) != tuple(src.shape):
+        raise ValueError(f"encoded memory {tuple(encoded.memory.shape)} does not belong to a source batch of shape "
+                         f"{tuple(src.shape)}")
+    return encoded
 
 
 def _check_model(model: Transformer, src: torch.Tensor) -> None:
@@ -439,12 +451,13 @@ def beam_search(
     record_steps: bool = False,
     trace: bool = False,
     check_every: int | None = None,
+    encoded: Encoded | None = None,
     **options,
 ) -> Generation:
     """Beam search over a (B, S) source batch; see the module docstring for the search rules.
 
     Settings come from `config` (a DecodeConfig) with keyword `options` (beam=, n_best=, alpha=, ...)
-    overriding its fields.
+    overriding its fields. `encoded`: the encoder's output for `src` when already computed (as `greedy`).
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -460,7 +473,7 @@ def beam_search(
 
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
-        encoded = model.encode(src)
+        encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
         cache = model.start_cache(encoded)
         expand = torch.arange(batch, device=dev).repeat_interleave(K)
         encoded = encoded.index_select(expand)
@@ -468,7 +481,9 @@ def beam_search(
         beams = _Beams.start(limits, K, horizon + 1, start_id=model.cfg.start_id, pad=pad)  # width: tokens + EOS
 
         for step in range(horizon + 1):
-            logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
+            live = beams.sent.size(0)
+            with decoding_step(step, beams.sent.repeat_interleave(K), torch.arange(K, device=dev).repeat(live)):
+                logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, beams.alive[:, 1:], step, beams.limits_rows, cfg, eos=eos, pad=pad,
                               first_limit=first_limit)

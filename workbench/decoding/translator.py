@@ -26,7 +26,7 @@ import torch
 
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.tokenizer import Tokenizer
-from ..core.batching import pad_sequences, token_batches
+from ..core.batching import TeacherForced, decoder_input, pad_sequences, teacher_forced, token_batches
 from ..core.config import DecodeConfig, config_keys
 from ..core.model import Transformer
 from ..core.trace import Trace
@@ -74,6 +74,7 @@ class TranslationModel:
         decode: DecodeConfig | None = None,
         append_eos: bool = True,
         meta: dict[str, Any] | None = None,
+        alignment: dict[str, Any] | None = None,
     ) -> None:
         self.model = model.eval()
         self.src_tokenizer = src_tokenizer
@@ -81,6 +82,7 @@ class TranslationModel:
         self.decode_config = decode or DecodeConfig()
         self.append_eos = append_eos
         self.meta = dict(meta or {})
+        self.alignment = alignment  # the checkpoint's alignment.json (workbench.analysis.word_align.AlignmentSpec)
 
     @classmethod
     def from_checkpoint(
@@ -96,7 +98,7 @@ class TranslationModel:
         if decode is None:
             decode = decode_config_from_meta(generation)
         return cls(ckpt.model, ckpt.src_tokenizer, ckpt.tgt_tokenizer, decode=decode, append_eos=append_eos,
-                   meta={"path": str(ckpt.path), **ckpt.meta})
+                   meta={"path": str(ckpt.path), **ckpt.meta}, alignment=ckpt.alignment)
 
     @property
     def device(self) -> torch.device:
@@ -153,6 +155,29 @@ class TranslationModel:
         results = self._translate(list(texts), cfg, traces=return_traces)
         return results if rich else [r.text for r in results]
 
+    def encode_batch(self, sources: Sequence[str], outputs: Sequence[str | Sequence[int]] | None = None
+                     ) -> TeacherForced:
+        """Sentences as one padded batch on the model's device, ready for `model(b.src, b.tgt_in)` and
+        `run_with_cache`: sources encoded as `translate` encodes them (EOS appended, cut to fit), outputs (texts, or
+        id lists ending with EOS) shifted into decoder inputs; lengths say which positions are real. Without
+        outputs, `tgt_in`/`tgt_out`/`tgt_lengths` are None (decode the sources first for the model's own outputs)."""
+        if isinstance(sources, str):
+            raise TypeError("encode_batch takes a list of sentences; wrap a single one in a list")
+        if outputs is not None and len(outputs) != len(sources):
+            raise ValueError(f"{len(sources)} sources but {len(outputs)} outputs")
+        src_ids = [self.encode_source(t, where=f"sentence {i}")[0] for i, t in enumerate(sources)]
+        empty = [i for i, ids in enumerate(src_ids) if not ids]
+        if empty:
+            raise ValueError(f"sentences {empty[:5]} are empty: nothing to encode")
+        cfg = self.model.cfg
+        if outputs is None:
+            src = pad_sequences(src_ids, cfg.pad_id, device=self.device)
+            lengths = torch.tensor([len(r) for r in src_ids], device=self.device)
+            return TeacherForced(src, None, None, lengths, None)
+        out_ids = [[*self.tgt_tokenizer.encode(o)[: cfg.max_positions - 1], cfg.eos_id] if isinstance(o, str)
+                   else [int(i) for i in o] for o in outputs]
+        return teacher_forced(src_ids, out_ids, pad_id=cfg.pad_id, start_id=cfg.start_id, device=self.device)
+
     def trace(self, text: str, *, target: str | Sequence[int] | None = None, **options: Any) -> Translation:
         """A sentence in; its translation, whole-generation attention trace and notes out.
 
@@ -205,7 +230,7 @@ class TranslationModel:
         if not src_ids or not out_ids:
             raise ValueError(f"score needs a non-empty source and output, got {len(src_ids)} and {len(out_ids)} ids")
         src = torch.tensor([src_ids], dtype=torch.long, device=self.device)
-        tgt_in = torch.tensor([[cfg.start_id, *out_ids[:-1]]], dtype=torch.long, device=self.device)
+        tgt_in = torch.tensor([decoder_input(out_ids, cfg.start_id)], dtype=torch.long, device=self.device)
         with torch.no_grad():
             if trace:
                 logits, captured = self.model.run_with_cache(src, tgt_in, "*.hook_probs", device="cpu")

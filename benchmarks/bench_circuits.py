@@ -1,0 +1,118 @@
+"""Circuit discovery on the shipped models: EAP and EAP-IG against exact edge patching, and circuit faithfulness.
+
+    .venv/bin/python benchmarks/bench_circuits.py [--pairs 16] [--exact-pairs 6] [--edges 500]
+                                                  [--out benchmarks/results/circuits_cpu.json]
+
+Four contrastive sets built from Multi30k test2016 (and val where test2016 has too few) with same-length sources:
+  nouns      de->en (multi30k-de-en): one German noun swapped (contrast.noun_swaps)
+  number_de  de->en: a singular subject and its plural ("Der Mann" / "Die Männer"; contrast.NUMBER_DE)
+  gender_en  en->de (general-en-de): "a man" / "a woman" etc.: the German article's gender (contrast.GENDER_EN)
+  number_en  en->de: "the dog" / "the dogs" etc.: the German article's number (contrast.NUMBER_EN)
+Metric: logit difference of the clean vs the corrupted output token at the first position where the greedy
+translations differ. Per set: EAP and EAP-IG scores over --pairs pairs (timed); the Spearman correlation of each with
+exact edge patching (metric with one edge patched minus clean, frozen-norm model) on --edges edges sampled uniformly
+from the valid edges, over the first --exact-pairs pairs; normalised faithfulness of greedy circuits of 1, 2, 5, 10
+and 20 % of the edges, next to 5 random circuits of the same size each. `discovery_seconds`: EAP-IG scores plus the
+circuit evaluations, the whole discovery for one set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from scipy.stats import spearmanr
+
+from workbench import load
+from workbench.analysis.circuits import EdgeGraph, circuit_faithfulness, edge_patching, edge_scores
+from workbench.analysis.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def lines(name: str) -> list[str]:
+    return (DATA / name).read_text(encoding="utf-8").splitlines()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=16)
+    ap.add_argument("--exact-pairs", type=int, default=6)
+    ap.add_argument("--edges", type=int, default=500)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--sets", default="nouns,number_de,gender_en,number_en")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "circuits_cpu.json"))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    de_en = load(ROOT / "checkpoints" / "multi30k-de-en")
+    en_de = load(ROOT / "checkpoints" / "general-en-de")
+    de = lines("test_2016_flickr.de") + lines("val.de")
+    en = lines("test_2016_flickr.en") + lines("val.en")
+    builders = {
+        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs)),
+        "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs)),
+        "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs)),
+        "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs)),
+    }
+    result = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
+              "pairs": args.pairs, "exact_pairs": args.exact_pairs, "sampled_edges": args.edges, "ig_steps": args.steps,
+              "sets": {}}
+    for name in args.sets.split(","):
+        tm, build = builders[name]
+        model = tm.model
+        t0 = time.perf_counter()
+        pairs = build()
+        built = time.perf_counter() - t0
+        graph = EdgeGraph(model)
+        entry = {"model": "multi30k-de-en" if tm is de_en else "general-en-de",
+                 "pairs": len(pairs), "build_seconds": built, "edges": graph.n_edges,
+                 "examples": [{"clean": p.text, "corrupted": p.corrupted_text, "good": tm.detokenize([p.good]),
+                               "bad": tm.detokenize([p.bad])} for p in pairs[:5]]}
+        scores = {}
+        for method in ("eap", "eap-ig"):
+            t = time.perf_counter()
+            scores[method] = edge_scores(model, pairs, method=method, steps=args.steps)
+            entry[f"{method}_seconds"] = time.perf_counter() - t
+        # agreement with exact edge patching, on the same pairs for both sides
+        sub = pairs[: args.exact_pairs]
+        g = torch.Generator().manual_seed(0)
+        all_edges = graph.edges()
+        sample = [all_edges[i] for i in torch.randperm(len(all_edges), generator=g)[: args.edges].tolist()]
+        t = time.perf_counter()
+        exact = edge_patching(model, sub, sample)
+        entry["exact_seconds"] = time.perf_counter() - t
+        idx = tuple(torch.tensor(sample).T)
+        for method in ("eap", "eap-ig"):
+            est = edge_scores(model, sub, method=method, steps=args.steps).scores[idx]
+            entry[f"{method}_spearman"] = float(spearmanr(est.numpy(), exact.numpy()).statistic)
+        # circuits
+        entry["circuits"] = {}
+        t = time.perf_counter()
+        for method in ("eap", "eap-ig"):
+            for absolute in (False, True):
+                rows = []
+                for frac in (0.01, 0.02, 0.05, 0.10, 0.20):
+                    f = circuit_faithfulness(model, pairs, scores[method], max(1, int(frac * graph.n_edges)),
+                                             random_circuits=5, absolute=absolute)
+                    rows.append({k: f[k] for k in ("n_edges", "fraction", "faithfulness", "random_faithfulness")})
+                    entry.update(clean=f["clean"], corrupted_frozen=f["corrupted"],
+                                 corrupted_real=f["real_corrupted"])
+                entry["circuits"][method + ("_abs" if absolute else "")] = rows
+        entry["circuit_seconds"] = time.perf_counter() - t
+        entry["discovery_seconds"] = entry["eap-ig_seconds"] + entry["circuit_seconds"] / 4
+        top = graph.greedy_edges(scores["eap-ig"].scores, int(0.05 * graph.n_edges))
+        entry["top_edges_eap_ig"] = [graph.edge_name(e) for e in top[:15]]
+        result["sets"][name] = entry
+        print(name, json.dumps({k: v for k, v in entry.items() if k not in ("examples", "top_edges_eap_ig")}),
+              flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

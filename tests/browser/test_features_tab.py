@@ -1,0 +1,70 @@
+"""The Features tab in Chromium: a dictionary shipped with the checkpoint shows the sentence's features and a
+feature's dashboard; the feature id is in the URL, and a link with ?feature= opens on that feature. Screenshots
+go to $FEATURES_SHOTS when set."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from test_app import TIMEOUT, open_app, submit
+
+from workbench.corpus.data import ParallelData, load_dataset
+from workbench.decoding.translator import load
+from workbench.features import DictionaryConfig, SparseDictionary
+from workbench.features.stats import corpus_feature_stats
+
+TITLE_JS = """() => { const v = [...Bokeh.index.all_views()].filter(
+    v => v.model.name === 'feature_output_tokens' && v.el.isConnected);
+    return v.length === 1 ? v[0].model.title.text : null; }"""
+
+
+def _ship_dictionary(checkpoint: Path) -> None:
+    tm = load(checkpoint)
+    torch.manual_seed(0)
+    d = SparseDictionary(DictionaryConfig("hook_memory", tm.model.cfg.d_model, 48, k=4, model_name="demo"))
+    src, tgt = load_dataset("multi30k", "valid", "de", "en", limit=40)
+    stats = corpus_feature_stats(tm, d, ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer), top=4,
+                                 meta={"corpus": "multi30k:valid"})
+    d.save(checkpoint / "features" / "hook_memory")
+    stats.save(checkpoint / "features" / "hook_memory" / "stats.safetensors")
+
+
+def _shot(page, name: str) -> None:
+    folder = os.environ.get("FEATURES_SHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def test_features_tab_dashboard_and_link(page, app_server):
+    checkpoint = Path(app_server.log).parent / "demo"
+    if not (checkpoint / "features" / "hook_memory" / "stats.safetensors").is_file():
+        _ship_dictionary(checkpoint)
+    watch = open_app(page, app_server + "?ckpt=demo")
+    submit(page, "Ein Hund läuft durch den Park.")
+    page.locator(".main-tabs").get_by_text("Features", exact=True).click()
+    page.locator(".features-sentence").get_by_text("Hund").wait_for(timeout=TIMEOUT)
+    page.wait_for_function(f"({TITLE_JS})() !== null", timeout=TIMEOUT)
+    _shot(page, "features_tab.png")
+    # a feature id typed in: its dashboard, and the URL names it
+    box = page.locator(".features-id input")
+    box.fill("5")
+    box.press("Enter")
+    page.wait_for_function("() => window.location.search.includes('feature=5')", timeout=TIMEOUT)
+    page.get_by_text("feature #5").wait_for(timeout=TIMEOUT)
+    # search by token lists the features whose contexts fire on it
+    search = page.locator(".features-search input")
+    search.fill("Hund")
+    search.press("Enter")
+    page.locator(".features-hits").wait_for(timeout=TIMEOUT)
+    assert page.locator(".view-error").count() == 0
+    assert watch.errors == [] and watch.external == []
+    # a link with ?feature= opens on that feature
+    watch = open_app(page, app_server + "?ckpt=demo&feature=7&site=hook_memory")
+    page.locator(".main-tabs").get_by_text("Features", exact=True).click()
+    page.get_by_text("feature #7").wait_for(timeout=TIMEOUT)
+    _shot(page, "features_tab_link.png")
+    assert page.locator(".view-error").count() == 0
+    assert watch.errors == [] and watch.external == []

@@ -1,0 +1,115 @@
+"""Circuit discovery (workbench.analysis.circuits): the frozen-norm graph model reproduces the clean and corrupted
+runs, EAP is exact where the model is linear and agrees with exact edge patching elsewhere, circuits are scored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_helpers import ROOT, SHARED_DATA, make_model
+from scipy.stats import spearmanr
+
+from workbench import presets
+from workbench.analysis.circuits import (
+    EdgeGraph,
+    Pair,
+    _Frozen,
+    circuit_faithfulness,
+    circuit_metric,
+    edge_patching,
+    edge_scores,
+)
+
+
+def _pairs(cfg, n=2, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        src = torch.randint(4, cfg.src_vocab, (1, 7), generator=g)
+        src[0, -1] = cfg.eos_id
+        bad = src.clone()
+        bad[0, 2] = (src[0, 2] + 7) % (cfg.src_vocab - 4) + 4
+        tgt = torch.randint(4, cfg.tgt_vocab, (1, 5), generator=g)
+        tgt[0, 0] = cfg.start_id
+        out.append(Pair(src, bad, tgt, 3, 10, 11))
+    return out
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["post-norm", "pre-norm"])
+def model(request):
+    return make_model(presets.tiny(vocab=40, norm_first=request.param), seed=1)
+
+
+def test_graph_splits_cross_attention_into_query_and_key_value(model):
+    g = EdgeGraph(model)
+    enc = [i for i, s in enumerate(g.senders) if s == "src_embed" or s.startswith(("enc", "enc_self"))]
+    dec = [i for i in range(len(g.senders)) if i not in enc]
+    for r, name in enumerate(g.receivers):
+        if name.startswith("cross:") and name[-1] in "kv":
+            assert g.valid[enc, r].all() and not g.valid[dec, r].any(), name
+        elif name.startswith(("cross:", "dec", "logits")):
+            assert not g.valid[enc, r].any(), name
+    # each cross head has three receivers; edges into the first decoder layer's self-attention: the embedding only
+    assert sum(n.startswith("cross:0:0.") for n in g.receivers) == 3
+    assert g.valid[:, g.r_index["dec_self:0:0.q"]].nonzero()[:, 0].tolist() == [g.s_index["tgt_embed"]]
+
+
+def test_frozen_model_reproduces_clean_and_corrupted(model):
+    g = EdgeGraph(model)
+    net = _Frozen(model, g, _pairs(model.cfg)[0])
+    net.prepare()
+    with torch.no_grad():
+        assert float(net.run()[0][0]) == pytest.approx(net.real_clean, abs=1e-5)
+        everything = torch.zeros(1, len(g.senders), len(g.receivers))
+        assert float(net.run(everything)[0][0]) == pytest.approx(net.corrupted_metric, abs=1e-5)
+        res = circuit_metric(model, [_pairs(model.cfg)[0]], [g.edges(), []])
+    assert res["normalized"].tolist() == pytest.approx([1.0, 0.0], abs=1e-4)
+
+
+def test_eap_is_exact_on_edges_into_the_logits_and_agrees_with_patching(model):
+    pairs = _pairs(model.cfg)
+    g = EdgeGraph(model)
+    eap = edge_scores(model, pairs, method="eap")
+    edges = g.edges()
+    exact = edge_patching(model, pairs, edges)
+    est = eap.scores[tuple(torch.tensor(edges).T)]
+    # the logits are linear in their input once the final norm is frozen: first order is exact there
+    into_logits = [k for k, (_, r) in enumerate(edges) if g.receivers[r] == "logits"]
+    assert torch.allclose(est[into_logits], exact[into_logits], atol=1e-5)
+    assert spearmanr(est.numpy(), exact.numpy()).statistic > 0.8
+    ig = edge_scores(model, pairs, method="eap-ig", steps=8)
+    assert spearmanr(ig.scores[tuple(torch.tensor(edges).T)].numpy(), exact.numpy()).statistic > 0.6
+    assert (eap.scores[~g.valid] == 0).all()
+
+
+def test_circuit_faithfulness_and_greedy_search(model):
+    pairs = _pairs(model.cfg)
+    scores = edge_scores(model, pairs, method="eap")
+    g = scores.graph
+    chosen = g.greedy_edges(scores.scores, 30)
+    assert 0 < len(chosen) <= 30
+    fed = {g.receiver_node(r) for _, r in chosen}
+    assert all(g.senders[u].endswith("_embed") or g.senders[u] in fed for u, _ in chosen)
+    assert any(g.receivers[r] == "logits" for _, r in chosen)
+    f = circuit_faithfulness(model, pairs, scores, 30, random_circuits=3)
+    assert f["n_edges"] == len(chosen) and len(f["random_faithfulness"]) == 3
+    with pytest.raises(ValueError, match="method"):
+        edge_scores(model, pairs, method="acdc")
+
+
+@pytest.mark.slow
+def test_shipped_number_pairs_eap_matches_exact_patching():
+    """Real Multi30k pairs (test2016, "Der Mann" -> "Die Männer") on the shipped de->en model: EAP against exact
+    edge patching on 120 sampled edges."""
+    from workbench import load
+    from workbench.analysis.contrast import NUMBER_DE, word_swaps
+
+    tm = load(ROOT / "checkpoints" / "multi30k-de-en")
+    texts = (SHARED_DATA / "multi30k" / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    pairs = word_swaps(tm, texts[:300], NUMBER_DE, max_pairs=2)
+    assert pairs and all(p.src.shape == p.corrupted_src.shape for p in pairs)
+    g = EdgeGraph(tm.model)
+    edges = g.edges()
+    sample = [edges[i] for i in torch.randperm(len(edges), generator=torch.Generator().manual_seed(0))[:120]]
+    exact = edge_patching(tm.model, pairs, sample)
+    est = edge_scores(tm.model, pairs, method="eap").scores[tuple(torch.tensor(sample).T)]
+    assert spearmanr(est.numpy(), exact.numpy()).statistic > 0.8

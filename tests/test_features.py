@@ -1,0 +1,227 @@
+"""Sparse dictionaries: SAELens loads them with the same maths, the sparse training path has dense autograd's
+gradients, the stream uses every activation once within a bounded buffer, training resumes exactly, and the
+evaluation's numbers hold for dictionaries whose answers are known (exact, zero)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from model_helpers import make_batch, make_model
+
+from workbench import presets
+from workbench.corpus.data import ParallelData
+from workbench.decoding.translator import TranslationModel
+from workbench.features import ActivationStream, DictionaryConfig, SparseDictionary, fvu, resolve_site, splice_hooks
+from workbench.features.sites import capture_site, site_rows
+from workbench.features.train import FeatureTrainConfig, FeatureTrainer
+
+CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+
+
+def _random_dictionary(architecture="topk", transcoder=False, d=16, n=64, k=5, seed=0):
+    torch.manual_seed(seed)
+    cfg = DictionaryConfig("dec.1.hook_resid_cross_attn" if transcoder else "hook_memory", d_in=d, d_sae=n,
+                           architecture=architecture, k=k, d_out=d if transcoder else None,
+                           hook_name_out="dec.1.ffn.hook_out" if transcoder else None, model_name="tiny")
+    dic = SparseDictionary(cfg)
+    with torch.no_grad():
+        dic.b_enc.normal_(0, 0.1)
+        dic.b_dec.normal_()
+    return dic
+
+
+@pytest.mark.parametrize("architecture,transcoder", [("topk", False), ("relu", False), ("relu", True)])
+def test_sae_lens_loads_the_same_dictionary(tmp_path, architecture, transcoder):
+    sae_lens = pytest.importorskip("sae_lens")
+    dic = _random_dictionary(architecture, transcoder)
+    dic.save(tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "cfg.json").read_text())
+    assert cfg["architecture"] == {"topk": "topk", "relu": "transcoder" if transcoder else "standard"}[architecture]
+    sae = sae_lens.SAE.load_from_disk(tmp_path / "d")
+    assert sae.cfg.metadata.hook_name == dic.cfg.hook_name
+    if transcoder:
+        assert sae.cfg.metadata.hook_name_out == "dec.1.ffn.hook_out" and sae.cfg.d_out == 16
+    x = torch.randn(40, 16) * 3
+    with torch.no_grad():
+        ours, theirs = dic.encode(x), sae.encode(x)
+        assert torch.allclose(ours, theirs, atol=1e-5)
+        assert int((ours > 0).sum(-1).max()) <= (5 if architecture == "topk" else 64)
+        assert torch.allclose(dic.decode(ours), sae.decode(theirs), atol=1e-5)
+    again = SparseDictionary.load(tmp_path / "d")
+    assert again.cfg.to_sae_lens() == dic.cfg.to_sae_lens()
+    assert torch.equal(again.encode(x), dic.encode(x))
+
+
+def test_bad_dictionary_directory_is_one_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cfg.json"):
+        SparseDictionary.load(tmp_path)
+    _random_dictionary().save(tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "cfg.json").read_text())
+    (tmp_path / "d" / "cfg.json").write_text(json.dumps(cfg | {"d_sae": 65}))
+    with pytest.raises(ValueError, match="do not match"):
+        SparseDictionary.load(tmp_path / "d")
+    (tmp_path / "d" / "cfg.json").write_text(json.dumps(cfg | {"architecture": "gated"}))
+    with pytest.raises(ValueError, match="gated"):
+        SparseDictionary.load(tmp_path / "d")
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_sparse_training_path_matches_dense_autograd(transcoder):
+    dic = _random_dictionary("topk", transcoder)
+    x = torch.randn(50, 16)
+    dead = torch.zeros(64, dtype=torch.bool)
+    dead[::3] = True
+    out = dic.training_forward(x, dead=dead, k_aux=8)
+    (out.recon.pow(2).sum() + out.aux_recon.pow(2).sum()).backward()
+    sparse = {k: p.grad.clone() for k, p in dic.named_parameters()}
+    dic.zero_grad()
+    # the same two reconstructions through dense autograd
+    pre = dic.pre_activations(x)
+    recon = dic.decode(dic.activate(pre))
+    masked = pre.masked_fill(~dead, float("-inf"))
+    v, i = masked.topk(8, dim=-1)
+    aux = torch.zeros_like(pre).scatter(-1, i, v.relu()) @ dic.W_dec
+    (recon.pow(2).sum() + aux.pow(2).sum()).backward()
+    assert torch.allclose(out.recon, recon, atol=1e-5) and torch.allclose(out.aux_recon, aux, atol=1e-5)
+    for k, p in dic.named_parameters():
+        assert torch.allclose(sparse[k], p.grad, atol=1e-4, rtol=1e-4), k
+
+
+def _tiny(tmp_path=None):
+    cfg = presets.tiny()
+    model = make_model(cfg)
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(3, 12, (60, 2), generator=g)
+    src = [torch.randint(4, cfg.src_vocab, (int(a),), generator=g).tolist() for a, _ in lens]
+    tgt = [torch.randint(4, cfg.tgt_vocab, (int(b),), generator=g).tolist() for _, b in lens]
+    return model, ParallelData(src, tgt)
+
+
+def test_sites_and_splicing(tiny_config):
+    model = make_model(tiny_config)
+    src, tgt = make_batch(tiny_config)
+    assert resolve_site(model, "hook_memory").side == "src"
+    ffn = resolve_site(model, "dec.1.ffn")
+    assert (ffn.hook_in, ffn.hook_out, ffn.side) == ("dec.1.hook_resid_cross_attn", "dec.1.ffn.hook_out", "tgt")
+    with pytest.raises(KeyError, match="closest"):
+        resolve_site(model, "hook_memroy")
+    with pytest.raises(ValueError, match="2 layers"):
+        resolve_site(model, "dec.5.ffn")
+    # the transcoder's input is what the FFN reads: feeding it to the FFN gives the FFN's output
+    acts = capture_site(model, src, tgt, ffn)
+    assert torch.allclose(model.dec[1].ffn(acts[ffn.hook_in]), acts[ffn.hook_out], atol=1e-6)
+    # splicing with the error term added back changes nothing; without it, the site holds the reconstruction
+    dic = SparseDictionary(DictionaryConfig(ffn.hook_in, 32, 64, k=4, d_out=32, hook_name_out=ffn.hook_out))
+    clean = model(src, tgt)
+    with model.hooks(splice_hooks(ffn, dic, error=True)):
+        assert torch.allclose(model(src, tgt), clean, atol=1e-5)
+    with model.hooks(splice_hooks(ffn, dic)):
+        spliced = capture_site(model, src, tgt, ffn)
+    assert torch.allclose(spliced[ffn.hook_out], dic(spliced[ffn.hook_in]), atol=1e-6)
+
+
+def test_stream_uses_every_activation_once_with_a_bounded_buffer():
+    model, data = _tiny()
+    site = resolve_site(model, "hook_memory")
+    stream = ActivationStream(model, data, site, buffer=64, batch=16, max_tokens=64, seed=1)
+    epoch = torch.cat([site_rows(model, data.collate(idx, model.cfg), site)[0]
+                       for idx in data.batches(64, seed=1, epoch=0)])
+    # stay inside the first epoch: what was read = handed out + the buffer's other half + a model batch's rest
+    seen = [stream.next_batch()[0] for _ in range((epoch.size(0) - 32 - 64) // 16)]
+    assert stream.epoch == 0
+    assert stream.buf.size(0) == 64 and (stream.pending is None or stream.pending.size(0) < 64 + 64)
+    rows = torch.cat(seen)
+    # each row handed out is a real activation of the epoch, none twice
+    match = torch.cdist(rows, epoch).argmin(1)
+    assert torch.allclose(rows, epoch[match], atol=1e-6)
+    assert match.unique().numel() == match.numel()
+
+
+def _train_cfg(tmp_path, **over):
+    return FeatureTrainConfig(**{"checkpoint": "tiny", "site": "hook_memory", "out_dir": str(tmp_path / "run"),
+                                 "d_sae": 64, "k": 4, "activations": 16 * 12, "batch": 16, "buffer": 64,
+                                 "max_tokens": 64, "warmup": 2, "log_every": 4, "progress": "none",
+                                 "dead_after": 40} | over)
+
+
+@pytest.mark.parametrize("architecture", ["topk", "relu"])
+def test_training_resumes_exactly(tmp_path, architecture):
+    model, data = _tiny()
+    tm = TranslationModel(model, None)
+    extra = {"architecture": architecture, "target_l0": 6.0} if architecture == "relu" else {}
+    whole = FeatureTrainer(_train_cfg(tmp_path / "a", **extra), translation_model=tm, data=data).fit()
+    first = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)
+    step = first.train_step
+
+    def interrupted_after_five(*args):  # Ctrl-C arrives during step 5: the loop stops after it and saves
+        out = step(*args)
+        if first.step == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    first.train_step = interrupted_after_five
+    first.fit()
+    assert first.interrupted and first.step == 5 and (tmp_path / "b" / "run" / "state.pt").is_file()
+    assert not (tmp_path / "b" / "run" / "dictionary").exists()
+    resumed = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)
+    assert resumed.step == 5
+    out = resumed.fit()
+    for (k, a), b in zip(whole.state_dict().items(), out.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert (tmp_path / "b" / "run" / "dictionary" / "cfg.json").is_file()
+    log = [json.loads(line) for line in (tmp_path / "b" / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [4, 8, 12] and all(r["fvu"] > 0 for r in log)
+    with pytest.raises(ValueError, match="--fresh"):
+        FeatureTrainer(_train_cfg(tmp_path / "b", k=5, **extra), translation_model=tm, data=data)
+
+
+def test_training_reduces_the_reconstruction_error(tmp_path):
+    model, data = _tiny()
+    tm = TranslationModel(model, None)
+    trainer = FeatureTrainer(_train_cfg(tmp_path, activations=16 * 150, lr=1e-2, log_every=10, k=8),
+                             translation_model=tm, data=data)
+    dic = trainer.fit()
+    x = torch.cat([site_rows(model, data.collate(idx, model.cfg), trainer.site)[0] for idx in data.batches(256)])
+    with torch.no_grad():
+        held = fvu(x, dic(x))
+        assert held < 0.4 * trainer.log[0]["fvu"]
+        assert held == pytest.approx(trainer.log[-1]["fvu"], abs=0.1)  # the logged batch FVU tells the truth
+        assert int((dic.encode(x) > 0).sum(-1).max()) <= 8
+
+
+def _exact_relu_sae(hook, d):
+    """relu(x) - relu(-x) = x: a ReLU SAE with 2d features that reconstructs exactly."""
+    dic = SparseDictionary(DictionaryConfig(hook, d_in=d, d_sae=2 * d, architecture="relu"))
+    eye = torch.eye(d)
+    with torch.no_grad():
+        dic.W_enc.copy_(torch.cat([eye, -eye], 1))
+        dic.W_dec.copy_(torch.cat([eye, -eye], 0))
+        dic.b_enc.zero_()
+        dic.b_dec.zero_()
+    return dic
+
+
+@pytest.mark.slow
+def test_evaluation_of_known_dictionaries_on_the_shipped_model(shared_data):
+    from workbench.decoding.translator import load
+    from workbench.features.evaluate import evaluate_dictionary
+
+    tm = load(CKPT)
+    exact = _exact_relu_sae("hook_memory", 128)
+    r = evaluate_dictionary(tm, exact, split="valid", bleu_split="test2016", limit=12, data_root=shared_data)
+    assert r["fvu"] == pytest.approx(0, abs=1e-10)
+    assert r["ce_spliced"] == pytest.approx(r["ce_clean"], abs=1e-5)
+    assert r["ce_recovered"] == pytest.approx(1.0, abs=1e-4) and r["ce_zero_ablated"] > r["ce_clean"] + 1
+    assert r["bleu_spliced"] == r["bleu_clean"] and r["beam"] == 5
+    # one of relu(x_i), relu(-x_i) is non-zero for each of the 128 coordinates
+    assert r["l0"] == pytest.approx(128, abs=0.5) and r["dead_frac"] == 0
+    zero = _exact_relu_sae("hook_memory", 128)
+    with torch.no_grad():
+        zero.W_dec.zero_()
+    r0 = evaluate_dictionary(tm, zero, split="valid", bleu_split=None, limit=12, data_root=shared_data)
+    # a zero reconstruction is the zero-ablation; FVU = Σ‖y‖² / Σ‖y - ȳ‖² > 1
+    assert r0["ce_recovered"] == pytest.approx(0.0, abs=1e-6) and r0["fvu"] > 1

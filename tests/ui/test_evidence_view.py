@@ -1,0 +1,63 @@
+"""The Evidence tab without a browser: on a real (tiny) checkpoint it draws the current sentence's alignment, the
+source share of every output token and a role for every head; the method picker changes the drawn weights."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bokeh.models import GlyphRenderer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+
+from workbench.analysis.sentence_evidence import sentence_evidence  # noqa: E402
+from workbench.ui import loader  # noqa: E402
+from workbench.ui.evidence_view import EvidenceView, checkpoint_roles, evidence_figure  # noqa: E402
+from workbench.ui.session import Session  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    entries, problems = loader.discover([root], default=None)
+    assert problems == []
+    return Session(entries, checkpoint="alpha", sentence="Ein Hund läuft im Schnee .")
+
+
+def _data(fig, name):
+    return fig.select_one({"name": name}).data_source.data
+
+
+def test_tab_draws_alignment_shares_and_roles(session):
+    view = EvidenceView(session=session)
+    view.show()
+    assert [type(o).__name__ for o in view.content] == ["Bokeh"]
+    fig = view.content[0].object
+    r = session.result
+    tm = session.translation_model()
+    ev = sentence_evidence(tm, r.request.sentence, r.text, method="weights")
+    assert _data(fig, "source_share")["share"] == pytest.approx(list(ev.shares))
+    assert sorted(set(_data(fig, "alignment_weights")["src"])) <= sorted(ev.src_words)
+    grids = [g for g in fig.select({"type": GlyphRenderer}) if (g.name or "").startswith("roles_")]
+    assert sorted(g.name for g in grids) == ["roles_cross", "roles_dec_self", "roles_enc_self"]
+    assert sum(len(g.data_source.data["roles"]) for g in grids) == 3 * 2 * 4  # every head of the 2+2-layer model
+    roles, where = checkpoint_roles(r.request.path, r.request.sentence, r.text)
+    assert checkpoint_roles(r.request.path, "x", "y")[0] is roles  # measured once per checkpoint
+    assert "Multi30k test2016" in where and "RWTH" in where and roles.diagonal_aer is not None
+
+
+def test_method_picker_and_roles_switch(session):
+    view = EvidenceView(session=session, roles=False)
+    view.show()
+    fig = view.content[0].object
+    weights = _data(fig, "alignment_weights")["w"]
+    assert not [g for g in fig.select({"type": GlyphRenderer}) if (g.name or "").startswith("roles_")]
+    view.method = "ALTI+ contributions"
+    alti = _data(view.content[0].object, "alignment_weights")["w"]
+    assert not np.allclose(sorted(weights), sorted(alti)) or len(weights) != len(alti)
+    with pytest.raises(ValueError, match="method must be one of"):
+        evidence_figure(session.translation_model(), "Ein Hund .", "A dog .", method="rollout")

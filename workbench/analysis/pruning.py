@@ -1,0 +1,128 @@
+"""Pruning curves: BLEU and chrF as heads are removed in order of importance, per attention kind
+(Michel et al. 2019, Figure 3; Voita et al. 2019, Table 2).
+
+    curve = pruning_curve(model, sources, targets, detokenize=tok.decode, references=refs)
+    curve.table                      # kind, removed, total, bleu, chrf, d_bleu, d_chrf, heads
+    curve.removable("enc_self")      # heads of that kind removable at <= 0.5 BLEU loss (and the share)
+
+Importance is measured once, by ablation (`head_importance`, teacher-forced: the change in the references'
+log-probability when one head alone is zeroed); heads are then removed least important first, cumulatively,
+within one attention kind at a time, the other kinds left whole, and each level is decoded greedily.
+
+Clean runs are reused, not recomputed: the unpruned model is decoded once and is level 0 of every kind's
+curve; the importance pass scores every ablation against one clean teacher-forced run; and the encoder output of
+the clean model is computed once per batch and handed to the decoder at every level that removes decoder heads
+(decoder self-attention and cross-attention cannot change the encoder), so only encoder pruning re-encodes.
+`benchmarks/bench_pruning.py` measures what that saves.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.batching import pad_sequences
+from ..core.heads import KINDS
+from ..core.interventions import ablate_heads
+from ..decoding.evaluate import score
+from ..decoding.search import greedy
+from .head_stats import fit_to_positions
+from .interventions_effect import head_importance
+
+
+@dataclass
+class PruningCurve:
+    """`table`: one row per (kind, heads removed); `importance`: the ablation table the order came from."""
+
+    table: object
+    importance: object
+    baseline: dict = field(default_factory=dict)
+    sentences: int = 0
+
+    def removable(self, kind: str, max_loss: float = 0.5) -> tuple[int, float]:
+        """(heads, share of the kind's heads) removable with BLEU at most `max_loss` below the unpruned model's:
+        the most removed before the curve first drops further (later recoveries do not count)."""
+        part = self.table[self.table["kind"] == kind].sort_values("removed")
+        if part.empty:
+            raise KeyError(f"no curve for {kind!r}; kinds: {sorted(set(self.table['kind']))}")
+        best = 0
+        for _, r in part.iterrows():
+            if r["d_bleu"] < -max_loss - 1e-9:
+                break
+            best = int(r["removed"])
+        return best, best / int(part["total"].iloc[0])
+
+
+def importance_order(importance, kind: str) -> list[int]:
+    """Row indices of `importance` for `kind`, least important first (largest change in log-probability first:
+    a head whose removal helps goes before one whose removal hurts); ties by layer and head."""
+    part = importance[(importance["kind"] == kind) & (importance["head"] != "all")]
+    order = part.assign(_k=-part["d_ref_log_prob"]).sort_values(["_k", "layer", "head"], kind="stable")
+    return list(order.index)
+
+
+@torch.no_grad()
+def pruning_curve(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
+                  detokenize: Callable[[list[int]], str], references: Sequence[str],
+                  kinds: Sequence[str] = KINDS, importance=None, steps: Sequence[int] | None = None,
+                  batch_size: int = 64, reuse_clean: bool = True,
+                  progress: Callable[[str, int, int], None] | None = None, **decode_options) -> PruningCurve:
+    """BLEU/chrF of greedy outputs with the k least important heads of each kind removed, k = 0..all (or `steps`).
+
+    `sources`/`targets` are token ids ending with EOS (targets for the importance pass), `references` the texts
+    scored against. `importance`: a `head_importance` table to reuse (else measured here, teacher-forced only).
+    `reuse_clean=False` re-encodes at every level (for the benchmark and the test that both agree).
+    """
+    import pandas as pd
+
+    if len(references) != len(sources):
+        raise ValueError(f"{len(references)} references for {len(sources)} sources")
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown kinds {bad}; known: {KINDS}")
+    cfg = model.cfg
+    fitted = fit_to_positions(cfg.max_positions, sources, targets, cut_targets=False)
+    if fitted.report():
+        warnings.warn(fitted.report("pruning_curve"), stacklevel=2)
+    refs = [references[i] for i in fitted.ids]
+    if importance is None:
+        importance = head_importance(model, fitted.sources, fitted.targets, kinds=kinds, decode=False,
+                                     batch_size=batch_size)
+    order = sorted(range(len(fitted.sources)), key=lambda i: len(fitted.sources[i]))
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    srcs = [pad_sequences([fitted.sources[i] for i in b], cfg.pad_id, device=model.device) for b in batches]
+    clean_memory = [model.encode(s) for s in srcs] if reuse_clean else None
+
+    def run(hooks: dict, decoder_only: bool) -> tuple[float, float]:
+        outputs: list[list[int] | None] = [None] * len(order)
+        with model.hooks(hooks):
+            for b, (idx, src) in enumerate(zip(batches, srcs)):
+                enc = clean_memory[b] if (decoder_only and clean_memory is not None) else None
+                gen = greedy(model, src, encoded=enc, **decode_options)
+                for i, h in zip(idx, gen.best):
+                    outputs[i] = h.tokens
+        s = score([detokenize(o) for o in outputs], [refs])
+        return s.bleu, s.chrf
+
+    base_bleu, base_chrf = run({}, decoder_only=True)
+    rows = []
+    for kind in kinds:
+        ranked = importance.loc[importance_order(importance, kind)]
+        total = len(ranked)
+        levels = sorted({int(k) for k in (steps if steps is not None else range(total + 1)) if 0 <= k <= total})
+        for n, k in enumerate(levels):
+            removed = [(kind, int(r["layer"]), int(r["head"])) for _, r in ranked.iloc[:k].iterrows()]
+            if k == 0:
+                bleu, chrf = base_bleu, base_chrf
+            else:
+                bleu, chrf = run(ablate_heads(removed), decoder_only=kind != "enc_self")
+            rows.append({"kind": kind, "removed": k, "total": total, "bleu": bleu, "chrf": chrf,
+                         "d_bleu": bleu - base_bleu, "d_chrf": chrf - base_chrf,
+                         "heads": " ".join(f"{layer}:{head}" for _, layer, head in removed)})
+            if progress is not None:
+                progress(kind, n + 1, len(levels))
+    table = pd.DataFrame(rows)
+    return PruningCurve(table, importance, {"bleu": base_bleu, "chrf": base_chrf}, len(order))

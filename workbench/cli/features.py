@@ -1,0 +1,93 @@
+"""`workbench features train|eval|stats ...`: sparse dictionaries (SAEs, transcoders) on a checkpoint's hook points.
+
+    workbench features train CHECKPOINT --site hook_memory --out-dir runs/features/hook_memory [--k 32 ...]
+    workbench features eval DICTIONARY --checkpoint CHECKPOINT [--card]      # FVU, L0, dead, CE recovered, BLEU
+    workbench features stats DICTIONARY --checkpoint CHECKPOINT             # dashboard statistics over a corpus
+
+`train` resumes from --out-dir's state with the same command (--fresh starts over); under
+`torchrun --nproc_per_node N -m workbench.cli features train ...` every rank streams its share of the corpus.
+SIGTERM stops a run as Ctrl-C does: the step it reached is saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from ..decoding.translator import load
+from ..features.dictionary import SparseDictionary
+from ..features.evaluate import evaluate_dictionary, write_card
+from ..features.stats import corpus_feature_stats_cli
+from ..features.train import FeatureTrainConfig, FeatureTrainer
+
+_TRAIN_SKIP = {"checkpoint", "site", "out_dir", "extra"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    t = sub.add_parser("train", help="train a dictionary on activations streamed from a corpus")
+    t.add_argument("checkpoint")
+    t.add_argument("--site", required=True, help="a hook name (SAE) or enc.N.ffn / dec.N.ffn (transcoder)")
+    t.add_argument("--out-dir", dest="out_dir", required=True)
+    t.add_argument("--fresh", action="store_true", help="ignore a saved state in --out-dir")
+    for f in dataclasses.fields(FeatureTrainConfig):
+        if f.name in _TRAIN_SKIP:
+            continue
+        kind = type(f.default) if f.default is not None else str
+        t.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=f.default,
+                       help=f"(default {f.default})")
+
+    e = sub.add_parser("eval", help="FVU, L0, dead features, CE recovered and BLEU with the dictionary spliced in")
+    e.add_argument("dictionary", help="a dictionary directory (cfg.json + sae_weights.safetensors)")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--dataset", default="multi30k")
+    e.add_argument("--split", default="valid", help="held-out split for FVU, L0, dead and CE")
+    e.add_argument("--bleu-split", dest="bleu_split", default="test2016", help="split for BLEU ('' to skip)")
+    e.add_argument("--limit", type=int, default=0)
+    e.add_argument("--card", action="store_true", help="write eval.json and README.md into the dictionary directory")
+
+    s = sub.add_parser("stats", help="corpus statistics of every feature (dashboards); torchrun shards the corpus")
+    s.add_argument("dictionary")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--dataset", default="multi30k")
+    s.add_argument("--split", default="train")
+    s.add_argument("--limit", type=int, default=0)
+    s.add_argument("--top", type=int, default=16, help="top-activating contexts kept per feature")
+    s.add_argument("--out", default=None, help="output file (default: DICTIONARY/stats.safetensors)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "train":
+        return _train(args)
+    if args.action == "eval":
+        return _eval(args)
+    return _stats(args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(FeatureTrainConfig) if f.name != "extra"}
+    cfg = FeatureTrainConfig(**values, extra={"command": " ".join(["workbench", *sys.argv[1:]])})
+    trainer = FeatureTrainer(cfg, resume=not args.fresh)
+    trainer.fit()  # SIGINT / SIGTERM stop it after the current step, saved
+    if trainer.dist.world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 130 if trainer.interrupted else 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    tm = load(args.checkpoint)
+    d = SparseDictionary.load(args.dictionary)
+    result = evaluate_dictionary(tm, d, dataset=args.dataset, split=args.split, bleu_split=args.bleu_split or None,
+                                 limit=args.limit, progress=print)
+    print(json.dumps(result, indent=1))
+    if args.card:
+        write_card(args.dictionary, result)
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    return corpus_feature_stats_cli(args)

@@ -1,0 +1,150 @@
+"""Where a dictionary sits in an encoder-decoder model: its hook(s), its side, and how to splice it in.
+
+    site = resolve_site(model, "hook_memory")              # an SAE on the encoder output
+    site = resolve_site(model, "dec.3.ffn")                # a transcoder: the FFN's input -> its output
+    x, y = site_rows(model, batch, site)                   # (N, d_in), (N, d_out) or None: real tokens only
+    with model.hooks(splice_hooks(site, dictionary)):      # the dictionary's reconstruction replaces the site
+        logits = model(src, tgt_in)
+
+Encoder-side sites (`enc.*`, `hook_src_*`, `hook_memory`) have one row per real source token; decoder-side
+ones one row per teacher-forced decoder position (the start token and each reference token).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..core.model import Transformer
+from ..corpus.data import Batch
+from .dictionary import SparseDictionary
+
+Side = Literal["src", "tgt"]
+_FFN = re.compile(r"^(enc|dec)\.(\d+)\.ffn$")
+_SRC_TOP = ("hook_src_tok", "hook_src_pos", "hook_src_embed", "hook_memory")
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    """The site's name: a hook name (autoencoder) or an FFN's module path such as "dec.3.ffn" (transcoder)."""
+    hook_in: str
+    hook_out: str | None = None
+    """Transcoders: the hook the dictionary predicts (the FFN's output)."""
+
+    @property
+    def transcoder(self) -> bool:
+        return self.hook_out is not None
+
+    @property
+    def side(self) -> Side:
+        return "src" if self.hook_in.startswith("enc.") or self.hook_in in _SRC_TOP else "tgt"
+
+    @property
+    def hooks(self) -> list[str]:
+        return [self.hook_in] + ([self.hook_out] if self.hook_out else [])
+
+
+def ffn_input_hook(model: Transformer, stack: str, layer: int) -> str:
+    """The hook holding an FFN's input: post-norm, the stream after the previous sub-layer's norm; pre-norm,
+    the FFN norm's output."""
+    if model.cfg.norm_first:
+        return f"{stack}.{layer}.hook_norm_ffn"
+    return f"{stack}.{layer}.hook_resid_{'self_attn' if stack == 'enc' else 'cross_attn'}"
+
+
+def resolve_site(model: Transformer, spec: str) -> Site:
+    """A hook name (SAE) or "enc.N.ffn" / "dec.N.ffn" (transcoder); unknown names raise with the closest ones."""
+    m = _FFN.match(spec)
+    if m:
+        stack, layer = m[1], int(m[2])
+        n = len(model.enc if stack == "enc" else model.dec)
+        if layer >= n:
+            raise ValueError(f"{spec}: the model's {stack} stack has {n} layers (0..{n - 1})")
+        return Site(spec, ffn_input_hook(model, stack, layer), f"{spec}.hook_out")
+    model.hook_names(spec)  # KeyError naming the closest hook points
+    if any(c in spec for c in "*?["):
+        raise ValueError(f"a site is one hook point, not a pattern: {spec!r}")
+    return Site(spec, spec)
+
+
+def site_of(dictionary: SparseDictionary) -> Site:
+    cfg = dictionary.cfg
+    if cfg.transcoder:
+        return Site(cfg.hook_name_out.rsplit(".hook_out", 1)[0], cfg.hook_name, cfg.hook_name_out)
+    return Site(cfg.hook_name, cfg.hook_name)
+
+
+class _Stop(Exception):
+    """Raised by a hook once every wanted activation is captured: the rest of the forward pass is skipped."""
+
+
+@torch.no_grad()
+def capture_site(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, site: Site
+                 ) -> dict[str, torch.Tensor]:
+    """{hook: (B, L, d)} for the site's hooks, running the model only as far as they lie."""
+    got: dict[str, torch.Tensor] = {}
+    wanted = site.hooks
+
+    def keep(x: torch.Tensor, hook) -> None:
+        if x.dim() != 3:
+            raise ValueError(f"{hook.name} has shape {tuple(x.shape)}; a dictionary reads (batch, length, d) "
+                             "activations (per-head tensors: use the block's hook_out)")
+        got[hook.name] = x.detach()
+        if len(got) == len(wanted):
+            raise _Stop
+
+    with model.hooks([(n, keep) for n in wanted]):
+        try:
+            if site.side == "src":
+                model.encode(src)
+            else:
+                model(src, tgt_in, project=False)
+        except _Stop:
+            pass
+    missing = [n for n in wanted if n not in got]
+    if missing:
+        raise ValueError(f"{missing} did not run in a teacher-forced forward pass")
+    return got
+
+
+def site_mask(batch: Batch, site: Site, pad_id: int) -> torch.Tensor:
+    """(B, L) True on real positions of the site's side."""
+    return batch.src != pad_id if site.side == "src" else batch.tgt_in != pad_id
+
+
+def site_rows(model: Transformer, batch: Batch, site: Site) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The site's activations at real positions, row-major over (sentence, position)."""
+    acts = capture_site(model, batch.src.to(model.device), batch.tgt_in.to(model.device), site)
+    mask = site_mask(batch, site, model.cfg.pad_id).to(model.device)
+    x = acts[site.hook_in][mask].float()
+    y = acts[site.hook_out][mask].float() if site.hook_out else None
+    return x, y
+
+
+def splice_hooks(site: Site, dictionary: SparseDictionary | None, *, error: bool = False) -> list[tuple[str, object]]:
+    """Hooks that put the dictionary's reconstruction where the site's activation was.
+
+    `dictionary=None` zero-ablates the site instead (the baseline of "CE recovered"). `error=True` adds the
+    reconstruction error back, which leaves the model's output unchanged while the features stay readable
+    (and editable through hooks on the dictionary).
+    """
+    if dictionary is None:
+        return [(site.hook_out or site.hook_in, lambda x, hook: torch.zeros_like(x))]
+    if not site.transcoder:
+        def replace(x: torch.Tensor, hook) -> torch.Tensor:
+            out = dictionary(x.float())
+            return (out + (x.float() - out) if error else out).to(x.dtype)
+        return [(site.hook_in, replace)]
+    stash: dict[str, torch.Tensor] = {}
+
+    def read(x: torch.Tensor, hook) -> None:
+        stash["x"] = x
+
+    def write(y: torch.Tensor, hook) -> torch.Tensor:
+        out = dictionary(stash.pop("x").float())
+        return (out + (y.float() - out) if error else out).to(y.dtype)
+    return [(site.hook_in, read), (site.hook_out, write)]

@@ -1,0 +1,224 @@
+"""Corpus statistics of every feature of a dictionary (what its dashboard shows), sharded under torchrun.
+
+    stats = corpus_feature_stats(tm, dictionary, data)        # one pass over a teacher-forced corpus
+    stats.save(directory / "stats.safetensors")
+    stats = FeatureStats.load(directory / "stats.safetensors")
+    stats.contexts(feature)                                    # [(value, sentence, position)], largest first
+
+Per feature: how often it fires, the sum and maximum of its activations, a histogram of its non-zero
+activations on fixed log-spaced bins (2^-12 .. 2^8, so shards add up exactly), and its `top` largest
+activations with the sentence and position they occur at. The sentences those contexts come from are stored
+too (token ids), so a dashboard needs no corpus.
+
+Under torchrun each rank reads every world-th model batch of the corpus; counts, sums and histograms are
+all-reduced, maxima max-reduced, and the top contexts all-gathered and merged: the result equals one
+process's (tested with two gloo processes), so the same command runs on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..corpus.data import ParallelData, load_dataset
+from ..decoding.translator import TranslationModel, load
+from ..training.distributed import Dist, init_distributed
+from .dictionary import SparseDictionary
+from .sites import site_mask, site_of, site_rows
+
+BIN_EDGES = torch.logspace(-12, 8, 81, base=2.0)
+"""Histogram bin edges of non-zero activations: 4 bins per octave; values outside land in the end bins."""
+
+
+@dataclass
+class FeatureStats:
+    count: torch.Tensor  # (F,) int64: tokens on which the feature fires
+    total: torch.Tensor  # (F,) float64: sum of its activations
+    max: torch.Tensor  # (F,) float32
+    hist: torch.Tensor  # (F, bins) int64
+    top_values: torch.Tensor  # (F, top) float32, descending; 0 where fewer contexts exist
+    top_sentence: torch.Tensor  # (F, top) int64: index into `sentences` (-1: none)
+    top_position: torch.Tensor  # (F, top) int64: position within the sentence's side
+    tokens: int  # tokens read
+    sentences_src: list[list[int]]  # the referenced sentences, source ids (without EOS)
+    sentences_tgt: list[list[int]]
+    sentence_ids: list[int]  # their index in the corpus
+    meta: dict[str, Any]
+
+    @property
+    def frequency(self) -> torch.Tensor:
+        return self.count.double() / max(self.tokens, 1)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Mean activation where the feature fires."""
+        return self.total / self.count.clamp_min(1)
+
+    def contexts(self, feature: int) -> list[tuple[float, int, int]]:
+        out = []
+        for v, s, p in zip(self.top_values[feature].tolist(), self.top_sentence[feature].tolist(),
+                           self.top_position[feature].tolist()):
+            if s >= 0 and v > 0:
+                out.append((v, s, p))
+        return out
+
+    # -- files ---------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        flat_src, off_src = _flatten(self.sentences_src)
+        flat_tgt, off_tgt = _flatten(self.sentences_tgt)
+        tensors = {"count": self.count, "total": self.total, "max": self.max, "hist": self.hist.int(),
+                   "top_values": self.top_values, "top_sentence": self.top_sentence.int(),
+                   "top_position": self.top_position.short(), "src_ids": flat_src, "src_offsets": off_src,
+                   "tgt_ids": flat_tgt, "tgt_offsets": off_tgt,
+                   "sentence_ids": torch.tensor(self.sentence_ids, dtype=torch.int32)}
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                  metadata={"tokens": str(self.tokens), "meta": json.dumps(self.meta)})
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureStats:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (write it with `workbench features stats`)")
+        with safe_open(str(path), framework="pt") as f:
+            t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+            md = f.metadata()
+        return cls(count=t["count"], total=t["total"], max=t["max"], hist=t["hist"].long(),
+                   top_values=t["top_values"], top_sentence=t["top_sentence"].long(),
+                   top_position=t["top_position"].long(), tokens=int(md["tokens"]),
+                   sentences_src=_unflatten(t["src_ids"], t["src_offsets"]),
+                   sentences_tgt=_unflatten(t["tgt_ids"], t["tgt_offsets"]),
+                   sentence_ids=t["sentence_ids"].tolist(), meta=json.loads(md["meta"]))
+
+
+def _flatten(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor([len(r) for r in rows], dtype=torch.int64).cumsum(0) if rows else 0
+    flat = torch.tensor([i for r in rows for i in r], dtype=torch.int32)
+    return flat, offsets
+
+
+def _unflatten(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:
+    ids, off = flat.tolist(), offsets.tolist()
+    return [ids[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+
+
+def _merge_top(values: torch.Tensor, keys: torch.Tensor, new_values: torch.Tensor, new_keys: torch.Tensor, top: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the `top` largest of two (F, ·) sets; ties go to the smaller key (a sentence-major order), so the
+    result does not depend on the order shards arrive in."""
+    v = torch.cat([values, new_values], 1)
+    k = torch.cat([keys, new_keys], 1)
+    # sort by key first, then stably by value: equal values keep ascending keys
+    order = k.argsort(dim=1, stable=True)
+    v, k = v.gather(1, order), k.gather(1, order)
+    order = v.argsort(dim=1, descending=True, stable=True)[:, :top]
+    return v.gather(1, order), k.gather(1, order)
+
+
+@torch.no_grad()
+def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, data: ParallelData, *, top: int = 16,
+                         max_tokens: int = 4096, dist_info: Dist | None = None, meta: dict[str, Any] | None = None,
+                         chunk: int = 4096) -> FeatureStats:
+    model, d = tm.model.eval(), dictionary.eval()
+    site = site_of(d)
+    di = dist_info or Dist()
+    n_feat = d.cfg.d_sae
+    nb = BIN_EDGES.numel() - 1
+    count = torch.zeros(n_feat, dtype=torch.int64)
+    total = torch.zeros(n_feat, dtype=torch.float64)
+    fmax = torch.zeros(n_feat)
+    hist = torch.zeros(n_feat * nb, dtype=torch.int64)
+    top_v = torch.zeros(n_feat, 0)
+    top_k = torch.zeros(n_feat, 0, dtype=torch.int64)  # key = sentence * 4096 + position
+    tokens = 0
+    plan = data.batches(max_tokens, shuffle=False)[di.rank :: di.world]
+    for idx in plan:
+        batch = data.collate(idx, model.cfg)
+        x, _ = site_rows(model, batch, site)
+        mask = site_mask(batch, site, model.cfg.pad_id)
+        sent = torch.tensor(idx)[:, None].expand_as(mask)[mask]
+        pos = torch.arange(mask.size(1))[None].expand_as(mask)[mask]
+        keys = sent * 4096 + pos
+        tokens += x.size(0)
+        for i in range(0, x.size(0), chunk):
+            f = d.encode(x[i : i + chunk]).cpu()
+            nz = f > 0
+            count += nz.sum(0)
+            total += f.sum(0, dtype=torch.float64)
+            fmax = torch.maximum(fmax, f.max(0).values)
+            rows, feats = nz.nonzero(as_tuple=True)
+            vals = f[rows, feats]
+            b = torch.bucketize(vals, BIN_EDGES[1:-1])
+            hist.index_add_(0, feats * nb + b, torch.ones_like(b))
+            k = min(top, f.size(0))
+            bv, bi = f.T.topk(k, dim=1)
+            top_v, top_k = _merge_top(top_v, top_k, bv, keys[i : i + chunk][bi], top)
+    hist = hist.view(n_feat, nb)
+    if di.world > 1:
+        import torch.distributed as dist
+
+        for t in (count, total, hist):
+            dist.all_reduce(t)
+        dist.all_reduce(fmax, op=dist.ReduceOp.MAX)
+        tokens_t = torch.tensor([tokens])
+        dist.all_reduce(tokens_t)
+        tokens = int(tokens_t)
+        # pad to `top` columns so every rank sends the same shape
+        pad = top - top_v.size(1)
+        top_v = torch.cat([top_v, torch.full((n_feat, pad), -1.0)], 1)
+        top_k = torch.cat([top_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+        vs = [torch.empty_like(top_v) for _ in range(di.world)]
+        ks = [torch.empty_like(top_k) for _ in range(di.world)]
+        dist.all_gather(vs, top_v)
+        dist.all_gather(ks, top_k)
+        top_v, top_k = vs[0], ks[0]
+        for v, k in zip(vs[1:], ks[1:]):
+            top_v, top_k = _merge_top(top_v, top_k, v, k, top)
+    pad = top - top_v.size(1)
+    if pad > 0:
+        top_v = torch.cat([top_v, torch.zeros(n_feat, pad)], 1)
+        top_k = torch.cat([top_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+    valid = (top_v > 0) & (top_k >= 0)
+    top_k = top_k.where(valid, torch.full_like(top_k, -1))
+    top_v = top_v.where(valid, torch.zeros_like(top_v))
+    corpus_ids = sorted({int(k) // 4096 for k in top_k[valid].tolist()})
+    where = {s: i for i, s in enumerate(corpus_ids)}
+    top_sentence = torch.tensor([[where[int(k) // 4096] if k >= 0 else -1 for k in row] for row in top_k.tolist()],
+                                dtype=torch.int64).view(n_feat, top)
+    top_position = torch.where(top_k >= 0, top_k % 4096, torch.zeros_like(top_k))
+    info = {"site": site.name, "side": site.side, "top": top, "world": di.world, **(meta or {})}
+    return FeatureStats(count, total, fmax, hist, top_v, top_sentence, top_position, tokens,
+                        [data.src[s] for s in corpus_ids], [data.tgt[s] for s in corpus_ids], corpus_ids, info)
+
+
+def corpus_feature_stats_cli(args) -> int:
+    """`workbench features stats` (also under torchrun): rank 0 writes the file."""
+    di = init_distributed()
+    tm = load(args.checkpoint)
+    d = SparseDictionary.load(args.dictionary)
+    src, tgt = load_dataset(args.dataset, args.split, tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en"),
+                            limit=args.limit)
+    data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=tm.model.cfg.max_positions - 1)
+    stats = corpus_feature_stats(tm, d, data, top=args.top, dist_info=di,
+                                 meta={"corpus": f"{args.dataset}:{args.split}", "limit": args.limit})
+    if di.main:
+        out = Path(args.out) if args.out else Path(args.dictionary) / "stats.safetensors"
+        stats.save(out)
+        alive = int((stats.count > 0).sum())
+        print(f"wrote {out}: {stats.tokens:,} tokens, {alive}/{stats.count.numel()} features fire, "
+              f"{len(stats.sentence_ids):,} context sentences")
+    if di.world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0

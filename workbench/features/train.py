@@ -1,0 +1,312 @@
+"""Train a sparse dictionary on activations streamed from a teacher-forced corpus; resumable, with progress.
+
+    cfg = FeatureTrainConfig(checkpoint="checkpoints/multi30k-de-en", site="hook_memory", out_dir="runs/f/mem")
+    trainer = FeatureTrainer(cfg)          # resumes from out_dir/state.pt when it exists
+    dictionary = trainer.fit()             # out_dir/dictionary/: cfg.json + sae_weights.safetensors
+
+The same command resumes exactly: the state file holds the dictionary, Adam's moments, the stream's buffer,
+corpus position and RNG, and the dead-latent counters; a run stopped at any step and resumed reaches the
+weights of one that never stopped (tested). The state is written atomically (a temporary file, then
+`os.replace`) every `save_every_s` seconds and on Ctrl-C / SIGTERM.
+
+Losses are scale-free: the batch's FVU (Σ‖x - x̂‖² / Σ‖x - x̄‖²), plus for TopK the AuxK term (Gao et al.
+2024: the `k_aux` largest latents that have not fired for `dead_after` activations reconstruct the residual,
+weight `aux_coef`), or for ReLU an L1 penalty on f_i‖W_dec,i‖ (Anthropic, April 2024) whose coefficient can be
+steered to a target L0. Under torchrun each rank streams its share of the corpus; gradients, firing counts
+and L0 are all-reduced, so the ranks hold identical dictionaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..corpus.data import ParallelData, load_dataset
+from ..decoding.translator import TranslationModel, load
+from ..training.distributed import Dist, init_distributed
+from ..training.progress import make_progress
+from ..training.schedule import warmup_cosine
+from .dictionary import DictionaryConfig, SparseDictionary
+from .sites import Site, resolve_site
+from .stream import ActivationStream
+
+STATE_FILE = "state.pt"
+LOG_FILE = "train_log.jsonl"
+
+
+@dataclass
+class FeatureTrainConfig:
+    checkpoint: str
+    site: str
+    out_dir: str
+    architecture: str = "topk"
+    d_sae: int = 2048
+    k: int = 32
+    dataset: str = "multi30k"
+    split: str = "train"
+    data_root: str | None = None
+    limit: int = 0
+    """Use only the first `limit` sentence pairs (0: all)."""
+    activations: int = 20_000_000
+    """Training rows in total (all ranks together)."""
+    batch: int = 4096
+    buffer: int = 65536
+    max_tokens: int = 4096
+    lr: float = 1e-3
+    warmup: int = 100
+    min_lr_frac: float = 0.0
+    k_aux: int = 0
+    """TopK: latents in the AuxK term; 0: d_in // 2 (Gao et al.)."""
+    aux_coef: float = 1 / 32
+    dead_after: int = 1_000_000
+    """Activations without firing after which a latent counts as dead (AuxK and the logs)."""
+    l1: float = 1e-3
+    """ReLU: L1 coefficient (the start value when target_l0 is set)."""
+    target_l0: float = 0.0
+    """ReLU: steer the L1 coefficient so the batch L0 approaches this (0: keep l1 fixed)."""
+    seed: int = 0
+    log_every: int = 50
+    save_every_s: float = 120.0
+    threads: int = 0
+    progress: str = "terminal"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # fields that may differ between the run that wrote a state and the one resuming it
+    RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations", "extra")
+
+    @property
+    def steps(self) -> int:
+        return max(1, self.activations // self.batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class FeatureTrainer:
+    def __init__(self, cfg: FeatureTrainConfig, *, resume: bool = True, translation_model: TranslationModel | None
+                 = None, data: ParallelData | None = None) -> None:
+        self.cfg = cfg
+        self.dist: Dist = init_distributed()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        if cfg.batch % self.dist.world:
+            raise ValueError(f"batch ({cfg.batch}) must divide among {self.dist.world} ranks")
+        self.local_batch = cfg.batch // self.dist.world
+        self.tm = translation_model or load(cfg.checkpoint)
+        self.model = self.tm.model.eval()
+        self.site: Site = resolve_site(self.model, cfg.site)
+        if data is None:
+            src, tgt = load_dataset(cfg.dataset, cfg.split, self.tm.meta.get("src_lang", "de"),
+                                    self.tm.meta.get("tgt_lang", "en"), cfg.data_root, limit=cfg.limit)
+            data = ParallelData.encode(src, tgt, self.tm.src_tokenizer, self.tm.tgt_tokenizer,
+                                       max_len=self.model.cfg.max_positions - 1)
+        self.data = data
+        self.stream = ActivationStream(self.model, data, self.site, buffer=cfg.buffer // self.dist.world,
+                                       batch=self.local_batch, max_tokens=cfg.max_tokens, seed=cfg.seed,
+                                       rank=self.dist.rank, world=self.dist.world)
+        d = self.model.cfg.d_model
+        dcfg = DictionaryConfig(
+            hook_name=self.site.hook_in, d_in=d, d_sae=cfg.d_sae, architecture=cfg.architecture, k=cfg.k,
+            d_out=d if self.site.transcoder else None, hook_name_out=self.site.hook_out,
+            model_name=Path(cfg.checkpoint).name,
+            extra={"site": self.site.name, "side": self.site.side, "corpus": f"{cfg.dataset}:{cfg.split}",
+                   "checkpoint": str(cfg.checkpoint), **cfg.extra})
+        self.dictionary = SparseDictionary(dcfg)
+        self.dictionary.reset_parameters(torch.Generator().manual_seed(cfg.seed))
+        self.optimizer = torch.optim.Adam(self.dictionary.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=6.25e-10)
+        self.step = 0
+        self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # activations since each latent last fired
+        self.l1 = cfg.l1
+        self.log: list[dict[str, Any]] = []
+        self.elapsed = 0.0  # training seconds (wall clock) over all sessions of this run
+        self.cpu = 0.0  # process CPU seconds (all threads) spent in those steps
+        self.interrupted = False
+        self.out_dir = Path(cfg.out_dir)
+        if resume and (self.out_dir / STATE_FILE).is_file():
+            self._load_state()
+
+    # -- state ---------------------------------------------------------------------------------
+    def _state_file(self, rank: int) -> Path:
+        return self.out_dir / (STATE_FILE if rank == 0 else f"state.rank{rank}.pt")
+
+    def _save_state(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        state = {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "step": self.step,
+                 "dictionary": self.dictionary.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "since_fired": self.since_fired, "l1": self.l1, "log": json.dumps(self.log),
+                 "elapsed": self.elapsed, "cpu": self.cpu, "stream": self.stream.state_dict(),
+                 "torch_rng": torch.get_rng_state()}
+        target = self._state_file(self.dist.rank)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        torch.save(state, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+
+    def _load_state(self) -> None:
+        file = self._state_file(self.dist.rank)
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        saved = json.loads(state["config"])
+        now = self.cfg.to_dict()
+        diff = sorted(k for k in set(saved) | set(now)
+                      if saved.get(k) != now.get(k) and k not in FeatureTrainConfig.RESUMABLE_CHANGES)
+        if diff:
+            changes = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff)
+            raise ValueError(f"{file} was written with different settings ({changes}); pass --fresh to start over")
+        self.dictionary.load_state_dict(state["dictionary"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.since_fired, self.l1 = state["step"], state["since_fired"], state["l1"]
+        self.log, self.elapsed, self.cpu = json.loads(state["log"]), state["elapsed"], state.get("cpu", 0.0)
+        self.stream.load_state_dict(state["stream"])
+        torch.set_rng_state(state["torch_rng"])
+
+    # -- one step ------------------------------------------------------------------------------
+    def _lr(self) -> float:
+        c = self.cfg
+        return warmup_cosine(self.step + 1, peak_lr=c.lr, warmup=c.warmup, total=c.steps, min_lr=c.lr * c.min_lr_frac)
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dist.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t)
+        return t
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor | None) -> dict[str, float]:
+        c, d = self.cfg, self.dictionary
+        target = x if y is None else y
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr()
+        if self.step == 0:
+            with torch.no_grad():  # start the decoder bias at the data mean (SAELens's "mean" b_dec init)
+                d.b_dec.copy_(target.mean(0))
+        dead = self.since_fired >= c.dead_after
+        k_aux = c.k_aux or d.cfg.d_in // 2
+        out = d.training_forward(x, dead=dead, k_aux=k_aux)
+        # scale-free losses: sums over this rank's rows divided by the global batch's variance
+        denom = self._all_reduce((target - target.mean(0)).pow(2).sum().detach()) / self.dist.world
+        err = target - out.recon
+        mse = err.pow(2).sum() / denom
+        loss = mse
+        aux = torch.zeros(())
+        if out.aux_recon is not None:
+            e = err.detach()
+            aux = (e - out.aux_recon).pow(2).sum() / (e - e.mean(0)).pow(2).sum().clamp_min(1e-12)
+            loss = loss + c.aux_coef * aux
+        l1 = torch.zeros(())
+        if c.architecture == "relu":
+            l1 = (out.acts * d.W_dec.norm(dim=1)).sum() / (x.size(0) * denom.sqrt() / math.sqrt(x.size(0)))
+            loss = loss + self.l1 * l1
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.dist.world > 1:
+            for p in d.parameters():
+                self._all_reduce(p.grad)
+                p.grad /= self.dist.world
+        self.optimizer.step()
+        if c.architecture == "topk":
+            d.normalize_decoder()
+        # firing counts and L0 over the global batch
+        with torch.no_grad():
+            if out.indices is not None:
+                fired = torch.zeros(d.cfg.d_sae).index_add_(0, out.indices.flatten(), (out.acts > 0).flatten().float())
+            else:
+                fired = (out.acts > 0).sum(0).float()
+            stats = self._all_reduce(torch.cat([fired, torch.stack([mse.detach(), aux.detach(), l1.detach()])]))
+            fired, (mse_v, aux_v, l1_v) = stats[:-3], stats[-3:] / self.dist.world
+            l0 = float(fired.sum()) / c.batch
+            self.since_fired += c.batch
+            self.since_fired[fired > 0] = 0
+        if c.architecture == "relu" and c.target_l0 > 0:
+            self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / c.target_l0)))
+        self.step += 1
+        return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "l0": l0}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def fit(self) -> SparseDictionary:
+        c = self.cfg
+        main = self.dist.main
+        progress = make_progress(c.progress, enabled=main)
+        progress.start(c.steps, self.step)
+        if self.step:
+            progress.message(f"resumed {self.site.name} at step {self.step}/{c.steps}")
+        last_save = t_log = time.time()
+        rows_log = n_log = 0
+        sums: dict[str, float] = {}
+        with _stop_between_steps() as stop:
+            while self.step < c.steps and not stop:
+                t0, c0 = time.time(), time.process_time()
+                x, y = self.stream.next_batch()
+                m = self.train_step(x, y)
+                self.elapsed += time.time() - t0
+                self.cpu += time.process_time() - c0
+                rows_log += c.batch
+                n_log += 1
+                for key, v in m.items():
+                    sums[key] = sums.get(key, 0.0) + v
+                if self.step % c.log_every == 0 or self.step == c.steps:
+                    n, now = n_log, time.time()
+                    rec = {"step": self.step, "epoch": round(self.stream.epochs, 3), "lr": self._lr(),
+                           **{k: v / n for k, v in sums.items()}, "l1_coef": self.l1,
+                           "dead_frac": float((self.since_fired >= c.dead_after).float().mean()),
+                           "activations": self.step * c.batch, "elapsed_s": round(self.elapsed, 1),
+                           "cpu_s": round(self.cpu, 1),
+                           "tokens_per_s": rows_log / max(now - t_log, 1e-9)}
+                    self.log.append(rec)
+                    progress.step(self.step, rec | {"loss": rec["fvu"]})
+                    progress.message(f"  fvu {rec['fvu']:.4f}  L0 {rec['l0']:.1f}  dead {rec['dead_frac']:.1%}  "
+                                     f"aux {rec['aux']:.3f}  epoch {rec['epoch']:.2f}  activations/s "
+                                     f"{rec['tokens_per_s']:,.0f}")
+                    sums, rows_log, n_log, t_log = {}, 0, 0, now
+                if time.time() - last_save > c.save_every_s:
+                    self._save_state()
+                    last_save = time.time()
+        if stop:
+            self.interrupted = True
+            progress.message(f"interrupted at step {self.step}; saving (the same command resumes)")
+        self._save_state()
+        if main:
+            (self.out_dir / LOG_FILE).write_text("".join(json.dumps(r) + "\n" for r in self.log), encoding="utf-8")
+            if not self.interrupted:
+                self.save_dictionary(self.out_dir / "dictionary")
+                progress.message(f"wrote {self.out_dir / 'dictionary'}")
+        progress.close()
+        return self.dictionary
+
+    def save_dictionary(self, directory: Path) -> Path:
+        info = {"steps": self.step, "activations": self.step * self.cfg.batch, "train_seconds": round(self.elapsed, 1),
+                "train_cpu_seconds": round(self.cpu, 1),
+                "epochs": round(self.stream.epochs, 3), "world": self.dist.world, "config": self.cfg.to_dict(),
+                "final": self.log[-1] if self.log else {}}
+        return self.dictionary.save(directory, files={"training.json": json.dumps(info, indent=1) + "\n"})
+
+
+@contextlib.contextmanager
+def _stop_between_steps() -> Iterator[list[int]]:
+    """While training, SIGINT and SIGTERM only ask the loop to stop after the step it is in (a non-empty list
+    is the request), so the saved state is always that of a whole step and the resumed run is exact."""
+    stop: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # handlers live on the main thread
+        yield stop
+        return
+
+    def request(signum: int, frame: object) -> None:
+        stop.append(signum)
+
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

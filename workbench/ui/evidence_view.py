@@ -1,0 +1,153 @@
+"""The "Evidence" tab: the current sentence's word alignment (lines whose width is the strength, with a method
+picker), the source share under each output token (ALTI+), and every head's role on a layers × heads grid.
+
+The work is `evidence_figure(tm, source, output, method, roles)`: it computes (`analysis.sentence_evidence`)
+and draws (`charts.evidence`); the view only picks the inputs and shows the figure. Roles are measured once per
+checkpoint on test sentences of its language pair (`model_roles`: Multi30k test2016 when it has the pair, else
+the current sentence alone, said in the figure's title) and cached; the alignment role needs gold alignments
+(RWTH German–English, either direction), else it is left out.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import panel as pn
+import param
+from bokeh.layouts import column
+from bokeh.models import Div
+
+from ..analysis.alignment import read_alignments
+from ..analysis.formation import gold_aer, model_roles
+from ..analysis.sentence_evidence import sentence_evidence
+from ..analysis.word_align import METHODS
+from ..charts.evidence import alignment_lines, role_grid, source_share_bars
+from ..corpus.data import dataset_files, default_data_root
+from . import loader
+from .views import LazyTab
+
+METHOD_LABELS = {"attention weights": "weights", "value-weighted norms": "norms", "ALTI+ contributions": "alti"}
+ROLE_SENTENCES = 60  # test sentences the roles are measured on (a few seconds on one CPU thread)
+ROLE_GOLD_PAIRS = 100  # RWTH gold pairs for the alignment role
+
+
+def _corpus(src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], str] | None:
+    try:
+        src, ref = dataset_files("multi30k", "test", src_lang, tgt_lang, download=False)
+        s = Path(src).read_text(encoding="utf-8").splitlines()[:ROLE_SENTENCES]
+        r = Path(ref).read_text(encoding="utf-8").splitlines()[:ROLE_SENTENCES]
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return s, r, f"{len(s)} Multi30k test2016 sentences"
+
+
+def _gold(src_lang: str, tgt_lang: str):
+    rwth = default_data_root() / "alignments" / "rwth-deen"
+    if {src_lang, tgt_lang} != {"de", "en"} or not (rwth / "test.talp").is_file():
+        return None
+    de = (rwth / "test.de").read_text(encoding="utf-8").splitlines()[:ROLE_GOLD_PAIRS]
+    en = (rwth / "test.en").read_text(encoding="utf-8").splitlines()[:ROLE_GOLD_PAIRS]
+    swap = src_lang == "en"  # the gold file writes the German word first
+    links = read_alignments(rwth / "test.talp", base=1, swap=swap)[:ROLE_GOLD_PAIRS]
+    return (en, de, links) if swap else (de, en, links)
+
+
+@functools.lru_cache(maxsize=8)
+def _alignment_scores(path: str):
+    """(per-head AER, diagonal AER, pairs) of a checkpoint on the RWTH gold, or None: once per process."""
+    tm = loader.load_model(path)
+    gold = _gold(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+    return None if gold is None else gold_aer(tm, *gold, shift="awi")
+
+
+@functools.lru_cache(maxsize=8)
+def _corpus_roles(path: str):
+    tm = loader.load_model(path)
+    corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+    if corpus is None:
+        return None
+    return _roles(path, corpus[0], corpus[1], corpus[2])
+
+
+def _roles(path: str, sources, refs, where: str):
+    tm = loader.load_model(path)
+    scores = _alignment_scores(path)
+    aer = diagonal = None
+    if scores is not None:
+        aer, diagonal, n = scores
+        where += f"; alignment: AER on {n} RWTH gold pairs"
+    return model_roles(tm, sources, refs, aer=aer, diagonal_aer=diagonal), where
+
+
+def checkpoint_roles(path: str, source: str, output: str):
+    """(HeadRoles, where they were measured) of a checkpoint: on test sentences of its language pair, measured
+    once per process; without such a test set, on (`source`, `output`) alone."""
+    found = _corpus_roles(path)
+    return found if found is not None else _roles(path, [source], [output], "this sentence only (no test set here)")
+
+
+def evidence_figure(tm, source: str, output: str, *, method: str = "weights", roles=None, roles_from: str = ""):
+    """The tab's figure: alignment lines, source-share bars and (given `roles`) the role grids, one column."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    ev = sentence_evidence(tm, source, output, method=method)
+    parts = [Div(text=f"<b>Word alignment</b>: {ev.spec}; line width = strength, dashed = the argmax links",
+                 css_classes=["evidence-method-label"], width=900),
+             alignment_lines(ev.src_words, ev.out_words, ev.weights, links=ev.links, title="word alignment"),
+             Div(text="<b>Source share</b> of each output token (ALTI+): the rest comes from the target prefix",
+                 width=900),
+             source_share_bars(ev.pieces, ev.shares, title="source share")]
+    if roles is not None:
+        parts.append(Div(text=f"<b>Head roles</b>, measured on {roles_from}. A head has a role when: "
+                              + "; ".join(roles.rules.lines(roles.diagonal_aer)), width=900))
+        parts.append(role_grid(roles))
+    return column(*parts)
+
+
+class EvidenceView(LazyTab):
+    """Alignment, source shares and head roles of the session's current sentence and model."""
+
+    method = param.Selector(default="attention weights", objects=list(METHOD_LABELS))
+    roles = param.Boolean(default=True, doc="Also measure and draw every head's role (once per checkpoint)")
+
+    title = "Evidence"
+    redraws = ("method", "roles")
+    heavy = True  # the request path's heavy lane, where there is one: ALTI+ and the role statistics
+
+    def inputs(self):
+        r = self.session.result
+        if r is None:
+            return "*Nothing to show yet: translate a sentence.*"
+        if not r.text.strip():
+            return "*The output is empty: nothing to align.*"
+        return r.request.path, r.request.sentence, r.text, METHOD_LABELS[self.method], self.roles
+
+    def compute(self, path, source, output, method, with_roles, ticket=None):
+        tm = loader.load_model(path)
+        roles, where = None, ""
+        if with_roles:
+            if ticket is not None:
+                ticket.report("measuring the heads' roles (once per checkpoint)")
+            roles, where = checkpoint_roles(path, source, output)
+            if ticket is not None:
+                ticket.check()  # a newer sentence or method supersedes this one: stop before the figure
+        return evidence_figure(tm, source, output, method=method, roles=roles, roles_from=where)
+
+    def render(self, fig):
+        return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
+
+    def progress(self, message: str) -> None:
+        self._box.objects = [pn.pane.Markdown(f"*{message}…*")]
+
+    def __panel__(self):
+        controls = pn.Row(
+            pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Alignment method",
+                                                   css_classes=["evidence-method"]),
+            pn.widgets.Checkbox.from_param(self.param.roles, name="Head roles"),
+        )
+        return pn.Column(controls, self._box, sizing_mode="stretch_width")
+
+
+TAB = ("Evidence", lambda session: EvidenceView(session=session))
+"""The tab as `Workbench(extra_tabs=[TAB])` takes it."""
