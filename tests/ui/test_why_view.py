@@ -67,7 +67,7 @@ def test_attribution_grid_and_bars_sum_to_the_picked_tokens_logit(session):
     grid = answer["grid"]
     cross = grid.select_one({"name": "dla_grid_cross-attention"})
     image = cross.renderers[0].data_source.data["image"][0]  # (layers, heads), drawn as stored
-    want = np.array([[float(v) for lab, v in zip(dla.labels, dla.values) if lab == f"dec.{i}.cross_attn.head.{h}"]
+    want = np.array([[float(v) for lab, v in zip(dla.labels, dla.values) if lab == f"cross:{i}:{h}"]
                      for i in range(2) for h in range(4)]).reshape(2, 4)
     assert np.allclose(image, want)
     bars = grid.select_one({"name": "dla_bars"}).renderers[0].data_source.data

@@ -24,7 +24,7 @@ def logit_attribution_bars(dla, *, title: str = "", top: int | None = 12, width:
     labels = list(dla.labels)
     kinds = [str(i.get("kind")) for i in dla.info]
     if skip_heads:
-        heads = [i for i, inf in enumerate(dla.info) if inf.get("head") is not None]
+        heads = [i for i, inf in enumerate(dla.info) if _head(inf) is not None]
         keep = [i for i in range(len(values)) if i not in set(heads)]
         labels = [labels[i] for i in keep] + ["all heads (grid)"]
         kinds = [kinds[i] for i in keep] + ["heads"]
@@ -50,6 +50,11 @@ def logit_attribution_bars(dla, *, title: str = "", top: int | None = 12, width:
     return fig
 
 
+def _head(info: dict) -> int | None:
+    """A component's head index (None for embeddings, FFNs, biases)."""
+    return info.get("head_index", info.get("head"))
+
+
 def logit_attribution_grid(dla, *, title: str = "", top: int = 12, width: int = 900):
     """Direct logit attribution read at a glance: one layer x head heatmap per attention kind (one colour scale,
     centred on 0) beside the sorted bars of embeddings, FFNs, biases and the heads' sum."""
@@ -57,8 +62,8 @@ def logit_attribution_grid(dla, *, title: str = "", top: int = 12, width: int = 
     bound = float(np.abs(values).max()) or 1.0
     grids = []
     for kind, name in HEAD_KINDS.items():
-        cells = [(inf["layer"], inf["head"], v) for inf, v in zip(dla.info, values)
-                 if inf.get("head") is not None and inf.get("kind") == kind]
+        cells = [(inf["layer"], _head(inf), v) for inf, v in zip(dla.info, values)
+                 if _head(inf) is not None and inf.get("kind") == kind]
         if not cells:
             continue
         layers = max(c[0] for c in cells) + 1
