@@ -56,7 +56,7 @@ def explain_token(r, position: int) -> dict:
                                  value_label="logit", axis_labels=("cross-attention head", "source token"),
                                  title=f"what each cross-attention head read for {piece!r} "
                                        "(logit share per source token)")
-    return {"dla": dla, "grid": grid, "reads": _stretch(reads_fig)}
+    return {"dla": dla, "grid": _stretch(grid), "reads": _stretch(reads_fig)}
 
 
 @dataclass
@@ -261,10 +261,7 @@ class WhyView(LazyTab):
         return explain_token(r, position)
 
     def render(self, answer):
-        row = answer["grid"].children[0]  # the kinds' grids and the bars: fixed sizes, wrapping on narrow pages
-        figs = list(getattr(row, "children", [row]))
-        return [pn.FlexBox(*[pn.pane.Bokeh(f) for f in figs], flex_wrap="wrap", sizing_mode="stretch_width",
-                           css_classes=["why-dla"]),
+        return [pn.pane.Bokeh(answer["grid"], sizing_mode="stretch_width", css_classes=["why-dla"]),
                 pn.pane.Bokeh(answer["reads"], sizing_mode="stretch_width")]
 
     # -- patching: heavy, once per (sentence, changed source) ------------------------------------
