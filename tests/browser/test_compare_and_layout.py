@@ -89,7 +89,8 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
         open_tab(page, tab)
         page.get_by_text(READY[tab]).first.wait_for(timeout=TIMEOUT * 2)  # the tab's work is done
         if tab == "Why":  # its attribution and its patching answer
-            page.locator(".why-dla").first.wait_for(timeout=TIMEOUT * 2)
+            page.wait_for_function("""() => [...Bokeh.index.all_views()].some(
+                v => v.model.name === 'dla_bars' && v.el.isConnected)""", timeout=TIMEOUT * 2)
             page.locator(".why-patching-note").first.wait_for(timeout=TIMEOUT * 2)
         if tab == "Compare":  # A | B | B-A side by side on a wide page
             boxes = [page.locator(".bk-Figure").nth(i).bounding_box() for i in range(3)]

@@ -24,7 +24,7 @@ def logit_attribution_bars(dla, *, title: str = "", top: int | None = 12, width:
     labels = list(dla.labels)
     kinds = [str(i.get("kind")) for i in dla.info]
     if skip_heads:
-        heads = [i for i, inf in enumerate(dla.info) if inf.get("head") is not None]
+        heads = [i for i, inf in enumerate(dla.info) if inf.get("head_index") is not None]
         keep = [i for i in range(len(values)) if i not in set(heads)]
         labels = [labels[i] for i in keep] + ["all heads (grid)"]
         kinds = [kinds[i] for i in keep] + ["heads"]
