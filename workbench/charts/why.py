@@ -52,7 +52,7 @@ def logit_attribution_bars(dla, *, title: str = "", top: int | None = 12, width:
 
 def logit_attribution_grid(dla, *, title: str = "", top: int = 12, width: int = 900):
     """Direct logit attribution read at a glance: one layer x head heatmap per attention kind (one colour scale,
-    centred on 0) beside the sorted bars of embeddings, FFNs, biases and the heads' sum."""
+    centred on 0) above the sorted bars of embeddings, FFNs, biases and the heads' sum, all within `width` px."""
     values = np.asarray(dla.values, dtype=np.float64)
     bound = float(np.abs(values).max()) or 1.0
     grids = []
@@ -69,12 +69,16 @@ def logit_attribution_grid(dla, *, title: str = "", top: int = 12, width: int = 
         grids.append(matrix_figure(grid, [f"layer {i}" for i in range(layers)], [f"head {h}" for h in range(heads)],
                                    masked=~np.isfinite(grid), title=name, palette=DIVERGING, low=-bound, high=bound,
                                    value_label="logit", axis_labels=("layer", "head"),
-                                   width=max(260, min(420, 60 * heads + 150)), height=max(180, 34 * layers + 110)))
-    bars = logit_attribution_bars(dla, title="embeddings, FFNs, biases (largest first)", top=top,
-                                  width=max(380, width - 440), skip_heads=True)
+                                   width=min(420, 60 * heads + 150), height=max(180, 34 * layers + 110)))
+    bars = logit_attribution_bars(dla, title="embeddings, FFNs, biases (largest first)", top=top, width=width,
+                                  skip_heads=True)
     for g in grids:
         g.name = f"dla_grid_{g.title.text.split()[0]}"
-    out = column(row(*grids, bars), sizing_mode="stretch_width") if grids else column(bars)
+    if grids:  # the grids share `width` when they would not fit side by side; the bars go under them
+        fit = max(200, (width - 10 * (len(grids) - 1)) // len(grids))
+        for g in grids:  # stretch up to their own width: fixed children of a stretching layout are squeezed to nothing
+            g.max_width, g.sizing_mode = min(g.width, fit), "stretch_width"
+    out = column(row(*grids, sizing_mode="stretch_width"), bars, sizing_mode="stretch_width") if grids else column(bars)
     out.name = "dla_view"
     if title:
         bars.title.text = title + " — " + bars.title.text
