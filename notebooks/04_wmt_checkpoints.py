@@ -159,7 +159,7 @@ our_stats = corpus_head_stats(ours.model, our_src, our_tgt, kinds=["cross"])
 both = pd.concat([wmt_stats.summary().assign(model=f"{MODEL} (en→de)"),
                   our_stats.summary().assign(model="workbench (de→en)")])
 alt.Chart(both, title="cross-attention heads: confidence vs distance from the diagonal").mark_circle(size=80).encode(
-    x="diag_distance:Q", y="max:Q", color="model:N", tooltip=["model", "layer", "head", "max", "diag_distance"])
+    x="diag_distance:Q", y="max:Q", color="model:N", tooltip=["model", "head_id", "max", "diag_distance"])
 
 # %%
 from bokeh.layouts import row

@@ -58,11 +58,11 @@ summary = stats.summary()
 summary.round(3)
 
 # %%
-long = summary.melt(id_vars=["kind", "layer", "head"], value_vars=["entropy_norm", "max", "eos", "prev"],
-                    var_name="stat")
+long = summary.melt(id_vars=["head_id", "kind", "layer", "head_index"],
+                    value_vars=["entropy_norm", "max", "eos", "prev"], var_name="stat")
 alt.Chart(long).mark_rect().encode(
-    x="head:O", y="layer:O", color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis")),
-    tooltip=["kind", "layer", "head", "stat", alt.Tooltip("value:Q", format=".3f")],
+    x="head_index:O", y="layer:O", color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis")),
+    tooltip=["head_id", "stat", alt.Tooltip("value:Q", format=".3f")],
 ).properties(width=120, height=90).facet(row="stat:N", column="kind:N").resolve_scale(color="independent")
 
 # %% [markdown]
