@@ -79,12 +79,14 @@ def test_sentence_evidence_on_the_shipped_model():
     tm = load(ROOT / "checkpoints" / "multi30k-de-en")
     src, out = "Ein Hund läuft im Schnee .", "A dog runs in the snow ."
     by_method = {m: sentence_evidence(tm, src, out, method=m) for m in ("weights", "norms", "alti")}
-    for ev in by_method.values():
+    for method, ev in by_method.items():
         assert ev.weights.shape == (7, 6) and np.allclose(ev.weights.sum(1), 1.0)
         assert len(ev.pieces) == len(ev.shares) == 8 and ev.pieces[-1] == "</s>"
         assert ((ev.shares > 0) & (ev.shares < 1)).all() and not any(ev.flags)
-        # fairseq's default aligner (no alignment.json): the argmax of the last layer's mean, AWO
-        assert ev.spec.endswith("AWO units 3") and {t for _, t in ev.links} == set(range(7))
+        # the checkpoint's own aligner (its alignment.json: shift and units), with the method asked for
+        units = ",".join(f"{layer}:{head}" for layer, head in tm.alignment["units"])
+        assert ev.spec == f"{method} {tm.alignment['shift'].upper()} units {units}", ev.spec
+        assert ev.links and all(0 <= s < 6 and 0 <= t < 7 for s, t in ev.links)
     assert not np.allclose(by_method["weights"].weights, by_method["alti"].weights)
     flagged = sentence_evidence(tm, src, out, thresholds=LowShareThresholds(0.75, 0.75, 0.05, 100))
     assert flagged.flags == [False, False, *(s < 0.75 for s in flagged.shares[2:-1]), False] and any(flagged.flags)
