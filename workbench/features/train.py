@@ -189,8 +189,10 @@ class FeatureTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
         if self.step == 0:
-            with torch.no_grad():  # start the decoder bias at the data mean (SAELens's "mean" b_dec init)
-                d.b_dec.copy_(target.mean(0))
+            with torch.no_grad():  # start the decoder bias at the data mean (SAELens's "mean" b_dec init), the
+                # mean over every rank's rows so that all ranks start from the same weights
+                total = self._all_reduce(torch.cat([target.sum(0), target.new_tensor([target.size(0)])]))
+                d.b_dec.copy_(total[:-1] / total[-1])
         dead = self.since_fired >= c.dead_after
         k_aux = c.k_aux or d.cfg.d_in // 2
         out = d.training_forward(x, dead=dead, k_aux=k_aux)
