@@ -130,6 +130,9 @@ def test_loads_clean_offline_and_reacts(page, app_server, tmp_path):
     watch2 = open_app(page2, page.url)
     page2.wait_for_function(f"({FIGURE_JS})().title.includes('head 2')", timeout=TIMEOUT)
     assert text(page2, ".translation").split("log p")[0] == translation.split("log p")[0]
+    deadline = time.monotonic() + TIMEOUT / 1000  # the link's ablation is its own answer, after the translation's
+    while "Ablating" in text(page2, ".ablation-out") and time.monotonic() < deadline:
+        page2.wait_for_timeout(50)
     assert f"Δ = {delta:+.3f}" in text(page2, ".ablation-out")
 
     assert watch.errors == [] and watch2.errors == []
