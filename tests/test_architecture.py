@@ -233,6 +233,23 @@ def test_charts_never_import_panel():
     assert not bad, f"charts are data in, chart out, no Panel: {bad}"
 
 
+# The page's store: the one place in the UI that turns a checkpoint path into a model (issue 28 point 1).
+STORE = {"ui/loader.py", "ui/session.py", "ui/work.py", "ui/workbench_app.py"}
+
+
+def _calls_load_model(path: Path) -> list[int]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("load_model", "load_checkpoint")]
+
+
+def test_views_get_models_from_the_store_never_from_a_path():
+    bad = {str(p.relative_to(PACKAGE)): lines for p in sorted((PACKAGE / "ui").glob("*.py"))
+           if str(p.relative_to(PACKAGE)) not in STORE and (lines := _calls_load_model(p))}
+    assert not bad, f"UI modules that load a checkpoint themselves (take the session's model): {bad}"
+    assert _calls_load_model(PACKAGE / "ui" / "work.py"), "the checker itself: the store's own call is seen"
+
+
 def test_no_workbench_module_is_imported_inside_a_function():
     """One exception: a CLI subcommand may import the chart modules (Bokeh, Altair) in its `run`, with a comment,
     so that its `--help` stays light; the layer test above still sees those edges."""

@@ -45,8 +45,8 @@ def test_tab_draws_alignment_shares_and_roles(session):
     grids = [g for g in fig.select({"type": GlyphRenderer}) if (g.name or "").startswith("roles_")]
     assert sorted(g.name for g in grids) == ["roles_cross", "roles_dec_self", "roles_enc_self"]
     assert sum(len(g.data_source.data["roles"]) for g in grids) == 3 * 2 * 4  # every head of the 2+2-layer model
-    roles, where = checkpoint_roles(r.request.path, r.request.sentence, r.text)
-    assert checkpoint_roles(r.request.path, "x", "y")[0] is roles  # measured once per checkpoint
+    roles, where = checkpoint_roles(r.model, r.request.sentence, r.text)
+    assert checkpoint_roles(r.model, "x", "y")[0] is roles  # measured once per model
     assert "Multi30k test2016" in where and "RWTH" in where and roles.diagonal_aer is not None
 
 

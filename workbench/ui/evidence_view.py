@@ -24,7 +24,6 @@ from ..analysis.sentence_evidence import sentence_evidence
 from ..analysis.word_align import METHODS
 from ..charts.evidence import alignment_lines, role_grid, source_share_bars
 from ..corpus.data import dataset_files, default_data_root
-from . import loader
 from .views import LazyTab
 
 METHOD_LABELS = {"attention weights": "weights", "value-weighted norms": "norms", "ALTI+ contributions": "alti"}
@@ -54,25 +53,22 @@ def _gold(src_lang: str, tgt_lang: str):
 
 
 @functools.lru_cache(maxsize=8)
-def _alignment_scores(path: str):
-    """(per-head AER, diagonal AER, pairs) of a checkpoint on the RWTH gold, or None: once per process."""
-    tm = loader.load_model(path)
+def _alignment_scores(tm):
+    """(per-head AER, diagonal AER, pairs) of a model on the RWTH gold, or None: once per model and process."""
     gold = _gold(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
     return None if gold is None else gold_aer(tm, *gold, shift="awi")
 
 
 @functools.lru_cache(maxsize=8)
-def _corpus_roles(path: str):
-    tm = loader.load_model(path)
+def _corpus_roles(tm):
     corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
     if corpus is None:
         return None
-    return _roles(path, corpus[0], corpus[1], corpus[2])
+    return _roles(tm, corpus[0], corpus[1], corpus[2])
 
 
-def _roles(path: str, sources, refs, where: str):
-    tm = loader.load_model(path)
-    scores = _alignment_scores(path)
+def _roles(tm, sources, refs, where: str):
+    scores = _alignment_scores(tm)
     aer = diagonal = None
     if scores is not None:
         aer, diagonal, n = scores
@@ -80,11 +76,11 @@ def _roles(path: str, sources, refs, where: str):
     return model_roles(tm, sources, refs, aer=aer, diagonal_aer=diagonal), where
 
 
-def checkpoint_roles(path: str, source: str, output: str):
-    """(HeadRoles, where they were measured) of a checkpoint: on test sentences of its language pair, measured
-    once per process; without such a test set, on (`source`, `output`) alone."""
-    found = _corpus_roles(path)
-    return found if found is not None else _roles(path, [source], [output], "this sentence only (no test set here)")
+def checkpoint_roles(tm, source: str, output: str):
+    """(HeadRoles, where they were measured) of a `TranslationModel`: on test sentences of its language pair,
+    measured once per model and process; without such a test set, on (`source`, `output`) alone."""
+    found = _corpus_roles(tm)
+    return found if found is not None else _roles(tm, [source], [output], "this sentence only (no test set here)")
 
 
 def evidence_figure(tm, source: str, output: str, *, method: str = "weights", roles=None, roles_from: str = ""):
@@ -121,15 +117,15 @@ class EvidenceView(LazyTab):
             return "*Nothing to show yet: translate a sentence.*"
         if not r.text.strip():
             return "*The output is empty: nothing to align.*"
-        return r.request.path, r.request.sentence, r.text, METHOD_LABELS[self.method], self.roles
+        # The model that made the result (the store hands it out): the view never turns a path into a model.
+        return r.model, r.request.sentence, r.text, METHOD_LABELS[self.method], self.roles
 
-    def compute(self, path, source, output, method, with_roles, ticket=None):
-        tm = loader.load_model(path)
+    def compute(self, tm, source, output, method, with_roles, ticket=None):
         roles, where = None, ""
         if with_roles:
             if ticket is not None:
                 ticket.report("measuring the heads' roles (once per checkpoint)")
-            roles, where = checkpoint_roles(path, source, output)
+            roles, where = checkpoint_roles(tm, source, output)
             if ticket is not None:
                 ticket.check()  # a newer sentence or method supersedes this one: stop before the figure
         return evidence_figure(tm, source, output, method=method, roles=roles, roles_from=where)
