@@ -152,7 +152,7 @@ class FeaturesView(LazyTab):
         rows = []
         for row in why["rows"]:
             button = pn.widgets.Button(label=f"#{row['feature']}", width=80, margin=(2, 5),
-                                       button_type="primary" if row["feature"] == shown else "default",
+                                       color="primary" if row["feature"] == shown else "default",
                                        css_classes=["features-why-link"])
             button.on_click(lambda _e, f=row["feature"]: self._open(f))
             rows.append(pn.Row(button, pn.pane.HTML(
