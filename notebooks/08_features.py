@@ -128,7 +128,7 @@ for s, r in zip(src_text, ref_text):
     hit = next((w for w in words_de if w in DE_EN and DE_EN[w] in r.lower().split()), None)
     if hit:
         cases.append((s, r, hit))
-cases = cases[: 8 if QUICK else 60]
+all_cases, cases = cases[:60], cases[: 8 if QUICK else 60]
 d = fd.d
 eos = tm.model.cfg.eos_id
 
@@ -209,7 +209,9 @@ ex.frame().head(8)
 # %%
 g = torch.Generator().manual_seed(0)
 plural_rows = []
-for s, r, word in cases:
+for s, r, word in all_cases:  # the first 60; in QUICK mode the first three that qualify
+    if QUICK and len(plural_rows) == 3:
+        break
     src_ids = tm.src_tokenizer.encode(s) + [eos]
     tgt_ids = tm.tgt_tokenizer.encode(r)
     pieces = [p.replace("\u2581", "").lower() for p in tm.src_tokenizer.pieces(src_ids)]
