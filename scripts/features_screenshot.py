@@ -1,6 +1,8 @@
 """Screenshot of the app's Features tab with "Why this word" on the shipped de->en model (docs/screenshots/).
 
-    python scripts/features_screenshot.py [SENTENCE OUTPUT_INDEX OUT.png]   # defaults: the sentence below, 1, docs
+    python scripts/features_screenshot.py [SENTENCE OUTPUT_INDEX OUT.png]
+
+Defaults: "Zwei Hunde spielen im Schnee.", output token 1, docs/screenshots/screenshot_features_1500.png.
 
 Serves apps/attention.py on a free port with the shipped checkpoints, translates the sentence, opens the Features
 tab, picks the output token (an index), opens its top feature's dashboard and saves a full-page screenshot 1500 px
