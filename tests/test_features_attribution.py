@@ -140,6 +140,7 @@ def test_bad_input_is_one_clear_error(tiny):
     cases = [
         (dict(position=8), "output position 8 is out of range: the output has 8 tokens"),
         (dict(position=-1), "out of range"),
+        (dict(position=1.5), "must be an integer"),
         (dict(metric="no-such"), "a foil word needs a TranslationModel"),
         (dict(metric=500), "not in the target vocabulary"),
     ]

@@ -58,7 +58,7 @@ def test_why_this_word_lists_the_librarys_top_features_and_a_button_opens_one(se
     assert list(view.param.output.objects.values()) == list(range(len(r.out_pieces)))
     view.output = 2
     why = _why(view)
-    picker, head, *rows = why.objects
+    picker, head, per_position, *rows = why.objects
     assert picker.value == 2 and "output token 2" in head.object
     d = SparseDictionary.load(Path(r.model.meta["path"]) / "features" / "hook_memory")
     fa = feature_attribution(r.model, d, list(r.src_ids), list(r.out_ids[:-1]), 2)
@@ -66,6 +66,9 @@ def test_why_this_word_lists_the_librarys_top_features_and_a_button_opens_one(se
     assert [row[0].label for row in rows] == [f"#{w['feature']}" for w in want]
     assert f"{want[0]['attribution']:+.4f} on source {want[0]['position']}" in rows[0][1].object
     assert f"together {float(fa.total.sum()):+.4f}" in head.object
+    # per source token: the input x gradient of the encoder output there (features + error + bias)
+    assert per_position.object.count("<span title=") == len(r.src_ids)
+    assert f"title='{float(fa.by_position()[1]):+.4f}'" in per_position.object
     # a feature's button opens its dashboard
     target = want[1]["feature"]
     rows[1][0].clicks += 1

@@ -29,6 +29,7 @@ FFN's input.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,11 @@ def _prepare(tm_or_model: TranslationModel | Transformer, src: Any, tgt: Any, po
     if tgt_ids and tgt_ids[-1] == cfg.eos_id:
         tgt_ids = tgt_ids[:-1]  # the output as decoded: its EOS is the last output position anyway
     out = [*tgt_ids, cfg.eos_id]
-    if not isinstance(position, int) or not 0 <= position < len(out):
+    try:
+        position = operator.index(position)
+    except TypeError:
+        raise ValueError(f"the output position must be an integer, got {position!r}") from None
+    if not 0 <= position < len(out):
         raise ValueError(f"output position {position} is out of range: the output has {len(out)} tokens "
                          f"(0..{len(out) - 1}, the last is the end of sentence)")
     foil, name = None, metric

@@ -57,7 +57,9 @@ def why_this_word(r, fd: FeatureData, output: int, *, top: int = WHY_TOP) -> dic
     """The features that drive output token `output` of result `r` most, with the dictionary's error and bias."""
     output = min(max(int(output), 0), len(r.out_ids) - 1)
     fa = feature_attribution(r.model, fd.d, list(r.src_ids), list(r.out_ids[:-1]), output)
+    per_position = [(piece, float(v)) for piece, v in zip(fa.pieces, fa.by_position())]
     return {"position": output, "piece": fa.piece, "side": fa.side, "value": fa.value, "rows": fa.top(top),
+            "per_position": per_position,
             "active": int(fa.features.numel()), "features": float(fa.attributions.sum()),
             "error": float(fa.error.sum()), "bias": float(fa.bias.sum()), "total": float(fa.total.sum())}
 
@@ -167,7 +169,13 @@ class FeaturesView(LazyTab):
                 f"features give {why['features']:+.4f}, the dictionary's error {why['error']:+.4f} and bias "
                 f"{why['bias']:+.4f}: together {why['total']:+.4f}, the site's input × gradient. The top ones "
                 "(a button opens the feature's dashboard):")
-        return pn.Column(self._picker, pn.pane.Markdown(head, sizing_mode="stretch_width"), *rows,
+        cells = " ".join(f"<span title='{v:+.4f}' style='background:{_shade(v, why['per_position'])};"
+                         f"padding:0 3px;margin:0 1px'>{html.escape(_shown(piece))}</span>"
+                         for piece, v in why["per_position"])
+        per_position = pn.pane.HTML(
+            f"<div class='features-why-positions'>By {where} (features + error + bias: the site's input × gradient "
+            f"there, red raises the word, blue lowers it): {cells}</div>", sizing_mode="stretch_width")
+        return pn.Column(self._picker, pn.pane.Markdown(head, sizing_mode="stretch_width"), per_position, *rows,
                          css_classes=["features-why"], sizing_mode="stretch_width")
 
     def render(self, answer) -> list:
@@ -190,6 +198,12 @@ class FeaturesView(LazyTab):
         if "dashboard" in answer:
             objs.append(pn.pane.Bokeh(answer["dashboard"], css_classes=["features-dashboard"]))
         return objs
+
+
+def _shade(v: float, values: list[tuple[str, float]]) -> str:
+    top = max((abs(x) for _, x in values), default=0.0) or 1.0
+    alpha = 0.85 * abs(v) / top
+    return f"rgba(192,57,43,{alpha:.2f})" if v > 0 else f"rgba(41,98,255,{alpha:.2f})"
 
 
 def _shown(piece: str) -> str:
