@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..core.heads import hook_name
 from .attribution import spearman, token_attribution
 from .gradients import evaluating
 
@@ -239,8 +240,8 @@ def attribution_matrices(model, src, tgt, targets, *, memory_mean: torch.Tensor,
                          ) -> dict[str, np.ndarray]:
     """Every method's (T, S) matrix for one sentence (attention: cross-attention averaged over layers and heads;
     signed methods as magnitudes, since attention and saliency are unsigned)."""
-    _, trace = model.run_with_cache(src, tgt, names="dec.*.cross_attn.hook_probs")
-    attn = trace.stack("dec.*.cross_attn.hook_probs")[:, 0].mean((0, 1))  # (T, S)
+    _, trace = model.run_with_cache(src, tgt, names=hook_name("cross", "*"))
+    attn = trace.stack(hook_name("cross", "*"))[:, 0].mean((0, 1))  # (T, S)
     grad = token_attribution(model, src, tgt, targets)
     return {
         "attention": attn.double().cpu().numpy(),
