@@ -455,7 +455,7 @@ def capture_attention(model, src: torch.Tensor, tgt: torch.Tensor, names: Sequen
 
     with model.capture(names) as store:
         try:
-            with model.hooks({"hook_dec_out": stop}):
+            with model.hooks({model.hook_dec_out.name: stop}):
                 model(src, tgt)
         except _Stop:
             pass

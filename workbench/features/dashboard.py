@@ -153,7 +153,7 @@ class FeatureData:
         pos = torch.tensor([c.position for c in ctx])
         at = torch.tensor([c.aligned_position for c in ctx])
         heads: list[tuple[int, int]] = []
-        if self.site.hook_in == "hook_memory" and not self.site.transcoder:
+        if self.site.hook_in == model.hook_memory.name and not self.site.transcoder:
             heads = [(layer, h) for layer in range(len(model.dec)) for h in range(model.dec[layer].cross_attn.n_heads)]
         variants = 2 + len(heads)  # clean, whole site, each head
         src_v, tgt_v = src.repeat(variants, 1), tgt_in.repeat(variants, 1)
