@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..core.batching import decoder_input
 from ..core.model import Transformer
 from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
@@ -179,8 +180,9 @@ def _prepare(tm_or_model: TranslationModel | Transformer, src: Any, tgt: Any, po
     tgt_pieces = ["<s>", *tm.tgt_tokenizer.pieces(tgt_ids)] if tm else []
     piece = tm.tgt_tokenizer.pieces([out[position]])[0] if tm else ""
     dev = model.device
-    return _Inputs(model, torch.tensor([src_ids], device=dev), torch.tensor([[cfg.start_id, *tgt_ids]], device=dev),
-                   position, out[position], foil, str(name), src_pieces, tgt_pieces, piece)
+    tgt_in = torch.tensor([decoder_input(out, cfg.start_id)], device=dev)
+    return _Inputs(model, torch.tensor([src_ids], device=dev), tgt_in, position, out[position], foil, str(name),
+                   src_pieces, tgt_pieces, piece)
 
 
 def _site(model: Transformer, dictionary: SparseDictionary) -> Site:
