@@ -143,7 +143,8 @@ def _prepare(tm_or_model: TranslationModel | Transformer, src: Any, tgt: Any, po
     if tgt is None:
         if tm is None:
             raise ValueError("without a TranslationModel, give the output token ids")
-        tgt = tm.translate([tm.src_tokenizer.decode([i for i in src_ids if i != cfg.eos_id])])[0]
+        text = src if isinstance(src, str) else tm.src_tokenizer.decode([i for i in src_ids if i != cfg.eos_id])
+        tgt = tm.translate([text])[0]
     if isinstance(tgt, str):
         if tm is None:
             raise ValueError("text needs a TranslationModel (its tokenizers); give a Transformer ids")
