@@ -38,6 +38,7 @@ summed over every path length; `prune` keeps the fewest nodes holding a fraction
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,10 +70,13 @@ class AttributionGraph:
             self._influence = node_influence(self.adjacency)
         return self._influence
 
-    def prune(self, node_threshold: float = 0.8) -> torch.Tensor:
-        """Indices of the fewest nodes whose influence reaches `node_threshold` of the total, plus the logit node."""
+    def prune(self, node_threshold: float = 0.8, max_nodes: int | None = None) -> torch.Tensor:
+        """Indices of the fewest nodes whose influence reaches `node_threshold` of the total, plus the logit node;
+        with `max_nodes`, at most that many nodes besides the logit (the most influential ones)."""
         if not 0 < node_threshold <= 1:
             raise ValueError(f"node_threshold must be in (0, 1], got {node_threshold}")
+        if max_nodes is not None and max_nodes < 1:
+            raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
         inf = self.influence[:-1]
         order = inf.argsort(descending=True)
         total = float(inf.sum())
@@ -80,6 +84,8 @@ class AttributionGraph:
             return torch.tensor([len(self.nodes) - 1])
         cum = inf[order].cumsum(0) / total
         n = int((cum < node_threshold - 1e-12).sum()) + 1
+        if max_nodes is not None:
+            n = min(n, max_nodes)
         return torch.cat([order[:n].sort().values, torch.tensor([len(self.nodes) - 1])])
 
     def index(self, **match) -> list[int]:
@@ -174,12 +180,30 @@ def _tokens(ids, name: str) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- the graph
 
 
+def graph_size(model, src_len: int, position: int) -> int:
+    """How many nodes `attribution_graph` builds for a source of `src_len` tokens and decoder `position` (before
+    building it: the adjacency is nodes² float64, 8 bytes each)."""
+    t = position + 1
+    n = src_len + t + 2  # embeddings, bias, logit
+    for stack, length in (("enc", src_len), ("dec", t)):
+        for layer in getattr(model, stack):
+            n += 2 * length  # FFN and error nodes
+            n += layer.self_attn.n_heads * length
+            if stack == "dec":
+                n += layer.cross_attn.n_heads * length
+    return n
+
+
+
 def attribution_graph(model, src, tgt, position: int = -1, token: int | None = None, *,
                       baseline_token: int | None = None, src_tokens: list[str] | None = None,
-                      tgt_tokens: list[str] | None = None) -> AttributionGraph:
+                      tgt_tokens: list[str] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> AttributionGraph:
     """The attribution graph of the logit of `token` (default: the model's top token) at decoder position
     `position` (the token predicted after reading tgt[position]); with `baseline_token`, of the logit difference.
-    `src`, `tgt`: one sentence of ids. `src_tokens` / `tgt_tokens` (optional) label the nodes."""
+    `src`, `tgt`: one sentence of ids. `src_tokens` / `tgt_tokens` (optional) label the nodes. `progress(done,
+    total)` is called after each sub-layer of the backward and the forward pass (an exception it raises, such as
+    a request path's cancellation, ends the construction there)."""
     src, tgt = _tokens(src, "src").to(model.device), _tokens(tgt, "tgt").to(model.device)
     if not -tgt.size(1) <= position < tgt.size(1):
         raise ValueError(f"position {position} out of range for a target prefix of {tgt.size(1)} tokens")
@@ -251,6 +275,14 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
         G = _fnT(G, finals["dec"][0], finals["dec"][2])
     G_mem = torch.zeros(S, D, dtype=torch.float64)
     g_emb = {}
+    total_steps = 2 * (len(blocks["enc"]) + len(blocks["dec"]))
+    steps = [0]
+
+    def step() -> None:
+        steps[0] += 1
+        if progress is not None:
+            progress(steps[0], total_steps)
+
     for stack in ("dec", "enc"):
         if stack == "enc":
             G = G_mem
@@ -270,6 +302,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                 r = torch.einsum("hdf,qf->hqd", p.ov, g)  # (H, Lq, D)
                 back = torch.einsum("hqk,hqd->kd", probs, r)  # (Lk, D)
             r_dir[key] = r
+            step()
             if b == "cross_attn":
                 G_mem = G_mem + back
                 G = G if pre else g  # the decoder stream gets nothing back: queries are frozen
@@ -383,6 +416,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                 new_R, new_pos, new_ids = write.reshape(H * Lq, D), torch.arange(Lq).repeat(H), tids.reshape(-1)
                 if p.bo is not None:
                     Rb = Rb + p.bo
+            step()
             R = torch.cat([R, new_R])
             pos = torch.cat([pos, new_pos])
             ids = torch.cat([ids, new_ids])

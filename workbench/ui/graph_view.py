@@ -1,0 +1,288 @@
+"""The "Graph" tab: the attribution graph of one output token of the current translation
+(`analysis.graph.attribution_graph`, drawn by `charts.graph`), pruned by influence, with a tap panel and an offline
+export.
+
+- Pick an output token (buttons for short outputs, a list for long ones: the picker follows the output length), the
+  influence threshold (default 0.8: the fewest nodes holding 80 % of the influence on the logit) and a node cap.
+- The graph: layered by layer, encoder left, decoder right; node size and opacity by influence, edge width by
+  weight; hover names a node. Tapping a node shows beside the graph what it is: its context token, attribution and
+  influence, its strongest edges in and out and, for a head, its attention row at that query position over the keys
+  (bars labelled with the pieces). The tap is client-side, so the exported file behaves the same offline.
+- Export: one self-contained HTML file (Bokeh INLINE, no CDN), `<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html`,
+  captioned with the sentence, the translation, the checkpoint and the token.
+
+The graph is heavy work (the page's heavy lane): its cost grows with the square of its node count (the dense
+adjacency), about 5e-8 s × nodes² on one core here (1,700 nodes, 36 source tokens: 0.15 s; 3,500 nodes, 89 source
+tokens: 0.55 s), said before it is built; its progress is reported per sub-layer and a newer request stops it.
+Graphs above MAX_GRAPH_NODES nodes are refused with a message (the matrix alone would take nodes² × 8 bytes).
+The last graphs are kept, so changing the threshold or the cap only prunes again.
+
+The token, threshold and cap are in the URL (`?gtok=&gthr=&gcap=`); a link's value the tab cannot use is named in
+the tab and dropped from the URL. Added by `Workbench(extra_tabs=[TAB])`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections import OrderedDict
+from io import StringIO
+from urllib.parse import parse_qsl, urlencode
+
+import panel as pn
+import param
+import torch
+from bokeh.layouts import row
+
+from ..analysis.graph import attribution_graph, graph_size
+from ..charts.export import to_html
+from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
+from .views import LazyTab, _md_escape
+
+MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
+MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
+SECONDS_PER_NODE2 = 5e-8  # measured: graph construction plus pruning on one core of this machine
+CACHED = 2  # graphs kept per page (a graph holds its nodes² adjacency)
+URL_KEYS = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap"}
+
+
+def estimate(nodes: int) -> tuple[float, float]:
+    """(seconds, megabytes) a graph of `nodes` nodes takes to build here (one core) and to hold."""
+    return SECONDS_PER_NODE2 * nodes**2, 8 * nodes**2 / 1e6
+
+
+def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None):
+    """The attribution graph of output token `position` of a translation (its logit, the token the model chose),
+    nodes labelled with the pieces."""
+    cfg = tm.model.cfg
+    src = torch.tensor([list(src_ids)], device=tm.device)
+    tgt = torch.tensor([[cfg.start_id, *list(out_ids)[:position]]], device=tm.device)
+    return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]),
+                             src_tokens=list(src_pieces), tgt_tokens=["<s>", *out_pieces[:position]],
+                             progress=progress)
+
+
+class GraphView(LazyTab):
+    """The attribution graph of the chosen output token of the session's current sentence and model."""
+
+    position = param.Selector(default=0, objects={"0": 0}, doc="The output token whose logit the graph explains")
+    threshold = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
+                             doc="Keep the fewest nodes holding this share of the influence on the logit")
+    max_nodes = param.Integer(default=100, bounds=(5, 400), doc="At most this many nodes (the most influential)")
+
+    title = "Graph"
+    follows = ("version",)
+    redraws = ("position", "threshold", "max_nodes")
+    heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
+
+    def __init__(self, **params):
+        link = _link()
+        refused = []
+        for name in ("threshold", "max_nodes"):
+            raw = link.get(URL_KEYS[name])
+            if raw is None:
+                continue
+            try:
+                value = float(raw) if name == "threshold" else int(raw)
+                low, high = type(self).param[name].bounds
+                if not (math.isfinite(value) and low <= value <= high):
+                    raise ValueError(raw)
+                params.setdefault(name, value)
+            except Exception:  # a value the tab cannot use is named and dropped, never raised
+                refused.append((URL_KEYS[name], raw))
+        super().__init__(**params)
+        self._link_position = link.get(URL_KEYS["position"])
+        self._link_note = ""
+        self._refuse(refused)
+        self._lock = threading.Lock()
+        self._graphs: OrderedDict[tuple, object] = OrderedDict()
+        self._answer: dict | None = None
+        self._cost = ""
+        self._picker = pn.Column(sizing_mode="stretch_width")
+        self._picker_many: bool | None = None
+        self._bar = pn.indicators.Progress(value=0, max=1, width=240, css_classes=["graph-progress-bar"])
+        self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
+                                               label="Export graph (offline HTML)", color="light",
+                                               css_classes=["graph-export"], width=230, disabled=True)
+        self._controls = pn.Row(
+            pn.widgets.FloatSlider.from_param(self.param.threshold, name="Influence threshold", width=200,
+                                              css_classes=["graph-threshold"]),
+            pn.widgets.IntInput.from_param(self.param.max_nodes, name="Node cap", width=110,
+                                           css_classes=["graph-cap"]),
+            self._export, align="end")
+        self.param.watch(self._to_url, list(URL_KEYS))
+        self.session.param.watch(self._follow, "result")
+        self._follow()
+
+    # -- following the page -------------------------------------------------------------------------
+    def _follow(self, *_) -> None:
+        """A new result: the token picker follows the output (a token past its end falls back to the first);
+        a link's token is applied to the first result, or named and dropped when the output is shorter."""
+        r = self.session.result
+        if r is None:
+            return
+        n = len(r.out_pieces)
+        with param.parameterized.batch_call_watchers(self):
+            self.param.position.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)} or {"0": 0}
+            if self.position >= n:
+                with param.parameterized.discard_events(self):
+                    self.position = 0
+            if self._link_position is not None:
+                raw, self._link_position = self._link_position, None
+                if raw.isdigit() and int(raw) < n:
+                    with param.parameterized.discard_events(self):
+                        self.position = int(raw)
+                else:
+                    self._refuse([(URL_KEYS["position"], raw)], f"(the output has {n} tokens)")
+        many = n > MAX_BUTTONS
+        if many != self._picker_many:
+            self._picker_many = many
+            self._picker.objects = [
+                pn.widgets.Select.from_param(self.param.position, name="Output token", width=260,
+                                             css_classes=["graph-token-list"]) if many else
+                pn.widgets.RadioButtonGroup.from_param(self.param.position, name="", css_classes=["graph-tokens"])]
+
+    def _refuse(self, refused: list[tuple[str, str]], why: str = "") -> None:
+        if not refused:
+            return
+        self._link_note = ("Some settings in the link could not be used and were ignored: "
+                           + ", ".join(f"{key}={raw[:80]}" for key, raw in refused) + (f" {why}" if why else ""))
+        location = _location()
+        if location is not None:
+            keys = {key for key, _ in refused}
+            kept = [(k, v) for k, v in parse_qsl((location.search or "").lstrip("?"), keep_blank_values=True)
+                    if k not in keys]
+            location.search = "?" + urlencode(kept) if kept else ""
+
+    def _to_url(self, *events) -> None:
+        location = _location()
+        if location is not None:
+            location.update_query(**{URL_KEYS[e.name]: str(e.new) for e in events})
+
+    # -- the work -----------------------------------------------------------------------------------
+    def inputs(self):
+        r = self.session.result
+        if r is None:
+            return "*Nothing to explain yet: translate a sentence.*"
+        if not r.out_ids:
+            return "*The output is empty: no token to explain.*"
+        position = min(self.position, len(r.out_ids) - 1)
+        tm = r.model
+        nodes = graph_size(tm.model, len(r.src_ids), position)
+        seconds, mb = estimate(nodes)
+        if nodes > MAX_GRAPH_NODES:
+            return (f"*The graph of output token {position} would have {nodes:,} nodes ({len(r.src_ids)} source "
+                    f"tokens, {position + 1} decoder positions): its {nodes:,} × {nodes:,} matrix takes {mb:,.0f} MB, "
+                    f"above this page's limit of {MAX_GRAPH_NODES:,} nodes. Pick an earlier output token or a shorter "
+                    "sentence; in a notebook `workbench.analysis.attribution_graph` builds any size.*")
+        self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
+                      f"about {max(seconds, 0.1):.1f} s to build on one core ({mb:,.0f} MB)")
+        key = (r.request.translate_key, position)
+        return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
+                int(self.max_nodes))
+
+    def compute(self, tm, key, src_ids, out_ids, src_pieces, out_pieces, position, threshold, max_nodes,
+                ticket=None):
+        with self._lock:
+            graph = self._graphs.get(key)
+        seconds = 0.0
+        if graph is None:
+            def progress(done, total):
+                if ticket is not None:
+                    ticket.check()  # a newer token or sentence supersedes this graph: stop between sub-layers
+                    ticket.report(done, total)
+
+            start = time.perf_counter()
+            graph = build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position, progress)
+            seconds = time.perf_counter() - start
+            with self._lock:
+                self._graphs[key] = graph
+                while len(self._graphs) > CACHED:
+                    self._graphs.popitem(last=False)
+        keep = graph.prune(threshold, max_nodes)
+        if ticket is not None:
+            ticket.check()
+        return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
+                "src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces], "seconds": seconds,
+                "piece": out_pieces[position]}
+
+    def progress(self, done: int, total: int) -> None:
+        self._bar.max = max(total, 1)
+        self._bar.value = min(done, total)
+        self._box.loading = False  # the bar says it is working
+        self._box.objects = [pn.pane.Markdown(f"*Building the graph ({_md_escape(self._cost)}): sub-layer {done} of "
+                                              f"{total}…*", css_classes=["graph-progress"]), self._bar]
+
+    def figure(self, answer: dict, *, width: int = 1000):
+        """(figure, side panel, legend) of an answer."""
+        return attribution_graph_parts(answer["graph"], answer["keep"], src_tokens=answer["src_tokens"],
+                                       tgt_tokens=answer["tgt_tokens"], width=width,
+                                       height=max(420, min(720, 40 * (len(row_labels(answer["graph"])) + 1))))
+
+    def render(self, answer) -> list:
+        self._answer = answer
+        fig, side, legend = self.figure(answer)
+        fig.sizing_mode = "stretch_width"
+        g, keep = answer["graph"], answer["keep"]
+        kept = len(keep) - 1
+        covered = float(g.influence[keep[:-1]].sum() / g.influence[:-1].sum()) if kept else 0.0
+        built = (f" Built in {answer['seconds']:.2f} s ({self._cost})." if answer["seconds"]
+                 else f" ({self._cost}; the graph was kept, only the pruning ran again.)")
+        note = (f"Why **{_md_escape(answer['piece'])}** at output position {answer['position']}: logit "
+                f"{g.logit:.3f}, completeness error {abs(float(g.adjacency[-1].sum()) - g.logit):.1e}. "
+                f"{kept} of {len(g.nodes) - 1:,} nodes kept, holding {covered:.0%} of the influence (threshold "
+                f"{answer['threshold']:g}, cap {answer['max_nodes']}).{_md_escape(built)}")
+        self._export.filename = self.export_name()
+        self._export.disabled = False
+        objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
+                pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
+                              css_classes=["graph-figure"]),
+                pn.pane.Bokeh(legend)]
+        if self._link_note:
+            objs.insert(0, pn.pane.Alert(_md_escape(self._link_note), alert_type="warning",
+                                         css_classes=["graph-link-note"], sizing_mode="stretch_width"))
+        return objs
+
+    # -- export -------------------------------------------------------------------------------------
+    def export_name(self) -> str:
+        """`<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html` of the graph shown."""
+        a = self._answer
+        ckpt = re.sub(r"[^A-Za-z0-9._-]+", "-", self.session.checkpoint or "none").strip("-")
+        if a is None:
+            return f"{ckpt}_graph.html"
+        return f"{ckpt}_graph_tok{a['position']}-thr{a['threshold']:g}-cap{a['max_nodes']}.html"
+
+    def export_html(self) -> StringIO:
+        """The graph shown, as one offline HTML file with a caption: a fresh layout, not the page's."""
+        a, r = self._answer, self.session.result
+        if a is None or r is None:
+            return StringIO("<p>nothing to export</p>")
+        caption = (f"Sentence: {r.request.sentence}\n{'Target (teacher-forced)' if r.forced else 'Translation'}: "
+                   f"{r.text}\nCheckpoint: {self.session.checkpoint}\nAttribution graph of output token "
+                   f"{a['position']} ({a['piece']}): threshold {a['threshold']:g}, at most {a['max_nodes']} nodes")
+        view = attribution_graph_view(a["graph"], a["keep"], src_tokens=a["src_tokens"], tgt_tokens=a["tgt_tokens"],
+                                      width=1000)
+        return StringIO(to_html(view, title=self.export_name()[:-5], caption=caption))
+
+    def __panel__(self):
+        return pn.Column(pn.pane.Markdown("Pick an output token: the graph of the components that wrote its logit. "
+                                          "Tap a node to see what it is."),
+                         self._picker, self._controls, self._box, sizing_mode="stretch_width")
+
+
+def _location():
+    location = pn.state.location
+    if location is None or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
+        return None
+    return location
+
+
+def _link() -> dict[str, str]:
+    location = _location()
+    return {} if location is None else dict(parse_qsl((location.search or "").lstrip("?")))
+
+
+TAB = ("Graph", lambda session: GraphView(session=session))
+"""The tab as `Workbench(extra_tabs=[TAB])` takes it."""
