@@ -95,6 +95,8 @@ class GraphView(LazyTab):
         super().__init__(**params)
         self._link_position = link.get(URL_KEYS["position"])
         self._link_note = ""
+        self._drop: set[str] = set()
+        self._refused: list[str] = []
         self._refuse(refused)
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, object] = OrderedDict()
@@ -136,6 +138,7 @@ class GraphView(LazyTab):
                         self.position = int(raw)
                 else:
                     self._refuse([(URL_KEYS["position"], raw)], f"(the output has {n} tokens)")
+        self._drop_from_url()
         many = n > MAX_BUTTONS
         if many != self._picker_many:
             self._picker_many = many
@@ -147,14 +150,21 @@ class GraphView(LazyTab):
     def _refuse(self, refused: list[tuple[str, str]], why: str = "") -> None:
         if not refused:
             return
-        self._link_note = ("Some settings in the link could not be used and were ignored: "
-                           + ", ".join(f"{key}={raw[:80]}" for key, raw in refused) + (f" {why}" if why else ""))
+        self._refused += [f"{key}={raw[:80]}" + (f" {why}" if why else "") for key, raw in refused]
+        self._link_note = "Some settings in the link could not be used and were ignored: " + ", ".join(self._refused)
+        self._drop |= {key for key, _ in refused}
+        if self.session.result is not None:
+            self._drop_from_url()
+
+    def _drop_from_url(self) -> None:
+        """Refused link values leave the URL; after the first answer (before it, the browser's own report of its
+        URL would bring them back)."""
         location = _location()
-        if location is not None:
-            keys = {key for key, _ in refused}
+        if location is not None and self._drop:
             kept = [(k, v) for k, v in parse_qsl((location.search or "").lstrip("?"), keep_blank_values=True)
-                    if k not in keys]
+                    if k not in self._drop]
             location.search = "?" + urlencode(kept) if kept else ""
+        self._drop = set()
 
     def _to_url(self, *events) -> None:
         location = _location()
