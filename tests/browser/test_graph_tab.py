@@ -3,11 +3,9 @@
 are named and dropped; the export downloads one self-contained HTML file that loads no http(s) script or
 stylesheet; no console error, failed or external request.
 
-`shoot(page, url, folder)` takes the docs' screenshots (graph_1000.png, graph_1500.png) of any served app:
-
-    panel serve apps/attention.py --port 5077 &
-    python -c "from playwright.sync_api import sync_playwright; import sys; sys.path[:0] = ['tests/browser', \
-'tests/ui']; from test_graph_tab import shoot; ..."   # see docs/app.md
+`shoot(page, url, folder)` takes the docs' screenshots (graph_1000.png, graph_1500.png) of any served app: the
+docs' come from `panel serve apps/attention.py` on the shipped checkpoints, opened on
+`?ckpt=multi30k-de-en&src=Ein+Mann+mit+einem+orangefarbenen+Hut+starrt+auf+etwas.&gtok=5`.
 """
 
 from __future__ import annotations

@@ -135,18 +135,23 @@ def test_export_is_one_offline_captioned_file(session):
 
 def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
     """Served (background): the graph of token 1 is held in its worker while token 2 is picked; token 2's graph is
-    shown and token 1's, released afterwards, never lands."""
+    shown, with its progress per sub-layer, and token 1's, released afterwards, stops at its first sub-layer and
+    never lands."""
     started, release = threading.Event(), threading.Event()
     real = graph_view.attribution_graph
+
+    finished = []
 
     def held(*args, position, **kw):
         if position == 1:
             started.set()
             assert release.wait(60)
-        return real(*args, position=position, **kw)
+        graph = real(*args, position=position, **kw)
+        finished.append(position)
+        return graph
 
     monkeypatch.setattr(graph_view, "attribution_graph", held)
-    rendered = []
+    rendered, reports = [], []
 
     async def main():
         s = Session(entries, checkpoint="alpha", sentence=SENTENCE, background=True)
@@ -154,6 +159,8 @@ def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
         view = GraphView(session=s)
         original = view.render
         view.render = lambda answer: rendered.append(answer["position"]) or original(answer)
+        shown = view.progress
+        view.progress = lambda done, total: reports.append((done, total)) or shown(done, total)
         view.position = 1
         view.show()
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 60)
@@ -166,6 +173,9 @@ def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
 
     view = on_loop(main)
     assert rendered == [2]
+    assert finished == [2]  # the superseded graph stopped at its first sub-layer, once released
+    total = reports[-1][1]
+    assert reports and reports[-1] == (total, total) and total == 2 * (2 * 2 + 3 * 2)  # every sub-layer of 2+2 layers
     assert _figure(view).select_one({"name": "graph_nodes"}).data["index"][-1] > 0
 
 

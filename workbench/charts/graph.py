@@ -111,7 +111,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
     top_row = max(row_labels(graph))
     heads = max((n["head"] for n in graph.nodes if n["head"] is not None), default=0) + 1
     cols = ("x", "y", "label", "kind", "color", "attribution", "influence", "context", "attention", "size", "alpha",
-            "index", "keys", "weights", "edges_in", "edges_out")
+            "index", "keys", "weights", "edges_in", "edges_out", "tag")
     nodes: dict[str, list] = {k: [] for k in cols}
     where = {}
     peak_influence = max(float(graph.influence[:-1].max()), 1e-12) if len(graph.nodes) > 1 else 1.0
@@ -146,6 +146,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
         nodes["weights"].append(d["weights"])
         nodes["edges_in"].append([f"{lab} {w:+.3f}" for lab, w in d["edges_in"]])
         nodes["edges_out"].append([f"{lab} {w:+.3f}" for lab, w in d["edges_out"]])
+        nodes["tag"].append(d["context"] if kind == "logit" else "")
     idx = torch.tensor(keep)
     sub = graph.adjacency[idx][:, idx]
     flat = sub.abs().flatten()
@@ -216,9 +217,9 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
     edge_src = ColumnDataSource(edges, name="graph_edges")
     n_kept = len(nodes["x"])
     word = _context(graph.nodes[-1], src_tokens, tgt_tokens)
-    fig = figure(width=width, height=height, tools="pan,wheel_zoom,reset,save", toolbar_location="above",
-                 title=title or f"attribution graph of {word!r} at output position {graph.position} "
-                                f"(logit {graph.logit:.3f}; {n_kept} of {len(graph.nodes)} nodes)",
+    fig = figure(width=width, height=height, tools="pan,wheel_zoom,reset,save", toolbar_location="right",
+                 title=title or f"why {word!r} (output {graph.position}): logit {graph.logit:.2f}, "
+                                f"{n_kept} of {len(graph.nodes)} nodes",
                  name="attribution_graph")
     lines = fig.multi_line(xs="xs", ys="ys", line_color="color", line_width="width", line_alpha=0.35,
                            source=edge_src)
@@ -233,8 +234,9 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
                                                         ("influence", "@influence{0.000}"),
                                                         ("attends to", "@attention")]))
     fig.add_tools(TapTool(renderers=[dots]))
-    fig.add_layout(LabelSet(x="x", y="y", text="context", source=node_src, text_font_size="9px", y_offset=9,
-                            text_align="center", text_color="#333333"))
+    # the logit node names its word; the other nodes' pieces are on the x axis (hover or tap a node for its name)
+    fig.add_layout(LabelSet(x="x", y="y", text="tag", source=node_src, text_font_size="11px", y_offset=14,
+                            text_align="center", text_color="#000000", text_font_style="bold"))
     # the axes name the rows (layered by layer) and the columns (the pieces at each position)
     rows = row_labels(graph)
     fig.yaxis.ticker = FixedTicker(ticks=sorted(rows))

@@ -11,11 +11,12 @@ export.
 - Export: one self-contained HTML file (Bokeh INLINE, no CDN), `<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html`,
   captioned with the sentence, the translation, the checkpoint and the token.
 
-The graph is heavy work (the page's heavy lane): its cost grows with the square of its node count (the dense
-adjacency), about 5e-8 s × nodes² on one core here (1,700 nodes, 36 source tokens: 0.15 s; 3,500 nodes, 89 source
-tokens: 0.55 s), said before it is built; its progress is reported per sub-layer and a newer request stops it.
-Graphs above MAX_GRAPH_NODES nodes are refused with a message (the matrix alone would take nodes² × 8 bytes).
-The last graphs are kept, so changing the threshold or the cap only prunes again.
+The graph is heavy work (the page's heavy lane). Its cost grows with the square of its node count (the dense
+adjacency): about 0.03 s + 5e-8 s × nodes² on one idle core here (shipped multi30k-de-en, last output token:
+1,681 nodes at 36 source pieces 0.15 s, 3,457 nodes at 89 pieces 0.54 s, 4,930 at 143 pieces 1.6 s), said before it
+is built; its progress is reported per sub-layer and a newer request stops it between sub-layers. Graphs above
+MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes nodes² × 8 bytes). The last graph
+is kept, so changing the threshold or the cap only prunes again.
 
 The token, threshold and cap are in the URL (`?gtok=&gthr=&gcap=`); a link's value the tab cannot use is named in
 the tab and dropped from the URL. Added by `Workbench(extra_tabs=[TAB])`.
@@ -43,14 +44,14 @@ from .views import LazyTab, _md_escape
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
 MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
-SECONDS_PER_NODE2 = 5e-8  # measured: graph construction plus pruning on one core of this machine
-CACHED = 2  # graphs kept per page (a graph holds its nodes² adjacency)
+SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
+CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
 URL_KEYS = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap"}
 
 
 def estimate(nodes: int) -> tuple[float, float]:
     """(seconds, megabytes) a graph of `nodes` nodes takes to build here (one core) and to hold."""
-    return SECONDS_PER_NODE2 * nodes**2, 8 * nodes**2 / 1e6
+    return SECONDS + SECONDS_PER_NODE2 * nodes**2, 8 * nodes**2 / 1e6
 
 
 def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None):
@@ -113,7 +114,7 @@ class GraphView(LazyTab):
                                               css_classes=["graph-threshold"]),
             pn.widgets.IntInput.from_param(self.param.max_nodes, name="Node cap", width=110,
                                            css_classes=["graph-cap"]),
-            self._export, align="end")
+            self._export)
         self.param.watch(self._to_url, list(URL_KEYS))
         self.session.param.watch(self._follow, "result")
         self._follow()
@@ -188,7 +189,7 @@ class GraphView(LazyTab):
                     f"above this page's limit of {MAX_GRAPH_NODES:,} nodes. Pick an earlier output token or a shorter "
                     "sentence; in a notebook `workbench.analysis.attribution_graph` builds any size.*")
         self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
-                      f"about {max(seconds, 0.1):.1f} s to build on one core ({mb:,.0f} MB)")
+                      f"about {max(seconds, 0.1):.1f} s to build on an idle core, {mb:,.0f} MB")
         key = (r.request.translate_key, position)
         return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
                 int(self.max_nodes))
@@ -242,7 +243,8 @@ class GraphView(LazyTab):
                  else f" ({self._cost}; the graph was kept, only the pruning ran again.)")
         note = (f"Why **{_md_escape(answer['piece'])}** at output position {answer['position']}: logit "
                 f"{g.logit:.3f}, completeness error {abs(float(g.adjacency[-1].sum()) - g.logit):.1e}. "
-                f"{kept} of {len(g.nodes) - 1:,} nodes kept, holding {covered:.0%} of the influence (threshold "
+                f"{kept + 1} of {len(g.nodes):,} nodes drawn (the logit's included), holding {covered:.0%} of the "
+                f"other nodes' influence (threshold "
                 f"{answer['threshold']:g}, cap {answer['max_nodes']}).{_md_escape(built)}")
         self._export.filename = self.export_name()
         self._export.disabled = False
