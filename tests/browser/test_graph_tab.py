@@ -1,5 +1,5 @@
 """The Graph tab in Chromium: the graph draws; selecting a node (through Bokeh's JS, as a tap does) shows its panel
-(for a head: its attention bars over the keys); the token and threshold are in the URL and a link's unusable values
+(for a head: its attention bars over the keys; for heads and FFNs: corpus contexts); the token and threshold are in the URL and a link's unusable values
 are named and dropped; the export downloads one self-contained HTML file that loads no http(s) script or
 stylesheet; no console error, failed or external request.
 
@@ -76,9 +76,11 @@ def test_graph_tab_draws_taps_links_and_exports(browser, app_server, tmp_path):
     page.wait_for_function(DRAWN_JS, timeout=TIMEOUT)
     head = tap(page, "head")
     assert "strongest edges in" in head["text"] and head["visible"] and head["bars"] > 0
+    assert "corpus contexts" in head["text"] and "Multi30k test2016" in head["text"]
     assert all(re.search(r" \d\.\d\d$", t) for t in head["labels"])  # a piece and its weight per bar
     ffn = tap(page, "ffn")
     assert "context:" in ffn["text"] and not ffn["visible"]  # no attention for an FFN node
+    assert "corpus contexts" in ffn["text"]
     # the token picker and the threshold write the URL
     page.locator(".graph-tokens button").nth(1).click()
     page.wait_for_function("() => window.location.search.includes('gtok=1')", timeout=TIMEOUT)

@@ -84,6 +84,42 @@ def test_the_drawn_nodes_are_the_pruned_graph_and_a_tapped_head_shows_its_attent
     assert shown["context"] == (r.src_pieces if n["stack"] == "enc" else ["<s>", *r.out_pieces])[n["position"]]
 
 
+def test_a_tapped_head_shows_where_it_writes_most_in_the_test_corpus(session):
+    view = GraphView(session=session)
+    view.show()
+    layout = _figure(view)
+    nodes = layout.select_one({"name": "graph_nodes"})
+    k = nodes.data["kind"].index("head")
+    nodes.selected.indices = [k]
+    shown = selected_detail(layout)
+    assert len(shown["contexts"]) == 5 and all("[" in line and "norm" in line for line in shown["contexts"])
+    r = session.result
+    found, where = graph_view.model_contexts(r.model)
+    assert "60 Multi30k test2016" in where
+    node = _node(view, nodes.data["index"][k])
+    entries = found[(node["stack"], node["layer"], node["block"], node["head"])]
+    scores = [e["score"] for e in entries]
+    assert scores == sorted(scores, reverse=True)
+    # by hand: the first context's sentence, teacher-forced on its reference; the head's write norm peaks there
+    src_lines, ref_lines, _ = graph_view._corpus("de", "en")
+    tm, cfg = r.model, r.model.model.cfg
+    e = entries[0]
+    src = torch.tensor([tm.encode_source(src_lines[e["sentence"]])[0]])
+    tgt = torch.tensor([[cfg.start_id, *tm.tgt_tokenizer.encode(ref_lines[e["sentence"]])]])
+    name = f"{node['stack']}.{node['layer']}.{node['block']}.hook_result"
+    with torch.no_grad():
+        _, cache = tm.model.run_with_cache(src, tgt, names=[name])
+    norms = cache[name][0, node["head"]].norm(dim=-1)
+    assert int(norms.argmax()) == e["position"] and float(norms.max()) == pytest.approx(e["score"], rel=1e-5)
+    view.contexts = False
+    nodes = _figure(view).select_one({"name": "graph_nodes"})
+    assert all(c == [] for c in nodes.data["contexts"])
+
+
+def _node(view, index):
+    return view._answer["graph"].nodes[index]
+
+
 def test_threshold_and_cap_reprune_the_kept_graph(session, monkeypatch):
     view = GraphView(session=session, threshold=0.95)
     view.show()

@@ -499,3 +499,64 @@ def faithfulness_check(model, src, tgt, graph: AttributionGraph, k: int = 5, *, 
     return {"logit": graph.logit, "top_drop": graph.logit - float(vals[0]),
             "random_drop": graph.logit - float(vals[1:].mean()), "top_predicted": float(att.sort(descending=True)
                                                                                           .values[:k].sum())}
+
+
+# ------------------------------------------------------------------------------------------- corpus contexts
+
+
+def component_contexts(tm, sources: list[str], targets: list[str], *, top: int = 5, window: int = 4,
+                       check: Callable[[], None] | None = None) -> dict[tuple, list[dict[str, Any]]]:
+    """Where in a corpus each graph component writes most: for every head, key (stack, layer, block, head), and
+    every FFN, key (stack, layer, "ffn", None), the `top` sentences in which the norm of its write (`hook_result`
+    of that head, `ffn.hook_out`) at one position is largest, one position per sentence. Each context: `sentence`
+    (index), `position`, `score` (the norm), `text` (the pieces around the position, `window` each side, the
+    position in brackets) and for a head `key` / `weight` (the key it attends most there). Teacher-forced on
+    (`sources`, `targets`) with `tm` (a TranslationModel); `check()` runs between sentences (a request path's
+    cancellation)."""
+    model, cfg = tm.model, tm.model.cfg
+    names = []
+    for stack in ("enc", "dec"):
+        for _, i, b in _blocks(model, stack):
+            names += [f"{stack}.{i}.ffn.hook_out"] if b == "ffn" else [f"{stack}.{i}.{b}.hook_result",
+                                                                         f"{stack}.{i}.{b}.hook_probs"]
+    found: dict[tuple, list[dict[str, Any]]] = {}
+
+    def text(pieces: list[str], q: int) -> str:
+        left = pieces[max(0, q - window): q]
+        right = pieces[q + 1: q + 1 + window]
+        return " ".join([*(["…"] if q > window else []), *left, f"[{pieces[q]}]", *right,
+                         *(["…"] if q + 1 + window < len(pieces) else [])])
+
+    for k, (source, target) in enumerate(zip(sources, targets)):
+        if check is not None:
+            check()
+        src_ids, _ = tm.encode_source(source)
+        out_ids = tm.tgt_tokenizer.encode(target)[: cfg.max_positions - 1]
+        if not src_ids or not out_ids:
+            continue
+        src = torch.tensor([src_ids], device=tm.device)
+        tgt = torch.tensor([[cfg.start_id, *out_ids]], device=tm.device)
+        pieces = {"enc": tm.src_tokenizer.pieces(src_ids), "dec": ["<s>", *tm.tgt_tokenizer.pieces(out_ids)]}
+        with evaluating(model), torch.no_grad():
+            _, cache = model.run_with_cache(src, tgt, names=names)
+        for stack in ("enc", "dec"):
+            for _, i, b in _blocks(model, stack):
+                if b == "ffn":
+                    norms = cache[f"{stack}.{i}.ffn.hook_out"][0].float().norm(dim=-1)[None]  # (1, L)
+                    heads = [None]
+                else:
+                    norms = cache[f"{stack}.{i}.{b}.hook_result"][0].float().norm(dim=-1)  # (H, L)
+                    heads = list(range(norms.size(0)))
+                    probs = cache[f"{stack}.{i}.{b}.hook_probs"][0].float()  # (H, Lq, Lk)
+                keys = pieces["enc"] if b == "cross_attn" or stack == "enc" else pieces["dec"]
+                for h, row in zip(heads, norms):
+                    q = int(row.argmax())
+                    entry = {"sentence": k, "position": q, "score": float(row[q]), "text": text(pieces[stack], q)}
+                    if h is not None:
+                        j = int(probs[h, q].argmax())
+                        entry.update(key=keys[j], weight=float(probs[h, q, j]))
+                    best = found.setdefault((stack, i, b, h), [])
+                    best.append(entry)
+                    best.sort(key=lambda e: -e["score"])
+                    del best[top:]
+    return found

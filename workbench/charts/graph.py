@@ -12,8 +12,9 @@ edges between kept nodes, width by |weight|, red raises the target node's attrib
 node's label, context, attribution and influence. Tapping a node shows, in the panel beside the graph, what the
 node is: its label, context token, attribution and influence, its strongest edges in and out (over the whole
 graph, not only the kept nodes) and, for a head, its attention row at that query position over the keys, drawn as
-bars labelled with the pieces; its kept edges are highlighted. The panel's data are `node_detail`'s (testable
-without a browser: `selected_detail` reads what a selection shows).
+bars labelled with the pieces, and, given corpus contexts (`analysis.graph.component_contexts`), the sentences
+of a corpus where its head or FFN writes most; its kept edges are highlighted. The panel's data are
+`node_detail`'s (testable without a browser: `selected_detail` reads what a selection shows).
 """
 
 from __future__ import annotations
@@ -83,11 +84,26 @@ def _context(n, src_tokens, tgt_tokens) -> str:
     return str(n.get("token") or "")
 
 
+def component_key(n) -> tuple | None:
+    """The key of a node's component in `analysis.graph.component_contexts` (None for embeddings, bias, errors)."""
+    if n["kind"] == "head":
+        return (n["stack"], n["layer"], n["block"], n["head"])
+    if n["kind"] == "ffn":
+        return (n["stack"], n["layer"], "ffn", None)
+    return None
+
+
+def _context_lines(entries) -> list[str]:
+    return [e["text"] + (f"  → {e['key']} {e['weight']:.2f}" if "key" in e else "") + f"  (norm {e['score']:.2f})"
+            for e in entries]
+
+
 def node_detail(graph, i: int, *, src_tokens: Sequence[str] | None = None, tgt_tokens: Sequence[str] | None = None,
-                top: int = TOP_EDGES) -> dict:
+                top: int = TOP_EDGES, contexts: dict | None = None) -> dict:
     """What tapping node `i` shows: label, kind, context token, attribution, influence, the `top` strongest edges
-    in and out over the whole graph ((label, weight), by |weight|), and for a head its attention row (`keys`,
-    `weights`: the pattern at its query position, one weight per key, as the clean run computed it)."""
+    in and out over the whole graph ((label, weight), by |weight|), for a head its attention row (`keys`,
+    `weights`: the pattern at its query position, one weight per key, as the clean run computed it) and, given
+    `contexts` (`analysis.graph.component_contexts`), the corpus contexts where its head or FFN writes most."""
     n = graph.nodes[i]
     a = graph.adjacency
 
@@ -99,11 +115,13 @@ def node_detail(graph, i: int, *, src_tokens: Sequence[str] | None = None, tgt_t
     return {"index": i, "label": n["label"], "kind": n["kind"], "context": _context(n, src_tokens, tgt_tokens),
             "attribution": float(graph.attribution[i]), "influence": float(graph.influence[i]),
             "edges_in": strongest(a[i]), "edges_out": strongest(a[:, i]),
-            "keys": _key_labels(n, src_tokens, tgt_tokens) if weights else [], "weights": weights}
+            "keys": _key_labels(n, src_tokens, tgt_tokens) if weights else [], "weights": weights,
+            "contexts": _context_lines((contexts or {}).get(component_key(n), []))}
 
 
 def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_tokens: Sequence[str] | None = None,
-               tgt_tokens: Sequence[str] | None = None, max_edges: int = 400) -> tuple[dict, dict]:
+               tgt_tokens: Sequence[str] | None = None, max_edges: int = 400,
+               contexts: dict | None = None) -> tuple[dict, dict]:
     """Column data for the kept nodes (with each node's `node_detail`) and the strongest edges among them
     (testable without a browser)."""
     keep = list(range(len(graph.nodes))) if keep is None else [int(i) for i in keep]
@@ -111,7 +129,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
     top_row = max(row_labels(graph))
     heads = max((n["head"] for n in graph.nodes if n["head"] is not None), default=0) + 1
     cols = ("x", "y", "label", "kind", "color", "attribution", "influence", "context", "attention", "size", "alpha",
-            "index", "keys", "weights", "edges_in", "edges_out", "tag")
+            "index", "keys", "weights", "edges_in", "edges_out", "tag", "contexts")
     nodes: dict[str, list] = {k: [] for k in cols}
     where = {}
     peak_influence = max(float(graph.influence[:-1].max()), 1e-12) if len(graph.nodes) > 1 else 1.0
@@ -127,7 +145,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
             off = ((n["head"] + 0.5) / heads - 0.5) * 0.8 if kind == "head" else (0.4 if kind == "error" else 0.0)
             x, y = base + off, _row(n)
         where[i] = (x, y)
-        d = node_detail(graph, i, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+        d = node_detail(graph, i, src_tokens=src_tokens, tgt_tokens=tgt_tokens, contexts=contexts)
         order = sorted(range(len(d["weights"])), key=lambda k: -d["weights"][k])[:5]
         rel = 1.0 if kind == "logit" else min(1.0, d["influence"] / peak_influence)
         nodes["x"].append(x)
@@ -147,6 +165,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
         nodes["edges_in"].append([f"{lab} {w:+.3f}" for lab, w in d["edges_in"]])
         nodes["edges_out"].append([f"{lab} {w:+.3f}" for lab, w in d["edges_out"]])
         nodes["tag"].append(d["context"] if kind == "logit" else "")
+        nodes["contexts"].append(d["contexts"])
     idx = torch.tensor(keep)
     sub = graph.adjacency[idx][:, idx]
     flat = sub.abs().flatten()
@@ -184,7 +203,9 @@ let html = `<div class="graph-node-title" style="font-size:14px"><b>${esc(d.labe
     + ` &middot; influence ${d.influence[i].toFixed(3)}`
     + `<div style="margin-top:6px"><b>strongest edges in</b> (from &rarr; this)</div>` + list(d.edges_in[i])
     + `<div><b>strongest edges out</b> (this &rarr; to)</div>` + list(d.edges_out[i])
-    + `<div>${sel.length} of its edges drawn (highlighted)</div>`;
+    + `<div>${sel.length} of its edges drawn (highlighted)</div>`
+    + (d.contexts[i].length ? `<div style="margin-top:6px"><b>corpus contexts</b> (where it writes most, `
+       + `${esc(corpus)})</div>` + list(d.contexts[i]) : '');
 detail.text = html;
 const keys = d.keys[i], w = d.weights[i];
 if (!w.length) {
@@ -210,9 +231,12 @@ att.visible = true;
 def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = None, *,
                             src_tokens: Sequence[str] | None = None, tgt_tokens: Sequence[str] | None = None,
                             title: str = "", width: int = 1000, height: int = 640, max_edges: int = 400,
-                            side_width: int = 360):
-    """(graph figure, side panel, legend) of the view: the page lays them out (side by side where it fits)."""
-    nodes, edges = graph_data(graph, keep, src_tokens=src_tokens, tgt_tokens=tgt_tokens, max_edges=max_edges)
+                            side_width: int = 360, contexts: dict | None = None, corpus: str = ""):
+    """(graph figure, side panel, legend) of the view: the page lays them out (side by side where it fits).
+    `contexts` (`analysis.graph.component_contexts`, measured on `corpus`) adds each head's and FFN's corpus
+    contexts to its tap panel."""
+    nodes, edges = graph_data(graph, keep, src_tokens=src_tokens, tgt_tokens=tgt_tokens, max_edges=max_edges,
+                              contexts=contexts)
     node_src = ColumnDataSource(nodes, name="graph_nodes")
     edge_src = ColumnDataSource(edges, name="graph_edges")
     n_kept = len(nodes["x"])
@@ -272,7 +296,7 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
     att.grid.visible = False
     att.title.text_font_size = "12px"
     args = {"nodes": node_src, "edges": edge_src, "detail": detail, "bars": bars, "att": att,
-            "limit": ATTENTION_BARS}
+            "limit": ATTENTION_BARS, "corpus": corpus or "a corpus"}
     node_src.selected.js_on_change("indices", CustomJS(args=args, code=TAP_JS))
     legend = Div(text="&nbsp;&nbsp;".join(f'<span style="color:{c}">&#9679;</span>&nbsp;{k}'
                                           for k, c in KIND_COLORS.items())
@@ -285,11 +309,13 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
 
 def attribution_graph_view(graph, keep: Sequence[int] | torch.Tensor | None = None, *,
                            src_tokens: Sequence[str] | None = None, tgt_tokens: Sequence[str] | None = None,
-                           title: str = "", width: int = 1000, height: int = 640, max_edges: int = 400):
+                           title: str = "", width: int = 1000, height: int = 640, max_edges: int = 400,
+                           contexts: dict | None = None, corpus: str = ""):
     """The interactive graph (see the module docstring): one Bokeh layout, the figure with its tap panel beside
     it and the legend under it."""
     fig, side, legend = attribution_graph_parts(graph, keep, src_tokens=src_tokens, tgt_tokens=tgt_tokens,
-                                                title=title, width=width, height=height, max_edges=max_edges)
+                                                title=title, width=width, height=height, max_edges=max_edges,
+                                                contexts=contexts, corpus=corpus)
     return column(row(fig, side), legend, name="attribution_graph_view")
 
 

@@ -7,7 +7,10 @@ export.
 - The graph: layered by layer, encoder left, decoder right; node size and opacity by influence, edge width by
   weight; hover names a node. Tapping a node shows beside the graph what it is: its context token, attribution and
   influence, its strongest edges in and out and, for a head, its attention row at that query position over the keys
-  (bars labelled with the pieces). The tap is client-side, so the exported file behaves the same offline.
+  (bars labelled with the pieces) and, with *Corpus contexts* on, the test sentences where its head or FFN writes
+  most (`analysis.graph.component_contexts` on 60 Multi30k test2016 sentences of the model's language pair,
+  measured once per model: about 2 s on one core for the shipped de→en model). The tap is client-side, so the
+  exported file behaves the same offline.
 - Export: one self-contained HTML file (Bokeh INLINE, no CDN), `<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html`,
   captioned with the sentence, the translation, the checkpoint and the token.
 
@@ -37,9 +40,10 @@ import param
 import torch
 from bokeh.layouts import row
 
-from ..analysis.graph import attribution_graph, graph_size
+from ..analysis.graph import attribution_graph, component_contexts, graph_size
 from ..charts.export import to_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
+from ..corpus.data import dataset_files
 from .views import LazyTab, _md_escape
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
@@ -47,6 +51,36 @@ MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 2
 SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
 CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
 URL_KEYS = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap"}
+CONTEXT_SENTENCES = 60  # test sentences the corpus contexts are measured on (about 2 s on one core, once per model)
+_CONTEXTS: dict = {}  # TranslationModel -> (contexts, where), for the process
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def _corpus(src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], str] | None:
+    try:
+        src, ref = dataset_files("multi30k", "test", src_lang, tgt_lang, download=False)
+        s = src.read_text(encoding="utf-8").splitlines()[:CONTEXT_SENTENCES]
+        r = ref.read_text(encoding="utf-8").splitlines()[:CONTEXT_SENTENCES]
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return s, r, f"{len(s)} Multi30k test2016 sentences, teacher-forced on their references"
+
+
+def model_contexts(tm, check=None) -> tuple[dict, str] | None:
+    """(`component_contexts` of a TranslationModel on the test set of its language pair, where they were
+    measured), once per model and process; None when no such test set is here."""
+    with _CONTEXTS_LOCK:
+        if tm in _CONTEXTS:
+            return _CONTEXTS[tm]
+    corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+    found = None
+    if corpus is not None:
+        found = component_contexts(tm, corpus[0], corpus[1], check=check), corpus[2]
+    with _CONTEXTS_LOCK:
+        while len(_CONTEXTS) >= 8:
+            _CONTEXTS.pop(next(iter(_CONTEXTS)))
+        _CONTEXTS[tm] = found
+    return found
 
 
 def estimate(nodes: int) -> tuple[float, float]:
@@ -72,10 +106,11 @@ class GraphView(LazyTab):
     threshold = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
                              doc="Keep the fewest nodes holding this share of the influence on the logit")
     max_nodes = param.Integer(default=100, bounds=(5, 400), doc="At most this many nodes (the most influential)")
+    contexts = param.Boolean(default=True, doc="Also show where each head and FFN writes most in a test corpus")
 
     title = "Graph"
     follows = ("version",)
-    redraws = ("position", "threshold", "max_nodes")
+    redraws = ("position", "threshold", "max_nodes", "contexts")
     heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
 
     def __init__(self, **params):
@@ -114,6 +149,8 @@ class GraphView(LazyTab):
                                               css_classes=["graph-threshold"]),
             pn.widgets.IntInput.from_param(self.param.max_nodes, name="Node cap", width=110,
                                            css_classes=["graph-cap"]),
+            pn.widgets.Checkbox.from_param(self.param.contexts, name="Corpus contexts", align="end",
+                                           css_classes=["graph-contexts"], margin=(5, 10, 12, 10)),
             self._export)
         self.param.watch(self._to_url, list(URL_KEYS))
         self.session.param.watch(self._follow, "result")
@@ -192,10 +229,10 @@ class GraphView(LazyTab):
                       f"about {max(seconds, 0.1):.1f} s to build on an idle core, {mb:,.0f} MB")
         key = (r.request.translate_key, position)
         return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
-                int(self.max_nodes))
+                int(self.max_nodes), bool(self.contexts))
 
     def compute(self, tm, key, src_ids, out_ids, src_pieces, out_pieces, position, threshold, max_nodes,
-                ticket=None):
+                with_contexts=False, ticket=None):
         with self._lock:
             graph = self._graphs.get(key)
         seconds = 0.0
@@ -213,16 +250,25 @@ class GraphView(LazyTab):
                 while len(self._graphs) > CACHED:
                     self._graphs.popitem(last=False)
         keep = graph.prune(threshold, max_nodes)
+        contexts, corpus = None, ""
+        if with_contexts:
+            if ticket is not None:
+                ticket.report(0, 0, "Measuring where each head and FFN writes most in a test corpus (once per model)")
+            found = model_contexts(tm, check=None if ticket is None else ticket.check)
+            contexts, corpus = found if found is not None else (None, "no test set of this language pair here")
         if ticket is not None:
             ticket.check()
         return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
                 "src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces], "seconds": seconds,
-                "piece": out_pieces[position]}
+                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus}
 
-    def progress(self, done: int, total: int) -> None:
+    def progress(self, done: int, total: int, what: str = "") -> None:
+        self._box.loading = False  # the text (and the bar) say it is working
+        if what:
+            self._box.objects = [pn.pane.Markdown(f"*{_md_escape(what)}…*", css_classes=["graph-progress"])]
+            return
         self._bar.max = max(total, 1)
         self._bar.value = min(done, total)
-        self._box.loading = False  # the bar says it is working
         self._box.objects = [pn.pane.Markdown(f"*Building the graph ({_md_escape(self._cost)}): sub-layer {done} of "
                                               f"{total}…*", css_classes=["graph-progress"]), self._bar]
 
@@ -230,7 +276,8 @@ class GraphView(LazyTab):
         """(figure, side panel, legend) of an answer."""
         return attribution_graph_parts(answer["graph"], answer["keep"], src_tokens=answer["src_tokens"],
                                        tgt_tokens=answer["tgt_tokens"], width=width,
-                                       height=max(420, min(720, 40 * (len(row_labels(answer["graph"])) + 1))))
+                                       height=max(420, min(720, 40 * (len(row_labels(answer["graph"])) + 1))),
+                                       contexts=answer["contexts"], corpus=answer["corpus"])
 
     def render(self, answer) -> list:
         self._answer = answer
@@ -245,7 +292,8 @@ class GraphView(LazyTab):
                 f"{g.logit:.3f}, completeness error {abs(float(g.adjacency[-1].sum()) - g.logit):.1e}. "
                 f"{kept + 1} of {len(g.nodes):,} nodes drawn (the logit's included), holding {covered:.0%} of the "
                 f"other nodes' influence (threshold "
-                f"{answer['threshold']:g}, cap {answer['max_nodes']}).{_md_escape(built)}")
+                f"{answer['threshold']:g}, cap {answer['max_nodes']}).{_md_escape(built)}"
+                + (f" Corpus contexts: {_md_escape(answer['corpus'])}." if answer["corpus"] else ""))
         self._export.filename = self.export_name()
         self._export.disabled = False
         objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
@@ -275,7 +323,7 @@ class GraphView(LazyTab):
                    f"{r.text}\nCheckpoint: {self.session.checkpoint}\nAttribution graph of output token "
                    f"{a['position']} ({a['piece']}): threshold {a['threshold']:g}, at most {a['max_nodes']} nodes")
         view = attribution_graph_view(a["graph"], a["keep"], src_tokens=a["src_tokens"], tgt_tokens=a["tgt_tokens"],
-                                      width=1000)
+                                      width=1000, contexts=a["contexts"], corpus=a["corpus"])
         return StringIO(to_html(view, title=self.export_name()[:-5], caption=caption))
 
     def __panel__(self):
