@@ -1,7 +1,7 @@
 """The Graph tab in Chromium: the graph draws; selecting a node (through Bokeh's JS, as a tap does) shows its panel
-(for a head: its attention bars over the keys; for heads and FFNs: corpus contexts); the token and threshold are in the URL and a link's unusable values
-are named and dropped; the export downloads one self-contained HTML file that loads no http(s) script or
-stylesheet; no console error, failed or external request.
+(for a head: its attention bars over the keys; for heads and FFNs: corpus contexts); the token and threshold are in
+the URL and a link's unusable values are named and dropped; the export downloads one self-contained HTML file that
+loads no http(s) script or stylesheet; no console error, failed or external request.
 
 `shoot(page, url, folder)` takes the docs' screenshots (graph_1000.png, graph_1500.png) of any served app: the
 docs' come from `panel serve apps/attention.py` on the shipped checkpoints, opened on
