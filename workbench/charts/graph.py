@@ -39,9 +39,10 @@ from bokeh.plotting import figure
 POSITIVE, NEGATIVE = "#c0392b", "#2c6fbb"
 KIND_COLORS = {"embed": "#7f8c8d", "bias": "#bdc3c7", "error": "#95a5a6", "ffn": "#27ae60", "logit": "#000000",
                "self_attn": "#8e44ad", "cross_attn": "#d35400"}
-GAP = 2  # empty columns between the encoder's positions and the decoder's
+GAP = 3  # empty columns between the encoder's positions and the decoder's
 ATTENTION_BARS = 24  # keys drawn in a head's attention panel (the strongest ones, in key order)
 TOP_EDGES = 6  # edges in and out listed for a tapped node
+LABELLED_COLUMNS = 60  # up to this many positions every piece is on the x axis; above, those holding drawn nodes
 
 
 def _depth(graph, stack: str) -> int:
@@ -220,10 +221,10 @@ if (pick.length > limit) {
 const n = pick.length;
 bars.data = {y: pick.map((k, j) => n - 1 - j), w: pick.map((k) => w[k]),
              text: pick.map((k) => `${keys[k]} ${w[k].toFixed(2)}`)};
+att.height = Math.max(180, 80 + 18 * n);  // about 18 px a bar
 att.y_range.start = -0.6;
 att.y_range.end = n - 0.4;
-att.title.text = `${d.label[i]}: attention over the keys`
-    + (w.length > n ? ` (the ${n} strongest of ${w.length})` : '');
+att.title.text = `${d.label[i]}: attention` + (w.length > n ? ` (top ${n} of ${w.length} keys)` : ' over the keys');
 att.visible = true;
 """
 
@@ -268,13 +269,20 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
     fig.yaxis.major_label_text_font_size = "10px"
     S = graph.meta.get("src_len", 0)
     T = graph.position + 1
-    ticks = {q: str(src_tokens[q]) if src_tokens is not None and q < len(src_tokens) else f"s{q}" for q in range(S)}
+    # every piece when they fit; on long sentences only the positions that hold a drawn node (and the ends)
+    shown = {"enc": set(range(S)), "dec": set(range(T))}
+    if S + T > LABELLED_COLUMNS:
+        drawn = [graph.nodes[i] for i in nodes["index"]]
+        shown = {stack: {n["position"] for n in drawn if n["stack"] == stack and n["position"] is not None}
+                 | {0, length - 1} for stack, length in (("enc", S), ("dec", T))}
+    ticks = {q: str(src_tokens[q]) if src_tokens is not None and q < len(src_tokens) else f"s{q}"
+             for q in sorted(shown["enc"]) if q < S}
     ticks.update({S + GAP + q: str(tgt_tokens[q]) if tgt_tokens is not None and q < len(tgt_tokens) else f"t{q}"
-                  for q in range(T)})
+                  for q in sorted(shown["dec"]) if q < T})
     fig.xaxis.ticker = FixedTicker(ticks=sorted(ticks))
     fig.xaxis.major_label_overrides = ticks
     fig.xaxis.major_label_orientation = 0.9
-    fig.xaxis.major_label_text_font_size = "9px" if S + T > 40 else "10px"
+    fig.xaxis.major_label_text_font_size = "9px" if len(ticks) > 40 else "10px"
     fig.xaxis.axis_label = "source pieces (encoder)  |  decoder input pieces (the target prefix)"
     fig.x_range = Range1d(-3, S + GAP + T + 0.5)
     fig.y_range = Range1d(-0.7, max(rows) + 0.8)
