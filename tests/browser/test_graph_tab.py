@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_app import TIMEOUT, open_app, submit
+from test_app import TIMEOUT, open_app, submit, text
 
 from workbench.charts import external_references
 
@@ -117,6 +117,8 @@ def test_graph_tab_draws_taps_links_and_exports(browser, app_server, tmp_path):
     page.locator(".graph-link-note").get_by_text("gcap=abc").wait_for(timeout=TIMEOUT)
     query = page.evaluate("() => window.location.search")
     assert "gtok=2" in query and "gthr=0.5" in query and "gcap" not in query
+    assert page.locator(".graph-tokens .bk-active").first.inner_text().startswith("2:")  # the picker agrees
+    assert "0.50" in text(page, ".graph-threshold")  # the slider agrees
     watch = open_graph(page, app_server + "?ckpt=demo&gtok=999")
     page.locator(".graph-link-note").get_by_text("gtok=999").wait_for(timeout=TIMEOUT)
     assert "gtok=999" not in page.evaluate("() => window.location.search")

@@ -131,6 +131,7 @@ class GraphView(LazyTab):
         super().__init__(**params)
         self._link_position = link.get(URL_KEYS["position"])
         self._link_note = ""
+        self._following = False  # the tab itself is setting `position` (a new output, a link)
         self._drop: set[str] = set()
         self._refused: list[str] = []
         self._refuse(refused)
@@ -164,18 +165,21 @@ class GraphView(LazyTab):
         if r is None:
             return
         n = len(r.out_pieces)
-        with param.parameterized.batch_call_watchers(self):
-            self.param.position.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)} or {"0": 0}
+        # The choices first, then the value, each event on its own (in one batch a widget can get the value before
+        # the options it is among: issue 28); with events, so the picker and the URL show the graph's token.
+        self.param.position.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)} or {"0": 0}
+        self._following = True
+        try:
             if self.position >= n:
-                with param.parameterized.discard_events(self):
-                    self.position = 0
+                self.position = 0
             if self._link_position is not None:
                 raw, self._link_position = self._link_position, None
                 if raw.isdigit() and int(raw) < n:
-                    with param.parameterized.discard_events(self):
-                        self.position = int(raw)
+                    self.position = int(raw)
                 else:
                     self._refuse([(URL_KEYS["position"], raw)], f"(the output has {n} tokens)")
+        finally:
+            self._following = False
         self._drop_from_url()
         many = n > MAX_BUTTONS
         if many != self._picker_many:
@@ -205,6 +209,8 @@ class GraphView(LazyTab):
         self._drop = set()
 
     def _to_url(self, *events) -> None:
+        if not self._following:  # the user changed a control: the link's note is history
+            self._link_note = ""
         location = _location()
         if location is not None:
             location.update_query(**{URL_KEYS[e.name]: str(e.new) for e in events})
