@@ -17,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
+from workbench.analysis.graph import graph_size  # noqa: E402
 from workbench.charts.export import external_references  # noqa: E402
 from workbench.charts.graph import selected_detail  # noqa: E402
+from workbench.core.batching import decoder_input  # noqa: E402
 from workbench.ui import Workbench, graph_view, loader  # noqa: E402
 from workbench.ui.graph_view import TAB, GraphView, build_graph  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
@@ -55,6 +57,7 @@ def test_the_drawn_nodes_are_the_pruned_graph_and_a_tapped_head_shows_its_attent
     assert nodes.data["index"] == keep
     assert [n["label"] for n in (graph.nodes[i] for i in keep)] == nodes.data["label"]
     assert graph.token == r.out_ids[2]
+    assert graph_size(r.model.model, len(r.src_ids), 2) == len(graph.nodes)  # the cost said before building
     # a head node tapped (the selection JavaScript reads): its attention row is the clean run's hook_probs row
     heads = [k for k, kind in enumerate(nodes.data["kind"]) if kind == "head"]
     assert heads, "no head among the kept nodes"
@@ -65,7 +68,7 @@ def test_the_drawn_nodes_are_the_pruned_graph_and_a_tapped_head_shows_its_attent
     model, cfg = r.model.model, r.model.model.cfg
     name = f"{node['stack']}.{node['layer']}.{node['block']}.hook_probs"
     src = torch.tensor([list(r.src_ids)])
-    tgt = torch.tensor([[cfg.start_id, *r.out_ids[:2]]])
+    tgt = torch.tensor([decoder_input(r.out_ids[:3], cfg.start_id)])
     with torch.no_grad():
         _, cache = model.run_with_cache(src, tgt, names=[name])
     row = cache[name][0, node["head"], node["position"]].tolist()
@@ -105,7 +108,7 @@ def test_a_tapped_head_shows_where_it_writes_most_in_the_test_corpus(session):
     tm, cfg = r.model, r.model.model.cfg
     e = entries[0]
     src = torch.tensor([tm.encode_source(src_lines[e["sentence"]])[0]])
-    tgt = torch.tensor([[cfg.start_id, *tm.tgt_tokenizer.encode(ref_lines[e["sentence"]])]])
+    tgt = torch.tensor([decoder_input(tm.tgt_tokenizer.encode(ref_lines[e["sentence"]]), cfg.start_id, prefix=True)])
     name = f"{node['stack']}.{node['layer']}.{node['block']}.hook_result"
     with torch.no_grad():
         _, cache = tm.model.run_with_cache(src, tgt, names=[name])

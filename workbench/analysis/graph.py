@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ..core.batching import decoder_input
 from ..core.hooks import path_of
 from ..core.layers import Sublayer
 from .gradients import evaluating
@@ -186,11 +187,10 @@ def graph_size(model, src_len: int, position: int) -> int:
     t = position + 1
     n = src_len + t + 2  # embeddings, bias, logit
     for stack, length in (("enc", src_len), ("dec", t)):
-        for layer in getattr(model, stack):
-            n += 2 * length  # FFN and error nodes
-            n += layer.self_attn.n_heads * length
-            if stack == "dec":
-                n += layer.cross_attn.n_heads * length
+        stream = model.stream(stack)
+        n += len(stream.layers) * length  # error nodes: one per layer and position
+        for _, sub in stream.sublayers():  # a head x position or an FFN x position
+            n += (sub.block.n_heads if sub.is_attention else 1) * length
     return n
 
 
@@ -516,11 +516,11 @@ def component_contexts(tm, sources: list[str], targets: list[str], *, top: int =
     (`sources`, `targets`) with `tm` (a TranslationModel); `check()` runs between sentences (a request path's
     cancellation)."""
     model, cfg = tm.model, tm.model.cfg
+    subs = [(key, sub) for stack in ("enc", "dec") for key, sub in _blocks(model, stack)]
     names = []
-    for stack in ("enc", "dec"):
-        for _, i, b in _blocks(model, stack):
-            names += [f"{stack}.{i}.ffn.hook_out"] if b == "ffn" else [f"{stack}.{i}.{b}.hook_result",
-                                                                         f"{stack}.{i}.{b}.hook_probs"]
+    for _, sub in subs:
+        names += [sub.block.hook_result.name, sub.block.hook_probs.name] if sub.is_attention else \
+            [sub.block.hook_out.name]
     found: dict[tuple, list[dict[str, Any]]] = {}
 
     def text(pieces: list[str], q: int) -> str:
@@ -537,28 +537,28 @@ def component_contexts(tm, sources: list[str], targets: list[str], *, top: int =
         if not src_ids or not out_ids:
             continue
         src = torch.tensor([src_ids], device=tm.device)
-        tgt = torch.tensor([[cfg.start_id, *out_ids]], device=tm.device)
+        tgt_ids = decoder_input(out_ids, cfg.start_id, prefix=True)  # the reference read whole (no EOS to drop)
+        tgt = torch.tensor([tgt_ids], device=tm.device)
         pieces = {"enc": tm.src_tokenizer.pieces(src_ids), "dec": ["<s>", *tm.tgt_tokenizer.pieces(out_ids)]}
         with evaluating(model), torch.no_grad():
             _, cache = model.run_with_cache(src, tgt, names=names)
-        for stack in ("enc", "dec"):
-            for _, i, b in _blocks(model, stack):
-                if b == "ffn":
-                    norms = cache[f"{stack}.{i}.ffn.hook_out"][0].float().norm(dim=-1)[None]  # (1, L)
-                    heads = [None]
-                else:
-                    norms = cache[f"{stack}.{i}.{b}.hook_result"][0].float().norm(dim=-1)  # (H, L)
-                    heads = list(range(norms.size(0)))
-                    probs = cache[f"{stack}.{i}.{b}.hook_probs"][0].float()  # (H, Lq, Lk)
-                keys = pieces["enc"] if b == "cross_attn" or stack == "enc" else pieces["dec"]
-                for h, row in zip(heads, norms):
-                    q = int(row.argmax())
-                    entry = {"sentence": k, "position": q, "score": float(row[q]), "text": text(pieces[stack], q)}
-                    if h is not None:
-                        j = int(probs[h, q].argmax())
-                        entry.update(key=keys[j], weight=float(probs[h, q, j]))
-                    best = found.setdefault((stack, i, b, h), [])
-                    best.append(entry)
-                    best.sort(key=lambda e: -e["score"])
-                    del best[top:]
+        for (stack, i, b), sub in subs:
+            if sub.is_attention:
+                norms = cache[sub.block.hook_result.name][0].float().norm(dim=-1)  # (H, L)
+                heads = list(range(norms.size(0)))
+                probs = cache[sub.block.hook_probs.name][0].float()  # (H, Lq, Lk)
+            else:
+                norms = cache[sub.block.hook_out.name][0].float().norm(dim=-1)[None]  # (1, L)
+                heads = [None]
+            keys = pieces["enc"] if b == "cross_attn" or stack == "enc" else pieces["dec"]
+            for h, row in zip(heads, norms):
+                q = int(row.argmax())
+                entry = {"sentence": k, "position": q, "score": float(row[q]), "text": text(pieces[stack], q)}
+                if h is not None:
+                    j = int(probs[h, q].argmax())
+                    entry.update(key=keys[j], weight=float(probs[h, q, j]))
+                best = found.setdefault((stack, i, b, h), [])
+                best.append(entry)
+                best.sort(key=lambda e: -e["score"])
+                del best[top:]
     return found

@@ -43,6 +43,7 @@ from bokeh.layouts import row
 from ..analysis.graph import attribution_graph, component_contexts, graph_size
 from ..charts.export import to_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
+from ..core.batching import decoder_input
 from ..corpus.data import dataset_files
 from .views import LazyTab, _md_escape
 
@@ -93,7 +94,7 @@ def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, pro
     nodes labelled with the pieces."""
     cfg = tm.model.cfg
     src = torch.tensor([list(src_ids)], device=tm.device)
-    tgt = torch.tensor([[cfg.start_id, *list(out_ids)[:position]]], device=tm.device)
+    tgt = torch.tensor([decoder_input(list(out_ids)[: position + 1], cfg.start_id)], device=tm.device)
     return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]),
                              src_tokens=list(src_pieces), tgt_tokens=["<s>", *out_pieces[:position]],
                              progress=progress)
