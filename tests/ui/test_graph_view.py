@@ -170,6 +170,11 @@ def test_export_is_one_offline_captioned_file(session):
     assert "Checkpoint: alpha" in html and "Sentence: " in html and "Translation: " in html
     assert "graph_detail" in html and "graph_node_attention" in html
     assert external_references(html) == []
+    # the caption names the sentence the graph is of, even after the page moved on while the tab was hidden
+    view.active = False
+    session.sentence = "Ein Hund ."
+    html = view.export_html().getvalue()  # (the document's JSON escapes the umlaut)
+    assert "Sentence: Ein Hund l" in html and "Sentence: Ein Hund ." not in html
 
 
 def test_a_superseded_graph_is_never_applied(entries, monkeypatch):

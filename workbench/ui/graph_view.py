@@ -139,6 +139,7 @@ class GraphView(LazyTab):
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, object] = OrderedDict()
         self._answer: dict | None = None
+        self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
         self._cost = ""
         self._picker = pn.Column(sizing_mode="stretch_width")
         self._picker_many: bool | None = None
@@ -288,6 +289,7 @@ class GraphView(LazyTab):
 
     def render(self, answer) -> list:
         self._answer = answer
+        self._shown = (self.session.result, self.session.checkpoint)  # what the export's caption names
         fig, side, legend = self.figure(answer)
         fig.sizing_mode = "stretch_width"
         g, keep = answer["graph"], answer["keep"]
@@ -296,7 +298,8 @@ class GraphView(LazyTab):
         built = (f" Built in {answer['seconds']:.2f} s ({self._cost})." if answer["seconds"]
                  else f" ({self._cost}; the graph was kept, only the pruning ran again.)")
         note = (f"Why **{_md_escape(answer['piece'])}** at output position {answer['position']}: logit "
-                f"{g.logit:.3f}, completeness error {abs(float(g.adjacency[-1].sum()) - g.logit):.1e}. "
+                f"{g.logit:.3f}; the edges into it sum to it within "
+                f"{abs(float(g.adjacency[-1].sum()) - g.logit):.1e}. "
                 f"{kept + 1} of {len(g.nodes):,} nodes drawn (the logit's included), holding {covered:.0%} of the "
                 f"other nodes' influence (threshold "
                 f"{answer['threshold']:g}, cap {answer['max_nodes']}).{_md_escape(built)}"
@@ -316,18 +319,18 @@ class GraphView(LazyTab):
     def export_name(self) -> str:
         """`<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html` of the graph shown."""
         a = self._answer
-        ckpt = re.sub(r"[^A-Za-z0-9._-]+", "-", self.session.checkpoint or "none").strip("-")
+        ckpt = re.sub(r"[^A-Za-z0-9._-]+", "-", self._shown[1] or self.session.checkpoint or "none").strip("-")
         if a is None:
             return f"{ckpt}_graph.html"
         return f"{ckpt}_graph_tok{a['position']}-thr{a['threshold']:g}-cap{a['max_nodes']}.html"
 
     def export_html(self) -> StringIO:
         """The graph shown, as one offline HTML file with a caption: a fresh layout, not the page's."""
-        a, r = self._answer, self.session.result
+        a, (r, checkpoint) = self._answer, self._shown
         if a is None or r is None:
             return StringIO("<p>nothing to export</p>")
         caption = (f"Sentence: {r.request.sentence}\n{'Target (teacher-forced)' if r.forced else 'Translation'}: "
-                   f"{r.text}\nCheckpoint: {self.session.checkpoint}\nAttribution graph of output token "
+                   f"{r.text}\nCheckpoint: {checkpoint}\nAttribution graph of output token "
                    f"{a['position']} ({a['piece']}): threshold {a['threshold']:g}, at most {a['max_nodes']} nodes")
         view = attribution_graph_view(a["graph"], a["keep"], src_tokens=a["src_tokens"], tgt_tokens=a["tgt_tokens"],
                                       width=1000, contexts=a["contexts"], corpus=a["corpus"])
