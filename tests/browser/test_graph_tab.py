@@ -1,4 +1,4 @@
-"""The Graph tab in Chromium: the graph draws; selecting a node (through Bokeh's JS, as a tap does) shows its panel
+"""The Graph tab in Chromium: the graph draws; selecting a node (by Bokeh JS, or a mouse tap) shows its panel
 (for a head: its attention bars over the keys; for heads and FFNs: corpus contexts); the token and threshold are in
 the URL and a link's unusable values are named and dropped; the export downloads one self-contained HTML file that
 loads no http(s) script or stylesheet; no console error, failed or external request.
@@ -54,6 +54,26 @@ def tap(page, kind: str) -> dict:
     return {"label": label, **page.evaluate(PANEL_JS)}
 
 
+# Where a node of a kind is drawn, in page pixels (the figure scrolled into view first), for a real mouse tap.
+WHERE_JS = """(kind) => { const v = [...Bokeh.index.all_views()].filter(
+    v => v.model.name === 'attribution_graph' && v.el.isConnected).pop();
+    v.el.scrollIntoView();
+    const dots = [...v.renderer_views.values()].find(r => r.model.name === 'graph_dots');
+    const d = dots.model.data_source.data, i = d.kind.indexOf(kind);
+    const box = v.canvas_view.el.getBoundingClientRect();
+    return {x: box.left + v.frame.x_scale.compute(d.x[i]), y: box.top + v.frame.y_scale.compute(d.y[i]),
+            label: d.label[i]}; }"""
+
+
+def click(page, kind: str) -> dict:
+    """Tap the first node of a kind with the mouse (Bokeh's TapTool) and read its panel."""
+    where = page.evaluate(WHERE_JS, kind)
+    page.mouse.click(where["x"], where["y"])
+    page.wait_for_function(f"() => {{ const p = ({PANEL_JS})(); return p && p.text.includes({where['label']!r}); }}",
+                           timeout=TIMEOUT)
+    return {"label": where["label"], **page.evaluate(PANEL_JS)}
+
+
 def shoot(page, url: str, folder: Path, widths=(1000, 1500)) -> list[Path]:
     """Screenshots of the Graph tab with a head node tapped, one per page width."""
     out = []
@@ -78,7 +98,7 @@ def test_graph_tab_draws_taps_links_and_exports(browser, app_server, tmp_path):
     assert "strongest edges in" in head["text"] and head["visible"] and head["bars"] > 0
     assert "corpus contexts" in head["text"] and "Multi30k test2016" in head["text"]
     assert all(re.search(r" \d\.\d\d$", t) for t in head["labels"])  # a piece and its weight per bar
-    ffn = tap(page, "ffn")
+    ffn = click(page, "ffn")  # a real mouse tap
     assert "context:" in ffn["text"] and not ffn["visible"]  # no attention for an FFN node
     assert "corpus contexts" in ffn["text"]
     # the token picker and the threshold write the URL
