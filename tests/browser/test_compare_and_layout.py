@@ -6,15 +6,19 @@ Attention tab)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 from test_app import FIGURE_JS, TIMEOUT, open_app, text
 
 ROOT = Path(__file__).resolve().parents[2]
-TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why")
+TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why", "Evidence", "Features", "Graph")
 READY = {"Attention": "Ablate heads", "Internals": "validation curves stored", "Compare": "B reads A's output",
-         "Analysis": "Head statistics", "Model analysis": "Pick an analysis", "Why": "Patching against"}
+         "Analysis": "Head statistics", "Model analysis": "Pick an analysis", "Why": "Patching against",
+         "Evidence": "of each output token (ALTI+)",
+         # a test checkpoint may or may not carry a dictionary (test_features_tab ships one into `demo`)
+         "Features": re.compile("No dictionaries ship|Why this word"), "Graph": "completeness error"}
 
 
 def open_tab(page, title: str) -> None:
