@@ -44,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=16)
     ap.add_argument("--exact-pairs", type=int, default=6)
+    ap.add_argument("--heldout", type=int, default=16, help="more pairs, to evaluate the circuits out of sample")
     ap.add_argument("--edges", type=int, default=500)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--step", type=float, default=0.2, help="iterated EAP: share of the circuit removed per step")
@@ -60,13 +61,14 @@ def main() -> None:
     de = lines("test_2016_flickr.de") + lines("val.de")
     en = lines("test_2016_flickr.en") + lines("val.en")
     builders = {
-        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs)),
-        "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs)),
-        "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs)),
-        "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs)),
+        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs + args.heldout)),
+        "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs + args.heldout)),
+        "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs + args.heldout)),
+        "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs + args.heldout)),
     }
     result = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-              "pairs": args.pairs, "exact_pairs": args.exact_pairs, "sampled_edges": args.edges, "ig_steps": args.steps,
+              "pairs": args.pairs, "heldout": args.heldout, "exact_pairs": args.exact_pairs,
+              "sampled_edges": args.edges, "ig_steps": args.steps,
               "iterative_step": args.step,
               "sets": {}}
     for name in args.sets.split(","):
@@ -74,10 +76,11 @@ def main() -> None:
         model = tm.model
         t0 = time.perf_counter()
         pairs = build()
+        pairs, heldout = pairs[: args.pairs], pairs[args.pairs:]
         built = time.perf_counter() - t0
         graph = EdgeGraph(model)
         entry = {"model": "multi30k-de-en" if tm is de_en else "general-en-de",
-                 "pairs": len(pairs), "build_seconds": built, "edges": graph.n_edges,
+                 "pairs": len(pairs), "heldout_pairs": len(heldout), "build_seconds": built, "edges": graph.n_edges,
                  "examples": [{"clean": p.text, "corrupted": p.corrupted_text, "good": tm.detokenize([p.good]),
                                "bad": tm.detokenize([p.bad])} for p in pairs[:5]]}
         scores = {}
@@ -123,6 +126,15 @@ def main() -> None:
         entry["circuits"]["random"] = [{"n_edges": n, "fraction": n / graph.n_edges,
                                         "faithfulness": rand[j * args.random: (j + 1) * args.random]}
                                        for j, n in enumerate(sizes)]
+        if heldout:  # the same circuits (found on `pairs`) on pairs that took no part in finding them
+            res = circuit_metric(model, heldout, [c for cs in searches.values() for c in cs] + randoms)
+            norm = res["normalized"].tolist()
+            entry["heldout"] = {"clean": res["clean"], "corrupted_frozen": res["corrupted"]}
+            for k, (search, cs) in enumerate(searches.items()):
+                entry["heldout"][search] = [norm[k * len(sizes) + j] for j in range(len(cs))]
+            rand = norm[len(searches) * len(sizes):]
+            entry["heldout"]["random_max"] = [max(rand[j * args.random: (j + 1) * args.random])
+                                              for j in range(len(sizes))]
         # discovery: the iterated search down to the smallest size (it passes every larger one on the way)
         entry["discovery_seconds"] = entry["iterative_seconds"]
         entry["top_edges_iterative_5pct"] = [graph.edge_name(e) for e in iterative[sizes[2]]]
