@@ -1,6 +1,7 @@
 """Circuit discovery on the shipped models: EAP and EAP-IG against exact edge patching, and circuit faithfulness.
 
-    .venv/bin/python benchmarks/bench_circuits.py [--pairs 16] [--exact-pairs 6] [--edges 500]
+    .venv/bin/python benchmarks/bench_circuits.py [--pairs 16] [--heldout 16] [--exact-pairs 6] [--edges 500]
+                                                  [--step 0.2] [--threads 1]
                                                   [--out benchmarks/results/circuits_cpu.json]
 
 Four contrastive sets built from Multi30k test2016 (and val where test2016 has too few) with same-length sources:
@@ -11,9 +12,12 @@ Four contrastive sets built from Multi30k test2016 (and val where test2016 has t
 Metric: logit difference of the clean vs the corrupted output token at the first position where the greedy
 translations differ. Per set: EAP and EAP-IG scores over --pairs pairs (timed); the Spearman correlation of each with
 exact edge patching (metric with one edge patched minus clean, frozen-norm model) on --edges edges sampled uniformly
-from the valid edges, over the first --exact-pairs pairs; normalised faithfulness of greedy circuits of 1, 2, 5, 10
-and 20 % of the edges, next to 5 random circuits of the same size each. `discovery_seconds`: EAP-IG scores plus the
-circuit evaluations, the whole discovery for one set.
+from the valid edges, over the first --exact-pairs pairs; normalised faithfulness of circuits of 1, 2, 5, 10 and 20 %
+of the edges from five searches, the same rule for every set: `iterative` (`iterative_circuits`, one trajectory
+through the five sizes, --step removed per step) and EAP-IG's greedy search on EAP and EAP-IG scores, signed and by
+|score|; next to --random random circuits of each size. The same circuits are evaluated again on --heldout further
+pairs that took no part in finding them (`heldout`). `discovery_seconds`: the iterated search down to 1 % (passing
+every larger size); `eap-ig_seconds` is the greedy circuits' discovery (the search itself takes milliseconds).
 """
 
 from __future__ import annotations

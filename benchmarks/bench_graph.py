@@ -1,17 +1,25 @@
 """Attribution graphs on the shipped de->en model: construction time next to the patching sweep that answers the
 same question, pruned size over test2016, and faithfulness by intervention.
 
-    .venv/bin/python benchmarks/bench_graph.py [--sentences 1000] [--out benchmarks/results/graph_cpu.json]
+    .venv/bin/python benchmarks/bench_graph.py [--sentences 1000] [--every-token 40] [--positions 5] [--threads 1]
+                                               [--skip-speed] [--out benchmarks/results/graph_cpu.json]
 
-Speed: one test2016 sentence of 20 source tokens (EOS included), every output position of its greedy translation.
-`graph_seconds`: `attribution_graph` (nodes, every edge, attributions) per output token. The patching sweep that
-answers the same question, "which nodes does this logit depend on", zero-ablates each of the graph's removable nodes
-(embeddings, head x position, FFN x position) alone in the real model, 64 per batch (`remove_nodes`): one number per
-node, no edges. `head_sweep_seconds`: `patching_sweep(sites="head", ablation="zero")`, the heads only.
-Coverage: every output token (EOS included) of the greedy translations of the first --sentences test2016 sentences:
+Speed: one test2016 sentence of 20 source tokens (EOS included), every output position of its greedy translation
+(or --positions of them, evenly spaced). `graph_seconds`: `attribution_graph` (nodes, every edge, attributions) per
+output token. The patching sweep that answers the same question, "which nodes does this logit depend on",
+zero-ablates each of the graph's removable nodes (embeddings, head x position, FFN x position) alone in the real
+model, 64 per batch (`remove_nodes`): one number per node, no edges. `head_sweep_seconds`:
+`patching_sweep(sites="head", ablation="zero")`, the heads only. --skip-speed keeps the speed entry of --out.
+Coverage, two modes over the greedy translations of test2016: `sampled`, the first --sentences sentences with one
+output position each, drawn uniformly (EOS included) with a generator seeded by --seed before anything runs (so a
+resumed run draws the same ones); `every`, every output position of the first --every-token sentences. Per graph:
 nodes kept by `prune(0.8)` (the logit node included), and the completeness error |sum of the logit's edges - logit| /
-|logit|. Faithfulness: one output position per sentence (seeded): the real model's logit drop when the 5 nodes with
-the largest attribution are zeroed together, next to 5 random removable nodes (10 draws, mean).
+|logit|. In sampled mode a graph stands for its sentence's tokens: `share_at_most_100_nodes_token_weighted` weights
+each by its sentence's output length, an estimate of the share over every token of the set. Faithfulness: at the
+sampled position of each sentence, the real model's logit drop when the 5 nodes with the largest attribution are
+zeroed together, next to 5 random removable nodes (10 draws, mean). Each sentence measured appends one JSON line to
+--records (default runs/bench_graph/records.jsonl); the same command resumes from it, and --out is rewritten every
+25 sentences.
 """
 
 from __future__ import annotations

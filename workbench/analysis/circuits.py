@@ -466,13 +466,15 @@ def circuit_metric(model, pairs: Sequence, circuits: list[list[tuple[int, int]]]
 
 def iterative_circuits(model, pairs: Sequence, sizes: Sequence[int], *, step: float = 0.2
                        ) -> dict[int, list[tuple[int, int]]]:
-    """Circuits of at most each of `sizes` edges by iterated EAP: start from every edge; at each step take EAP's
-    first-order estimate of each circuit edge's removal *at the current circuit* (the receiver-input gradient and
-    the sender's output difference of the run where only the circuit's edges are clean, mean over `pairs`), remove
-    the `step` share of the circuit's edges whose removal lowers the metric least (down to the next size at most),
-    then the edges left carrying nothing (`EdgeGraph.connected`). One gradient run per pair and step.
-    One-shot EAP and EAP-IG estimate every edge at the clean run (EAP-IG: along the input path), where all other
-    edges are clean; a circuit of a few % of the edges runs far from there. Returns {size: edges}."""
+    """Circuits of at most each of `sizes` edges by iterated EAP: start from every edge; at each step estimate, to
+    first order *at the current circuit*, what each valid edge is worth there (EAP's product of the sender's output
+    difference and the receiver-input gradient in the run where only the circuit's edges are clean, mean over
+    `pairs`: the metric's loss if a circuit edge is removed, its gain if an edge outside is added back), keep the
+    best (1 - `step`) x the circuit's size (down to the next size at most), then drop the edges left carrying
+    nothing (`EdgeGraph.connected`). One gradient run per pair and step; the steps stop at each size asked for.
+    One-shot EAP and EAP-IG estimate every edge at the clean run, where all other edges are clean; a circuit of a
+    few % of the edges runs far from there. Re-ranking every edge, not only the circuit's, lets an edge removed too
+    early come back. Returns {size: edges}."""
     if not pairs:
         raise ValueError("iterative_circuits needs at least one pair")
     if not 0 < step < 1:
@@ -487,24 +489,25 @@ def iterative_circuits(model, pairs: Sequence, sizes: Sequence[int], *, step: fl
             net = _Frozen(model, graph, p)
             net.prepare()
             nets.append(net)
-        current = graph.edges()
+        everything = graph.edges()  # row-major, as est[graph.valid]
+        current = list(everything)
         out: dict[int, list[tuple[int, int]]] = {}
         while todo:
             while todo and len(current) <= todo[0]:
                 out[todo.pop(0)] = list(current)
             if not todo:
                 break
-            est = _removal_estimates(nets, current)
+            est = _removal_estimates(nets, current)  # an edge's worth is -est, in the circuit or not
             n_next = max(int(len(current) * (1 - step)), todo[0])
-            key = torch.tensor([float(est[u, r]) for u, r in current])  # the metric's change on removal
-            keep = key.argsort()[:n_next].sort().values.tolist()  # the edges whose removal costs most
-            current = graph.connected([current[i] for i in keep])
+            keep = est[graph.valid].argsort()[:n_next].sort().values.tolist()
+            current = graph.connected([everything[i] for i in keep])
     return out
 
 
 def _removal_estimates(nets: list[_Frozen], circuit: list[tuple[int, int]]) -> torch.Tensor:
     """(senders, receivers): EAP's first-order estimate, at the run where only `circuit` is clean, of the metric's
-    change when each edge is patched (removed from the circuit), mean over `nets`. At the whole graph: EAP."""
+    change when each edge is patched (removed from the circuit; for an edge outside it, minus the change when it
+    is added back), mean over `nets`. At the whole graph: EAP."""
     graph = nets[0].graph
     w = _weights(graph, [circuit], keep=True)
     est = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float64)
