@@ -5,7 +5,7 @@ low-share flags (hallucination candidates) on clean, corrupted and out-of-domain
         --src ../shared/data/multi30k/test_2016_flickr.de --ood ../shared/data/wmt-news/newstest2014.de \
         --out runs/source_share_multi30k.json
 
-Thresholds (5 % quantile of clean tokens, per word start / continuation) are fitted on the first half of
+Thresholds (5 % quantile of clean tokens, per word start / continuation, and of clean sentences' mean share) are fitted on the first half of
 the test lines and applied to the second half, to its sources with the words shuffled, and to --ood lines.
 """
 
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from workbench.analysis.source_share import LowShareThresholds, by_position, output_source_shares
+from workbench.analysis.source_share import LowShareThresholds, by_position, output_source_shares, sentence_share
 from workbench.decoding.translator import load
 
 
@@ -35,6 +35,9 @@ def summary(thr, rs, shares):
     return {"sentences": len(rs), "tokens": tokens, "flagged_tokens": flagged,
             "flag_rate": flagged / max(tokens, 1),
             "sentences_with_2plus_flags": sum(sum(f) >= 2 for f in flags) / len(rs),
+            "sentences_flagged": sum(thr.flag_sentence(s) for s in shares) / len(rs),
+            "lowest_sentences": [[round(sentence_share(s), 3), r.text] for s, r in
+                                 sorted(zip(shares, rs), key=lambda p: sentence_share(p[0]))[:3]],
             "mean_source_share": float(np.mean([s[:-1].mean() for s in shares if len(s) > 1]))}
 
 
@@ -73,7 +76,8 @@ def main() -> None:
     for text in args.example:
         r, s = shares_of(tm, [text], args.beam)
         f = thr.flag(s[0], r[0].pieces)
-        examples.append({"source": text, "output": r[0].text,
+        examples.append({"source": text, "output": r[0].text, "sentence_share": sentence_share(s[0]),
+                         "sentence_flagged": thr.flag_sentence(s[0]),
                          "tokens": [[piece, round(float(v), 3), flag] for piece, v, flag in zip(r[0].pieces, s[0], f)]})
     out["examples"] = examples
     out["seconds"] = time.perf_counter() - start

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -339,3 +340,145 @@ def test_load_sends_only_format_specs_to_the_importers(monkeypatch):
     assert calls == [("importers", "marian:hf:Helsinki-NLP/opus-mt-en-de", {"device": "cpu", "beam": 2}),
                      ("translator", "runs/marian:copy", {"device": "cpu"}),
                      ("translator", "fairseq:", {"device": "cpu"})]
+
+
+# ------------------------------------------------------------------------------ the residual stream, named once
+# Hook names and the decoder-input shift live in workbench/core (issue 29 point 8): the layers publish their
+# sub-layers (`layer.sublayers()`, `model.stream(stack)`), hook points carry their `.name`, module paths come from
+# `core.hooks.path_of`, and `core.batching.decoder_input` / `teacher_forced` is the one shift. Elsewhere a hook
+# name is taken by reference (`model.dec[i].cross_attn.hook_probs.name`), never spelled with a formatted index.
+# Importers are exempt: their strings are foreign state-dict keys, not hook names.
+NAMING_HOMES = ("core/", "importers/")
+# f"{i}.ffn", f"{i}.ffn_norm", f"{p}.hook_out"
+_AFTER_FIELD = re.compile(r"^\w*(\.\w+)*\.hook_\w|^\.(self_attn|cross_attn|ffn)(_norm)?\b")
+_BEFORE_FIELD = re.compile(r"hook_(\w+_)?$")  # f"hook_{side}_tok", f"hook_resid_{attn}"
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}|%[-#0 +]*\d*(?:\.\d+)?[sdrif]")
+# Where the shift may still be written, and why.
+SHIFT_HOMES = {
+    "core/batching.py": "the one shift (decoder_input, teacher_forced)",
+    "corpus/data.py": "Corpus.collate fills the trainer's numpy rows in place, 5x cheaper per sentence than "
+                      "decoder_input on the training hot path; tests/test_data.py checks its rows equal "
+                      "decoder_input's",
+}
+
+
+def _spelled(parts: list[str | None]) -> bool:
+    """A string built from constant parts (str) and formatted fields (None): does a hook path follow a field, or
+    a field complete a hook leaf?"""
+    for k, part in enumerate(parts):
+        if part is None:
+            continue
+        if k > 0 and parts[k - 1] is None and _AFTER_FIELD.search(part):
+            return True
+        if k + 1 < len(parts) and parts[k + 1] is None and _BEFORE_FIELD.search(part):
+            return True
+    return False
+
+
+def _template(text: str) -> list[str | None]:
+    """A str.format / %-template as constant parts and fields."""
+    parts: list[str | None] = []
+    last = 0
+    for m in _PLACEHOLDER.finditer(text):
+        parts += [text[last : m.start()], None]
+        last = m.end()
+    return [*parts, text[last:]]
+
+
+def _const(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def spelled_hook_names(code: str) -> list[int]:
+    """Lines that build a hook name by formatting: f-strings, str.format, %, and `+` of a string constant."""
+    lines = []
+    for node in ast.walk(ast.parse(code)):
+        parts: list[str | None] | None = None
+        if isinstance(node, ast.JoinedStr):
+            parts = [_const(v) if _const(v) is not None else None for v in node.values]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
+                and _const(node.func.value) is not None:
+            parts = _template(_const(node.func.value))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and _const(node.left) is not None:
+            parts = _template(_const(node.left))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and \
+                (_const(node.left) is None) != (_const(node.right) is None):
+            parts = [_const(node.left), None] if _const(node.left) is not None else [None, _const(node.right)]
+        if parts is not None and _spelled(parts):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def _is_start(node: ast.AST) -> bool:
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name in ("start_id", "decoder_start_id")
+
+
+def hand_shifts(code: str) -> list[int]:
+    """Lines that write the decoder-input shift by hand: a start id in a display with a starred rest
+    (`[cfg.start_id, *out[:-1]]`) or added to one (`[start_id] + out[:-1]`), stored into a tensor row
+    (`tgt_in[row, 0] = cfg.start_id`), or concatenated (`torch.cat([start column, tgt[:, :-1]], 1)`)."""
+    lines = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, (ast.List, ast.Tuple)) and any(_is_start(e) for e in node.elts) and \
+                any(isinstance(e, ast.Starred) for e in node.elts):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and any(
+                isinstance(side, (ast.List, ast.Tuple)) and any(_is_start(e) for e in side.elts)
+                for side in (node.left, node.right)):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Assign) and _is_start(node.value) and \
+                any(isinstance(t, ast.Subscript) for t in node.targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+                "cat", "concat", "concatenate", "hstack") and any(_is_start(n) for a in node.args for n in ast.walk(a)):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def _outside(homes) -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if not str(p.relative_to(PACKAGE)).startswith(tuple(homes))]
+
+
+def test_hook_names_are_taken_by_reference_outside_core():
+    bad = {str(p.relative_to(ROOT)): lines for p in _outside(NAMING_HOMES)
+           if (lines := spelled_hook_names(p.read_text(encoding="utf-8")))}
+    assert not bad, ("hook names spelled with a formatted index (take them from the model: "
+                     f"`layer.sublayers()`, `model.stream(stack)`, `hook.name`, `path_of(module)`): {bad}")
+
+
+def test_the_hook_name_checker_catches_spelled_names():  # the checker itself, on made-up code
+    spelled = ['f"dec.{i}.cross_attn.hook_probs"', 'f"{stack}.{layer}.hook_norm_ffn"', 'f"{p}.{b}_norm.hook_scale"',
+               'f"{stack}.{i}.ffn"', 'f"{stack}.{i}.ffn_norm"', 'f"{spec}.hook_out"', 'f"hook_{side}_tok"',
+               'f"{s}.{i}.hook_resid_{attn}"',
+               '"dec.{}.self_attn.hook_q".format(i)', '"enc.%d.hook_resid_in" % i', 'prefix + ".hook_v"',
+               '"hook_resid_" + name']
+    for code in spelled:
+        assert spelled_hook_names(f"x = {code}\n") == [1], code
+    fine = ['layer.cross_attn.hook_probs.name', 'f"{path_of(norm)}.bias"', 'f"error {stack}.{i} @{q}"',
+            'f"hook on {point.name} must return None"', 'f"no attention probabilities (*.hook_probs) in {path}"',
+            'f"{kind}:{layer}:{head}"', '"dec.*.cross_attn.hook_probs"', 'f"{label} @{q}"']
+    for code in fine:
+        assert spelled_hook_names(f"x = {code}\n") == [], code
+
+
+def test_the_decoder_input_shift_is_written_once():
+    bad = {str(p.relative_to(ROOT)): lines for p in _outside(SHIFT_HOMES)
+           if (lines := hand_shifts(p.read_text(encoding="utf-8")))}
+    assert not bad, f"decoder inputs shifted by hand (use core.batching.decoder_input / teacher_forced): {bad}"
+    assert hand_shifts((PACKAGE / "corpus" / "data.py").read_text(encoding="utf-8")), \
+        "corpus/data.py no longer shifts by hand: drop it from SHIFT_HOMES"
+
+
+def test_the_shift_checker_catches_hand_shifts():  # the checker itself, on made-up code
+    shifts = ["tgt = [cfg.start_id, *out_ids[:-1]]", "tgt = torch.tensor([[model.cfg.start_id, *r.tokens[:-1]]])",
+              "rows = [[start_id, *t] for t in targets]", "tgt = [cfg.decoder_start_id] + out[:-1]",
+              "tgt_in[row, 0] = cfg.start_id",
+              "t = torch.cat([torch.full((b, 1), cfg.start_id), tgt[:, :-1]], 1)"]
+    for code in shifts:
+        assert hand_shifts(code + "\n") == [1], code
+    fine = ["tgt = decoder_input(out_ids, cfg.start_id)", "tokens = torch.full((b, 1), cfg.start_id)",
+            "b = teacher_forced(s, o, pad_id=cfg.pad_id, start_id=cfg.start_id)", "body = ids[:-1]",
+            "_Beams.start(limits, K, w, start_id=model.cfg.start_id, pad=pad)"]
+    for code in fine:
+        assert hand_shifts(code + "\n") == [], code

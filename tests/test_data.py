@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from workbench import presets
+from workbench.core.batching import decoder_input
 from workbench.corpus.data import (
     DATASETS,
     MIXTURES,
@@ -72,6 +73,11 @@ def test_collate_builds_eos_terminated_sources_and_shifted_targets():
     assert b.tgt_in.tolist() == [[cfg.start_id, 11, 12, 0], [cfg.start_id, 13, 14, 15]]
     assert b.tgt_out.tolist() == [[11, 12, cfg.eos_id, 0], [13, 14, 15, cfg.eos_id]]
     assert (b.n_src_tokens, b.n_tgt_tokens) == (6, 7)
+    # the trainer's in-place fill is the one shift's result (tests/test_architecture.py SHIFT_HOMES relies on it)
+    for tgt_in, tgt_out, n in zip(b.tgt_in.tolist(), b.tgt_out.tolist(), (3, 4)):
+        assert tgt_in[:n] == decoder_input(tgt_out[:n], cfg.start_id)
+    marian = presets.tiny(vocab=50, decoder_start_id=0)  # the start token is the padding id
+    assert data.collate([0], marian).tgt_in.tolist() == [decoder_input([11, 12, marian.eos_id], 0)]
 
 
 def test_length_filter():

@@ -5,10 +5,13 @@ the charts built from them."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from workbench import Transformer, presets
+from workbench.core.batching import teacher_forced
 from workbench.corpus.data import ParallelData, load_dataset
 from workbench.decoding.translator import load
 from workbench.features import DictionaryConfig, SparseDictionary, capture_site
@@ -98,3 +101,26 @@ def test_sentence_features_and_charts(fd):
     assert "class='firing'" in contexts_html(fd.contexts(f))
     html = file_html(feature_dashboard(fd, f, contexts=3), CDN, "feature")
     assert "feature_histogram" in html and "feature_output_tokens" in html and "feature_heads" in html
+
+
+def test_aligned_positions_count_a_start_token_that_is_the_padding_id():
+    """Marian's decoder starts with its padding id: the start row is a real position (lengths say so, not ids);
+    padding after a shorter target is still never chosen."""
+    torch.manual_seed(0)
+    model = Transformer(presets.tiny(decoder_start_id=0)).eval()
+    cfg = model.cfg
+    assert cfg.start_id == cfg.pad_id
+    fd = FeatureData.__new__(FeatureData)  # only the model is needed to align
+    fd.tm = SimpleNamespace(model=model)
+    sources = [[5, 6, 7, 8, cfg.eos_id]] * 6
+    outputs = [[9, 10, 11, cfg.eos_id]] * 5 + [[9, cfg.eos_id]]
+    batch = teacher_forced(sources, outputs, pad_id=cfg.pad_id, start_id=cfg.start_id)
+    positions = [0, 1, 2, 3, 4, 0]
+    got = fd._aligned(batch, positions)
+    with torch.no_grad():  # by hand: mean cross-attention over layers and heads, argmax over the real rows
+        _, trace = model.run_with_cache(batch.src, batch.tgt_in, names="dec.*.cross_attn.hook_probs")
+    att = torch.stack([trace[f"dec.{i}.cross_attn.hook_probs"] for i in range(len(model.dec))]).mean((0, 2))
+    want = [int(att[r, : len(outputs[r]), p].argmax()) for r, p in enumerate(positions)]
+    assert got == want
+    assert 0 in got[:5]  # the start row wins somewhere: masking it by id would move those
+    assert got[5] < 2

@@ -7,7 +7,7 @@ import torch
 from model_helpers import ROOT, SHARED_DATA
 
 from workbench.analysis.alignment import read_alignments, score_alignments
-from workbench.analysis.source_share import LowShareThresholds, output_source_shares
+from workbench.analysis.source_share import LowShareThresholds, output_source_shares, sentence_share
 from workbench.analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
 from workbench.decoding.translator import load
 
@@ -36,9 +36,12 @@ def test_the_stored_aligner_was_chosen_on_lines_1_150_and_beats_the_fallback_hel
 
 
 def test_low_source_share_flags_catch_real_hallucinations():
-    """Thresholds from 40 clean Multi30k test sentences; a real hallucination of the shipped de->en model (a
-    breed it never saw: "Boston Terrier" -> "A body of jerrier") and an out-of-domain Europarl sentence are
-    flagged inside their invented words; the same caption with a plain "Hund" is not flagged."""
+    """Thresholds from 40 clean Multi30k test sentences. An out-of-domain Europarl sentence, which the shipped
+    de->en model turns into invented English ("The Commuters has because the advention of ..."), is flagged
+    token by token and as a sentence; the same caption words shuffled draw less on the source than the caption;
+    a plain caption is not flagged. A mistranslated unknown word is not detached output: "Boston Terrier" ->
+    "A body of jerrier" draws on the source as much as a correct word does, and its invented pieces stay
+    unflagged (docs/analysis.md §10 says so)."""
     tm = load(ROOT / "checkpoints" / "multi30k-de-en")
     torch.manual_seed(0)
     clean = (SHARED_DATA / "multi30k" / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[2:42]
@@ -49,12 +52,13 @@ def test_low_source_share_flags_catch_real_hallucinations():
     def flagged(text):
         r = tm.translate([text], return_tokens=True, beam=1)[0]
         share = output_source_shares(tm.model, [r.source_tokens], [r.tokens])[0]
-        return r.text, [p for p, f in zip(r.pieces, thr.flag(share, r.pieces)) if f]
+        return r.text, [p for p, f in zip(r.pieces, thr.flag(share, r.pieces)) if f], share
 
-    text, flags = flagged("Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.")
-    assert text.startswith("A body of jerrier")
-    assert flags and set(flags) <= {"▁body", "▁of", "▁j", "err", "ier"}
-    text, flags = flagged("Ein Hund läuft über grünes Gras vor einem weißen Zaun.")
-    assert text.startswith("A dog runs") and flags == []
-    text, flags = flagged("Die Kommission hat ihren Vorschlag zur Reform der Agrarpolitik noch nicht vorgelegt.")
-    assert "commission" not in text.lower() and len(flags) >= 5
+    text, flags, share = flagged("Die Kommission hat ihren Vorschlag zur Reform der Agrarpolitik noch nicht vorgelegt.")
+    assert "commission" not in text.lower() and len(flags) >= 5 and thr.flag_sentence(share)
+    text, flags, dog = flagged("Ein Hund läuft über grünes Gras vor einem weißen Zaun.")
+    assert text.startswith("A dog runs") and flags == [] and not thr.flag_sentence(dog)
+    _, _, shuffled = flagged("Zaun. weißen Gras grünes vor Ein über einem läuft Hund")
+    assert sentence_share(shuffled) < sentence_share(dog)
+    text, flags, _ = flagged("Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.")
+    assert text.startswith("A body of jerrier") and not set(flags) & {"▁body", "▁j", "err", "ier"}

@@ -1,6 +1,7 @@
 """The Features tab in Chromium: a dictionary shipped with the checkpoint shows the sentence's features and a
-feature's dashboard; the feature id is in the URL, and a link with ?feature= opens on that feature. Screenshots
-go to $FEATURES_SHOTS when set."""
+feature's dashboard; the feature id is in the URL, and a link with ?feature= opens on that feature; "Why this word"
+lists the features behind a picked output token, and a feature's button opens its dashboard. Screenshots go to
+$FEATURES_SHOTS when set."""
 
 from __future__ import annotations
 
@@ -59,6 +60,22 @@ def test_features_tab_dashboard_and_link(page, app_server):
     search.fill("Hund")
     search.press("Enter")
     page.locator(".features-hits").wait_for(timeout=TIMEOUT)
+    # why this word: pick an output token, its features are listed; a feature's button opens its dashboard
+    picker = page.locator(".features-output select")
+    options = picker.locator("option")
+    assert options.count() >= 2
+    label = options.nth(1).inner_text()
+    picker.select_option(label=label)
+    head = page.locator(".features-why").get_by_text("output token 1,")
+    head.wait_for(timeout=TIMEOUT)
+    rows = page.locator(".features-why-row")
+    assert rows.count() >= 1
+    second = rows.nth(min(1, rows.count() - 1)).get_attribute("data-feature")
+    page.locator(".features-why-link button").nth(min(1, rows.count() - 1)).click()
+    page.wait_for_function(f"() => window.location.search.includes('feature={second}')", timeout=TIMEOUT)
+    page.get_by_text(f"feature #{second}").wait_for(timeout=TIMEOUT)
+    assert picker.input_value() == options.nth(1).get_attribute("value")  # the picked token stays
+    _shot(page, "features_tab_why.png")
     assert page.locator(".view-error").count() == 0
     assert watch.errors == [] and watch.external == []
     # a link with ?feature= opens on that feature

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..core.batching import decoder_input, pad_sequences
-from ..core.heads import Head
+from ..core.heads import Head, hook_name
 from .head_stats import capture_attention, fit_to_positions
 
 Link = tuple[int, int]  # (source index, target index), Pharaoh order
@@ -231,7 +231,7 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
     if fitted.report():
         warnings.warn(fitted.report("corpus_cross_attention"), stacklevel=2)
     sources, targets = fitted.sources, fitted.targets
-    names = model.hook_names("dec.*.cross_attn.hook_probs")
+    names = model.hook_names(hook_name("cross", "*"))
     out: list[np.ndarray] = []
     with torch.no_grad():
         for start in range(0, len(sources), batch_size):
@@ -243,7 +243,7 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
             src = pad_sequences(src_rows, cfg.pad_id, device=model.device)
             tgt = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
             trace = capture_attention(model, src, tgt, names)
-            cross = trace.stack("dec.*.cross_attn.hook_probs").float().cpu().numpy()  # (L, B, H, T, S)
+            cross = trace.stack(hook_name("cross", "*")).float().cpu().numpy()  # (L, B, H, T, S)
             for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):
                 n_words = len(t) - 1
                 rows = slice(0, n_words) if shift == "predict" else slice(1, n_words + 1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.heads import block_path
+from ..core.heads import stack_of
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,9 @@ def alti_hooks(model, kinds=("enc_self", "dec_self", "cross")) -> list[str]:
 
 
 def _block_hooks(model, kind: str, layer: int) -> dict[str, str | None]:
-    stack, attn = ("enc", "self_attn") if kind == "enc_self" else ("dec", "self_attn" if kind == "dec_self" else
-                                                                     "cross_attn")
-    prefix = block_path(kind, layer)
-    resid_in = f"{stack}.{layer}.hook_resid_in" if attn == "self_attn" else f"{stack}.{layer}.hook_resid_self_attn"
-    return {"probs": f"{prefix}.hook_probs", "v": f"{prefix}.hook_v", "resid": resid_in,
-            "out": f"{stack}.{layer}.hook_resid_{attn}",
-            "scale": None if model.cfg.norm_first else f"{stack}.{layer}.{attn}_norm.hook_scale"}
+    sub = model.stream(stack_of(kind)).layers[layer].sublayer("cross_attn" if kind == "cross" else "self_attn")
+    return {"probs": sub.block.hook_probs.name, "v": sub.block.hook_v.name, "resid": sub.hook_resid_before.name,
+            "out": sub.hook_resid.name, "scale": None if model.cfg.norm_first else sub.norm.hook_scale.name}
 
 
 def block_terms(model, trace, kind: str, layer: int, *, dtype=torch.float32) -> BlockTerms:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..core.heads import hook_name
 from .attribution import spearman, token_attribution
 from .gradients import evaluating
 
@@ -49,8 +50,10 @@ DELTA_THRESHOLD = 0.05
 is larger (a quarter of a typical log-probability's second decimal would be invisible in any table)."""
 
 
-def _side_hooks(side: str) -> list[str]:
-    return {"source": ["hook_src_tok"], "target": ["hook_tgt_tok"], "both": ["hook_src_tok", "hook_tgt_tok"]}[side]
+def _side_hooks(model, side: str) -> list[str]:
+    """The token-embedding hooks of `side`: "source", "target" or "both"."""
+    stacks = {"source": ["enc"], "target": ["dec"], "both": ["enc", "dec"]}[side]
+    return [model.stream(stack).hook_tok.name for stack in stacks]
 
 
 def _ig_integrand(model, src, tgt, targets, contrast, side: str, alphas: torch.Tensor, batch_size: int
@@ -60,7 +63,7 @@ def _ig_integrand(model, src, tgt, targets, contrast, side: str, alphas: torch.T
 
     One batch row per (α, t) pair, each back-propagating its own f_t, so one backward pass serves every output
     step (twice as fast on CPU as a backward pass per step over the α rows); `batch_size` rows per forward."""
-    names = _side_hooks(side)
+    names = _side_hooks(model, side)
     n_t = targets.size(1)
     per_chunk = max(1, batch_size // n_t)
     parts: list[list[torch.Tensor]] = [[] for _ in names]
@@ -198,7 +201,7 @@ def occlusion(model, src: torch.Tensor, tgt: torch.Tensor, targets: torch.Tensor
         return x.masked_fill(eye[:, :, None], 0.0) if x.size(0) == n else x
 
     clean = _target_log_probs(model(src, tgt), targets)[0]
-    with model.hooks({"hook_src_tok": occlude}):
+    with model.hooks({model.hook_src_tok.name: occlude}):
         occluded = _target_log_probs(model(src.expand(n, -1), tgt.expand(n, -1)), targets)  # (S, T)
     return (clean[None] - occluded).t().double().cpu()
 
@@ -217,7 +220,7 @@ def memory_patching(model, src: torch.Tensor, tgt: torch.Tensor, targets: torch.
         return torch.where(eye, mean_memory.to(x.device, x.dtype), x) if x.size(0) == n else x
 
     clean = _target_log_probs(model(src, tgt), targets)[0]
-    with model.hooks({"hook_memory": put}):
+    with model.hooks({model.hook_memory.name: put}):
         patched = _target_log_probs(model(src.expand(n, -1), tgt.expand(n, -1)), targets)
     return (clean[None] - patched).t().double().cpu()
 
@@ -239,8 +242,8 @@ def attribution_matrices(model, src, tgt, targets, *, memory_mean: torch.Tensor,
                          ) -> dict[str, np.ndarray]:
     """Every method's (T, S) matrix for one sentence (attention: cross-attention averaged over layers and heads;
     signed methods as magnitudes, since attention and saliency are unsigned)."""
-    _, trace = model.run_with_cache(src, tgt, names="dec.*.cross_attn.hook_probs")
-    attn = trace.stack("dec.*.cross_attn.hook_probs")[:, 0].mean((0, 1))  # (T, S)
+    _, trace = model.run_with_cache(src, tgt, names=hook_name("cross", "*"))
+    attn = trace.stack(hook_name("cross", "*"))[:, 0].mean((0, 1))  # (T, S)
     grad = token_attribution(model, src, tgt, targets)
     return {
         "attention": attn.double().cpu().numpy(),

@@ -59,10 +59,11 @@ def token_attribution(model, src: torch.Tensor, tgt: torch.Tensor, targets: torc
     was_training = model.training
     model.eval()
     try:
-        with torch.enable_grad(), model.hooks({"hook_src_tok": make_leaf, "hook_tgt_tok": make_leaf}):
+        src_tok, tgt_tok = model.hook_src_tok.name, model.hook_tgt_tok.name
+        with torch.enable_grad(), model.hooks({src_tok: make_leaf, tgt_tok: make_leaf}):
             logp = model(src, tgt).float().log_softmax(-1)[0]  # (T, V)
             chosen = logp.gather(-1, targets[0, :, None].to(logp.device))[:, 0]  # (T,)
-            e_src, e_tgt = leaves["hook_src_tok"], leaves["hook_tgt_tok"]
+            e_src, e_tgt = leaves[src_tok], leaves[tgt_tok]
             rows = {"ss": [], "sx": [], "ts": [], "tx": []}
             for t in range(chosen.size(0)):
                 g_src, g_tgt = torch.autograd.grad(chosen[t], (e_src, e_tgt), retain_graph=t < chosen.size(0) - 1)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.batching import decoder_input
+from ..core.heads import hook_name
 from ..decoding.search import Generation, length_penalty_value
 
 
@@ -108,11 +109,11 @@ def add_cross_attention(replay: BeamReplay, model, src: torch.Tensor) -> BeamRep
     `src` is this sentence's source ids (1-D or (1, S)), padding allowed."""
     src = src.view(1, -1) if src.dim() == 1 else src
     src = src[:, : int((src[0] != model.cfg.pad_id).sum())].to(model.device)
-    names = model.hook_names("dec.*.cross_attn.hook_probs")
+    names = model.hook_names(hook_name("cross", "*"))
     for st in replay.steps:
         prefixes = torch.tensor([decoder_input(p, model.cfg.start_id, prefix=True) for p in st.live],
                                 dtype=torch.long, device=model.device)
         _, trace = model.run_with_cache(src.expand(len(st.live), -1), prefixes, names=names)
-        cross = trace.stack("dec.*.cross_attn.hook_probs")[:, :, :, -1]  # (L, K, H, S): the step's query
+        cross = trace.stack(hook_name("cross", "*"))[:, :, :, -1]  # (L, K, H, S): the step's query
         st.cross_attention = cross.permute(1, 0, 2, 3).float().cpu()
     return replay

@@ -36,7 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.heads import Head
+from ..core.heads import Head, kind_of
+from ..core.hooks import path_of
 from .gradients import evaluating
 
 METHODS = ("eap", "eap-ig")
@@ -78,9 +79,9 @@ class EdgeGraph:
                         for part in "qkv":
                             self.receivers.append(f"{name}.{part}")
                             r_info.append(("mem" if kind == "cross" and part != "q" else stack, stack, order))
-                self.senders.append(f"{stack}.{i}.ffn")
+                self.senders.append(path_of(layer.ffn))
                 s_info.append((stack, 3 * i + 2))
-                self.receivers.append(f"{stack}.{i}.ffn")
+                self.receivers.append(path_of(layer.ffn))
                 r_info.append((stack, stack, 3 * i + 2))
         self.receivers.append("logits")
         r_info.append(("dec", "dec", 10**9))
@@ -189,26 +190,26 @@ class _Frozen:
         self.tgt = pair.tgt[:, : pair.position + 1].to(dev)
         self.position, self.good, self.bad = pair.position, int(pair.good), int(pair.bad)
         names = [n for n in model.hook_names("*hook_scale")]
+        embeds = {stack: model.stream(stack).hook_embed.name for stack in ("enc", "dec")}
         with evaluating(model), torch.no_grad():
-            logits, tr = model.run_with_cache(self.src, self.tgt, names=[*names, "hook_src_embed", "hook_tgt_embed"])
+            logits, tr = model.run_with_cache(self.src, self.tgt, names=[*names, *embeds.values()])
         self.scales = {n: tr[n][0] for n in names}
         self.real_clean = float(logits[0, -1, self.good] - logits[0, -1, self.bad])
-        self.embeds = {"enc": tr["hook_src_embed"][0], "dec": tr["hook_tgt_embed"][0]}
+        self.embeds = {stack: tr[name][0] for stack, name in embeds.items()}
         with evaluating(model), torch.no_grad():
-            c_logits, c_tr = model.run_with_cache(pair.corrupted_src.to(dev), self.tgt,
-                                                  names=["hook_src_embed", "hook_tgt_embed"])
+            c_logits, c_tr = model.run_with_cache(pair.corrupted_src.to(dev), self.tgt, names=list(embeds.values()))
         self.real_corrupted = float(c_logits[0, -1, self.good] - c_logits[0, -1, self.bad])
-        self.c_embeds = {"enc": c_tr["hook_src_embed"][0], "dec": c_tr["hook_tgt_embed"][0]}
+        self.c_embeds = {stack: c_tr[name][0] for stack, name in embeds.items()}
         self.corrupted_outputs: dict[int, torch.Tensor] | None = None
 
     # -- pieces ------------------------------------------------------------------------------------------
-    def _norm(self, path: str):
-        mod = self.model.get_submodule(path)
-        return lambda x: _fn(x, mod.weight, self.scales[f"{path}.hook_scale"]) + mod.bias
+    def _norm(self, mod):
+        """A norm with its scale frozen at the clean run's."""
+        return lambda x: _fn(x, mod.weight, self.scales[mod.hook_scale.name]) + mod.bias
 
-    def _lin_norm(self, path: str):
-        mod = self.model.get_submodule(path)
-        return lambda x: _fn(x, mod.weight, self.scales[f"{path}.hook_scale"])
+    def _lin_norm(self, mod):
+        """Its linear part (no bias): how it maps a difference of streams."""
+        return lambda x: _fn(x, mod.weight, self.scales[mod.hook_scale.name])
 
     def _attn(self, attn, q_in, k_in, v_in, causal: bool) -> torch.Tensor:
         """Per-head inputs (H, B, L, D) -> per-head outputs (H, B, Lq, D) (out_proj bias excluded)."""
@@ -284,17 +285,16 @@ class _Frozen:
             x = torch.zeros(B, L, D, dtype=emb.dtype, device=emb.device)
             x, dstack = emit(x, emb_id, emb, dstack)
             for i, layer in enumerate(getattr(self.model, stack)):
-                subs = [("self_attn", "enc_self" if stack == "enc" else "dec_self")]
-                if stack == "dec":
-                    subs.append(("cross_attn", "cross"))
-                for b, kind in subs:
-                    attn = getattr(layer, b)
+                attention = [sub for sub in layer.sublayers() if sub.is_attention]
+                for sub in attention:
+                    b, attn = sub.name, sub.block
+                    kind = kind_of(path_of(attn))
                     H = attn.n_heads
                     heads = [str(Head(kind, i, h)) for h in range(H)]  # type: ignore[arg-type]
                     rq = [g.r_index[f"{n}.q"] for n in heads]
                     rk = [g.r_index[f"{n}.k"] for n in heads]
                     rv = [g.r_index[f"{n}.v"] for n in heads]
-                    read = self._norm(f"{stack}.{i}.{b}_norm") if pre else (lambda t: t)
+                    read = self._norm(sub.norm) if pre else (lambda t: t)
                     if b == "cross_attn":
                         mx, mstack = memory
                         q_in = read(inputs(x, dstack, rq))
@@ -311,22 +311,22 @@ class _Frozen:
                         add = add + attn.out_proj.bias
                     x = add
                     if not pre:
-                        x = self._norm(f"{stack}.{i}.{b}_norm")(x)
+                        x = self._norm(sub.norm)(x)
                         if need_delta and dstack[0]:
-                            dstack = (dstack[0], self._lin_norm(f"{stack}.{i}.{b}_norm")(dstack[1]))
-                ffn = layer.ffn
-                r = g.r_index[f"{stack}.{i}.ffn"]
+                            dstack = (dstack[0], self._lin_norm(sub.norm)(dstack[1]))
+                ffn, ffn_norm = layer.ffn, layer.ffn_norm
+                r = g.r_index[path_of(ffn)]
                 h_in = inputs(x, dstack, [r])[0]
                 if pre:
-                    h_in = self._norm(f"{stack}.{i}.ffn_norm")(h_in)
+                    h_in = self._norm(ffn_norm)(h_in)
                 out = ffn.down_proj(ffn.activation(ffn.up_proj(h_in)))
-                x, dstack = emit(x, g.s_index[f"{stack}.{i}.ffn"], out, dstack)
+                x, dstack = emit(x, g.s_index[path_of(ffn)], out, dstack)
                 if not pre:
-                    x = self._norm(f"{stack}.{i}.ffn_norm")(x)
+                    x = self._norm(ffn_norm)(x)
                     if need_delta and dstack[0]:
-                        dstack = (dstack[0], self._lin_norm(f"{stack}.{i}.ffn_norm")(dstack[1]))
-            final = "enc_norm" if stack == "enc" else "dec_norm"
-            if getattr(self.model, final) is not None:
+                        dstack = (dstack[0], self._lin_norm(ffn_norm)(dstack[1]))
+            final = self.model.stream(stack).final_norm
+            if final is not None:
                 x = self._norm(final)(x)
                 if need_delta and dstack[0]:
                     dstack = (dstack[0], self._lin_norm(final)(dstack[1]))

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..core.heads import Head, kind_of
+from ..core.hooks import path_of
 
 STACKS = ("enc", "dec")
 
@@ -91,12 +92,6 @@ def _capture_names(model, stack: str, layers: int) -> list[str]:
     return names
 
 
-def _path(module) -> str:
-    """A module's path, from its hook points' names (named from the model's module tree)."""
-    return module.hook_out.name.rsplit(".", 1)[0] if hasattr(module, "hook_out") else \
-        module.hook_scale.name.rsplit(".", 1)[0]
-
-
 def _events(model, stack: str, layers: int, trace) -> list[tuple]:
     """The stream in order: ("write", label, info, (B, L, D) or per-head (B, H, L, D)) and
     ("norm", path, module, scale)."""
@@ -106,9 +101,9 @@ def _events(model, stack: str, layers: int, trace) -> list[tuple]:
                        for x, point in (("tok", stream.hook_tok), ("pos", stream.hook_pos))]
     if stream.emb_norm is not None:
         norm = stream.emb_norm
-        ev.append(("norm", _path(norm), norm, trace[norm.hook_scale.name]))
+        ev.append(("norm", path_of(norm), norm, trace[norm.hook_scale.name]))
     for i, sub in stream.sublayers(layers):
-        path = _path(sub.block)
+        path = path_of(sub.block)
         if sub.is_attention:
             kind = kind_of(path)
             ev.append(("write", path, {"stack": stack, "kind": kind, "layer": i, "head_index": "*"},
@@ -120,9 +115,9 @@ def _events(model, stack: str, layers: int, trace) -> list[tuple]:
             ev.append(("write", path, {"stack": stack, "kind": "ffn", "layer": i, "head_index": None},
                        trace[sub.block.hook_out.name]))
         if not model.cfg.norm_first:
-            ev.append(("norm", _path(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
+            ev.append(("norm", path_of(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
     if stream.final_norm is not None and layers == len(stream.layers):
-        ev.append(("norm", _path(stream.final_norm), stream.final_norm, trace[stream.final_norm.hook_scale.name]))
+        ev.append(("norm", path_of(stream.final_norm), stream.final_norm, trace[stream.final_norm.hook_scale.name]))
     return ev
 
 
@@ -177,8 +172,7 @@ def stream_components(model, trace, stack: str, layers: int, *, split_heads: boo
     `_capture_names(model, stack, layers)`: (labels, info, values (N, B, L, D) float64). `before` (a block
     path such as "dec.2.cross_attn") stops where that block would write: the stream that block reads
     (pre-norm: before its input norm)."""
-    side = "src" if stack == "enc" else "tgt"
-    shape = trace[f"hook_{side}_tok"].shape
+    shape = trace[model.stream(stack).hook_tok.name].shape
     labels: list[str] = []
     info: list[dict] = []
     parts: list[torch.Tensor] = []
@@ -361,7 +355,7 @@ def source_attribution(model, src, tgt, position: int, token: int, *, baseline_t
         probs = trace[attn.hook_probs.name][0, :, position].double()  # (H, K)
         v = trace[attn.hook_v.name][0].double()  # (H, K, Dh)
         per_key = probs[..., None] * torch.einsum("hkd,hde->hke", v, attn.head_weights().detach().double())
-        start = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == _path(attn))
+        start = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path_of(attn))
         for ev in events[start + 1:]:
             if ev[0] == "norm":
                 per_key = frozen_norm(per_key, ev[2], ev[3][0, position])

@@ -100,6 +100,8 @@ def generation_trace(model, src, names: str | Iterable[str] | DecodeConfig = "*"
         raise RuntimeError(f"the recorded ancestry has {len(rows)} steps for a hypothesis of {steps} tokens")
     tensors: dict[str, torch.Tensor] = {}
     once = source_side_names(model)
+    # decoder self-attention grows one key per step: its rows are padded to the last step's keys
+    growing = {point.name for layer in model.dec for point in (layer.self_attn.hook_scores, layer.self_attn.hook_probs)}
     for name in chosen:
         calls = store.get(name, [])
         if not calls:
@@ -111,7 +113,7 @@ def generation_trace(model, src, names: str | Iterable[str] | DecodeConfig = "*"
             raise RuntimeError(f"{name} fired {len(calls)} times for {steps} decoding steps")
         pieces = [calls[s][rows[s] if calls[s].size(0) > 1 else 0][None] for s in range(steps)]
         axis = 2 if pieces[0].dim() == 4 else 1
-        if name.startswith("dec.") and ".self_attn.hook_" in name and name.endswith(("hook_scores", "hook_probs")):
+        if name in growing:
             fill = 0.0 if name.endswith("hook_probs") else torch.finfo(pieces[0].dtype).min
             pieces = [torch.nn.functional.pad(p, (0, steps - p.size(-1)), value=fill) for p in pieces]
         tensors[name] = torch.cat(pieces, axis)

@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from ..core.hooks import path_of
+from ..core.layers import Sublayer
 from .gradients import evaluating
 
 NODE_KINDS = ("embed", "bias", "error", "head", "ffn", "logit")
@@ -123,26 +125,24 @@ def _fnT(g: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return y - y.mean(-1, keepdim=True)
 
 
-def _blocks(model, stack: str) -> list[tuple[str, int, str]]:
-    subs = ("self_attn", "ffn") if stack == "enc" else ("self_attn", "cross_attn", "ffn")
-    return [(stack, i, b) for i in range(len(getattr(model, stack))) for b in subs]
+def _blocks(model, stack: str) -> list[tuple[tuple[str, int, str], Sublayer]]:
+    """((stack, layer, block name), sub-layer) of a stack in the order they write."""
+    return [((stack, i, sub.name), sub) for i, sub in model.stream(stack).sublayers()]
 
 
 def _capture_names(model) -> list[str]:
-    names = ["hook_src_embed", "hook_tgt_embed"]
+    names = [model.stream("enc").hook_embed.name, model.stream("dec").hook_embed.name]
     for stack in ("enc", "dec"):
-        for _, i, b in _blocks(model, stack):
-            p = f"{stack}.{i}"
-            names.append(f"{p}.{b}_norm.hook_scale")
-            if b == "ffn":
-                names += [f"{p}.ffn.hook_out", f"{p}.ffn.hook_hidden"]
-                names.append(f"{p}.hook_norm_ffn" if model.cfg.norm_first else
-                             f"{p}.hook_resid_{'self_attn' if stack == 'enc' else 'cross_attn'}")
-            else:
-                names += [f"{p}.{b}.hook_result", f"{p}.{b}.hook_probs"]
-    for final, name in ((model.enc_norm, "enc_norm"), (model.dec_norm, "dec_norm")):
+        for _, sub in _blocks(model, stack):
+            names.append(sub.norm.hook_scale.name)
+            if sub.is_attention:
+                names += [sub.block.hook_result.name, sub.block.hook_probs.name]
+            else:  # the FFN's gates need what it reads
+                names += [sub.block.hook_out.name, sub.block.hook_hidden.name, sub.hook_block_in.name]
+    for stack in ("enc", "dec"):
+        final = model.stream(stack).final_norm
         if final is not None:
-            names.append(f"{name}.hook_scale")
+            names.append(final.hook_scale.name)
     return names
 
 
@@ -212,30 +212,30 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     length = {"enc": S, "dec": T}
     pre = cfg.norm_first
     blocks = {s: _blocks(model, s) for s in ("enc", "dec")}
-    params = {(s, i, b): _Params(getattr(getattr(model, s)[i], b), "ffn" if b == "ffn" else "attn")
-              for s in ("enc", "dec") for (_, i, b) in blocks[s]}
+    params = {key: _Params(sub.block, "attn" if sub.is_attention else "ffn")
+              for s in ("enc", "dec") for key, sub in blocks[s]}
 
-    def norm_of(stack, i, b):
-        n = getattr(getattr(model, stack)[i], f"{b}_norm")
-        return n.weight.detach().double(), n.bias.detach().double(), x[f"{stack}.{i}.{b}_norm.hook_scale"]
+    def norm_of(sub: Sublayer):
+        n = sub.norm
+        return n.weight.detach().double(), n.bias.detach().double(), x[n.hook_scale.name]
 
     finals = {}
-    for stack, mod, name in (("enc", model.enc_norm, "enc_norm"), ("dec", model.dec_norm, "dec_norm")):
+    for stack in ("enc", "dec"):
+        mod = model.stream(stack).final_norm
         if mod is not None:
-            finals[stack] = (mod.weight.detach().double(), mod.bias.detach().double(), x[f"{name}.hook_scale"])
+            finals[stack] = (mod.weight.detach().double(), mod.bias.detach().double(), x[mod.hook_scale.name])
 
     # gates of each FFN: activation(pre) / pre, pre recomputed in fp64 from the captured input
     gates, ffn_in = {}, {}
     for stack in ("enc", "dec"):
-        for _, i, b in blocks[stack]:
-            if b != "ffn":
+        for key, sub in blocks[stack]:
+            if sub.is_attention:
                 continue
-            p = params[stack, i, b]
-            name = (f"{stack}.{i}.hook_norm_ffn" if pre else
-                    f"{stack}.{i}.hook_resid_{'self_attn' if stack == 'enc' else 'cross_attn'}")
-            xin = x[name]
+            i = key[1]
+            p = params[key]
+            xin = x[sub.hook_block_in.name]
             pa = xin @ p.w_up.t() + (0 if p.b_up is None else p.b_up)
-            hid = x[f"{stack}.{i}.ffn.hook_hidden"]
+            hid = x[sub.block.hook_hidden.name]
             gates[stack, i] = torch.where(pa.abs() > 1e-30, hid / torch.where(pa.abs() > 1e-30, pa, 1.0), 0.0)
             ffn_in[stack, i] = xin
 
@@ -256,9 +256,9 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
             G = G_mem
             if "enc" in finals:
                 G = _fnT(G, finals["enc"][0], finals["enc"][2])
-        for key in reversed(blocks[stack]):
+        for key, sub in reversed(blocks[stack]):
             _, i, b = key
-            w, _, s = norm_of(*key)
+            w, _, s = norm_of(sub)
             p = params[key]
             g = G if pre else _fnT(G, w, s)
             g_node[key] = g
@@ -266,7 +266,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                 r = ((g @ p.w_down) * gates[stack, i]) @ p.w_up  # (L, D)
                 back = r
             else:
-                probs = x[f"{stack}.{i}.{b}.hook_probs"]  # (H, Lq, Lk)
+                probs = x[sub.block.hook_probs.name]  # (H, Lq, Lk)
                 r = torch.einsum("hdf,qf->hqd", p.ov, g)  # (H, Lq, D)
                 back = torch.einsum("hqk,hqd->kd", probs, r)  # (Lk, D)
             r_dir[key] = r
@@ -306,15 +306,15 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                                            token=tok(stack, q), label=f"error {stack}.{i} @{q}")
     block_ids = {}
     for stack in ("enc", "dec"):
-        for key in blocks[stack]:
+        for key, sub in blocks[stack]:
             _, i, b = key
             L = length[stack]
             if b == "ffn":
                 block_ids[key] = torch.tensor([add(kind="ffn", stack=stack, layer=i, head=None, block="ffn",
                                                    position=q, token=tok("dec" if stack == "dec" else "enc", q),
-                                                   label=f"{stack}.{i}.ffn @{q}") for q in range(L)])
+                                                   label=f"{path_of(sub.block)} @{q}") for q in range(L)])
             else:
-                H = getattr(getattr(model, stack)[i], b).n_heads
+                H = sub.block.n_heads
                 short = {"self_attn": f"{stack}_self", "cross_attn": "cross"}[b]
                 block_ids[key] = torch.tensor([[add(kind="head", stack=stack, layer=i, head=h, block=b, position=q,
                                                     token=tok(stack, q), label=f"{short}:{i}:{h} @{q}")
@@ -329,15 +329,15 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     memory = None
     for stack in ("enc", "dec"):
         L = length[stack]
-        emb = x["hook_src_embed" if stack == "enc" else "hook_tgt_embed"]  # (L, D)
+        emb = x[model.stream(stack).hook_embed.name]  # (L, D)
         ids = torch.tensor(emb_ids[stack])
         R = emb.clone()  # (n, D): each source node's contribution to the stream at its own position
         pos = torch.arange(L)
         Rb = torch.zeros(L, D, dtype=torch.float64)  # the bias node's contribution per position
         attribution[ids] = (g_emb[stack] * emb).sum(-1)
-        for key in blocks[stack]:
+        for key, sub in blocks[stack]:
             _, i, b = key
-            w, nb, s = norm_of(*key)
+            w, nb, s = norm_of(sub)
             p = params[key]
             g = g_node[key]
             r = r_dir[key]
@@ -351,7 +351,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
             stream_r += Rbr  # the reconstructed input the block reads
             if b == "ffn":
                 tids = block_ids[key]  # (L,)
-                write = x[f"{stack}.{i}.ffn.hook_out"]  # (L, D)
+                write = x[sub.block.hook_out.name]  # (L, D)
                 A[tids[rpos], rids] = (Rr * r[rpos]).sum(-1)
                 const = (gates[stack, i] * (0 if p.b_up is None else p.b_up)) @ p.w_down.t()
                 const = const + (0 if p.b_down is None else p.b_down)
@@ -365,8 +365,8 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
             else:
                 tids = block_ids[key]  # (H, Lq)
                 H, Lq = tids.shape
-                probs = x[f"{stack}.{i}.{b}.hook_probs"]  # (H, Lq, Lk)
-                write = x[f"{stack}.{i}.{b}.hook_result"]  # (H, Lq, D)
+                probs = x[sub.block.hook_probs.name]  # (H, Lq, Lk)
+                write = x[sub.block.hook_result.name]  # (H, Lq, D)
                 dots = torch.einsum("nd,hqd->hqn", Rr, r)  # (H, Lq, n)
                 A[tids.reshape(-1, 1), rids.reshape(1, -1)] = (probs[:, :, rpos] * dots).reshape(H * Lq, -1)
                 vb = 0.0 if p.bv is None else torch.einsum("he,hef->hf", p.bv, p.wo)[:, None]  # (H, 1, D)
@@ -419,12 +419,14 @@ def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[
     for row, nodes in enumerate(node_sets):
         for j in nodes:
             n = graph.nodes[j]
+            stream = model.stream(n["stack"]) if n["stack"] is not None else None
             if n["kind"] == "embed":
-                name, idx = ("hook_src_embed" if n["stack"] == "enc" else "hook_tgt_embed"), (n["position"],)
+                name, idx = stream.hook_embed.name, (n["position"],)
             elif n["kind"] == "head":
-                name, idx = f"{n['stack']}.{n['layer']}.{n['block']}.hook_result", (n["head"], n["position"])
+                block = stream.layers[n["layer"]].sublayer(n["block"]).block
+                name, idx = block.hook_result.name, (n["head"], n["position"])
             elif n["kind"] == "ffn":
-                name, idx = f"{n['stack']}.{n['layer']}.ffn.hook_out", (n["position"],)
+                name, idx = stream.layers[n["layer"]].ffn.hook_out.name, (n["position"],)
             else:
                 raise ValueError(f"node {j} ({n['label']}) is a {n['kind']} node: only embed, head and ffn nodes "
                                  "can be removed")

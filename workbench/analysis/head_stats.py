@@ -423,15 +423,16 @@ def corpus_head_stats(
     ids, sources, targets = fitted.ids, fitted.sources, fitted.targets
     if src_counts is None:
         src_counts = token_counts(sources, cfg.src_vocab)
-    if tgt_counts is None:  # the decoder's keys are the start token and the target's pieces
-        tgt_counts = token_counts([[cfg.start_id, *t] for t in targets], cfg.tgt_vocab)
+    dec_in = [decoder_input(t, cfg.start_id) for t in targets]  # what the decoder reads: start + all but the last
+    if tgt_counts is None:  # the decoder's keys
+        tgt_counts = token_counts(dec_in, cfg.tgt_vocab)
     order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(targets[i])))
     names = [n for n in model.hook_names("*.hook_probs") if kind_of(n) in kinds]
     parts = []
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         src = pad_sequences([sources[i] for i in idx], cfg.pad_id, device=dev)
-        tgt = pad_sequences([decoder_input(targets[i], cfg.start_id) for i in idx], cfg.pad_id, device=dev)
+        tgt = pad_sequences([dec_in[i] for i in idx], cfg.pad_id, device=dev)
         trace = capture_attention(model, src, tgt, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
                                 tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx],
@@ -454,7 +455,7 @@ def capture_attention(model, src: torch.Tensor, tgt: torch.Tensor, names: Sequen
 
     with model.capture(names) as store:
         try:
-            with model.hooks({"hook_dec_out": stop}):
+            with model.hooks({model.hook_dec_out.name: stop}):
                 model(src, tgt)
         except _Stop:
             pass

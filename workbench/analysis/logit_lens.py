@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.hooks import path_of
+
 
 @dataclass(frozen=True)
 class LogitLens:
@@ -42,6 +44,6 @@ def logit_lens(model, src: torch.Tensor, tgt: torch.Tensor, *, targets: torch.Te
     top_lp, top_ids = logp.topk(k, dim=-1)
     target_lp = None if targets is None else logp.gather(-1, targets.to(logp.device)[None, ..., None]
                                                          .expand(logp.size(0), -1, -1, 1))[..., 0]
-    labels = ("embed", *(layer.hook_resid_ffn.name.removesuffix(".hook_resid_ffn") for layer in stream.layers))
+    labels = ("embed", *(path_of(layer) for layer in stream.layers))
     return LogitLens(labels, top_ids.cpu(), top_lp.cpu(), None if target_lp is None else target_lp.cpu(),
                      logp.cpu() if keep_full else None)

@@ -32,6 +32,7 @@ import torch
 
 from ..core.config import DecodeConfig
 from ..core.heads import Head, block_path, kind_of, stack_of
+from ..core.hooks import path_of
 from ..core.masks import real_positions
 from ..decoding.search import decode_config, generate
 from .generation_trace import decoding_setup, source_side
@@ -163,7 +164,7 @@ def build_sites(model, family: str, src_len: int, tgt_len: int, positions: str =
 
 def _kv_label(attn) -> str:
     """Row label of a cross-attention block's keys and values: "dec.1.cross_attn.kv"."""
-    return attn.hook_k.name.removesuffix("hook_k") + "kv"
+    return f"{path_of(attn)}.kv"
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -419,7 +420,7 @@ def _senders(model, which: str, embeddings: bool) -> list[tuple[str, str, int | 
                 kind = kind_of(sub.block.hook_result.name)
                 out += [(str(Head(kind, i, h)), sub.block.hook_result.name, h) for h in range(sub.block.n_heads)]
             else:
-                out.append((sub.block.hook_out.name.removesuffix(".hook_out"), sub.block.hook_out.name, None))
+                out.append((path_of(sub.block), sub.block.hook_out.name, None))
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ..core.heads import hook_name
 from ..core.trace import Trace
 
 HeadReduce = Literal["mean", "max", "min"]
@@ -63,7 +64,7 @@ def attention_rollout(layers: torch.Tensor, *, residual: float = 0.5, head_reduc
 def encoder_rollout(trace: Trace, *, residual: float = 0.5, head_reduce: HeadReduce | int = "mean",
                     upto: int | None = None) -> torch.Tensor:
     """Rollout through the encoder's self-attention (B, S, S), optionally only its first `upto` layers."""
-    layers = trace.stack("enc.*.self_attn.hook_probs")
+    layers = trace.stack(hook_name("enc_self", "*"))
     if upto is not None:
         if not 1 <= upto <= layers.size(0):
             raise ValueError(f"upto ({upto}) must be in [1, {layers.size(0)}]")
@@ -99,8 +100,8 @@ def decoder_rollout(trace: Trace, *, residual: float = 0.5, head_reduce: HeadRed
     Caveat: with a fixed `residual` r, the total source share is 1 - r^L whatever the attention; what the
     rollout tells is how that share (and the prefix's) is spread over tokens.
     """
-    self_layers = trace.stack("dec.*.self_attn.hook_probs").to(torch.float64)
-    cross_layers = trace.stack("dec.*.cross_attn.hook_probs").to(torch.float64)
+    self_layers = trace.stack(hook_name("dec_self", "*")).to(torch.float64)
+    cross_layers = trace.stack(hook_name("cross", "*")).to(torch.float64)
     if self_layers.size(0) != cross_layers.size(0):
         raise ValueError(f"{self_layers.size(0)} self-attention but {cross_layers.size(0)} cross-attention layers")
     b, _, t, s = cross_layers.shape[1:]

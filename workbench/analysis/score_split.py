@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..core.hooks import path_of
 from .decompose import _capture_names, frozen_norm, stream_components
 
 GROUPS = ("token", "position", "self-attn heads", "cross-attn heads", "ffn", "biases")
@@ -66,9 +67,10 @@ def group_of(info: dict[str, Any], label: str) -> str:
 
 def split_hooks(model, layer: int) -> list[str]:
     names = _capture_names(model, "dec", layer + 1) + _capture_names(model, "enc", len(model.enc))
-    names.append(f"dec.{layer}.cross_attn.hook_scores")
+    sub = model.dec[layer].sublayer("cross_attn")
+    names.append(sub.block.hook_scores.name)
     if model.cfg.norm_first:
-        names.append(f"dec.{layer}.cross_attn_norm.hook_scale")
+        names.append(sub.norm.hook_scale.name)
     return list(dict.fromkeys(names))
 
 
@@ -86,14 +88,15 @@ def split_cross_scores(model, src: torch.Tensor, tgt: torch.Tensor, layer: int, 
             _, trace = model.run_with_cache(src.to(model.device), tgt.to(model.device), names=split_hooks(model, layer))
         finally:
             model.train(was)
-    attn = model.dec[layer].cross_attn
-    q_labels, q_info, q_parts = stream_components(model, trace, "dec", layer + 1, before=f"dec.{layer}.cross_attn")
+    sub = model.dec[layer].sublayer("cross_attn")
+    attn = sub.block
+    q_labels, q_info, q_parts = stream_components(model, trace, "dec", layer + 1, before=path_of(attn))
     k_labels, k_info, k_parts = stream_components(model, trace, "enc", len(model.enc))
     if model.cfg.norm_first:  # the block reads its input norm of the stream
-        norm = model.dec[layer].cross_attn_norm
-        scale = trace[f"dec.{layer}.cross_attn_norm.hook_scale"]
+        norm = sub.norm
+        scale = trace[norm.hook_scale.name]
         q_parts = torch.cat([frozen_norm(q_parts, norm, scale), norm.bias.detach().double().expand_as(q_parts[:1])])
-        q_labels = [*q_labels, f"dec.{layer}.cross_attn_norm.bias"]
+        q_labels = [*q_labels, f"{path_of(norm)}.bias"]
         q_info = [*q_info, {"stack": "dec", "kind": "norm_bias", "layer": layer, "head_index": None}]
     h, dh = attn.n_heads, attn.d_head
     w_q = attn.q_proj.weight.detach().double().view(h, dh, -1)  # (H, Dh, D)
@@ -109,7 +112,7 @@ def split_cross_scores(model, src: torch.Tensor, tgt: torch.Tensor, layer: int, 
     k_full = k.sum(1) + b_k[:, None]  # (H, S, Dh): the real keys
     query_bias = torch.einsum("he,hse->hs", b_q, k_full)[:, None, :].expand(h, q.size(2), -1) * scale
     key_bias = torch.einsum("hte,he->ht", q.sum(1), b_k)[:, :, None].expand(-1, -1, k.size(2)) * scale
-    scores = trace[f"dec.{layer}.cross_attn.hook_scores"][0].double().to(q.device)
+    scores = trace[attn.hook_scores.name][0].double().to(q.device)
     key_mask = (src[0] != model.cfg.pad_id).to(q.device)
     return ScoreSplit(layer, q_labels, q_info, k_labels, k_info, terms, query_bias.contiguous(),
                       key_bias.contiguous(), scores, key_mask)

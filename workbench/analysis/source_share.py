@@ -4,6 +4,7 @@
     by_position(shares)                                        # mean and count per output position
     thr = LowShareThresholds.fit(shares, pieces, quantile=0.05)  # on clean, in-domain translations
     flags = thr.flag(shares[k], pieces[k])                     # True: a hallucination candidate
+    thr.flag_sentence(shares[k])                               # True: the whole output draws little on its source
 
 Output token y_t (0-based, EOS last) is predicted by decoder position t, which reads y_{t-1} (or the start
 token); its source share is the ALTI+ rollout's source part of that position (`alti.Alti.source_share`),
@@ -11,7 +12,8 @@ the rest coming from the target prefix. Low source reliance is the signal Dale e
 and mitigating hallucinations in machine translation") use with ALTI+: an output the model writes from its
 own prefix rather than the source. Thresholds are quantiles of clean in-domain tokens, kept apart for
 tokens that start a word and for word continuations (a continuation leans on its prefix by nature);
-sentencepiece's "▁" marks a word start.
+sentencepiece's "▁" marks a word start. Dale et al. score whole sentences (the output's total source
+contribution); `sentence_share` and `flag_sentence` do that, with the same quantile of clean sentences.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ def by_position(shares: Sequence[np.ndarray], *, skip_last: bool = True) -> dict
     return {t: (float(np.mean(v)), len(v)) for t, v in sorted(sums.items())}
 
 
+def sentence_share(shares: np.ndarray) -> float:
+    """The mean source share of an output's tokens, EOS left out (EOS alone when it is the whole output)."""
+    values = shares[:-1] if len(shares) > 1 else shares
+    return float(np.mean(values))
+
+
 def _kinds(pieces: Sequence[str]) -> list[str]:
     return ["start" if p.startswith(WORD_START) else "continuation" for p in pieces]
 
@@ -72,6 +80,7 @@ class LowShareThresholds:
     continuation: float
     quantile: float
     tokens: int
+    sentence: float | None = None  # the same quantile of clean sentences' `sentence_share`
 
     @classmethod
     def fit(cls, shares: Sequence[np.ndarray], pieces: Sequence[Sequence[str]], *, quantile: float = 0.05
@@ -86,8 +95,9 @@ class LowShareThresholds:
         if not values["start"]:
             raise ValueError("no tokens to fit thresholds on")
         cont = values["continuation"] or values["start"]
+        sentences = [sentence_share(s) for s in shares]
         return cls(float(np.quantile(values["start"], quantile)), float(np.quantile(cont, quantile)), quantile,
-                   len(values["start"]) + len(values["continuation"]))
+                   len(values["start"]) + len(values["continuation"]), float(np.quantile(sentences, quantile)))
 
     def flag(self, shares: np.ndarray, pieces: Sequence[str]) -> list[bool]:
         """True for each token (EOS never) whose source share lies below its kind's threshold."""
@@ -97,6 +107,13 @@ class LowShareThresholds:
             flags[-1] = False  # EOS
         return flags
 
+    def flag_sentence(self, shares: np.ndarray) -> bool:
+        """True when the output's mean source share (`sentence_share`) lies below the clean sentences' quantile."""
+        if self.sentence is None:
+            raise ValueError("these thresholds have no sentence level (fit them with LowShareThresholds.fit)")
+        return sentence_share(shares) < self.sentence
+
     def __str__(self) -> str:
-        return (f"source share below {self.start:.3f} (word start) / {self.continuation:.3f} (continuation): the "
+        text = (f"source share below {self.start:.3f} (word start) / {self.continuation:.3f} (continuation): the "
                 f"{100 * self.quantile:g} % quantile of {self.tokens} clean tokens")
+        return text if self.sentence is None else text + f"; sentences: mean below {self.sentence:.3f}"

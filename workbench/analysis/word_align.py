@@ -197,9 +197,10 @@ def _check(method: str, shift: str) -> None:
 def hooks_for(model, method: str) -> list[str]:
     """The hooks a trace needs for `maps_from_trace` with `method`."""
     if method == "weights":
-        return model.hook_names("dec.*.cross_attn.hook_probs")
+        return [layer.cross_attn.hook_probs.name for layer in model.dec]
     if method == "norms":
-        return model.hook_names(["dec.*.cross_attn.hook_probs", "dec.*.cross_attn.hook_v"])
+        return [*(layer.cross_attn.hook_probs.name for layer in model.dec),
+                *(layer.cross_attn.hook_v.name for layer in model.dec)]
     return alti_hooks(model, kinds=("cross",))
 
 
@@ -208,9 +209,9 @@ def piece_maps(model, trace, method: str, *, heads: bool = True) -> tuple[torch.
     """Piece-level scores from a teacher-forced trace: heads (L, B, H, T, S) (None unless `heads`), layers
     (L, B, T, S)."""
     per_head, layers = [], []
-    for i in range(len(model.dec)):
+    for i, layer in enumerate(model.dec):
         if method == "weights":
-            p = trace[f"dec.{i}.cross_attn.hook_probs"].float()
+            p = trace[layer.cross_attn.hook_probs.name].float()
             per_head.append(p)
             layers.append(p.mean(1))
         elif method == "norms":

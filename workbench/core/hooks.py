@@ -173,6 +173,24 @@ def _guard_for_compile() -> None:
         _listens = torch.compiler.disable(_listens_eager)
 
 
+def path_of(module: nn.Module) -> str:
+    """A module's path in its model (`path_of(model.dec[1].cross_attn)` -> "dec.1.cross_attn"), read from the name
+    its first hook point got from `name_hook_points`: labels of blocks and norms come from the tree, not from
+    spelling it. "" for the model itself."""
+    for rel, sub in module.named_modules():
+        if isinstance(sub, HookPoint):
+            if sub.name == "<unnamed>":
+                break
+            if not rel:
+                return sub.name
+            if sub.name == rel:
+                return ""
+            if not sub.name.endswith("." + rel):
+                raise ValueError(f"hook point {sub.name!r} is not at {rel!r} inside its {type(module).__name__}")
+            return sub.name[: -len(rel) - 1]
+    raise ValueError(f"{type(module).__name__} holds no named hook point: it is not part of a named model")
+
+
 def name_hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Give every HookPoint its module path as name; return them in module order."""
     points = {}

@@ -93,6 +93,8 @@ class Sublayer:
     norm: LayerNorm
     hook_norm: HookPoint
     hook_resid: HookPoint  # the stream after this sub-layer has written (and, post-norm, been normalised)
+    hook_resid_before: HookPoint  # the stream before it writes: the layer's hook_resid_in or the last hook_resid
+    hook_block_in: HookPoint  # what the block reads: pre-norm its norm's output; post-norm the stream before it
 
     @property
     def is_attention(self) -> bool:
@@ -101,11 +103,26 @@ class Sublayer:
 
 class _Layer(nn.Module):
     SUBLAYERS: tuple[str, ...] = ()
+    norm_first: bool
+    hook_resid_in: HookPoint
 
     def sublayers(self) -> list[Sublayer]:
         """The layer's residual lines in the order they write."""
-        return [Sublayer(name, getattr(self, name), getattr(self, f"{name}_norm"), getattr(self, f"hook_norm_{name}"),
-                         getattr(self, f"hook_resid_{name}")) for name in self.SUBLAYERS]
+        out: list[Sublayer] = []
+        before = self.hook_resid_in
+        for name in self.SUBLAYERS:
+            norm, hook_norm = getattr(self, f"{name}_norm"), getattr(self, f"hook_norm_{name}")
+            out.append(Sublayer(name, getattr(self, name), norm, hook_norm, getattr(self, f"hook_resid_{name}"),
+                                before, hook_norm if self.norm_first else before))
+            before = out[-1].hook_resid
+        return out
+
+    def sublayer(self, name: str) -> Sublayer:
+        """The residual line of block `name` ("self_attn", "cross_attn" or "ffn")."""
+        for sub in self.sublayers():
+            if sub.name == name:
+                return sub
+        raise ValueError(f"{type(self).__name__} has no sub-layer {name!r}; it has {self.SUBLAYERS}")
 
 
 def _attention(cfg: ModelConfig, stack: str) -> MultiHeadAttention:

@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+from .attribution import FeatureAttribution, ablate_features, feature_attribution
 from .dictionary import DictionaryConfig, SparseDictionary, fvu
 from .sites import Site, capture_site, resolve_site, site_of, site_rows, splice_hooks
 from .stream import ActivationStream
 
-__all__ = ["ActivationStream", "DictionaryConfig", "Site", "SparseDictionary", "capture_site", "fvu",
-           "resolve_site", "site_of", "site_rows", "splice_hooks"]
+__all__ = ["ActivationStream", "DictionaryConfig", "FeatureAttribution", "Site", "SparseDictionary",
+           "ablate_features", "capture_site", "feature_attribution", "fvu", "resolve_site", "site_of", "site_rows",
+           "splice_hooks"]

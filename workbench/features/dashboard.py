@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import TeacherForced, decoder_input, teacher_forced
 from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import capture_site, site_of
@@ -94,19 +94,19 @@ class FeatureData:
         return BIN_EDGES[lo:hi].tolist(), BIN_EDGES[lo + 1 : hi + 1].tolist(), counts[lo:hi].tolist()
 
     # -- contexts ------------------------------------------------------------------------------
-    def _batch(self, pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _batch(self, pairs: list[tuple[list[int], list[int]]]) -> TeacherForced:
+        """Sentences (source, target, both without EOS) as a teacher-forced batch."""
         cfg = self.tm.model.cfg
-        src = pad_sequences([s + [cfg.eos_id] for s, _ in pairs], cfg.pad_id)
-        tgt_in = pad_sequences([[cfg.start_id, *t] for _, t in pairs], cfg.pad_id)
-        tgt_out = pad_sequences([[*t, cfg.eos_id] for _, t in pairs], cfg.pad_id)
-        return src, tgt_in, tgt_out
+        return teacher_forced([[*s, cfg.eos_id] for s, _ in pairs], [[*t, cfg.eos_id] for _, t in pairs],
+                              pad_id=cfg.pad_id, start_id=cfg.start_id)
 
     @torch.no_grad()
-    def _aligned(self, src: torch.Tensor, tgt_in: torch.Tensor, positions: list[int]) -> list[int]:
+    def _aligned(self, batch: TeacherForced, positions: list[int]) -> list[int]:
         """Per row, the target position whose mean cross-attention on source `positions[row]` is largest."""
-        _, trace = self.tm.model.run_with_cache(src, tgt_in, "dec.*.cross_attn.hook_probs")
-        att = torch.stack([trace[n] for n in trace.names("dec.*.cross_attn.hook_probs")]).mean((0, 2))  # (B, T, S)
-        real = tgt_in != self.tm.model.cfg.pad_id
+        names = [layer.cross_attn.hook_probs.name for layer in self.tm.model.dec]
+        _, trace = self.tm.model.run_with_cache(batch.src, batch.tgt_in, names)
+        att = torch.stack([trace[n] for n in names]).mean((0, 2))  # (B, T, S)
+        real = batch.tgt_mask()  # lengths, not ids: the start token may be the padding id
         out = []
         for row, pos in enumerate(positions):
             col = att[row, :, pos].masked_fill(~real[row], -1.0)
@@ -120,9 +120,8 @@ class FeatureData:
         if not found:
             return []
         pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
-        src, tgt_in, tgt_out = self._batch(pairs)
         positions = [p for _, _, p in found]
-        aligned = self._aligned(src, tgt_in, positions) if self.site.side == "src" else positions
+        aligned = self._aligned(self._batch(pairs), positions) if self.site.side == "src" else positions
         stok, ttok = self.tm.src_tokenizer, self.tm.tgt_tokenizer
         out = []
         for (v, j, p), (si, ti), a in zip(found, pairs, aligned):
@@ -145,7 +144,8 @@ class FeatureData:
         model, s = self.tm.model, self._need_stats()
         found = s.contexts(f)[:contexts]
         pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
-        src, tgt_in, _ = self._batch(pairs)
+        batch = self._batch(pairs)
+        src, tgt_in = batch.src, batch.tgt_in
         n = len(ctx)
         direction = self.d.W_dec[f]  # (d_out,)
         amounts = torch.tensor([c.value for c in ctx])
@@ -153,7 +153,7 @@ class FeatureData:
         pos = torch.tensor([c.position for c in ctx])
         at = torch.tensor([c.aligned_position for c in ctx])
         heads: list[tuple[int, int]] = []
-        if self.site.hook_in == "hook_memory" and not self.site.transcoder:
+        if self.site.hook_in == model.hook_memory.name and not self.site.transcoder:
             heads = [(layer, h) for layer in range(len(model.dec)) for h in range(model.dec[layer].cross_attn.n_heads)]
         variants = 2 + len(heads)  # clean, whole site, each head
         src_v, tgt_v = src.repeat(variants, 1), tgt_in.repeat(variants, 1)
@@ -171,7 +171,7 @@ class FeatureData:
                         v[k * n + rows, h, pos] -= dv[:, h]
                     return v
                 return fn
-            hooks = [(f"dec.{layer}.cross_attn.hook_v", value_hook(layer)) for layer in range(len(model.dec))]
+            hooks = [(model.dec[layer].cross_attn.hook_v.name, value_hook(layer)) for layer in range(len(model.dec))]
 
         def site_hook(x: torch.Tensor, hook) -> torch.Tensor:
             x = x.clone()
@@ -211,7 +211,7 @@ class FeatureData:
         tgt_ids = tm.tgt_tokenizer.encode(target)
         cfg = tm.model.cfg
         src = torch.tensor([src_ids])
-        tgt_in = torch.tensor([[cfg.start_id, *tgt_ids]])
+        tgt_in = torch.tensor([decoder_input([*tgt_ids, cfg.eos_id], cfg.start_id)])
         acts = capture_site(tm.model, src, tgt_in, self.site)
         feats = self.d.encode(acts[self.site.hook_in][0].float())  # (L, F)
         pieces = tm.src_tokenizer.pieces(src_ids) if self.site.side == "src" else ["<s>", *tm.tgt_tokenizer.pieces(

@@ -50,10 +50,8 @@ class Site:
 
 def ffn_input_hook(model: Transformer, stack: str, layer: int) -> str:
     """The hook holding an FFN's input: post-norm, the stream after the previous sub-layer's norm; pre-norm,
-    the FFN norm's output."""
-    if model.cfg.norm_first:
-        return f"{stack}.{layer}.hook_norm_ffn"
-    return f"{stack}.{layer}.hook_resid_{'self_attn' if stack == 'enc' else 'cross_attn'}"
+    the FFN norm's output (`Sublayer.hook_block_in`)."""
+    return model.stream(stack).layers[layer].sublayer("ffn").hook_block_in.name
 
 
 def resolve_site(model: Transformer, spec: str) -> Site:
@@ -64,7 +62,7 @@ def resolve_site(model: Transformer, spec: str) -> Site:
         n = len(model.enc if stack == "enc" else model.dec)
         if layer >= n:
             raise ValueError(f"{spec}: the model's {stack} stack has {n} layers (0..{n - 1})")
-        return Site(spec, ffn_input_hook(model, stack, layer), f"{spec}.hook_out")
+        return Site(spec, ffn_input_hook(model, stack, layer), model.stream(stack).layers[layer].ffn.hook_out.name)
     model.hook_names(spec)  # KeyError naming the closest hook points
     if any(c in spec for c in "*?["):
         raise ValueError(f"a site is one hook point, not a pattern: {spec!r}")

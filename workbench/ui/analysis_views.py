@@ -24,6 +24,7 @@ from ..analysis import (
     value_norms,
 )
 from ..charts import analysis as charts
+from ..core.heads import hook_name
 from ..decoding.search import beam_search
 from .views import LazyTab
 
@@ -102,7 +103,7 @@ class ModelAnalysisView(LazyTab):
             if len(src_tokens) > FLOW_MAX_TOKENS:
                 raise ValueError(f"attention flow is limited to {FLOW_MAX_TOKENS} source tokens here "
                                  f"(this sentence has {len(src_tokens)}); use encoder rollout")
-            layers = trace.stack("enc.*.self_attn.hook_probs")[:, 0].mean(1)  # (L, S, S)
+            layers = trace.stack(hook_name("enc_self", "*"))[:, 0].mean(1)  # (L, S, S)
             return charts.relevance_heatmap(attention_flow(layers), src_tokens, src_tokens,
                                             title="attention flow (Abnar & Zuidema 2020) through the encoder")
         if analysis.startswith("value norms"):

@@ -7,6 +7,10 @@ current sentence and one at a time.
   contexts with the aligned output word, its activation histogram, the output tokens it raises and through which
   cross-attention heads.
 - Search by token: the features whose top contexts fire on it.
+- "Why this word": pick an output token (the list follows the output's length); the features that drive it most
+  (`features.attribution.feature_attribution`: activation x the decoder direction's gradient of its
+  log-probability), each with the source piece (or decoder position) it fires on and a button that opens its
+  dashboard, next to the dictionary's error and bias terms.
 
 The feature shown is in the page's URL (`?feature=ID&site=NAME`), so a link opens on it. Interactive work on the
 page's request path (`LazyTab`). Added by `Workbench(extra_tabs=[TAB])`.
@@ -23,10 +27,12 @@ import panel as pn
 import param
 
 from ..charts.features import feature_dashboard, sentence_features_html
+from ..features.attribution import feature_attribution
 from ..features.dashboard import FeatureData
 from .views import LazyTab, _md_escape
 
 _CACHE: dict[tuple[int, str], FeatureData] = {}
+WHY_TOP = 8  # features listed under "Why this word"
 _LOCK = threading.Lock()
 
 
@@ -47,8 +53,20 @@ def feature_data(tm, directory: Path) -> FeatureData:
         return _CACHE[key]
 
 
-def explore(r, site: str, feature: int, query: str) -> dict:
-    """The tab's answer for result `r`: sentence features, the dashboard of `feature`, search hits (figures)."""
+def why_this_word(r, fd: FeatureData, output: int, *, top: int = WHY_TOP) -> dict:
+    """The features that drive output token `output` of result `r` most, with the dictionary's error and bias."""
+    output = min(max(int(output), 0), len(r.out_ids) - 1)
+    fa = feature_attribution(r.model, fd.d, list(r.src_ids), list(r.out_ids[:-1]), output)
+    per_position = [(piece, float(v)) for piece, v in zip(fa.pieces, fa.by_position())]
+    return {"position": output, "piece": fa.piece, "side": fa.side, "value": fa.value, "rows": fa.top(top),
+            "per_position": per_position,
+            "active": int(fa.features.numel()), "features": float(fa.attributions.sum()),
+            "error": float(fa.error.sum()), "bias": float(fa.bias.sum()), "total": float(fa.total.sum())}
+
+
+def explore(r, site: str, feature: int, query: str, output: int = 0) -> dict:
+    """The tab's answer for result `r`: sentence features, why output token `output` came out, the dashboard
+    of `feature`, search hits (figures)."""
     tm = r.model
     dirs = {p.name: p for p in sites_of(tm)}
     if not dirs:
@@ -60,6 +78,7 @@ def explore(r, site: str, feature: int, query: str) -> dict:
     target = None if fd.site.side == "src" else tm.tgt_tokenizer.decode(list(r.out_ids[:-1]))
     out["sentence"] = sentence_features_html(fd.sentence(r.request.sentence, target),
                                              link=f"?site={name}&feature={{feature}}")
+    out["why"] = why_this_word(r, fd, output)
     if fd.stats is None:
         out["note"] = "This dictionary has no corpus statistics (stats.safetensors): dashboards need them."
         return out
@@ -76,10 +95,11 @@ class FeaturesView(LazyTab):
     site = param.String(default="", doc="The dictionary (a folder under CHECKPOINT/features/)")
     feature = param.Integer(default=0, bounds=(0, None), doc="The feature whose dashboard is shown")
     query = param.String(default="", doc="Search features by the token they fire on")
+    output = param.Selector(default=0, objects={"0": 0}, doc="The output token whose features are listed")
 
     title = "Features"
     follows = ("version",)
-    redraws = ("site", "feature", "query")
+    redraws = ("site", "feature", "query", "output")
 
     def __init__(self, **params):
         link = _link()
@@ -94,6 +114,23 @@ class FeaturesView(LazyTab):
                                            css_classes=["features-id"]),
             pn.widgets.TextInput.from_param(self.param.query, name="Search by token", width=220,
                                             placeholder="e.g. Hund", css_classes=["features-search"]))
+        self._picker = pn.widgets.Select.from_param(self.param.output, name="Why this word: output token",
+                                                    width=260, css_classes=["features-output"])
+        self._sentence = None
+        self.session.param.watch(self._follow, "result")
+        self._follow()
+
+    def _follow(self, *_) -> None:
+        """A new result: the output-token list follows the output; a new sentence starts at its first token."""
+        r = self.session.result
+        if r is None:
+            return
+        with param.parameterized.batch_call_watchers(self):
+            self.param.output.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)}
+            if self.output >= len(r.out_pieces) or r.request.sentence != self._sentence:
+                with param.parameterized.discard_events(self):
+                    self.output = 0
+        self._sentence = r.request.sentence
 
     def _to_url(self, *_events) -> None:
         location = pn.state.location
@@ -104,10 +141,42 @@ class FeaturesView(LazyTab):
         r = self.session.result
         if r is None:
             return "*No sentence yet.*"
-        return r, self.site, self.feature, self.query
+        return r, self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1)
 
-    def compute(self, r, site, feature, query):
-        return explore(r, site, feature, query)
+    def compute(self, r, site, feature, query, output):
+        return explore(r, site, feature, query, output)
+
+    def _open(self, feature: int) -> None:
+        self.feature = feature
+
+    def _why(self, why: dict, shown: int | None) -> pn.Column:
+        where = "source" if why["side"] == "src" else "decoder position"
+        rows = []
+        for row in why["rows"]:
+            button = pn.widgets.Button(label=f"#{row['feature']}", width=80, margin=(2, 5),
+                                       color="primary" if row["feature"] == shown else "default",
+                                       css_classes=["features-why-link"])
+            button.on_click(lambda _e, f=row["feature"]: self._open(f))
+            rows.append(pn.Row(button, pn.pane.HTML(
+                f"<span class='features-why-row' data-feature='{row['feature']}'>{row['attribution']:+.4f} "
+                f"on {where} {row['position']} <b>{html.escape(_shown(row['piece']))}</b> "
+                f"<small>(activation {row['activation']:.3f})</small></span>", margin=(6, 5))))
+        if not rows:
+            rows.append(pn.pane.Markdown("*No feature is active on this sentence.*"))
+        head = (f"**Why this word: {_md_escape(_shown(why['piece']))}** (output token {why['position']}, log p = "
+                f"{why['value']:.3f}). Each active feature's attribution is its activation times the gradient of "
+                f"log p along its decoder direction (first order, at the clean point). All {why['active']} active "
+                f"features give {why['features']:+.4f}, the dictionary's error {why['error']:+.4f} and bias "
+                f"{why['bias']:+.4f}: together {why['total']:+.4f}, the site's input × gradient. The top ones "
+                "(a button opens the feature's dashboard):")
+        cells = " ".join(f"<span title='{v:+.4f}' style='background:{_shade(v, why['per_position'])};"
+                         f"padding:0 3px;margin:0 1px'>{html.escape(_shown(piece))}</span>"
+                         for piece, v in why["per_position"])
+        per_position = pn.pane.HTML(
+            f"<div class='features-why-positions'>By {where} (features + error + bias: the site's input × gradient "
+            f"there, red raises the word, blue lowers it): {cells}</div>", sizing_mode="stretch_width")
+        return pn.Column(self._picker, pn.pane.Markdown(head, sizing_mode="stretch_width"), per_position, *rows,
+                         css_classes=["features-why"], sizing_mode="stretch_width")
 
     def render(self, answer) -> list:
         if "message" in answer:
@@ -124,9 +193,22 @@ class FeaturesView(LazyTab):
                            f"#{h['feature']}</a>: {h['matches']} of its {h['of']} top contexts, mean "
                            f"{h['mean']:.3f}</li>" for h in answer["hits"]) or "<li>no feature fires on it</li>"
             objs.append(pn.pane.HTML(f"<ul class='features-hits'>{rows}</ul>", sizing_mode="stretch_width"))
+        if "why" in answer:
+            objs.append(self._why(answer["why"], answer.get("feature")))
         if "dashboard" in answer:
             objs.append(pn.pane.Bokeh(answer["dashboard"], css_classes=["features-dashboard"]))
         return objs
+
+
+def _shade(v: float, values: list[tuple[str, float]]) -> str:
+    top = max((abs(x) for _, x in values), default=0.0) or 1.0
+    alpha = 0.85 * abs(v) / top
+    return f"rgba(192,57,43,{alpha:.2f})" if v > 0 else f"rgba(41,98,255,{alpha:.2f})"
+
+
+def _shown(piece: str) -> str:
+    text = piece.replace("\u2581", " ").strip()
+    return text or "\u2423"
 
 
 def _link() -> dict[str, str]:

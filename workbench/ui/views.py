@@ -36,7 +36,7 @@ from ..charts import (
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
 from ..charts.internals import schedule_vs_log_chart
-from ..core.batching import pad_sequences
+from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, Head
 from ..training.config import TrainConfig
 from ..training.setup import lr_at, lr_schedule
@@ -410,7 +410,7 @@ class InternalsView(LazyTab):
             src_ids, out_ids = list(r.src_ids)[:40], list(r.out_ids)[:40]
             body = src_ids[:-1] if src_ids and src_ids[-1] == cfg.eos_id else src_ids
             rows = [body + [cfg.eos_id], body[: len(body) // 2] + [cfg.eos_id], body[:2] + [cfg.eos_id]]
-            tgt = [cfg.start_id, *out_ids[:-1]]
+            tgt = decoder_input(out_ids, cfg.start_id)
             tgt_rows = [tgt, tgt[: max(1, len(tgt) // 2)], tgt[:2]]
             parts["masks"] = mask_view(pad_sequences(rows, cfg.pad_id), pad_sequences(tgt_rows, cfg.pad_id),
                                        pad_id=cfg.pad_id, src_pieces=tm.src_tokenizer.pieces(rows[0]),

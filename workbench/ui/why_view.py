@@ -30,6 +30,7 @@ from ..analysis.contrast import NOUNS, NOUNS_EN, noun_swaps
 from ..analysis.decompose import direct_logit_attribution, source_attribution
 from ..analysis.patching import attribution_patching, build_sites, log_prob, patching_sweep
 from ..charts.why import logit_attribution_grid, patching_heatmap
+from ..core.batching import decoder_input
 from .views import LazyTab, _fail, _md_escape, _stretch
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
@@ -45,7 +46,7 @@ def explain_token(r, position: int) -> dict:
     tm = r.model
     model, cfg = tm.model, tm.model.cfg
     src = torch.tensor([list(r.src_ids)], device=tm.device)
-    tgt = torch.tensor([[cfg.start_id, *r.out_ids[:-1]]], device=tm.device)
+    tgt = torch.tensor([decoder_input(r.out_ids, cfg.start_id)], device=tm.device)
     token, piece = r.out_ids[position], r.out_pieces[position]
     dla = direct_logit_attribution(model, src, tgt, position, token)
     grid = logit_attribution_grid(dla, title=f"why {piece!r} at output position {position} (logit {dla.logit:.2f})")
@@ -98,7 +99,7 @@ def patch(r, corrupted: str | None, exact: bool | None = None, ticket=None) -> P
                                    "length in tokens.")
     cfg = tm.model.cfg
     src = torch.tensor([list(r.src_ids)], device=tm.device)
-    tgt = torch.tensor([[cfg.start_id, *r.out_ids[:-1]]], device=tm.device)
+    tgt = torch.tensor([decoder_input(r.out_ids, cfg.start_id)], device=tm.device)
     c_src = torch.tensor([c_ids], device=tm.device)
     metric = log_prob(list(r.out_ids))
     n_sites = site_count(r)

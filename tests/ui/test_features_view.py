@@ -1,0 +1,89 @@
+"""The Features tab without a browser: "Why this word" lists, for the picked output token, the features the library
+attributes it to (`feature_attribution`), largest first; the output-token list follows the output's length; a
+feature's button opens its dashboard."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import panel as pn
+import pytest
+import torch
+from bokeh.models import Div
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+
+from workbench.corpus.data import ParallelData, load_dataset  # noqa: E402
+from workbench.decoding.translator import load  # noqa: E402
+from workbench.features import DictionaryConfig, SparseDictionary  # noqa: E402
+from workbench.features.attribution import feature_attribution  # noqa: E402
+from workbench.features.stats import corpus_feature_stats  # noqa: E402
+from workbench.ui import loader  # noqa: E402
+from workbench.ui.features_view import WHY_TOP, FeaturesView  # noqa: E402
+from workbench.ui.session import Session  # noqa: E402
+
+SENTENCE = "Ein Hund läuft durch den Park."
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    path = build_checkpoint(root / "alpha", seed=0, steps=0)
+    tm = load(path)
+    torch.manual_seed(0)
+    d = SparseDictionary(DictionaryConfig("hook_memory", tm.model.cfg.d_model, 48, k=4))
+    src, tgt = load_dataset("multi30k", "valid", "de", "en", limit=12)
+    stats = corpus_feature_stats(tm, d, ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer), top=4,
+                                 meta={"corpus": "multi30k:valid"})
+    d.save(path / "features" / "hook_memory")
+    stats.save(path / "features" / "hook_memory" / "stats.safetensors")
+    return loader.discover([root], default=None)[0]
+
+
+@pytest.fixture
+def session(entries):
+    return Session(entries, checkpoint="alpha", sentence=SENTENCE)
+
+
+def _why(view) -> pn.Column:
+    return next(o for o in view.content if "features-why" in o.css_classes)
+
+
+def test_why_this_word_lists_the_librarys_top_features_and_a_button_opens_one(session):
+    view = FeaturesView(session=session)
+    view.show()
+    r = session.result
+    assert list(view.param.output.objects.values()) == list(range(len(r.out_pieces)))
+    view.output = 2
+    why = _why(view)
+    picker, head, per_position, *rows = why.objects
+    assert picker.value == 2 and "output token 2" in head.object
+    d = SparseDictionary.load(Path(r.model.meta["path"]) / "features" / "hook_memory")
+    fa = feature_attribution(r.model, d, list(r.src_ids), list(r.out_ids[:-1]), 2)
+    want = fa.top(WHY_TOP)
+    assert [row[0].label for row in rows] == [f"#{w['feature']}" for w in want]
+    assert f"{want[0]['attribution']:+.4f} on source {want[0]['position']}" in rows[0][1].object
+    assert f"together {float(fa.total.sum()):+.4f}" in head.object
+    # per source token: the input x gradient of the encoder output there (features + error + bias)
+    assert per_position.object.count("<span title=") == len(r.src_ids)
+    assert f"title='{float(fa.by_position()[1]):+.4f}'" in per_position.object
+    # a feature's button opens its dashboard
+    target = want[1]["feature"]
+    rows[1][0].clicks += 1
+    assert view.feature == target
+    dashboard = next(o.object for o in view.content if isinstance(o, pn.pane.Bokeh))
+    assert any(f"feature #{target}</b>" in div.text for div in dashboard.select({"type": Div}))
+
+
+def test_the_output_list_follows_the_output(session):
+    view = FeaturesView(session=session)
+    view.show()
+    view.output = len(session.result.out_pieces) - 1
+    session.target = "A dog runs through the big green park with many trees and two children"
+    r = session.result
+    assert list(view.param.output.objects.values()) == list(range(len(r.out_pieces)))
+    assert f"output token {view.output}" in _why(view).objects[1].object
+    session.sentence = "Zwei Männer spielen Fußball."
+    assert view.output == 0 and "output token 0" in _why(view).objects[1].object
