@@ -13,6 +13,7 @@ from workbench.ui import Workbench
 from workbench.ui.analysis_views import TAB as MODEL_ANALYSIS
 from workbench.ui.evidence_view import TAB as EVIDENCE
 from workbench.ui.features_view import TAB as FEATURES
+from workbench.ui.graph_view import TAB as GRAPH
 from workbench.ui.loader import configure_torch_threads, parse_args
 from workbench.ui.why_view import TAB as WHY
 from workbench.ui.workbench_app import TITLE
@@ -23,5 +24,6 @@ configure_torch_threads()
 # "Model analysis": logit lens, attribution, beam replay, flow, norms. "Why": logit attribution and patching.
 # "Evidence": the sentence's word alignment by method, source shares (ALTI+), head roles.
 # "Features": sparse-dictionary features of the sentence and one feature's dashboard.
-Workbench(checkpoints=parse_args(sys.argv[1:]), extra_tabs=[MODEL_ANALYSIS, WHY, EVIDENCE, FEATURES]).servable(
+# "Graph": the attribution graph of one output token (tap a node: its attention, its edges), exported offline.
+Workbench(checkpoints=parse_args(sys.argv[1:]), extra_tabs=[MODEL_ANALYSIS, WHY, EVIDENCE, FEATURES, GRAPH]).servable(
     title=TITLE)

@@ -63,8 +63,8 @@ def test_tapping_a_node_shows_its_context_attention_and_edges(graph, tmp_path):
         drv.execute_script(f"Bokeh.documents[0].get_model_by_name('graph_nodes').selected.indices = [{i}];")
         text = drv.execute_async_script("""const done = arguments[0];
             const d = Bokeh.documents[0].get_model_by_name('graph_detail');
-            const poll = () => d.text.includes('attends to') ? done(d.text) : setTimeout(poll, 50); poll();""")
-        assert graph.nodes[keep[i]]["label"] in text and "edges shown" in text
+            const poll = () => d.text.includes("strongest edges in") ? done(d.text) : setTimeout(poll, 50); poll();""")
+        assert graph.nodes[keep[i]]["label"] in text and "edges drawn" in text
         selected = drv.execute_script("return Bokeh.documents[0].get_model_by_name('graph_edges').selected.indices;")
         assert selected  # the node's edges are highlighted
         drv.save_screenshot(str(tmp_path / "graph.png"))

@@ -38,11 +38,13 @@ summed over every path length; `prune` keeps the fewest nodes holding a fraction
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..core.batching import decoder_input
 from ..core.hooks import path_of
 from ..core.layers import Sublayer
 from .gradients import evaluating
@@ -71,10 +73,13 @@ class AttributionGraph:
             self._influence = node_influence(self.adjacency)
         return self._influence
 
-    def prune(self, node_threshold: float = 0.8) -> torch.Tensor:
-        """Indices of the fewest nodes whose influence reaches `node_threshold` of the total, plus the logit node."""
+    def prune(self, node_threshold: float = 0.8, max_nodes: int | None = None) -> torch.Tensor:
+        """Indices of the fewest nodes whose influence reaches `node_threshold` of the total, plus the logit node;
+        with `max_nodes`, at most that many nodes besides the logit (the most influential ones)."""
         if not 0 < node_threshold <= 1:
             raise ValueError(f"node_threshold must be in (0, 1], got {node_threshold}")
+        if max_nodes is not None and max_nodes < 1:
+            raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
         inf = self.influence[:-1]
         order = inf.argsort(descending=True)
         total = float(inf.sum())
@@ -82,6 +87,8 @@ class AttributionGraph:
             return torch.tensor([len(self.nodes) - 1])
         cum = inf[order].cumsum(0) / total
         n = int((cum < node_threshold - 1e-12).sum()) + 1
+        if max_nodes is not None:
+            n = min(n, max_nodes)
         return torch.cat([order[:n].sort().values, torch.tensor([len(self.nodes) - 1])])
 
     def index(self, **match) -> list[int]:
@@ -174,12 +181,29 @@ def _tokens(ids, name: str) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- the graph
 
 
+def graph_size(model, src_len: int, position: int) -> int:
+    """How many nodes `attribution_graph` builds for a source of `src_len` tokens and decoder `position` (before
+    building it: the adjacency is nodes² float64, 8 bytes each)."""
+    t = position + 1
+    n = src_len + t + 2  # embeddings, bias, logit
+    for stack, length in (("enc", src_len), ("dec", t)):
+        stream = model.stream(stack)
+        n += len(stream.layers) * length  # error nodes: one per layer and position
+        for _, sub in stream.sublayers():  # a head x position or an FFN x position
+            n += (sub.block.n_heads if sub.is_attention else 1) * length
+    return n
+
+
+
 def attribution_graph(model, src, tgt, position: int = -1, token: int | None = None, *,
                       baseline_token: int | None = None, src_tokens: list[str] | None = None,
-                      tgt_tokens: list[str] | None = None) -> AttributionGraph:
+                      tgt_tokens: list[str] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> AttributionGraph:
     """The attribution graph of the logit of `token` (default: the model's top token) at decoder position
     `position` (the token predicted after reading tgt[position]); with `baseline_token`, of the logit difference.
-    `src`, `tgt`: one sentence of ids. `src_tokens` / `tgt_tokens` (optional) label the nodes."""
+    `src`, `tgt`: one sentence of ids. `src_tokens` / `tgt_tokens` (optional) label the nodes. `progress(done,
+    total)` is called after each sub-layer of the backward and the forward pass (an exception it raises, such as
+    a request path's cancellation, ends the construction there)."""
     src, tgt = _tokens(src, "src").to(model.device), _tokens(tgt, "tgt").to(model.device)
     if not -tgt.size(1) <= position < tgt.size(1):
         raise ValueError(f"position {position} out of range for a target prefix of {tgt.size(1)} tokens")
@@ -251,6 +275,14 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
         G = _fnT(G, finals["dec"][0], finals["dec"][2])
     G_mem = torch.zeros(S, D, dtype=torch.float64)
     g_emb = {}
+    total_steps = 2 * (len(blocks["enc"]) + len(blocks["dec"]))
+    steps = [0]
+
+    def step() -> None:
+        steps[0] += 1
+        if progress is not None:
+            progress(steps[0], total_steps)
+
     for stack in ("dec", "enc"):
         if stack == "enc":
             G = G_mem
@@ -270,6 +302,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                 r = torch.einsum("hdf,qf->hqd", p.ov, g)  # (H, Lq, D)
                 back = torch.einsum("hqk,hqd->kd", probs, r)  # (Lk, D)
             r_dir[key] = r
+            step()
             if b == "cross_attn":
                 G_mem = G_mem + back
                 G = G if pre else g  # the decoder stream gets nothing back: queries are frozen
@@ -383,6 +416,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
                 new_R, new_pos, new_ids = write.reshape(H * Lq, D), torch.arange(Lq).repeat(H), tids.reshape(-1)
                 if p.bo is not None:
                     Rb = Rb + p.bo
+            step()
             R = torch.cat([R, new_R])
             pos = torch.cat([pos, new_pos])
             ids = torch.cat([ids, new_ids])
@@ -467,3 +501,64 @@ def faithfulness_check(model, src, tgt, graph: AttributionGraph, k: int = 5, *, 
     return {"logit": graph.logit, "top_drop": graph.logit - float(vals[0]),
             "random_drop": graph.logit - float(vals[1:].mean()), "top_predicted": float(att.sort(descending=True)
                                                                                           .values[:k].sum())}
+
+
+# ------------------------------------------------------------------------------------------- corpus contexts
+
+
+def component_contexts(tm, sources: list[str], targets: list[str], *, top: int = 5, window: int = 4,
+                       check: Callable[[], None] | None = None) -> dict[tuple, list[dict[str, Any]]]:
+    """Where in a corpus each graph component writes most: for every head, key (stack, layer, block, head), and
+    every FFN, key (stack, layer, "ffn", None), the `top` sentences in which the norm of its write (`hook_result`
+    of that head, `ffn.hook_out`) at one position is largest, one position per sentence. Each context: `sentence`
+    (index), `position`, `score` (the norm), `text` (the pieces around the position, `window` each side, the
+    position in brackets) and for a head `key` / `weight` (the key it attends most there). Teacher-forced on
+    (`sources`, `targets`) with `tm` (a TranslationModel); `check()` runs between sentences (a request path's
+    cancellation)."""
+    model, cfg = tm.model, tm.model.cfg
+    subs = [(key, sub) for stack in ("enc", "dec") for key, sub in _blocks(model, stack)]
+    names = []
+    for _, sub in subs:
+        names += [sub.block.hook_result.name, sub.block.hook_probs.name] if sub.is_attention else \
+            [sub.block.hook_out.name]
+    found: dict[tuple, list[dict[str, Any]]] = {}
+
+    def text(pieces: list[str], q: int) -> str:
+        left = pieces[max(0, q - window): q]
+        right = pieces[q + 1: q + 1 + window]
+        return " ".join([*(["…"] if q > window else []), *left, f"[{pieces[q]}]", *right,
+                         *(["…"] if q + 1 + window < len(pieces) else [])])
+
+    for k, (source, target) in enumerate(zip(sources, targets)):
+        if check is not None:
+            check()
+        src_ids, _ = tm.encode_source(source)
+        out_ids = tm.tgt_tokenizer.encode(target)[: cfg.max_positions - 1]
+        if not src_ids or not out_ids:
+            continue
+        src = torch.tensor([src_ids], device=tm.device)
+        tgt_ids = decoder_input(out_ids, cfg.start_id, prefix=True)  # the reference read whole (no EOS to drop)
+        tgt = torch.tensor([tgt_ids], device=tm.device)
+        pieces = {"enc": tm.src_tokenizer.pieces(src_ids), "dec": ["<s>", *tm.tgt_tokenizer.pieces(out_ids)]}
+        with evaluating(model), torch.no_grad():
+            _, cache = model.run_with_cache(src, tgt, names=names)
+        for (stack, i, b), sub in subs:
+            if sub.is_attention:
+                norms = cache[sub.block.hook_result.name][0].float().norm(dim=-1)  # (H, L)
+                heads = list(range(norms.size(0)))
+                probs = cache[sub.block.hook_probs.name][0].float()  # (H, Lq, Lk)
+            else:
+                norms = cache[sub.block.hook_out.name][0].float().norm(dim=-1)[None]  # (1, L)
+                heads = [None]
+            keys = pieces["enc"] if b == "cross_attn" or stack == "enc" else pieces["dec"]
+            for h, row in zip(heads, norms):
+                q = int(row.argmax())
+                entry = {"sentence": k, "position": q, "score": float(row[q]), "text": text(pieces[stack], q)}
+                if h is not None:
+                    j = int(probs[h, q].argmax())
+                    entry.update(key=keys[j], weight=float(probs[h, q, j]))
+                best = found.setdefault((stack, i, b, h), [])
+                best.append(entry)
+                best.sort(key=lambda e: -e["score"])
+                del best[top:]
+    return found

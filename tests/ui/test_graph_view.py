@@ -1,0 +1,228 @@
+"""The Graph tab without a browser, on a real (tiny) checkpoint: it draws the analysis' pruned nodes; a tapped head's
+panel data is its attention row as the model computed it (`hook_probs`, read here from a separate run); the token
+picker follows the output length; the threshold re-prunes the kept graph without rebuilding it; a superseded
+request is never applied; the export is one offline file named after the checkpoint, the view and the token."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+from test_requests import on_loop, until  # noqa: E402
+
+from workbench.analysis.graph import graph_size  # noqa: E402
+from workbench.charts.export import external_references  # noqa: E402
+from workbench.charts.graph import selected_detail  # noqa: E402
+from workbench.core.batching import decoder_input  # noqa: E402
+from workbench.ui import Workbench, graph_view, loader  # noqa: E402
+from workbench.ui.graph_view import TAB, GraphView, build_graph  # noqa: E402
+from workbench.ui.session import Session  # noqa: E402
+
+SENTENCE = "Ein Hund läuft durch den Park."
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    return loader.discover([root], default=None)[0]
+
+
+@pytest.fixture
+def session(entries):
+    return Session(entries, checkpoint="alpha", sentence=SENTENCE)
+
+
+def _figure(view):
+    pane = next(o for o in view.content if "graph-figure" in o.css_classes)
+    return pane.object
+
+
+def test_the_drawn_nodes_are_the_pruned_graph_and_a_tapped_head_shows_its_attention_row(session):
+    view = GraphView(session=session)
+    view.param.update(position=2, threshold=0.9)
+    view.show()
+    r = session.result
+    graph = build_graph(r.model, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, 2)
+    keep = graph.prune(0.9, 100).tolist()
+    layout = _figure(view)
+    nodes = layout.select_one({"name": "graph_nodes"})
+    assert nodes.data["index"] == keep
+    assert [n["label"] for n in (graph.nodes[i] for i in keep)] == nodes.data["label"]
+    assert graph.token == r.out_ids[2]
+    assert graph_size(r.model.model, len(r.src_ids), 2) == len(graph.nodes)  # the cost said before building
+    # a head node tapped (the selection JavaScript reads): its attention row is the clean run's hook_probs row
+    heads = [k for k, kind in enumerate(nodes.data["kind"]) if kind == "head"]
+    assert heads, "no head among the kept nodes"
+    k = heads[0]
+    nodes.selected.indices = [k]
+    shown = selected_detail(layout)
+    node = graph.nodes[keep[k]]
+    model, cfg = r.model.model, r.model.model.cfg
+    name = f"{node['stack']}.{node['layer']}.{node['block']}.hook_probs"
+    src = torch.tensor([list(r.src_ids)])
+    tgt = torch.tensor([decoder_input(r.out_ids[:3], cfg.start_id)])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(src, tgt, names=[name])
+    row = cache[name][0, node["head"], node["position"]].tolist()
+    assert shown["label"] == node["label"] and shown["weights"] == pytest.approx(row, abs=1e-4)
+    keys = list(r.src_pieces) if node["block"] == "cross_attn" or node["stack"] == "enc" else ["<s>", *r.out_pieces]
+    assert shown["keys"] == keys[: len(row)]
+    # its edges in and out: the strongest of the adjacency, by |weight|
+    strongest = graph.adjacency[keep[k]].abs().max().item()
+    assert abs(float(shown["edges_in"][0].rsplit(" ", 1)[1])) == pytest.approx(strongest, abs=1e-3)
+    # an FFN or embedding node shows its position's token and its edges, no attention
+    other = next(j for j, kind in enumerate(nodes.data["kind"]) if kind in ("ffn", "embed"))
+    nodes.selected.indices = [other]
+    shown = selected_detail(layout)
+    assert shown["weights"] == [] and shown["edges_out"]
+    n = graph.nodes[keep[other]]
+    assert shown["context"] == (r.src_pieces if n["stack"] == "enc" else ["<s>", *r.out_pieces])[n["position"]]
+
+
+def test_a_tapped_head_shows_where_it_writes_most_in_the_test_corpus(session):
+    view = GraphView(session=session)
+    view.show()
+    layout = _figure(view)
+    nodes = layout.select_one({"name": "graph_nodes"})
+    k = nodes.data["kind"].index("head")
+    nodes.selected.indices = [k]
+    shown = selected_detail(layout)
+    assert len(shown["contexts"]) == 5 and all("[" in line and "norm" in line for line in shown["contexts"])
+    r = session.result
+    found, where = graph_view.model_contexts(r.model)
+    assert "60 Multi30k test2016" in where
+    node = _node(view, nodes.data["index"][k])
+    entries = found[(node["stack"], node["layer"], node["block"], node["head"])]
+    scores = [e["score"] for e in entries]
+    assert scores == sorted(scores, reverse=True)
+    # by hand: the first context's sentence, teacher-forced on its reference; the head's write norm peaks there
+    src_lines, ref_lines, _ = graph_view._corpus("de", "en")
+    tm, cfg = r.model, r.model.model.cfg
+    e = entries[0]
+    src = torch.tensor([tm.encode_source(src_lines[e["sentence"]])[0]])
+    tgt = torch.tensor([decoder_input(tm.tgt_tokenizer.encode(ref_lines[e["sentence"]]), cfg.start_id, prefix=True)])
+    name = f"{node['stack']}.{node['layer']}.{node['block']}.hook_result"
+    with torch.no_grad():
+        _, cache = tm.model.run_with_cache(src, tgt, names=[name])
+    norms = cache[name][0, node["head"]].norm(dim=-1)
+    assert int(norms.argmax()) == e["position"] and float(norms.max()) == pytest.approx(e["score"], rel=1e-5)
+    view.contexts = False
+    nodes = _figure(view).select_one({"name": "graph_nodes"})
+    assert all(c == [] for c in nodes.data["contexts"])
+
+
+def _node(view, index):
+    return view._answer["graph"].nodes[index]
+
+
+def test_threshold_and_cap_reprune_the_kept_graph(session, monkeypatch):
+    view = GraphView(session=session, threshold=0.95)
+    view.show()
+    first = _figure(view).select_one({"name": "graph_nodes"}).data["index"]
+    built = []
+    monkeypatch.setattr(graph_view, "attribution_graph", lambda *a, **k: built.append(1))
+    view.threshold = 0.5
+    fewer = _figure(view).select_one({"name": "graph_nodes"}).data["index"]
+    assert built == [] and len(fewer) < len(first) and set(fewer) <= set(first)
+    view.max_nodes = 5
+    assert len(_figure(view).select_one({"name": "graph_nodes"}).data["index"]) <= 6  # 5 + the logit
+    assert "only the pruning ran again" in next(o.object for o in view.content if "graph-note" in o.css_classes)
+
+
+def test_picker_follows_the_output_length(session):
+    view = GraphView(session=session)
+    view.show()
+    n = len(session.result.out_pieces)
+    assert list(view.param.position.objects.values()) == list(range(n))
+    view.position = n - 1
+    session.sentence = "Ein Hund ."
+    m = len(session.result.out_pieces)
+    assert list(view.param.position.objects.values()) == list(range(m))
+    assert view.position < m
+    nodes = _figure(view).select_one({"name": "graph_nodes"})
+    assert nodes.data["kind"][-1] == "logit"
+    # too large a graph is refused with its cost, before any work
+    tokens = len(session.result.src_ids)
+    view_limit = graph_view.MAX_GRAPH_NODES
+    try:
+        graph_view.MAX_GRAPH_NODES = 10
+        view.threshold = 0.7
+        text = view.content[0].object
+        assert "nodes" in text and f"{tokens} source tokens" in text and "MB" in text
+    finally:
+        graph_view.MAX_GRAPH_NODES = view_limit
+
+
+def test_export_is_one_offline_captioned_file(session):
+    view = GraphView(session=session)
+    view.position = 1
+    view.show()
+    assert view.export_name() == "alpha_graph_tok1-thr0.8-cap100.html"
+    html = view.export_html().getvalue()
+    assert "Checkpoint: alpha" in html and "Sentence: " in html and "Translation: " in html
+    assert "graph_detail" in html and "graph_node_attention" in html
+    assert external_references(html) == []
+    # the caption names the sentence the graph is of, even after the page moved on while the tab was hidden
+    view.active = False
+    session.sentence = "Ein Hund ."
+    html = view.export_html().getvalue()  # (the document's JSON escapes the umlaut)
+    assert "Sentence: Ein Hund l" in html and "Sentence: Ein Hund ." not in html
+
+
+def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
+    """Served (background): the graph of token 1 is held in its worker while token 2 is picked; token 2's graph is
+    shown, with its progress per sub-layer, and token 1's, released afterwards, stops at its first sub-layer and
+    never lands."""
+    started, release = threading.Event(), threading.Event()
+    real = graph_view.attribution_graph
+
+    finished = []
+
+    def held(*args, position, **kw):
+        if position == 1:
+            started.set()
+            assert release.wait(60)
+        graph = real(*args, position=position, **kw)
+        finished.append(position)
+        return graph
+
+    monkeypatch.setattr(graph_view, "attribution_graph", held)
+    rendered, reports = [], []
+
+    async def main():
+        s = Session(entries, checkpoint="alpha", sentence=SENTENCE, background=True)
+        await until(lambda: s.result is not None and not s.busy, "the translation")
+        view = GraphView(session=s)
+        original = view.render
+        view.render = lambda answer: rendered.append(answer["position"]) or original(answer)
+        shown = view.progress
+        view.progress = lambda done, total: reports.append((done, total)) or shown(done, total)
+        view.position = 1
+        view.show()
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 60)
+        view.position = 2
+        await until(lambda: rendered, "the second graph")
+        release.set()
+        await asyncio.sleep(1.0)
+        s.close()
+        return view
+
+    view = on_loop(main)
+    assert rendered == [2]
+    assert finished == [2]  # the superseded graph stopped at its first sub-layer, once released
+    total = reports[-1][1]
+    assert reports and reports[-1] == (total, total) and total == 2 * (2 * 2 + 3 * 2)  # every sub-layer of 2+2 layers
+    assert _figure(view).select_one({"name": "graph_nodes"}).data["index"][-1] > 0
+
+
+def test_the_app_adds_the_tab(entries):
+    wb = Workbench(checkpoints=[Path(entries[0].path).parent], default_dir=None, extra_tabs=[TAB])
+    assert [t for t, _ in wb.tabs][-1] == "Graph"

@@ -1,0 +1,358 @@
+"""The "Graph" tab: the attribution graph of one output token of the current translation
+(`analysis.graph.attribution_graph`, drawn by `charts.graph`), pruned by influence, with a tap panel and an offline
+export.
+
+- Pick an output token (buttons for short outputs, a list for long ones: the picker follows the output length), the
+  influence threshold (default 0.8: the fewest nodes holding 80 % of the influence on the logit) and a node cap.
+- The graph: layered by layer, encoder left, decoder right; node size and opacity by influence, edge width by
+  weight; hover names a node. Tapping a node shows beside the graph what it is: its context token, attribution and
+  influence, its strongest edges in and out and, for a head, its attention row at that query position over the keys
+  (bars labelled with the pieces) and, with *Corpus contexts* on, the test sentences where its head or FFN writes
+  most (`analysis.graph.component_contexts` on 60 Multi30k test2016 sentences of the model's language pair,
+  measured once per model: about 2 s on one core for the shipped de→en model). The tap is client-side, so the
+  exported file behaves the same offline.
+- Export: one self-contained HTML file (Bokeh INLINE, no CDN), `<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html`,
+  captioned with the sentence, the translation, the checkpoint and the token.
+
+The graph is heavy work (the page's heavy lane). Its cost grows with the square of its node count (the dense
+adjacency): about 0.03 s + 5e-8 s × nodes² on one idle core here (shipped multi30k-de-en, last output token:
+1,681 nodes at 36 source pieces 0.15 s, 3,457 nodes at 89 pieces 0.54 s, 4,930 at 143 pieces 1.6 s), said before it
+is built; its progress is reported per sub-layer and a newer request stops it between sub-layers. Graphs above
+MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes nodes² × 8 bytes). The last graph
+is kept, so changing the threshold or the cap only prunes again.
+
+The token, threshold and cap are in the URL (`?gtok=&gthr=&gcap=`); a link's value the tab cannot use is named in
+the tab and dropped from the URL. Added by `Workbench(extra_tabs=[TAB])`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections import OrderedDict
+from io import StringIO
+from urllib.parse import parse_qsl, urlencode
+
+import panel as pn
+import param
+import torch
+from bokeh.layouts import row
+
+from ..analysis.graph import attribution_graph, component_contexts, graph_size
+from ..charts.export import to_html
+from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
+from ..core.batching import decoder_input
+from ..corpus.data import dataset_files
+from .views import LazyTab, _md_escape
+
+MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
+MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
+SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
+CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
+URL_KEYS = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap"}
+CONTEXT_SENTENCES = 60  # test sentences the corpus contexts are measured on (about 2 s on one core, once per model)
+_CONTEXTS: dict = {}  # TranslationModel -> (contexts, where), for the process
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def _corpus(src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], str] | None:
+    try:
+        src, ref = dataset_files("multi30k", "test", src_lang, tgt_lang, download=False)
+        s = src.read_text(encoding="utf-8").splitlines()[:CONTEXT_SENTENCES]
+        r = ref.read_text(encoding="utf-8").splitlines()[:CONTEXT_SENTENCES]
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return s, r, f"{len(s)} Multi30k test2016 sentences, teacher-forced on their references"
+
+
+def model_contexts(tm, check=None) -> tuple[dict, str] | None:
+    """(`component_contexts` of a TranslationModel on the test set of its language pair, where they were
+    measured), once per model and process; None when no such test set is here."""
+    with _CONTEXTS_LOCK:
+        if tm in _CONTEXTS:
+            return _CONTEXTS[tm]
+    corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+    found = None
+    if corpus is not None:
+        found = component_contexts(tm, corpus[0], corpus[1], check=check), corpus[2]
+    with _CONTEXTS_LOCK:
+        while len(_CONTEXTS) >= 8:
+            _CONTEXTS.pop(next(iter(_CONTEXTS)))
+        _CONTEXTS[tm] = found
+    return found
+
+
+def estimate(nodes: int) -> tuple[float, float]:
+    """(seconds, megabytes) a graph of `nodes` nodes takes to build here (one core) and to hold."""
+    return SECONDS + SECONDS_PER_NODE2 * nodes**2, 8 * nodes**2 / 1e6
+
+
+def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None):
+    """The attribution graph of output token `position` of a translation (its logit, the token the model chose),
+    nodes labelled with the pieces."""
+    cfg = tm.model.cfg
+    src = torch.tensor([list(src_ids)], device=tm.device)
+    tgt = torch.tensor([decoder_input(list(out_ids)[: position + 1], cfg.start_id)], device=tm.device)
+    return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]),
+                             src_tokens=list(src_pieces), tgt_tokens=["<s>", *out_pieces[:position]],
+                             progress=progress)
+
+
+class GraphView(LazyTab):
+    """The attribution graph of the chosen output token of the session's current sentence and model."""
+
+    position = param.Selector(default=0, objects={"0": 0}, doc="The output token whose logit the graph explains")
+    threshold = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
+                             doc="Keep the fewest nodes holding this share of the influence on the logit")
+    max_nodes = param.Integer(default=100, bounds=(5, 400), doc="At most this many nodes (the most influential)")
+    contexts = param.Boolean(default=True, doc="Also show where each head and FFN writes most in a test corpus")
+
+    title = "Graph"
+    follows = ("version",)
+    redraws = ("position", "threshold", "max_nodes", "contexts")
+    heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
+
+    def __init__(self, **params):
+        link = _link()
+        refused = []
+        for name in ("threshold", "max_nodes"):
+            raw = link.get(URL_KEYS[name])
+            if raw is None:
+                continue
+            try:
+                value = float(raw) if name == "threshold" else int(raw)
+                low, high = type(self).param[name].bounds
+                if not (math.isfinite(value) and low <= value <= high):
+                    raise ValueError(raw)
+                params.setdefault(name, value)
+            except Exception:  # a value the tab cannot use is named and dropped, never raised
+                refused.append((URL_KEYS[name], raw))
+        super().__init__(**params)
+        self._link_position = link.get(URL_KEYS["position"])
+        self._link_note = ""
+        self._following = False  # the tab itself is setting `position` (a new output, a link)
+        self._drop: set[str] = set()
+        self._refused: list[str] = []
+        self._refuse(refused)
+        self._lock = threading.Lock()
+        self._graphs: OrderedDict[tuple, object] = OrderedDict()
+        self._answer: dict | None = None
+        self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
+        self._cost = ""
+        self._picker = pn.Column(sizing_mode="stretch_width")
+        self._picker_many: bool | None = None
+        self._bar = pn.indicators.Progress(value=0, max=1, width=240, css_classes=["graph-progress-bar"])
+        self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
+                                               label="Export graph (offline HTML)", color="light",
+                                               css_classes=["graph-export"], width=230, disabled=True)
+        self._controls = pn.Row(
+            pn.widgets.FloatSlider.from_param(self.param.threshold, name="Influence threshold", width=200,
+                                              css_classes=["graph-threshold"]),
+            pn.widgets.IntInput.from_param(self.param.max_nodes, name="Node cap", width=110,
+                                           css_classes=["graph-cap"]),
+            pn.widgets.Checkbox.from_param(self.param.contexts, name="Corpus contexts", align="end",
+                                           css_classes=["graph-contexts"], margin=(5, 10, 12, 10)),
+            self._export)
+        self.param.watch(self._to_url, list(URL_KEYS))
+        self.session.param.watch(self._follow, "result")
+        self._follow()
+
+    # -- following the page -------------------------------------------------------------------------
+    def _follow(self, *_) -> None:
+        """A new result: the token picker follows the output (a token past its end falls back to the first);
+        a link's token is applied to the first result, or named and dropped when the output is shorter."""
+        r = self.session.result
+        if r is None:
+            return
+        n = len(r.out_pieces)
+        # The choices first, then the value, each event on its own (in one batch a widget can get the value before
+        # the options it is among: issue 28); with events, so the picker and the URL show the graph's token.
+        self.param.position.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)} or {"0": 0}
+        self._following = True
+        try:
+            if self.position >= n:
+                self.position = 0
+            if self._link_position is not None:
+                raw, self._link_position = self._link_position, None
+                if raw.isdigit() and int(raw) < n:
+                    self.position = int(raw)
+                else:
+                    self._refuse([(URL_KEYS["position"], raw)], f"(the output has {n} tokens)")
+        finally:
+            self._following = False
+        self._drop_from_url()
+        many = n > MAX_BUTTONS
+        if many != self._picker_many:
+            self._picker_many = many
+            self._picker.objects = [
+                pn.widgets.Select.from_param(self.param.position, name="Output token", width=260,
+                                             css_classes=["graph-token-list"]) if many else
+                pn.widgets.RadioButtonGroup.from_param(self.param.position, name="", css_classes=["graph-tokens"])]
+
+    def _refuse(self, refused: list[tuple[str, str]], why: str = "") -> None:
+        if not refused:
+            return
+        self._refused += [f"{key}={raw[:80]}" + (f" {why}" if why else "") for key, raw in refused]
+        self._link_note = "Some settings in the link could not be used and were ignored: " + ", ".join(self._refused)
+        self._drop |= {key for key, _ in refused}
+        if self.session.result is not None:
+            self._drop_from_url()
+
+    def _drop_from_url(self) -> None:
+        """Refused link values leave the URL; after the first answer (before it, the browser's own report of its
+        URL would bring them back)."""
+        location = _location()
+        if location is not None and self._drop:
+            kept = [(k, v) for k, v in parse_qsl((location.search or "").lstrip("?"), keep_blank_values=True)
+                    if k not in self._drop]
+            location.search = "?" + urlencode(kept) if kept else ""
+        self._drop = set()
+
+    def _to_url(self, *events) -> None:
+        if not self._following:  # the user changed a control: the link's note is history
+            self._link_note = ""
+        location = _location()
+        if location is not None:
+            location.update_query(**{URL_KEYS[e.name]: str(e.new) for e in events})
+
+    # -- the work -----------------------------------------------------------------------------------
+    def inputs(self):
+        r = self.session.result
+        if r is None:
+            return "*Nothing to explain yet: translate a sentence.*"
+        if not r.out_ids:
+            return "*The output is empty: no token to explain.*"
+        position = min(self.position, len(r.out_ids) - 1)
+        tm = r.model
+        nodes = graph_size(tm.model, len(r.src_ids), position)
+        seconds, mb = estimate(nodes)
+        if nodes > MAX_GRAPH_NODES:
+            return (f"*The graph of output token {position} would have {nodes:,} nodes ({len(r.src_ids)} source "
+                    f"tokens, {position + 1} decoder positions): its {nodes:,} × {nodes:,} matrix takes {mb:,.0f} MB, "
+                    f"above this page's limit of {MAX_GRAPH_NODES:,} nodes. Pick an earlier output token or a shorter "
+                    "sentence; in a notebook `workbench.analysis.attribution_graph` builds any size.*")
+        self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
+                      f"about {max(seconds, 0.1):.1f} s to build on an idle core, {mb:,.0f} MB")
+        key = (r.request.translate_key, position)
+        return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
+                int(self.max_nodes), bool(self.contexts))
+
+    def compute(self, tm, key, src_ids, out_ids, src_pieces, out_pieces, position, threshold, max_nodes,
+                with_contexts=False, ticket=None):
+        with self._lock:
+            graph = self._graphs.get(key)
+        seconds = 0.0
+        if graph is None:
+            def progress(done, total):
+                if ticket is not None:
+                    ticket.check()  # a newer token or sentence supersedes this graph: stop between sub-layers
+                    ticket.report(done, total)
+
+            start = time.perf_counter()
+            graph = build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position, progress)
+            seconds = time.perf_counter() - start
+            with self._lock:
+                self._graphs[key] = graph
+                while len(self._graphs) > CACHED:
+                    self._graphs.popitem(last=False)
+        keep = graph.prune(threshold, max_nodes)
+        contexts, corpus = None, ""
+        if with_contexts:
+            if ticket is not None:
+                ticket.report(0, 0, "Measuring where each head and FFN writes most in a test corpus (once per model)")
+            found = model_contexts(tm, check=None if ticket is None else ticket.check)
+            contexts, corpus = found if found is not None else (None, "no test set of this language pair here")
+        if ticket is not None:
+            ticket.check()
+        return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
+                "src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces], "seconds": seconds,
+                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus}
+
+    def progress(self, done: int, total: int, what: str = "") -> None:
+        self._box.loading = False  # the text (and the bar) say it is working
+        if what:
+            self._box.objects = [pn.pane.Markdown(f"*{_md_escape(what)}…*", css_classes=["graph-progress"])]
+            return
+        self._bar.max = max(total, 1)
+        self._bar.value = min(done, total)
+        self._box.objects = [pn.pane.Markdown(f"*Building the graph ({_md_escape(self._cost)}): sub-layer {done} of "
+                                              f"{total}…*", css_classes=["graph-progress"]), self._bar]
+
+    def figure(self, answer: dict, *, width: int = 1000):
+        """(figure, side panel, legend) of an answer."""
+        return attribution_graph_parts(answer["graph"], answer["keep"], src_tokens=answer["src_tokens"],
+                                       tgt_tokens=answer["tgt_tokens"], width=width,
+                                       height=max(420, min(720, 40 * (len(row_labels(answer["graph"])) + 1))),
+                                       contexts=answer["contexts"], corpus=answer["corpus"])
+
+    def render(self, answer) -> list:
+        self._answer = answer
+        self._shown = (self.session.result, self.session.checkpoint)  # what the export's caption names
+        fig, side, legend = self.figure(answer)
+        fig.sizing_mode = "stretch_width"
+        g, keep = answer["graph"], answer["keep"]
+        kept = len(keep) - 1
+        covered = float(g.influence[keep[:-1]].sum() / g.influence[:-1].sum()) if kept else 0.0
+        built = (f" Built in {answer['seconds']:.2f} s ({self._cost})." if answer["seconds"]
+                 else f" ({self._cost}; the graph was kept, only the pruning ran again.)")
+        note = (f"Why **{_md_escape(answer['piece'])}** at output position {answer['position']}: logit "
+                f"{g.logit:.3f}; the edges into it sum to it within "
+                f"{abs(float(g.adjacency[-1].sum()) - g.logit):.1e}. "
+                f"{kept + 1} of {len(g.nodes):,} nodes drawn (the logit's included), holding {covered:.0%} of the "
+                f"other nodes' influence (threshold "
+                f"{answer['threshold']:g}, cap {answer['max_nodes']}).{_md_escape(built)}"
+                + (f" Corpus contexts: {_md_escape(answer['corpus'])}." if answer["corpus"] else ""))
+        self._export.filename = self.export_name()
+        self._export.disabled = False
+        objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
+                pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
+                              css_classes=["graph-figure"]),
+                pn.pane.Bokeh(legend)]
+        if self._link_note:
+            objs.insert(0, pn.pane.Alert(_md_escape(self._link_note), alert_type="warning",
+                                         css_classes=["graph-link-note"], sizing_mode="stretch_width"))
+        return objs
+
+    # -- export -------------------------------------------------------------------------------------
+    def export_name(self) -> str:
+        """`<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html` of the graph shown."""
+        a = self._answer
+        ckpt = re.sub(r"[^A-Za-z0-9._-]+", "-", self._shown[1] or self.session.checkpoint or "none").strip("-")
+        if a is None:
+            return f"{ckpt}_graph.html"
+        return f"{ckpt}_graph_tok{a['position']}-thr{a['threshold']:g}-cap{a['max_nodes']}.html"
+
+    def export_html(self) -> StringIO:
+        """The graph shown, as one offline HTML file with a caption: a fresh layout, not the page's."""
+        a, (r, checkpoint) = self._answer, self._shown
+        if a is None or r is None:
+            return StringIO("<p>nothing to export</p>")
+        caption = (f"Sentence: {r.request.sentence}\n{'Target (teacher-forced)' if r.forced else 'Translation'}: "
+                   f"{r.text}\nCheckpoint: {checkpoint}\nAttribution graph of output token "
+                   f"{a['position']} ({a['piece']}): threshold {a['threshold']:g}, at most {a['max_nodes']} nodes")
+        view = attribution_graph_view(a["graph"], a["keep"], src_tokens=a["src_tokens"], tgt_tokens=a["tgt_tokens"],
+                                      width=1000, contexts=a["contexts"], corpus=a["corpus"])
+        return StringIO(to_html(view, title=self.export_name()[:-5], caption=caption))
+
+    def __panel__(self):
+        return pn.Column(pn.pane.Markdown("Pick an output token: the graph of the components that wrote its logit. "
+                                          "Tap a node to see what it is."),
+                         self._picker, self._controls, self._box, sizing_mode="stretch_width")
+
+
+def _location():
+    location = pn.state.location
+    if location is None or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
+        return None
+    return location
+
+
+def _link() -> dict[str, str]:
+    location = _location()
+    return {} if location is None else dict(parse_qsl((location.search or "").lstrip("?")))
+
+
+TAB = ("Graph", lambda session: GraphView(session=session))
+"""The tab as `Workbench(extra_tabs=[TAB])` takes it."""
