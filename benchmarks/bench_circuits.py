@@ -1,6 +1,7 @@
 """Circuit discovery on the shipped models: EAP and EAP-IG against exact edge patching, and circuit faithfulness.
 
-    .venv/bin/python benchmarks/bench_circuits.py [--pairs 16] [--exact-pairs 6] [--edges 500]
+    .venv/bin/python benchmarks/bench_circuits.py [--pairs 16] [--heldout 16] [--exact-pairs 6] [--edges 500]
+                                                  [--step 0.2] [--threads 1]
                                                   [--out benchmarks/results/circuits_cpu.json]
 
 Four contrastive sets built from Multi30k test2016 (and val where test2016 has too few) with same-length sources:
@@ -11,9 +12,12 @@ Four contrastive sets built from Multi30k test2016 (and val where test2016 has t
 Metric: logit difference of the clean vs the corrupted output token at the first position where the greedy
 translations differ. Per set: EAP and EAP-IG scores over --pairs pairs (timed); the Spearman correlation of each with
 exact edge patching (metric with one edge patched minus clean, frozen-norm model) on --edges edges sampled uniformly
-from the valid edges, over the first --exact-pairs pairs; normalised faithfulness of greedy circuits of 1, 2, 5, 10
-and 20 % of the edges, next to 5 random circuits of the same size each. `discovery_seconds`: EAP-IG scores plus the
-circuit evaluations, the whole discovery for one set.
+from the valid edges, over the first --exact-pairs pairs; normalised faithfulness of circuits of 1, 2, 5, 10 and 20 %
+of the edges from five searches, the same rule for every set: `iterative` (`iterative_circuits`, one trajectory
+through the five sizes, --step removed per step) and EAP-IG's greedy search on EAP and EAP-IG scores, signed and by
+|score|; next to --random random circuits of each size. The same circuits are evaluated again on --heldout further
+pairs that took no part in finding them (`heldout`). `discovery_seconds`: the iterated search down to 1 % (passing
+every larger size); `eap-ig_seconds` is the greedy circuits' discovery (the search itself takes milliseconds).
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import torch
 
 from workbench import load
 from workbench.analysis.attribution import spearman
-from workbench.analysis.circuits import EdgeGraph, circuit_faithfulness, edge_patching, edge_scores
+from workbench.analysis.circuits import EdgeGraph, circuit_metric, edge_patching, edge_scores, iterative_circuits
 from workbench.analysis.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
+FRACTIONS = (0.01, 0.02, 0.05, 0.10, 0.20)
 
 
 def lines(name: str) -> list[str]:
@@ -43,34 +48,43 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=16)
     ap.add_argument("--exact-pairs", type=int, default=6)
+    ap.add_argument("--heldout", type=int, default=16, help="more pairs, to evaluate the circuits out of sample")
     ap.add_argument("--edges", type=int, default=500)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--step", type=float, default=0.2, help="iterated EAP: share of the circuit removed per step")
+    ap.add_argument("--random", type=int, default=5, help="random circuits per size")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--sets", default="nouns,number_de,gender_en,number_en")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "circuits_cpu.json"))
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     de_en = load(ROOT / "checkpoints" / "multi30k-de-en")
     en_de = load(ROOT / "checkpoints" / "general-en-de")
     de = lines("test_2016_flickr.de") + lines("val.de")
     en = lines("test_2016_flickr.en") + lines("val.en")
     builders = {
-        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs)),
-        "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs)),
-        "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs)),
-        "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs)),
+        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs + args.heldout)),
+        "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs + args.heldout)),
+        "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs + args.heldout)),
+        "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs + args.heldout)),
     }
     result = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-              "pairs": args.pairs, "exact_pairs": args.exact_pairs, "sampled_edges": args.edges, "ig_steps": args.steps,
+              "pairs": args.pairs, "heldout": args.heldout, "exact_pairs": args.exact_pairs,
+              "sampled_edges": args.edges, "ig_steps": args.steps,
+              "iterative_step": args.step,
               "sets": {}}
     for name in args.sets.split(","):
         tm, build = builders[name]
         model = tm.model
         t0 = time.perf_counter()
         pairs = build()
+        pairs, heldout = pairs[: args.pairs], pairs[args.pairs:]
         built = time.perf_counter() - t0
         graph = EdgeGraph(model)
         entry = {"model": "multi30k-de-en" if tm is de_en else "general-en-de",
-                 "pairs": len(pairs), "build_seconds": built, "edges": graph.n_edges,
+                 "pairs": len(pairs), "heldout_pairs": len(heldout), "build_seconds": built, "edges": graph.n_edges,
                  "examples": [{"clean": p.text, "corrupted": p.corrupted_text, "good": tm.detokenize([p.good]),
                                "bad": tm.detokenize([p.bad])} for p in pairs[:5]]}
         scores = {}
@@ -90,25 +104,49 @@ def main() -> None:
         for method in ("eap", "eap-ig"):
             est = edge_scores(model, sub, method=method, steps=args.steps).scores[idx]
             entry[f"{method}_spearman"] = float(spearman(est.numpy(), exact.numpy()))
-        # circuits
-        entry["circuits"] = {}
+        # circuits: every search at every size and the random circuits, one batched evaluation
+        sizes = [max(1, int(frac * graph.n_edges)) for frac in FRACTIONS]
         t = time.perf_counter()
+        iterative = iterative_circuits(model, pairs, sizes, step=args.step)
+        entry["iterative_seconds"] = time.perf_counter() - t
+        searches: dict[str, list[list[tuple[int, int]]]] = {"iterative": [iterative[n] for n in sizes]}
         for method in ("eap", "eap-ig"):
             for absolute in (False, True):
-                rows = []
-                for frac in (0.01, 0.02, 0.05, 0.10, 0.20):
-                    f = circuit_faithfulness(model, pairs, scores[method], max(1, int(frac * graph.n_edges)),
-                                             random_circuits=5, absolute=absolute)
-                    rows.append({k: f[k] for k in ("n_edges", "fraction", "faithfulness", "random_faithfulness")})
-                    entry.update(clean=f["clean"], corrupted_frozen=f["corrupted"],
-                                 corrupted_real=f["real_corrupted"])
-                entry["circuits"][method + ("_abs" if absolute else "")] = rows
-        entry["circuit_seconds"] = time.perf_counter() - t
-        entry["discovery_seconds"] = entry["eap-ig_seconds"] + entry["circuit_seconds"] / 4
-        top = graph.greedy_edges(scores["eap-ig"].scores, int(0.05 * graph.n_edges))
+                searches[method + ("_abs" if absolute else "")] = [
+                    graph.greedy_edges(scores[method].scores, n, absolute=absolute) for n in sizes]
+        g = torch.Generator().manual_seed(0)
+        randoms = [[all_edges[j] for j in torch.randperm(len(all_edges), generator=g)[:n].tolist()]
+                   for n in sizes for _ in range(args.random)]
+        t = time.perf_counter()
+        res = circuit_metric(model, pairs, [c for cs in searches.values() for c in cs] + randoms)
+        entry["circuit_eval_seconds"] = time.perf_counter() - t
+        norm = res["normalized"].tolist()
+        entry.update(clean=res["clean"], corrupted_frozen=res["corrupted"], corrupted_real=res["real_corrupted"])
+        entry["circuits"] = {}
+        for k, (search, cs) in enumerate(searches.items()):
+            entry["circuits"][search] = [{"n_edges": len(c), "fraction": len(c) / graph.n_edges,
+                                        "faithfulness": norm[k * len(sizes) + j]} for j, c in enumerate(cs)]
+        rand = norm[len(searches) * len(sizes):]
+        entry["circuits"]["random"] = [{"n_edges": n, "fraction": n / graph.n_edges,
+                                        "faithfulness": rand[j * args.random: (j + 1) * args.random]}
+                                       for j, n in enumerate(sizes)]
+        if heldout:  # the same circuits (found on `pairs`) on pairs that took no part in finding them
+            res = circuit_metric(model, heldout, [c for cs in searches.values() for c in cs] + randoms)
+            norm = res["normalized"].tolist()
+            entry["heldout"] = {"clean": res["clean"], "corrupted_frozen": res["corrupted"]}
+            for k, (search, cs) in enumerate(searches.items()):
+                entry["heldout"][search] = [norm[k * len(sizes) + j] for j in range(len(cs))]
+            rand = norm[len(searches) * len(sizes):]
+            entry["heldout"]["random_max"] = [max(rand[j * args.random: (j + 1) * args.random])
+                                              for j in range(len(sizes))]
+        # discovery: the iterated search down to the smallest size (it passes every larger one on the way)
+        entry["discovery_seconds"] = entry["iterative_seconds"]
+        entry["top_edges_iterative_5pct"] = [graph.edge_name(e) for e in iterative[sizes[2]]]
+        top = graph.greedy_edges(scores["eap-ig"].scores, sizes[2])
         entry["top_edges_eap_ig"] = [graph.edge_name(e) for e in top[:15]]
         result["sets"][name] = entry
-        print(name, json.dumps({k: v for k, v in entry.items() if k not in ("examples", "top_edges_eap_ig")}),
+        skip = ("examples", "top_edges_eap_ig", "top_edges_iterative_5pct")
+        print(name, json.dumps({k: v for k, v in entry.items() if k not in skip}),
               flush=True)
         Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,17 +1,25 @@
 """Attribution graphs on the shipped de->en model: construction time next to the patching sweep that answers the
 same question, pruned size over test2016, and faithfulness by intervention.
 
-    .venv/bin/python benchmarks/bench_graph.py [--sentences 1000] [--out benchmarks/results/graph_cpu.json]
+    .venv/bin/python benchmarks/bench_graph.py [--sentences 1000] [--every-token 40] [--positions 5] [--threads 1]
+                                               [--skip-speed] [--out benchmarks/results/graph_cpu.json]
 
-Speed: one test2016 sentence of 20 source tokens (EOS included), every output position of its greedy translation.
-`graph_seconds`: `attribution_graph` (nodes, every edge, attributions) per output token. The patching sweep that
-answers the same question, "which nodes does this logit depend on", zero-ablates each of the graph's removable nodes
-(embeddings, head x position, FFN x position) alone in the real model, 64 per batch (`remove_nodes`): one number per
-node, no edges. `head_sweep_seconds`: `patching_sweep(sites="head", ablation="zero")`, the heads only.
-Coverage: every output token (EOS included) of the greedy translations of the first --sentences test2016 sentences:
+Speed: one test2016 sentence of 20 source tokens (EOS included), every output position of its greedy translation
+(or --positions of them, evenly spaced). `graph_seconds`: `attribution_graph` (nodes, every edge, attributions) per
+output token. The patching sweep that answers the same question, "which nodes does this logit depend on",
+zero-ablates each of the graph's removable nodes (embeddings, head x position, FFN x position) alone in the real
+model, 64 per batch (`remove_nodes`): one number per node, no edges. `head_sweep_seconds`:
+`patching_sweep(sites="head", ablation="zero")`, the heads only. --skip-speed keeps the speed entry of --out.
+Coverage, two modes over the greedy translations of test2016: `sampled`, the first --sentences sentences with one
+output position each, drawn uniformly (EOS included) with a generator seeded by --seed before anything runs (so a
+resumed run draws the same ones); `every`, every output position of the first --every-token sentences. Per graph:
 nodes kept by `prune(0.8)` (the logit node included), and the completeness error |sum of the logit's edges - logit| /
-|logit|. Faithfulness: one output position per sentence (seeded): the real model's logit drop when the 5 nodes with
-the largest attribution are zeroed together, next to 5 random removable nodes (10 draws, mean).
+|logit|. In sampled mode a graph stands for its sentence's tokens: `share_at_most_100_nodes_token_weighted` weights
+each by its sentence's output length, an estimate of the share over every token of the set. Faithfulness: at the
+sampled position of each sentence, the real model's logit drop when the 5 nodes with the largest attribution are
+zeroed together, next to 5 random removable nodes (10 draws, mean). Each sentence measured appends one JSON line to
+--records (default runs/bench_graph/records.jsonl); the same command resumes from it, and --out is rewritten every
+25 sentences.
 """
 
 from __future__ import annotations
@@ -35,7 +43,13 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--sentences", type=int, default=1000,
+                    help="sampled mode: the first N test2016 sentences, one seeded output position each")
+    ap.add_argument("--every-token", type=int, default=40, help="every-token mode: the first N sentences")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sampled positions")
+    ap.add_argument("--skip-speed", action="store_true", help="keep the speed entry of --out, time nothing")
+    ap.add_argument("--records", default=str(ROOT / "runs" / "bench_graph" / "records.jsonl"),
+                    help="one JSON line per measured sentence; a rerun with the same file resumes")
     ap.add_argument("--positions", type=int, default=0, help="time this many output positions (0: all)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_cpu.json"))
@@ -45,8 +59,99 @@ def main() -> None:
     tm = load(ROOT / "checkpoints" / "multi30k-de-en")
     model = tm.model
     texts = (DATA / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
-    result: dict = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads()}
+    result: dict = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
+                    "sampled_seed": args.seed}
+    if args.skip_speed:
+        old = json.loads(Path(args.out).read_text(encoding="utf-8")) if Path(args.out).exists() else {}
+        result["speed"] = old.get("speed")
+    else:
+        speed(tm, texts, args, result)
 
+    # -- coverage and faithfulness over test2016
+    records = Path(args.records)
+    records.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple[str, int], dict] = {}
+    if records.exists():  # resume: one JSON line per (mode, sentence) already measured
+        for line in records.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[(r["mode"], r["sentence"])] = r
+    gen = torch.Generator().manual_seed(args.seed)
+    n_all = max(args.sentences, args.every_token)
+    chosen = texts[:n_all]
+    # one output position per sentence, drawn before anything runs so that a resumed run draws the same ones
+    uniforms = torch.rand(n_all, generator=gen, dtype=torch.float64).tolist()
+    todo = [n for n in range(n_all) if (n < args.every_token and ("every", n) not in done)
+            or (n < args.sentences and ("sampled", n) not in done)]
+    outs: dict[int, list[int]] = {}
+    for start in range(0, len(todo), 64):
+        batch = todo[start: start + 64]
+        for n, o in zip(batch, tm.translate([chosen[n] for n in batch], return_tokens=True, beam=1)):
+            outs[n] = list(o.tokens)
+    with records.open("a", encoding="utf-8") as log:
+        for k, n in enumerate(todo):
+            src = torch.tensor([tm.encode_source(chosen[n])[0]])
+            toks = outs[n]
+            tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
+            pick = min(int(uniforms[n] * len(toks)), len(toks) - 1)
+            modes = [m for m, lim in (("every", args.every_token), ("sampled", args.sentences))
+                     if n < lim and (m, n) not in done]
+            positions = range(len(toks)) if "every" in modes else [pick]
+            per_pos: dict[int, dict] = {}
+            for pos in positions:
+                t = time.perf_counter()
+                graph = attribution_graph(model, src, tgt, pos, toks[pos])
+                row = {"position": pos, "seconds": time.perf_counter() - t, "kept": len(graph.prune(0.8)),
+                       "rel_error": abs(float(graph.adjacency[-1].sum()) - graph.logit) / abs(graph.logit)}
+                if pos == pick:
+                    f = faithfulness_check(model, src, tgt, graph, 5, random_sets=10, seed=n)
+                    row.update(top_drop=f["top_drop"], random_drop=f["random_drop"])
+                per_pos[pos] = row
+            for m in modes:
+                rows = list(per_pos.values()) if m == "every" else [per_pos[pick]]
+                r = {"mode": m, "sentence": n, "tokens": len(toks), "pick": pick, "rows": rows}
+                done[(m, n)] = r
+                log.write(json.dumps(r) + "\n")
+            log.flush()
+            if (k + 1) % 25 == 0 or k + 1 == len(todo):
+                summarise(result, done, args)
+                Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    summarise(result, done, args)
+    Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def summarise(result: dict, done: dict, args) -> None:
+    """Coverage and faithfulness of both modes from the records so far (printed, and into `result`)."""
+    for mode, lim in (("every", args.every_token), ("sampled", args.sentences)):
+        recs = [done[(mode, n)] for n in range(lim) if (mode, n) in done]
+        if not recs:
+            continue
+        rows = [row for r in recs for row in r["rows"]]
+        k = torch.tensor([row["kept"] for row in rows], dtype=torch.float64)
+        cov = {"sentences": len(recs), "graphs": len(rows),
+               "share_at_most_100_nodes": float((k <= 100).double().mean()),
+               "kept_nodes_median": float(k.median()), "kept_nodes_p90": float(k.quantile(0.9)),
+               "kept_nodes_max": int(k.max()), "completeness_rel_error_max": max(row["rel_error"] for row in rows),
+               "graph_seconds_mean": statistics.mean(row["seconds"] for row in rows)}
+        if mode == "sampled":
+            # a sentence's one position stands for its len tokens: weighting each graph by its sentence's length
+            # estimates the share over all output tokens of the set (every token equally likely)
+            w = torch.tensor([r["tokens"] for r in recs], dtype=torch.float64)
+            cov["test_tokens"] = int(w.sum())
+            cov["share_at_most_100_nodes_token_weighted"] = float((w * (k <= 100).double()).sum() / w.sum())
+        faith = [(row["top_drop"], row["random_drop"]) for row in rows if "top_drop" in row]
+        td, rd = statistics.mean(a for a, _ in faith), statistics.mean(b for _, b in faith)
+        result[f"coverage_{mode}"] = cov
+        result[f"faithfulness_{mode}"] = {
+            "graphs": len(faith), "top5_drop_mean": td, "random5_drop_mean": rd,
+            "ratio_of_means": td / rd if rd else None,
+            "share_top_drop_over_3x_random": statistics.mean(float(a > 3 * max(b, 0.0)) for a, b in faith),
+            "top5_drop_median": statistics.median(a for a, _ in faith),
+            "random5_drop_median": statistics.median(b for _, b in faith)}
+        print(mode, json.dumps({"coverage": cov, "faithfulness": result[f"faithfulness_{mode}"]}), flush=True)
+
+def speed(tm, texts: list[str], args, result: dict) -> None:
+    model = tm.model
     # -- speed at 20 source tokens
     text = next(t for t in texts if len(tm.encode_source(t)[0]) == 20)
     src = torch.tensor([tm.encode_source(text)[0]])
@@ -79,44 +184,6 @@ def main() -> None:
         "ratio_node_sweep_over_graph": statistics.mean(sweep_times) / statistics.mean(g_times),
     }
     print(json.dumps(result["speed"]), flush=True)
-
-    # -- coverage and faithfulness over test2016
-    kept, rel_err, secs = [], [], []
-    top_drops, rand_drops = [], []
-    gen = torch.Generator().manual_seed(0)
-    chosen = texts[: args.sentences]
-    outs = []
-    for start in range(0, len(chosen), 64):
-        outs += tm.translate(chosen[start: start + 64], return_tokens=True, beam=1)
-    for n, (text, o) in enumerate(zip(chosen, outs)):
-        src = torch.tensor([tm.encode_source(text)[0]])
-        toks = list(o.tokens)
-        tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
-        pick = int(torch.randint(len(toks), (1,), generator=gen))
-        for pos in range(len(toks)):
-            t = time.perf_counter()
-            graph = attribution_graph(model, src, tgt, pos, toks[pos])
-            secs.append(time.perf_counter() - t)
-            kept.append(len(graph.prune(0.8)))
-            rel_err.append(abs(float(graph.adjacency[-1].sum()) - graph.logit) / abs(graph.logit))
-            if pos == pick:
-                f = faithfulness_check(model, src, tgt, graph, 5, random_sets=10, seed=n)
-                top_drops.append(f["top_drop"])
-                rand_drops.append(f["random_drop"])
-        if (n + 1) % 10 == 0 or n + 1 == len(chosen):
-            k = torch.tensor(kept, dtype=torch.float64)
-            result["coverage"] = {
-                "sentences": n + 1, "tokens": len(kept), "share_at_most_100_nodes": float((k <= 100).double().mean()),
-                "kept_nodes_median": float(k.median()), "kept_nodes_p90": float(k.quantile(0.9)),
-                "kept_nodes_max": int(k.max()), "completeness_rel_error_max": max(rel_err),
-                "graph_seconds_mean": statistics.mean(secs)}
-            td, rd = statistics.mean(top_drops), statistics.mean(rand_drops)
-            result["faithfulness"] = {"graphs": len(top_drops), "top5_drop_mean": td, "random5_drop_mean": rd,
-                                      "ratio_of_means": td / rd if rd else None,
-                                      "share_top_drop_over_3x_random": statistics.mean(
-                                          float(a > 3 * max(b, 0.0)) for a, b in zip(top_drops, rand_drops))}
-            print(json.dumps({k: result[k] for k in ("coverage", "faithfulness")}), flush=True)
-            Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

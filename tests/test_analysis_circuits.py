@@ -13,10 +13,12 @@ from workbench.analysis.circuits import (
     EdgeGraph,
     Pair,
     _Frozen,
+    _removal_estimates,
     circuit_faithfulness,
     circuit_metric,
     edge_patching,
     edge_scores,
+    iterative_circuits,
 )
 
 
@@ -94,6 +96,68 @@ def test_circuit_faithfulness_and_greedy_search(model):
     assert f["n_edges"] == len(chosen) and len(f["random_faithfulness"]) == 3
     with pytest.raises(ValueError, match="method"):
         edge_scores(model, pairs, method="acdc")
+
+
+def test_connected_drops_edges_that_reach_no_logit(model):
+    g = EdgeGraph(model)
+    s, r = g.s_index, g.r_index
+    path = [(s["src_embed"], r["cross:0:0.v"]), (s["cross:0:0"], r["logits"])]
+    dangling = (s["src_embed"], r["enc.0.ffn"])  # enc.0.ffn sends nothing on: its input edge carries nothing
+    unfed = (s["dec.0.ffn"], r["logits"])  # nothing feeds dec.0.ffn: it outputs its corrupted value
+    assert g.connected([*path, dangling, unfed]) == path
+    # the greedy search's circuits are connected both ways
+    scores = edge_scores(model, _pairs(model.cfg), method="eap")
+    for n in (5, 30):
+        chosen = g.greedy_edges(scores.scores, n)
+        assert g.connected(chosen) == chosen
+
+
+def test_removal_estimates_are_eap_at_the_whole_graph_and_exact_into_the_logits(model):
+    pairs = _pairs(model.cfg)
+    g = EdgeGraph(model)
+    nets = [_Frozen(model, g, p) for p in pairs]
+    for net in nets:
+        net.prepare()
+    # at the whole graph the estimate is EAP's score
+    eap = edge_scores(model, pairs, method="eap").scores
+    assert torch.allclose(_removal_estimates(nets, g.edges()), eap, atol=1e-5)
+    # at a partial circuit, removing an edge into the logits is linear: the estimate equals the exact change
+    circuit = iterative_circuits(model, pairs, [60])[60]
+    est = _removal_estimates(nets, circuit)
+    into = [e for e in circuit if g.receivers[e[1]] == "logits"]
+    assert into
+    res = circuit_metric(model, pairs, [circuit] + [[c for c in circuit if c != e] for e in into])
+    exact = res["circuit"][1:] - res["circuit"][0]
+    want = [float(est[e]) for e in into]
+    assert torch.allclose(torch.tensor(want, dtype=torch.float64), exact, atol=1e-4)
+    # edges outside the circuit: adding one back into the logits changes the metric by minus the estimate
+    drop = into[::2]
+    base = [c for c in circuit if c not in drop]
+    est = _removal_estimates(nets, base)
+    res = circuit_metric(model, pairs, [base] + [base + [e] for e in drop])
+    exact = res["circuit"][1:] - res["circuit"][0]
+    want = [-float(est[e]) for e in drop]
+    assert torch.allclose(torch.tensor(want, dtype=torch.float64), exact, atol=1e-4)
+
+
+def test_iterative_circuits_are_connected_and_faithful(model):
+    pairs = _pairs(model.cfg)
+    g = EdgeGraph(model)
+    out = iterative_circuits(model, pairs, [g.n_edges, 120, 30])
+    assert sorted(out) == [30, 120, g.n_edges] and out[g.n_edges] == g.edges()
+    assert 0 < len(out[30]) <= 30 and len(out[120]) <= 120
+    assert all(g.connected(c) == c for c in out.values())
+    # the steps stop at each requested size: a circuit asked for alone comes from its own trajectory
+    alone = iterative_circuits(model, pairs, [30])[30]
+    res = circuit_metric(model, pairs, [alone])
+    f = circuit_faithfulness(model, pairs, edge_scores(model, pairs, method="eap"), 30, random_circuits=5,
+                             search="iterative")
+    assert f["n_edges"] == len(alone) and f["faithfulness"] == pytest.approx(float(res["normalized"][0]), abs=1e-4)
+    assert f["faithfulness"] > max(f["random_faithfulness"])
+    with pytest.raises(ValueError, match="step"):
+        iterative_circuits(model, pairs, [30], step=1.0)
+    with pytest.raises(ValueError, match="sizes"):
+        iterative_circuits(model, pairs, [0])
 
 
 @pytest.mark.slow

@@ -25,7 +25,15 @@ from .alti import Alti, alti
 from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
 from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
 from .beam_replay import BeamReplay, add_cross_attention, replay_beam
-from .circuits import EdgeGraph, EdgeScores, circuit_faithfulness, circuit_metric, edge_patching, edge_scores
+from .circuits import (
+    EdgeGraph,
+    EdgeScores,
+    circuit_faithfulness,
+    circuit_metric,
+    edge_patching,
+    edge_scores,
+    iterative_circuits,
+)
 from .contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
 from .decompose import (
     Components,
@@ -76,4 +84,5 @@ __all__ = [
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
     "GENDER_EN", "NUMBER_DE", "NUMBER_EN", "word_swaps", "AttributionGraph", "attribution_graph", "faithfulness_check",
     "remove_nodes", "EdgeGraph", "EdgeScores", "circuit_faithfulness", "circuit_metric", "edge_patching", "edge_scores",
+    "iterative_circuits",
 ]

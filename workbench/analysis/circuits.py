@@ -117,17 +117,21 @@ class EdgeGraph:
 
     def greedy_edges(self, scores: torch.Tensor, n: int, *, absolute: bool = False) -> list[tuple[int, int]]:
         """EAP-IG's greedy search: from the logits backwards, repeatedly add the best edge into a node already in
-        the circuit; drop edges whose sender has no input left (a sender other than an embedding with no edge into
-        it outputs its corrupted value, so its edges carry nothing); add more until n edges survive. Best: the most
-        negative score (the edges whose patching lowers the metric most: the ones the clean behaviour needs), or
-        with `absolute` the largest |score| (EAP-IG's default)."""
-        want, tried = n, n
+        the circuit; then drop the edges that carry nothing (`connected`: a sender other than an embedding with no
+        edge into it outputs its corrupted value; a receiver that sends nothing on reaches no logit); add more until
+        n edges survive (at most n). Best: the most negative score (the edges whose patching lowers the metric most:
+        the ones the clean behaviour needs), or with `absolute` the largest |score| (EAP-IG's default)."""
+        want, tried, best = n, n, []
         for _ in range(50):
             chosen = self._greedy(scores, tried, absolute)
-            if len(chosen) >= want or tried >= self.n_edges:
-                return chosen[:want] if len(chosen) > want else chosen
+            if len(chosen) > want:  # cut back to n; the cut can leave edges that carry nothing: drop those too
+                chosen = self.connected(chosen[:want])
+            if len(chosen) > len(best):
+                best = chosen
+            if len(best) >= want or tried >= self.n_edges:
+                break
             tried += want - len(chosen)
-        return chosen
+        return best
 
     def _greedy(self, scores: torch.Tensor, n: int, absolute: bool) -> list[tuple[int, int]]:
         s = (scores.abs() if absolute else -scores).masked_fill(~self.valid, -math.inf)
@@ -151,9 +155,18 @@ class EdgeGraph:
             _, u, r = heapq.heappop(heap)
             chosen.append((u, r))
             activate(self.senders[u])
-        while True:  # prune senders without inputs
+        return self.connected(chosen)
+
+    def connected(self, edges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """`edges` less those that carry nothing: repeatedly drop edges whose sender (an embedding aside) has no edge
+        into it (it outputs its corrupted value) and edges whose receiver's node sends nothing on (nor is the
+        logits): what is left is connected from the embeddings to the logits (EAP-IG's `prune`)."""
+        chosen = list(edges)
+        while True:
             fed = {self.receiver_node(r) for _, r in chosen}
-            kept = [(u, r) for u, r in chosen if self.senders[u].endswith("_embed") or self.senders[u] in fed]
+            sending = {self.senders[u] for u, _ in chosen} | {"logits"}
+            kept = [(u, r) for u, r in chosen if (self.senders[u].endswith("_embed") or self.senders[u] in fed)
+                    and self.receiver_node(r) in sending]
             if len(kept) == len(chosen):
                 return kept
             chosen = kept
@@ -451,16 +464,80 @@ def circuit_metric(model, pairs: Sequence, circuits: list[list[tuple[int, int]]]
             "normalized": (vals - corr) / (clean - corr)}
 
 
+def iterative_circuits(model, pairs: Sequence, sizes: Sequence[int], *, step: float = 0.2
+                       ) -> dict[int, list[tuple[int, int]]]:
+    """Circuits of at most each of `sizes` edges by iterated EAP: start from every edge; at each step estimate, to
+    first order *at the current circuit*, what each valid edge is worth there (EAP's product of the sender's output
+    difference and the receiver-input gradient in the run where only the circuit's edges are clean, mean over
+    `pairs`: the metric's loss if a circuit edge is removed, its gain if an edge outside is added back), keep the
+    best (1 - `step`) x the circuit's size (down to the next size at most), then drop the edges left carrying
+    nothing (`EdgeGraph.connected`). One gradient run per pair and step; the steps stop at each size asked for.
+    One-shot EAP and EAP-IG estimate every edge at the clean run, where all other edges are clean; a circuit of a
+    few % of the edges runs far from there. Re-ranking every edge, not only the circuit's, lets an edge removed too
+    early come back. Returns {size: edges}."""
+    if not pairs:
+        raise ValueError("iterative_circuits needs at least one pair")
+    if not 0 < step < 1:
+        raise ValueError(f"step must be in (0, 1), got {step}")
+    graph = EdgeGraph(model)
+    todo = sorted({int(n) for n in sizes}, reverse=True)
+    if not todo or todo[-1] < 1:
+        raise ValueError(f"sizes must be positive edge counts, got {list(sizes)}")
+    nets = []
+    with evaluating(model):
+        for p in map(_as_pair, pairs):
+            net = _Frozen(model, graph, p)
+            net.prepare()
+            nets.append(net)
+        everything = graph.edges()  # row-major, as est[graph.valid]
+        current = list(everything)
+        out: dict[int, list[tuple[int, int]]] = {}
+        while todo:
+            while todo and len(current) <= todo[0]:
+                out[todo.pop(0)] = list(current)
+            if not todo:
+                break
+            est = _removal_estimates(nets, current)  # an edge's worth is -est, in the circuit or not
+            n_next = max(int(len(current) * (1 - step)), todo[0])
+            keep = est[graph.valid].argsort()[:n_next].sort().values.tolist()
+            current = graph.connected([everything[i] for i in keep])
+    return out
+
+
+def _removal_estimates(nets: list[_Frozen], circuit: list[tuple[int, int]]) -> torch.Tensor:
+    """(senders, receivers): EAP's first-order estimate, at the run where only `circuit` is clean, of the metric's
+    change when each edge is patched (removed from the circuit; for an edge outside it, minus the change when it
+    is added back), mean over `nets`. At the whole graph: EAP."""
+    graph = nets[0].graph
+    w = _weights(graph, [circuit], keep=True)
+    est = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float64)
+    for net in nets:
+        with torch.enable_grad():
+            m, calls, deltas, _ = net.run(w, leaves=True, track=True)
+            grads = torch.autograd.grad(m.sum(), [z for z, _ in calls])
+        for (_z, recv), gz in zip(calls, grads):
+            for j, r in enumerate(recv):
+                est[_delta_ids(graph, r), r] -= torch.einsum("uld,ld->u", deltas[r].detach(), gz[j][0]).double().cpu()
+    est /= len(nets)
+    est[~graph.valid] = 0
+    return est
+
+
 def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: int, *, random_circuits: int = 10,
                          seed: int = 0, search: str = "greedy", absolute: bool = False) -> dict[str, Any]:
-    """Normalised faithfulness of a circuit of at most `n_edges` edges chosen by score (`search`: "greedy", see
-    `EdgeGraph.greedy_edges`, or "top": the top n; `absolute`: by |score|), next to `random_circuits` random sets
-    of valid edges of the circuit's size."""
+    """Normalised faithfulness of a circuit of at most `n_edges` edges (`search`: "greedy", by score, see
+    `EdgeGraph.greedy_edges`; "top": the top n by score; `absolute`: by |score|; "iterative": `iterative_circuits`,
+    which takes its own gradients and reads only `scores.graph`), next to `random_circuits` random sets of valid
+    edges of the circuit's size."""
     graph = scores.graph
-    if search not in ("greedy", "top"):
-        raise ValueError(f"search must be 'greedy' or 'top', got {search!r}")
-    top = (graph.greedy_edges(scores.scores, n_edges, absolute=absolute) if search == "greedy" else
-           graph.top_edges(scores.scores, n_edges, absolute=absolute))
+    if search not in ("greedy", "top", "iterative"):
+        raise ValueError(f"search must be 'greedy', 'top' or 'iterative', got {search!r}")
+    if search == "iterative":
+        top = iterative_circuits(model, pairs, [n_edges])[n_edges]
+    elif search == "greedy":
+        top = graph.greedy_edges(scores.scores, n_edges, absolute=absolute)
+    else:
+        top = graph.top_edges(scores.scores, n_edges, absolute=absolute)
     n_edges = len(top)
     all_edges = graph.edges()
     g = torch.Generator().manual_seed(seed)
