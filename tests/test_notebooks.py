@@ -111,6 +111,8 @@ def test_a_notebook_copied_elsewhere_finds_the_shipped_checkpoints(tmp_path):
     book = nbformat.read(NB_DIR / "06_why.ipynb", as_version=4)
     upto = next(i for i, c in enumerate(book.cells) if "shipped(" in c.source)
     book.cells = [c for c in book.cells[: upto + 1] if c.cell_type == "code"]
+    # quick mode, as CI runs the notebooks: the opening cell then builds 3 sentence pairs, not 40 from 600 lines
+    book.cells.insert(0, nbformat.v4.new_code_cell("import os\nos.environ['WORKBENCH_QUICK'] = '1'"))
     book.cells.append(nbformat.v4.new_code_cell("print(tm.translate(['Ein Hund läuft.'])[0])"))
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)
