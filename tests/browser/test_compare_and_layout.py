@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from test_app import FIGURE_JS, TIMEOUT, open_app, text
+from test_graph_tab import DRAWN_JS as GRAPH_DRAWN_JS
 
 ROOT = Path(__file__).resolve().parents[2]
 TABS = ("Attention", "Internals", "Compare", "Analysis", "Model analysis", "Why", "Evidence", "Features", "Graph")
@@ -18,7 +19,7 @@ READY = {"Attention": "Ablate heads", "Internals": "validation curves stored", "
          "Analysis": "Head statistics", "Model analysis": "Pick an analysis", "Why": "Patching against",
          "Evidence": "of each output token (ALTI+)",
          # a test checkpoint may or may not carry a dictionary (test_features_tab ships one into `demo`)
-         "Features": re.compile("No dictionaries ship|Why this word"), "Graph": "completeness error"}
+         "Features": re.compile("No dictionaries ship|Why this word"), "Graph": "Pick an output token"}
 
 
 def open_tab(page, title: str) -> None:
@@ -96,6 +97,8 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
             page.wait_for_function("""() => [...Bokeh.index.all_views()].some(
                 v => v.model.name === 'dla_bars' && v.el.isConnected)""", timeout=TIMEOUT * 2)
             page.locator(".why-patching-note").first.wait_for(timeout=TIMEOUT * 2)
+        if tab == "Graph":  # the graph itself drawn
+            page.wait_for_function(GRAPH_DRAWN_JS, timeout=TIMEOUT * 2)
         if tab == "Compare":  # A | B | B-A side by side on a wide page
             boxes = [page.locator(".bk-Figure").nth(i).bounding_box() for i in range(3)]
             if width >= 1400:

@@ -106,8 +106,9 @@ def source_share_bars(out_words: Sequence[str], shares, *, flagged: Sequence[int
 # ---------------------------------------------------------------------------- roles
 
 
-def role_grid(roles, *, kinds: Sequence[str] | None = None):
-    """One layers × heads grid per attention kind; each cell names the head's roles and is coloured by its first."""
+def role_grid(roles, *, kinds: Sequence[str] | None = None, stacked: bool = False):
+    """One layers × heads grid per attention kind; each cell names the head's roles and is coloured by its first.
+    Side by side, or under one another with `stacked` (for pages narrower than the three grids)."""
     table = roles.table
     kinds = list(kinds or [k for k in KIND_LABEL if k in set(table["kind"])])
     figs = []
@@ -146,7 +147,7 @@ def role_grid(roles, *, kinds: Sequence[str] | None = None):
         figs.append(fig)
     if not figs:
         raise ValueError(f"no heads of kinds {kinds} in the roles table")
-    return row(*figs)
+    return column(*figs) if stacked else row(*figs)
 
 
 # ---------------------------------------------------------------------------- pruning

@@ -311,7 +311,7 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
                  + f'&nbsp;&nbsp; edges: <span style="color:{POSITIVE}">raise</span> / '
                    f'<span style="color:{NEGATIVE}">lower</span> the target node; size: influence',
                  name="graph_legend", styles={"font-size": "12px"})
-    side = column(detail, att, width=side_width, name="graph_side")
+    side = column(detail, att, width=side_width + 10, name="graph_side")  # + the Div's own 5 px margins
     return fig, side, legend
 
 

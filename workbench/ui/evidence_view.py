@@ -88,17 +88,21 @@ def evidence_figure(tm, source: str, output: str, *, method: str = "weights", ro
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     ev = sentence_evidence(tm, source, output, method=method)
+    lines = alignment_lines(ev.src_words, ev.out_words, ev.weights, links=ev.links, title="word alignment")
+    bars = source_share_bars(ev.pieces, ev.shares, title="source share")
+    for fig in (lines, bars):  # as wide as the page, however long the sentence (no sideways scrolling)
+        fig.sizing_mode, fig.min_width = "stretch_width", 300
     parts = [Div(text=f"<b>Word alignment</b>: {ev.spec}; line width = strength, dashed = the argmax links",
-                 css_classes=["evidence-method-label"], width=900),
-             alignment_lines(ev.src_words, ev.out_words, ev.weights, links=ev.links, title="word alignment"),
+                 css_classes=["evidence-method-label"], sizing_mode="stretch_width"),
+             lines,
              Div(text="<b>Source share</b> of each output token (ALTI+): the rest comes from the target prefix",
-                 width=900),
-             source_share_bars(ev.pieces, ev.shares, title="source share")]
+                 sizing_mode="stretch_width"),
+             bars]
     if roles is not None:
         parts.append(Div(text=f"<b>Head roles</b>, measured on {roles_from}. A head has a role when: "
-                              + "; ".join(roles.rules.lines(roles.diagonal_aer)), width=900))
-        parts.append(role_grid(roles))
-    return column(*parts)
+                              + "; ".join(roles.rules.lines(roles.diagonal_aer)), sizing_mode="stretch_width"))
+        parts.append(role_grid(roles, stacked=True))  # one grid per kind, under one another: fits a 1000 px page
+    return column(*parts, sizing_mode="stretch_width")
 
 
 class EvidenceView(LazyTab):

@@ -291,7 +291,7 @@ class GraphView(LazyTab):
         self._answer = answer
         self._shown = (self.session.result, self.session.checkpoint)  # what the export's caption names
         fig, side, legend = self.figure(answer)
-        fig.sizing_mode = "stretch_width"
+        fig.sizing_mode, fig.min_width = "stretch_width", 300
         g, keep = answer["graph"], answer["keep"]
         kept = len(keep) - 1
         covered = float(g.influence[keep[:-1]].sum() / g.influence[:-1].sum()) if kept else 0.0
@@ -307,8 +307,9 @@ class GraphView(LazyTab):
         self._export.filename = self.export_name()
         self._export.disabled = False
         objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
+                # no margin of its own: the stretched row already spans the tab (a margin pushed it 5 px past the page)
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
-                              css_classes=["graph-figure"]),
+                              css_classes=["graph-figure"], margin=0),
                 pn.pane.Bokeh(legend)]
         if self._link_note:
             objs.insert(0, pn.pane.Alert(_md_escape(self._link_note), alert_type="warning",
