@@ -5,8 +5,9 @@ low-share flags (hallucination candidates) on clean, corrupted and out-of-domain
         --src ../shared/data/multi30k/test_2016_flickr.de --ood ../shared/data/wmt-news/newstest2014.de \
         --out runs/source_share_multi30k.json
 
-Thresholds (5 % quantile of clean tokens, per word start / continuation, and of clean sentences' mean share) are fitted on the first half of
-the test lines and applied to the second half, to its sources with the words shuffled, and to --ood lines.
+Thresholds (5 % quantile of clean tokens, per word start / continuation, and of clean sentences' mean share)
+are fitted on the first half of the test lines and applied to the second half, to its sources with the words
+shuffled, and to --ood lines.
 """
 
 from __future__ import annotations
