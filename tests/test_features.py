@@ -23,26 +23,32 @@ from workbench.features.train import FeatureTrainConfig, FeatureTrainer
 CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
 
 
-def _random_dictionary(architecture="topk", transcoder=False, d=16, n=64, k=5, seed=0):
+def _random_dictionary(architecture="topk", transcoder=False, d=16, n=64, k=5, seed=0, skip=False):
     torch.manual_seed(seed)
     cfg = DictionaryConfig("dec.1.hook_resid_cross_attn" if transcoder else "hook_memory", d_in=d, d_sae=n,
                            architecture=architecture, k=k, d_out=d if transcoder else None,
-                           hook_name_out="dec.1.ffn.hook_out" if transcoder else None, model_name="tiny")
+                           hook_name_out="dec.1.ffn.hook_out" if transcoder else None, model_name="tiny", skip=skip)
     dic = SparseDictionary(cfg)
     with torch.no_grad():
         dic.b_enc.normal_(0, 0.1)
         dic.b_dec.normal_()
+        if skip:
+            dic.W_skip.normal_(0, 0.3)  # zero at the start of training; non-zero here so the test sees it
     return dic
 
 
-@pytest.mark.parametrize("architecture,transcoder", [("topk", False), ("relu", False), ("relu", True)])
-def test_sae_lens_loads_the_same_dictionary(tmp_path, architecture, transcoder):
+@pytest.mark.parametrize("architecture,transcoder,skip", [("topk", False, False), ("relu", False, False),
+                                                          ("relu", True, False), ("relu", True, True)])
+def test_sae_lens_loads_the_same_dictionary(tmp_path, architecture, transcoder, skip):
     sae_lens = pytest.importorskip("sae_lens")
-    dic = _random_dictionary(architecture, transcoder)
+    dic = _random_dictionary(architecture, transcoder, skip=skip)
     dic.save(tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "cfg.json").read_text())
-    assert cfg["architecture"] == {"topk": "topk", "relu": "transcoder" if transcoder else "standard"}[architecture]
+    tc = "skip_transcoder" if skip else "transcoder"
+    assert cfg["architecture"] == {"topk": "topk", "relu": tc if transcoder else "standard"}[architecture]
     sae = sae_lens.SAE.load_from_disk(tmp_path / "d")
+    assert type(sae).__name__ == {"topk": "TopKSAE", "relu": ("SkipTranscoder" if skip else "Transcoder")
+                                  if transcoder else "StandardSAE"}[architecture]
     assert sae.cfg.metadata.hook_name == dic.cfg.hook_name
     if transcoder:
         assert sae.cfg.metadata.hook_name_out == "dec.1.ffn.hook_out" and sae.cfg.d_out == 16
@@ -52,9 +58,12 @@ def test_sae_lens_loads_the_same_dictionary(tmp_path, architecture, transcoder):
         assert torch.allclose(ours, theirs, atol=1e-5)
         assert int((ours > 0).sum(-1).max()) <= (5 if architecture == "topk" else 64)
         assert torch.allclose(dic.decode(ours), sae.decode(theirs), atol=1e-5)
+        assert torch.allclose(dic(x), sae(x), atol=1e-5)  # the skip term included
+        if skip:
+            assert torch.allclose(sae.W_skip, dic.W_skip) and not torch.allclose(dic(x), dic.decode(ours))
     again = SparseDictionary.load(tmp_path / "d")
     assert again.cfg.to_sae_lens() == dic.cfg.to_sae_lens()
-    assert torch.equal(again.encode(x), dic.encode(x))
+    assert torch.equal(again.encode(x), dic.encode(x)) and torch.equal(again(x), dic(x))
 
 
 def test_bad_dictionary_directory_is_one_clear_error(tmp_path):
@@ -70,9 +79,9 @@ def test_bad_dictionary_directory_is_one_clear_error(tmp_path):
         SparseDictionary.load(tmp_path / "d")
 
 
-@pytest.mark.parametrize("transcoder", [False, True])
-def test_sparse_training_path_matches_dense_autograd(transcoder):
-    dic = _random_dictionary("topk", transcoder)
+@pytest.mark.parametrize("transcoder,skip", [(False, False), (True, False), (True, True)])
+def test_sparse_training_path_matches_dense_autograd(transcoder, skip):
+    dic = _random_dictionary("topk", transcoder, skip=skip)
     x = torch.randn(50, 16)
     dead = torch.zeros(64, dtype=torch.bool)
     dead[::3] = True
@@ -82,7 +91,7 @@ def test_sparse_training_path_matches_dense_autograd(transcoder):
     dic.zero_grad()
     # the same two reconstructions through dense autograd
     pre = dic.pre_activations(x)
-    recon = dic.decode(dic.activate(pre))
+    recon = dic(x)
     masked = pre.masked_fill(~dead, float("-inf"))
     v, i = masked.topk(8, dim=-1)
     aux = torch.zeros_like(pre).scatter(-1, i, v.relu()) @ dic.W_dec
@@ -149,11 +158,13 @@ def _train_cfg(tmp_path, **over):
                                  "dead_after": 40} | over)
 
 
-@pytest.mark.parametrize("architecture", ["topk", "relu"])
+@pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder"])
 def test_training_resumes_exactly(tmp_path, architecture):
     model, data = _tiny()
     tm = TranslationModel(model, None)
-    extra = {"architecture": architecture, "target_l0": 6.0} if architecture == "relu" else {}
+    extra = {"architecture": "relu", "target_l0": 6.0} if architecture.startswith("relu") else {}
+    if architecture == "relu-skip-transcoder":
+        extra |= {"site": "dec.1.ffn", "skip": True}
     whole = FeatureTrainer(_train_cfg(tmp_path / "a", **extra), translation_model=tm, data=data).fit()
     first = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)
     step = first.train_step
@@ -172,7 +183,11 @@ def test_training_resumes_exactly(tmp_path, architecture):
     out = resumed.fit()
     for (k, a), b in zip(whole.state_dict().items(), out.state_dict().values()):
         assert torch.equal(a, b), k
-    assert (tmp_path / "b" / "run" / "dictionary" / "cfg.json").is_file()
+    cfg = json.loads((tmp_path / "b" / "run" / "dictionary" / "cfg.json").read_text())
+    assert cfg["architecture"] == {"topk": "topk", "relu": "standard"}.get(architecture, "skip_transcoder")
+    if architecture == "relu-skip-transcoder":  # the linear term trained, and it is saved and loaded
+        assert out.W_skip.abs().sum() > 0
+        assert torch.equal(SparseDictionary.load(tmp_path / "b" / "run" / "dictionary").W_skip, out.W_skip)
     log = [json.loads(line) for line in (tmp_path / "b" / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [4, 8, 12] and all(r["fvu"] > 0 for r in log)
     with pytest.raises(ValueError, match="--fresh"):

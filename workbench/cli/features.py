@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(FeatureTrainConfig):
         if f.name in _TRAIN_SKIP:
             continue
+        if isinstance(f.default, bool):  # --skip / --no-skip, not type=bool (which reads "False" as True)
+            t.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=f.default, help=f"(default {f.default})")
+            continue
         kind = type(f.default) if f.default is not None else str
         t.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=f.default,
                        help=f"(default {f.default})")

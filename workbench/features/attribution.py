@@ -24,7 +24,7 @@ Encoder-side sites (`hook_memory`, `enc.*`) give one row per (source position, a
 sites (a cross-attention block's output, an FFN transcoder, whose site is the FFN output) one row per (decoder
 position ≤ the explained one, active feature): earlier positions reach the output token through decoder
 self-attention. For a transcoder the gradient is taken at the FFN's output; its features are read from the
-FFN's input.
+FFN's input. A skip transcoder's linear term x @ W_skip.T is no feature: it is counted with the error.
 """
 
 from __future__ import annotations

@@ -14,9 +14,14 @@ parameter: `W_enc` (d_in, d_sae), `b_enc` (d_sae), `W_dec` (d_sae, d_out), `b_de
   applies ReLU to them (Gao et al. 2024); ReLU ("standard") applies ReLU to all.
 - Transcoder (Dunefsky et al. 2024; an FFN's input to its output): pre = x @ W_enc + b_enc (no b_dec
   subtracted: it lives in the output space), the same activations, out = f @ W_dec + b_dec.
+- Skip transcoder (Paulo et al. 2025; SAELens's `SkipTranscoder`): a transcoder plus a linear term,
+  out = f @ W_dec + b_dec + x @ W_skip.T with `W_skip` (d_out, d_in), zero at the start. The linear part of
+  the FFN goes through W_skip, so the features are left the non-linear part to explain; `decode` gives the
+  features' part (with b_dec), `skip` the linear one, and `forward` their sum.
 
-SAELens 6 has inference classes for TopK and ReLU SAEs and for ReLU transcoders; a TopK transcoder is
-saved with architecture "topk_transcoder", which this module loads and SAELens does not.
+SAELens 6 has inference classes for TopK and ReLU SAEs and for ReLU transcoders with and without the skip
+term; a TopK transcoder is saved with architecture "topk_transcoder" (or "topk_skip_transcoder"), which this
+module loads and SAELens does not.
 
 `training_forward` computes the same reconstruction for the training loop; for TopK it touches only the
 k chosen latents per row after one gradient-free dense encoder pass, so its backward costs O(B·k·d)
@@ -60,6 +65,8 @@ class DictionaryConfig:
     """Transcoders: the output size; None: an autoencoder (d_out = d_in)."""
     hook_name_out: str | None = None
     """Transcoders: the hook whose activation the dictionary predicts (the FFN's output)."""
+    skip: bool = False
+    """Transcoders: add the linear skip term x @ W_skip.T to the output (a skip transcoder)."""
     model_name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else to keep in cfg.json's metadata (the corpus, the training command)."""
@@ -73,6 +80,8 @@ class DictionaryConfig:
             raise ValueError(f"k ({self.k}) must lie in [1, d_sae = {self.d_sae}]")
         if (self.d_out is None) != (self.hook_name_out is None):
             raise ValueError("a transcoder needs both d_out and hook_name_out; an autoencoder neither")
+        if self.skip and self.d_out is None:
+            raise ValueError("the skip term belongs to transcoders (d_out and hook_name_out), not autoencoders")
 
     @property
     def transcoder(self) -> bool:
@@ -85,7 +94,8 @@ class DictionaryConfig:
     @property
     def sae_lens_architecture(self) -> str:
         if self.transcoder:
-            return "transcoder" if self.architecture == "relu" else "topk_transcoder"
+            kind = "skip_transcoder" if self.skip else "transcoder"
+            return kind if self.architecture == "relu" else f"topk_{kind}"
         return "topk" if self.architecture == "topk" else "standard"
 
     def to_sae_lens(self) -> dict[str, Any]:
@@ -109,7 +119,8 @@ class DictionaryConfig:
     def from_sae_lens(cls, cfg: dict[str, Any], *, where: str = "cfg.json") -> DictionaryConfig:
         arch = cfg.get("architecture")
         known = {"topk": ("topk", False), "standard": ("relu", False), "transcoder": ("relu", True),
-                 "topk_transcoder": ("topk", True)}
+                 "topk_transcoder": ("topk", True), "skip_transcoder": ("relu", True),
+                 "topk_skip_transcoder": ("topk", True)}
         if arch not in known:
             raise ValueError(f"{where}: architecture {arch!r} is not one the workbench reads ({sorted(known)})")
         if cfg.get("normalize_activations", "none") != "none":
@@ -124,6 +135,7 @@ class DictionaryConfig:
                        architecture=architecture, k=int(cfg.get("k", 32)),
                        d_out=int(cfg["d_out"]) if transcoder else None,
                        hook_name_out=meta.get("hook_name_out") if transcoder else None,
+                       skip=arch.endswith("skip_transcoder"),
                        model_name=meta.get("model_name") or "", extra=extra)
         except KeyError as exc:
             raise ValueError(f"{where}: missing key {exc}") from None
@@ -137,6 +149,8 @@ class SparseDictionary(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae))
         self.W_dec = nn.Parameter(torch.empty(cfg.d_sae, cfg.out_dim))
         self.b_dec = nn.Parameter(torch.zeros(cfg.out_dim))
+        if cfg.skip:
+            self.W_skip = nn.Parameter(torch.zeros(cfg.out_dim, cfg.d_in))
         self.reset_parameters()
 
     @torch.no_grad()
@@ -152,6 +166,8 @@ class SparseDictionary(nn.Module):
             self.W_enc.copy_(self.W_dec.T)
         self.b_enc.zero_()
         self.b_dec.zero_()
+        if self.cfg.skip:
+            self.W_skip.zero_()  # SAELens's start: the features learn first, the linear part joins as it helps
 
     # -- inference (SAELens's arithmetic) ------------------------------------------------------
     def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,8 +188,12 @@ class SparseDictionary(nn.Module):
     def decode(self, feats: torch.Tensor) -> torch.Tensor:
         return feats @ self.W_dec + self.b_dec
 
+    def skip(self, x: torch.Tensor) -> torch.Tensor | float:
+        """The skip transcoder's linear term x @ W_skip.T (d_out); 0.0 for every other dictionary."""
+        return x @ self.W_skip.T if self.cfg.skip else 0.0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(x))
+        return self.decode(self.encode(x)) + self.skip(x)
 
     def _check_input(self, x: torch.Tensor, d: int) -> None:
         if x.shape[-1] != d:
@@ -194,13 +214,13 @@ class SparseDictionary(nn.Module):
         if self.cfg.architecture == "relu":
             pre = self.pre_activations(x)
             feats = F.relu(pre)
-            return TrainingOutput(self.decode(feats), feats, None, None)
+            return TrainingOutput(self.decode(feats) + self.skip(x), feats, None, None)
         sae_in = x if self.cfg.transcoder else x - self.b_dec
         with torch.no_grad():
             pre_all = torch.addmm(self.b_enc, sae_in, self.W_enc)
             idx = pre_all.topk(self.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values  # (B, k)
         vals = _SelectedPre.apply(sae_in, self.W_enc, self.b_enc, idx, pre_all.gather(1, idx)).relu()
-        recon = _SparseDecode.apply(vals, idx, self.W_dec) + self.b_dec
+        recon = _SparseDecode.apply(vals, idx, self.W_dec) + self.b_dec + self.skip(x)
         aux = None
         if dead is not None and k_aux > 0 and bool(dead.any()):
             n = min(k_aux, int(dead.sum()))
@@ -259,7 +279,7 @@ class SparseDictionary(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.cfg
-        kind = "transcoder" if c.transcoder else "sae"
+        kind = ("skip transcoder" if c.skip else "transcoder") if c.transcoder else "sae"
         k = f", k={c.k}" if c.architecture == "topk" else ""
         return f"{kind} {c.architecture}{k}, {c.hook_name} {c.d_in} -> {c.d_sae} -> {c.out_dim}"
 

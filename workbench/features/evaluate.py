@@ -61,7 +61,7 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
         x, y = site_rows(model, batch, site)
         target = x if y is None else y
         feats = d.encode(x)
-        recon = d.decode(feats)
+        recon = d.decode(feats) + d.skip(x)
         n_rows += x.size(0)
         err2 += float((target - recon).double().pow(2).sum())
         s1 += target.double().sum(0)
@@ -115,14 +115,15 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     training = json.loads(train_file.read_text(encoding="utf-8")) if train_file.is_file() else {}
     tc = training.get("config", {})
     arch = cfg["metadata"]["workbench"]["architecture"]
-    kind = "transcoder" if cfg.get("d_out") else "sparse autoencoder"
+    kind = ("skip transcoder" if "skip" in cfg["architecture"] else "transcoder") if cfg.get("d_out") \
+        else "sparse autoencoder"
     k = f", k = {cfg['k']}" if "k" in cfg else ""
     lines = [f"# {result['site']}", "",
              f"{arch.upper() if arch == 'topk' else 'ReLU'} {kind} on `{result['hook_in']}`"
              + (f" predicting `{result['hook_out']}`" if result.get("hook_out") else "")
              + f" of `{cfg['metadata'].get('model_name', '')}`: {cfg['d_in']} -> {cfg['d_sae']} features{k}. "
              "SAELens layout (`cfg.json`, `sae_weights.safetensors`): `sae_lens.SAE.load_from_disk(this directory)`"
-             + (" loads it." if cfg["architecture"] != "topk_transcoder" else " does not (no TopK transcoder class)."),
+             + (" does not (no TopK transcoder class)." if cfg["architecture"].startswith("topk_") else " loads it."),
              "", f"## Held-out evaluation ({result['split']}, {result['sentences']} sentences, "
              f"{result['tokens']} tokens)",
              "", "| metric | value | goal |", "|---|---|---|"]

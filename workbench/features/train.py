@@ -66,6 +66,8 @@ class FeatureTrainConfig:
     lr: float = 1e-3
     warmup: int = 100
     min_lr_frac: float = 0.0
+    skip: bool = False
+    """Transcoder sites: add a linear skip term W_skip (a skip transcoder, SAELens's "skip_transcoder")."""
     k_aux: int = 0
     """TopK: latents in the AuxK term; 0: d_in // 2 (Gao et al.)."""
     aux_coef: float = 1 / 32
@@ -118,7 +120,7 @@ class FeatureTrainer:
         d = self.model.cfg.d_model
         dcfg = DictionaryConfig(
             hook_name=self.site.hook_in, d_in=d, d_sae=cfg.d_sae, architecture=cfg.architecture, k=cfg.k,
-            d_out=d if self.site.transcoder else None, hook_name_out=self.site.hook_out,
+            d_out=d if self.site.transcoder else None, hook_name_out=self.site.hook_out, skip=cfg.skip,
             model_name=Path(cfg.checkpoint).name,
             extra={"site": self.site.name, "side": self.site.side, "corpus": f"{cfg.dataset}:{cfg.split}",
                    "checkpoint": str(cfg.checkpoint), **cfg.extra})
