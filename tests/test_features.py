@@ -194,6 +194,18 @@ def test_training_resumes_exactly(tmp_path, architecture):
         FeatureTrainer(_train_cfg(tmp_path / "b", k=5, **extra), translation_model=tm, data=data)
 
 
+def test_skip_transcoder_starts_at_the_least_squares_linear_map(tmp_path):
+    model, data = _tiny()
+    trainer = FeatureTrainer(_train_cfg(tmp_path, site="dec.1.ffn", architecture="relu", skip=True),
+                             translation_model=TranslationModel(model, None), data=data)
+    d = model.cfg.d_model
+    x = torch.randn(200, d)
+    a, c = torch.randn(d, d), torch.randn(d)
+    trainer._init_skip(x, x @ a.T + c)  # an exactly linear "FFN": the skip term is it
+    assert torch.allclose(trainer.dictionary.W_skip, a, atol=1e-3)
+    assert torch.allclose(trainer.dictionary.b_dec, c, atol=1e-3)
+
+
 def test_training_reduces_the_reconstruction_error(tmp_path):
     model, data = _tiny()
     tm = TranslationModel(model, None)

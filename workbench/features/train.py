@@ -185,6 +185,21 @@ class FeatureTrainer:
             dist.all_reduce(t)
         return t
 
+    @torch.no_grad()
+    def _init_skip(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Start a skip transcoder's linear term (W_skip, b_dec) at the least-squares fit of y on x over the first
+        batch (every rank's rows). SAELens starts W_skip at zero; at Adam's step size (about lr per step) the
+        entries of an FFN's linear part, O(1) and larger, would take hundreds of steps to arrive, and the features
+        would learn the linear part meanwhile only to give it up."""
+        d = self.dictionary
+        xa = torch.cat([x, x.new_ones(x.size(0), 1)], 1).double()
+        gram = self._all_reduce(torch.cat([xa.T @ xa, xa.T @ y.double()], 1))
+        n = xa.size(1)
+        ridge = 1e-6 * gram[:, :n].diagonal().mean() * torch.eye(n, dtype=gram.dtype)
+        w = torch.linalg.solve(gram[:, :n] + ridge, gram[:, n:])  # (d_in + 1, d_out)
+        d.W_skip.copy_(w[:-1].T.float())
+        d.b_dec.copy_(w[-1].float())
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor | None) -> dict[str, float]:
         c, d = self.cfg, self.dictionary
         target = x if y is None else y
@@ -195,6 +210,8 @@ class FeatureTrainer:
                 # mean over every rank's rows so that all ranks start from the same weights
                 total = self._all_reduce(torch.cat([target.sum(0), target.new_tensor([target.size(0)])]))
                 d.b_dec.copy_(total[:-1] / total[-1])
+                if d.cfg.skip:
+                    self._init_skip(x, target)
         dead = self.since_fired >= c.dead_after
         k_aux = c.k_aux or d.cfg.d_in // 2
         out = d.training_forward(x, dead=dead, k_aux=k_aux)
