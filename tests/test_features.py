@@ -158,13 +158,15 @@ def _train_cfg(tmp_path, **over):
                                  "dead_after": 40} | over)
 
 
-@pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder"])
+@pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder", "topk-kl"])
 def test_training_resumes_exactly(tmp_path, architecture):
     model, data = _tiny()
     tm = TranslationModel(model, None)
     extra = {"architecture": "relu", "target_l0": 6.0} if architecture.startswith("relu") else {}
     if architecture == "relu-skip-transcoder":
         extra |= {"site": "dec.1.ffn", "skip": True}
+    if architecture == "topk-kl":  # the end-to-end term from step 4: the stop at 5 falls inside it
+        extra |= {"kl_coef": 1.0, "kl_steps": 8}
     whole = FeatureTrainer(_train_cfg(tmp_path / "a", **extra), translation_model=tm, data=data).fit()
     first = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)
     step = first.train_step
@@ -184,12 +186,15 @@ def test_training_resumes_exactly(tmp_path, architecture):
     for (k, a), b in zip(whole.state_dict().items(), out.state_dict().values()):
         assert torch.equal(a, b), k
     cfg = json.loads((tmp_path / "b" / "run" / "dictionary" / "cfg.json").read_text())
-    assert cfg["architecture"] == {"topk": "topk", "relu": "standard"}.get(architecture, "skip_transcoder")
+    assert cfg["architecture"] == {"topk": "topk", "relu": "standard", "topk-kl": "topk"}.get(architecture,
+                                                                                             "skip_transcoder")
     if architecture == "relu-skip-transcoder":  # the linear term trained, and it is saved and loaded
         assert out.W_skip.abs().sum() > 0
         assert torch.equal(SparseDictionary.load(tmp_path / "b" / "run" / "dictionary").W_skip, out.W_skip)
     log = [json.loads(line) for line in (tmp_path / "b" / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [4, 8, 12] and all(r["fvu"] > 0 for r in log)
+    if architecture == "topk-kl":
+        assert [r["kl"] > 0 for r in log] == [False, True, True]
     with pytest.raises(ValueError, match="--fresh"):
         FeatureTrainer(_train_cfg(tmp_path / "b", k=5, **extra), translation_model=tm, data=data)
 

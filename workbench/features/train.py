@@ -38,7 +38,7 @@ from ..training.distributed import Dist, init_distributed
 from ..training.progress import make_progress
 from ..training.schedule import warmup_cosine
 from .dictionary import DictionaryConfig, SparseDictionary
-from .sites import Site, resolve_site
+from .sites import Site, resolve_site, splice_hooks
 from .stream import ActivationStream
 
 STATE_FILE = "state.pt"
@@ -77,6 +77,11 @@ class FeatureTrainConfig:
     """ReLU: L1 coefficient (the start value when target_l0 is set)."""
     target_l0: float = 0.0
     """ReLU: steer the L1 coefficient so the batch L0 approaches this (0: keep l1 fixed)."""
+    kl_coef: float = 0.0
+    """Weight of an end-to-end term in the last `kl_steps` steps (0: reconstruction only): the KL divergence of the
+    model's next-token distribution with the dictionary spliced in from the clean model's, per target token of a
+    batch of whole teacher-forced sentences (`max_tokens`), as Braun et al. 2024's "e2e + downstream" SAEs."""
+    kl_steps: int = 0
     seed: int = 0
     log_every: int = 50
     save_every_s: float = 120.0
@@ -85,7 +90,9 @@ class FeatureTrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     # fields that may differ between the run that wrote a state and the one resuming it
-    RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations", "extra")
+    RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations", "extra", "kl_coef",
+                         "kl_steps")
+    """(`activations`, `kl_coef` and `kl_steps` may change, so a finished run can go on with an end-to-end phase.)"""
 
     @property
     def steps(self) -> int:
@@ -130,6 +137,8 @@ class FeatureTrainer:
         self.step = 0
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # activations since each latent last fired
         self.l1 = cfg.l1
+        self.kl_epoch = self.kl_pos = 0  # the end-to-end term's place in its own plan of whole-sentence batches
+        self._kl_plan: tuple[int, list[list[int]]] | None = None
         self.log: list[dict[str, Any]] = []
         self.elapsed = 0.0  # training seconds (wall clock) over all sessions of this run
         self.cpu = 0.0  # process CPU seconds (all threads) spent in those steps
@@ -147,6 +156,7 @@ class FeatureTrainer:
         state = {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "step": self.step,
                  "dictionary": self.dictionary.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "since_fired": self.since_fired, "l1": self.l1, "log": json.dumps(self.log),
+                 "kl_epoch": self.kl_epoch, "kl_pos": self.kl_pos,
                  "elapsed": self.elapsed, "cpu": self.cpu, "stream": self.stream.state_dict(),
                  "torch_rng": torch.get_rng_state()}
         target = self._state_file(self.dist.rank)
@@ -170,6 +180,7 @@ class FeatureTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.since_fired, self.l1 = state["step"], state["since_fired"], state["l1"]
         self.log, self.elapsed, self.cpu = json.loads(state["log"]), state["elapsed"], state.get("cpu", 0.0)
+        self.kl_epoch, self.kl_pos = state.get("kl_epoch", 0), state.get("kl_pos", 0)
         self.stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
 
@@ -200,6 +211,37 @@ class FeatureTrainer:
         d.W_skip.copy_(w[:-1].T.float())
         d.b_dec.copy_(w[-1].float())
 
+    def _kl_batch(self):
+        """The next whole-sentence batch of this rank's share (its own plan: seed + 1, so not the stream's order)."""
+        if self._kl_plan is None or self._kl_plan[0] != self.kl_epoch:
+            plan = self.data.batches(self.cfg.max_tokens, seed=self.cfg.seed + 1, epoch=self.kl_epoch)
+            self._kl_plan = (self.kl_epoch, plan[self.dist.rank :: self.dist.world])
+        share = self._kl_plan[1]
+        batch = self.data.collate(share[self.kl_pos], self.model.cfg).to(self.model.device)
+        self.kl_pos += 1
+        if self.kl_pos == len(share):
+            self.kl_epoch, self.kl_pos = self.kl_epoch + 1, 0
+        return batch
+
+    def _kl(self) -> torch.Tensor:
+        """Σ over real target tokens of KL(clean ‖ spliced), divided by every rank's token count; differentiable in
+        the dictionary's parameters only (the model's are frozen for the call)."""
+        batch = self._kl_batch()
+        frozen = [p for p in self.model.parameters() if p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        try:
+            with torch.no_grad():
+                clean = torch.log_softmax(self.model(batch.src, batch.tgt_in).float(), -1)
+            with self.model.hooks(splice_hooks(self.site, self.dictionary)):
+                spliced = torch.log_softmax(self.model(batch.src, batch.tgt_in).float(), -1)
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
+        mask = batch.tgt_out != self.model.cfg.pad_id
+        n = self._all_reduce(mask.sum().double())
+        return (clean.exp() * (clean - spliced)).sum(-1)[mask].sum() / n.clamp_min(1)
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor | None) -> dict[str, float]:
         c, d = self.cfg, self.dictionary
         target = x if y is None else y
@@ -225,6 +267,10 @@ class FeatureTrainer:
             e = err.detach()
             aux = (e - out.aux_recon).pow(2).sum() / (e - e.mean(0)).pow(2).sum().clamp_min(1e-12)
             loss = loss + c.aux_coef * aux
+        kl = torch.zeros(())
+        if c.kl_coef > 0 and self.step >= c.steps - c.kl_steps:
+            kl = self._kl()
+            loss = loss + c.kl_coef * kl
         l1 = torch.zeros(())
         if c.architecture == "relu":
             l1 = (out.acts * d.W_dec.norm(dim=1)).sum() / (x.size(0) * denom.sqrt() / math.sqrt(x.size(0)))
@@ -244,15 +290,16 @@ class FeatureTrainer:
                 fired = torch.zeros(d.cfg.d_sae).index_add_(0, out.indices.flatten(), (out.acts > 0).flatten().float())
             else:
                 fired = (out.acts > 0).sum(0).float()
-            stats = self._all_reduce(torch.cat([fired, torch.stack([mse.detach(), aux.detach(), l1.detach()])]))
-            fired, (mse_v, aux_v, l1_v) = stats[:-3], stats[-3:] / self.dist.world
+            kl = kl.detach() * self.dist.world  # each rank's share of the global mean: summed, then divided
+            stats = self._all_reduce(torch.cat([fired, torch.stack([mse.detach(), aux.detach(), l1.detach(), kl])]))
+            fired, (mse_v, aux_v, l1_v, kl_v) = stats[:-4], stats[-4:] / self.dist.world
             l0 = float(fired.sum()) / c.batch
             self.since_fired += c.batch
             self.since_fired[fired > 0] = 0
         if c.architecture == "relu" and c.target_l0 > 0:
             self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / c.target_l0)))
         self.step += 1
-        return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "l0": l0}
+        return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0}
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> SparseDictionary:
@@ -287,7 +334,8 @@ class FeatureTrainer:
                     self.log.append(rec)
                     progress.step(self.step, rec | {"loss": rec["fvu"]})
                     progress.message(f"  fvu {rec['fvu']:.4f}  L0 {rec['l0']:.1f}  dead {rec['dead_frac']:.1%}  "
-                                     f"aux {rec['aux']:.3f}  epoch {rec['epoch']:.2f}  activations/s "
+                                     f"aux {rec['aux']:.3f}  " + (f"kl {rec['kl']:.4f}  " if c.kl_coef else "")
+                                     + f"epoch {rec['epoch']:.2f}  activations/s "
                                      f"{rec['tokens_per_s']:,.0f}")
                     sums, rows_log, n_log, t_log = {}, 0, 0, now
                 if time.time() - last_save > c.save_every_s:
