@@ -21,10 +21,12 @@ def rows(checkpoint: Path) -> list[str]:
         t = json.loads((site.parent / "training.json").read_text(encoding="utf-8"))
         cfg = json.loads((site.parent / "cfg.json").read_text(encoding="utf-8"))
         arch = cfg["metadata"]["workbench"]["architecture"]
-        kind = f"{'TopK' if arch == 'topk' else 'ReLU'} {'transcoder' if cfg.get('d_out') else 'SAE'}"
+        tc = ("skip transcoder" if "skip" in cfg["architecture"] else "transcoder") if cfg.get("d_out") else "SAE"
+        kind = f"{'TopK' if arch == 'topk' else 'ReLU'} {tc}"
+        k = f", k {cfg['k']}" if "k" in cfg else ""
         bleu = (f"{e['bleu_clean']:.2f} → {e['bleu_spliced']:.2f}" if "bleu_clean" in e else "not measured")
         out.append(f"| `{checkpoint.name}` | [`{e['site']}`]({site.parent.relative_to(ROOT)}/README.md) | {kind}, "
-                   f"{cfg['d_sae']} features | {e['fvu']:.3f} | {e['l0']:.1f} | {e['dead_frac']:.1%} | "
+                   f"{cfg['d_sae']} features{k} | {e['fvu']:.3f} | {e['l0']:.1f} | {e['dead_frac']:.1%} | "
                    f"{e['ce_recovered']:.1%} | {bleu} | {t['activations']:,} | {t['train_seconds'] / 60:.0f} min / "
                    f"{t.get('train_cpu_seconds', float('nan')) / 60:.1f} CPU-min |")
     return out

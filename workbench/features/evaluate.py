@@ -104,6 +104,8 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
 
 
 GOALS = {"fvu": ("<=", 0.2), "l0": ("<=", 64), "dead_frac": ("<=", 0.10), "ce_recovered": (">=", 0.90)}
+BLEU_GOAL = 0.5
+"""BLEU points the spliced model may lose against the clean one."""
 
 
 def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
@@ -134,14 +136,17 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         v = result[key]
         shown = f"{v:.1%}" if key == "dead_frac" else f"{v:.4f}" if key != "l0" else f"{v:.1f}"
         ok = v <= goal if op == "<=" else v >= goal
-        lines.append(f"| {label} | {shown} | {op} {goal} {'(met)' if ok else '(missed)'} |")
+        lines.append(f"| {label} | {shown} | {op} {f'{goal:.0%}' if key == 'dead_frac' else goal} "
+                     f"{'(met)' if ok else '(missed)'} |")
     lines += ["", f"Cross-entropy per target token: clean {result['ce_clean']:.4f}, spliced "
               f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}."]
     if "bleu_clean" in result:
         lines += ["", f"BLEU on {result['bleu_split']} ({result['bleu_sentences']} sentences, beam {result['beam']}, "
                   f"length penalty {result['length_penalty']} {result['alpha']}, the checkpoint's settings): "
                   f"{result['bleu_clean']:.2f} clean, {result['bleu_spliced']:.2f} with the dictionary spliced in "
-                  f"({result['bleu_delta']:+.2f}); `{result['bleu_signature']}`."]
+                  f"({result['bleu_delta']:+.2f}; goal: at most {BLEU_GOAL} below clean, "
+                  f"{'met' if result['bleu_spliced'] >= result['bleu_clean'] - BLEU_GOAL else 'missed'}); "
+                  f"`{result['bleu_signature']}`."]
     if training:
         lines += ["", "## Training", "",
                   f"- {training['activations']:,} activations ({training['steps']} steps of {tc.get('batch')}) "
@@ -151,6 +156,9 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
                   + (f"AuxK coefficient {tc.get('aux_coef'):.4g}, dead after {tc.get('dead_after'):,} activations."
                      if arch == "topk" else f"L1 target L0 {tc.get('target_l0')}, final L1 coefficient "
                      f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}."),
+                  *([f"- End-to-end term in the last {tc['kl_steps']} steps: {tc['kl_coef']:g} x KL(clean || spliced) "
+                     "per target token of whole teacher-forced sentences, beside the reconstruction loss."]
+                    if tc.get("kl_coef") and tc.get("kl_steps") else []),
                   f"- Training time: {training['train_seconds'] / 60:.1f} min wall clock on {training['world']} "
                   f"process(es) (the log's elapsed_s; the machine was shared, see the project's CHANGELOG).",
                   f"- Command: `{tc.get('extra', {}).get('command', '')}`"]
