@@ -169,8 +169,10 @@ class FeatureTrainer:
     def _load_state(self) -> None:
         file = self._state_file(self.dist.rank)
         state = torch.load(file, map_location="cpu", weights_only=True)
-        saved = json.loads(state["config"])
         now = self.cfg.to_dict()
+        # a setting added since the state was written counts as its default (the run never used it)
+        defaults = FeatureTrainConfig(checkpoint="", site="", out_dir="").to_dict()
+        saved = {k: defaults[k] for k in now.keys() - {"checkpoint", "site", "out_dir"}} | json.loads(state["config"])
         diff = sorted(k for k in set(saved) | set(now)
                       if saved.get(k) != now.get(k) and k not in FeatureTrainConfig.RESUMABLE_CHANGES)
         if diff:
