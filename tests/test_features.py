@@ -166,7 +166,7 @@ def test_training_resumes_exactly(tmp_path, architecture):
     if architecture == "relu-skip-transcoder":
         extra |= {"site": "dec.1.ffn", "skip": True}
     if architecture == "topk-kl":  # the end-to-end term from step 4: the stop at 5 falls inside it
-        extra |= {"kl_coef": 1.0, "kl_steps": 8}
+        extra |= {"kl_coef": 1.0, "kl_steps": 8, "kl_tokens": 32}
     whole = FeatureTrainer(_train_cfg(tmp_path / "a", **extra), translation_model=tm, data=data).fit()
     first = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)
     step = first.train_step

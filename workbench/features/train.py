@@ -80,8 +80,11 @@ class FeatureTrainConfig:
     kl_coef: float = 0.0
     """Weight of an end-to-end term in the last `kl_steps` steps (0: reconstruction only): the KL divergence of the
     model's next-token distribution with the dictionary spliced in from the clean model's, per target token of a
-    batch of whole teacher-forced sentences (`max_tokens`), as Braun et al. 2024's "e2e + downstream" SAEs."""
+    batch of whole teacher-forced sentences (`kl_tokens`), as Braun et al. 2024's "e2e + downstream" SAEs."""
     kl_steps: int = 0
+    kl_tokens: int = 0
+    """Padded tokens per side of the end-to-end term's sentence batch (0: `max_tokens`); its full forward and
+    backward pass over the vocabulary costs several reconstruction steps, so a smaller batch keeps it cheap."""
     seed: int = 0
     log_every: int = 50
     save_every_s: float = 120.0
@@ -91,8 +94,8 @@ class FeatureTrainConfig:
 
     # fields that may differ between the run that wrote a state and the one resuming it
     RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations", "extra", "kl_coef",
-                         "kl_steps")
-    """(`activations`, `kl_coef` and `kl_steps` may change, so a finished run can go on with an end-to-end phase.)"""
+                         "kl_steps", "kl_tokens")
+    """(`activations` and the `kl_*` settings may change, so a finished run can go on with an end-to-end phase.)"""
 
     @property
     def steps(self) -> int:
@@ -216,7 +219,8 @@ class FeatureTrainer:
     def _kl_batch(self):
         """The next whole-sentence batch of this rank's share (its own plan: seed + 1, so not the stream's order)."""
         if self._kl_plan is None or self._kl_plan[0] != self.kl_epoch:
-            plan = self.data.batches(self.cfg.max_tokens, seed=self.cfg.seed + 1, epoch=self.kl_epoch)
+            tokens = self.cfg.kl_tokens or self.cfg.max_tokens
+            plan = self.data.batches(tokens, seed=self.cfg.seed + 1, epoch=self.kl_epoch)
             self._kl_plan = (self.kl_epoch, plan[self.dist.rank :: self.dist.world])
         share = self._kl_plan[1]
         batch = self.data.collate(share[self.kl_pos], self.model.cfg).to(self.model.device)
