@@ -60,11 +60,19 @@ def test_role_grid_pruning_and_formation_charts():
                           "chrf": [50.0, 49.0, 40.0]})
     shares = [s.data["share"] for s in _sources(pruning_chart(curve)) if "share" in s.data]
     assert shares[0] == [0.0, 0.5, 1.0]
-    records = [{"step": s, "best_aer": a, "diagonal_aer": 0.7, "source_share": sh,
-                "role_counts": {"cross": {"alignment": n}}} for s, a, sh, n in
-               [(50, 0.9, 0.5, 0), (200, 0.75, 0.6, 1), (800, 0.65, 0.7, 3)]]
-    html = to_html(formation_chart(records))
-    assert "best cross-attention head" in html and "diagonal aligner" in html
+    # two layers x two heads; head cross:1:0 is best only at the last snapshot (given out of order)
+    head_aer = {50: [[0.9, 0.95], [0.97, 0.96]], 200: [[0.75, 0.9], [0.8, 0.9]], 800: [[0.7, 0.9], [0.65, 0.9]]}
+    records = [{"step": s, "best_aer": a, "diagonal_aer": 0.7, "source_share": sh, "head_aer": head_aer[s],
+                "source_share_by_position": [sh - 0.1, sh], "role_counts": {"cross": {"alignment": n}}}
+               for s, a, sh, n in [(800, 0.65, 0.7, 3), (50, 0.9, 0.5, 0), (200, 0.75, 0.6, 1)]]
+    chart = formation_chart(records)
+    html = to_html(chart)
+    assert "cross:1:0 (best at the end)" in html and "diagonal aligner" in html and "output position 0" in html
+    bold = chart.select_one({"name": "aer_final_best"}).data_source.data
+    assert bold["x"] == [50, 200, 800] and bold["y"] == [0.97, 0.8, 0.65]  # sorted by step, that head's AER
+    thin = [r.name for r in chart.select({"type": GlyphRenderer}) if (r.name or "").startswith("aer_cross:")]
+    assert sorted(thin) == ["aer_cross:0:0", "aer_cross:0:1", "aer_cross:1:1"]  # every other head, thin
+    assert chart.select_one({"name": "aer_best"}).data_source.data["y"] == [0.9, 0.75, 0.65]
     with pytest.raises(ValueError, match="no snapshots"):
         formation_chart([])
 

@@ -183,39 +183,86 @@ def pruning_chart(table, *, max_loss: float = 0.5):
 # ---------------------------------------------------------------------------- formation during training
 
 
-def formation_chart(records: Sequence[dict], *, roles: Sequence[str] = ("previous", "alignment", "eos", "rare")):
-    """Curves over a run's snapshots (`analysis.formation.formation_records`): the best alignment head's AER
-    (and the diagonal baseline), the mean source share, and how many heads hold each role. x: training step (log)."""
+def formation_chart(records: Sequence[dict], *,
+                    roles: Sequence[str] = ("previous", "next", "alignment", "eos", "punct", "rare"),
+                    positions: Sequence[int] = (0, 5, 10)):
+    """Curves over a run's snapshots (`analysis.formation.formation_records`), x the training step (log):
+    every cross-attention head's AER (thin lines; the head best at the last snapshot drawn bold, with the best
+    head of each snapshot and the diagonal baseline), the mean source share and its value at a few output
+    positions, and how many heads hold each role."""
     if not records:
         raise ValueError("no snapshots to draw")
+    records = sorted(records, key=lambda r: int(r["step"]))
     steps = [max(int(r["step"]), 1) for r in records]
+
+    def series(values):
+        return [np.nan if v is None else float(v) for v in values]
+
+    def outside_legend(fig, items):
+        fig.add_layout(Legend(items=items, location="top_left", click_policy="hide"), "right")
+
     figs = []
-    fig = figure(width=560, height=260, x_axis_type="log", title="best alignment head (AER, lower is better)",
-                 tools="hover,save", toolbar_location="right")
-    best = [r.get("best_aer") for r in records]
-    if any(b is not None for b in best):
-        fig.line(steps, [np.nan if b is None else b for b in best], line_width=2, color=KIND_COLOR["cross"],
-                 legend_label="best cross-attention head")
-        fig.scatter(steps, [np.nan if b is None else b for b in best], color=KIND_COLOR["cross"], size=4)
-        diag = [r.get("diagonal_aer") for r in records]
-        if diag[0] is not None:
-            fig.line(steps, diag, line_dash="dashed", color="#444444", legend_label="diagonal aligner")
+    fig = figure(width=760, height=300, x_axis_type="log", title="cross-attention heads' AER (lower is better)",
+                 tools="hover,save", toolbar_location="above")
+    items = []
+    per_head = [r.get("head_aer") for r in records]
+    if all(h is not None for h in per_head):
+        grid = np.array(per_head, dtype=np.float64)  # (snapshots, layers, heads)
+        last = grid[-1]
+        final_best = np.unravel_index(np.nanargmin(last), last.shape) if np.isfinite(last).any() else None
+        lines = []
+        for layer in range(grid.shape[1]):
+            for head in range(grid.shape[2]):
+                if (layer, head) == final_best:
+                    continue
+                lines.append(fig.line(steps, grid[:, layer, head].tolist(), color="#9a9a9a", alpha=0.45,
+                                      line_width=1, name=f"aer_cross:{layer}:{head}"))
+        if lines:
+            items.append(LegendItem(label="each head", renderers=lines))
+        if final_best is not None:
+            layer, head = int(final_best[0]), int(final_best[1])
+            bold = fig.line(steps, grid[:, layer, head].tolist(), color=KIND_COLOR["cross"], line_width=3,
+                            name="aer_final_best")
+            items.append(LegendItem(label=f"cross:{layer}:{head} (best at the end)", renderers=[bold]))
+    best = series(r.get("best_aer") for r in records)
+    if any(np.isfinite(best)):
+        dots = fig.scatter(steps, best, color="black", size=5, name="aer_best")
+        items.append(LegendItem(label="best head of each snapshot", renderers=[dots]))
+        diag = series(r.get("diagonal_aer") for r in records)
+        if any(np.isfinite(diag)):
+            dashed = fig.line(steps, diag, line_dash="dashed", color="#444444", line_width=2)
+            items.append(LegendItem(label="diagonal aligner", renderers=[dashed]))
     fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "AER"
+    if items:
+        outside_legend(fig, items)
     figs.append(fig)
-    share = [r.get("source_share") for r in records]
-    if any(s is not None for s in share):
-        fig = figure(width=560, height=220, x_axis_type="log", y_range=Range1d(0, 1), title="mean source share",
-                     tools="hover,save", toolbar_location="right")
-        fig.line(steps, [np.nan if s is None else s for s in share], line_width=2, color="#9467bd")
-        fig.scatter(steps, [np.nan if s is None else s for s in share], color="#9467bd", size=4)
+
+    share = series(r.get("source_share") for r in records)
+    if any(np.isfinite(share)):
+        fig = figure(width=760, height=240, x_axis_type="log", y_range=Range1d(0, 1), title="source share",
+                     tools="hover,save", toolbar_location="above")
+        mean = fig.line(steps, share, line_width=3, color="#9467bd")
+        fig.scatter(steps, share, color="#9467bd", size=4)
+        items = [LegendItem(label="mean over output tokens", renderers=[mean])]
+        palette = ["#c5b0d5", "#8c564b", "#e377c2", "#bcbd22"]
+        for colour, t in zip(palette, positions):
+            at = series((r.get("source_share_by_position") or [])[t]
+                        if t < len(r.get("source_share_by_position") or []) else None for r in records)
+            if any(np.isfinite(at)):
+                items.append(LegendItem(label=f"output position {t}", renderers=[
+                    fig.line(steps, at, line_width=1.5, line_dash="dotdash", color=colour)]))
         fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "source share"
+        outside_legend(fig, items)
         figs.append(fig)
-    fig = figure(width=560, height=240, x_axis_type="log", title="heads per role", tools="hover,save",
-                 toolbar_location="right")
-    for role in roles:
-        counts = [sum(c.get(role, 0) for c in r.get("role_counts", {}).values()) for r in records]
-        fig.line(steps, counts, line_width=2, color=ROLE_COLOR[role], legend_label=role)
-    fig.legend.location = "top_left"
+
+    counts = {role: [sum(c.get(role, 0) for c in r.get("role_counts", {}).values()) for r in records]
+              for role in roles}
+    top = max([1, *(max(v) for v in counts.values())])
+    fig = figure(width=760, height=220, x_axis_type="log", y_range=Range1d(-0.2, top + 0.5), title="heads per role",
+                 tools="hover,save", toolbar_location="above")
+    items = [LegendItem(label=role, renderers=[fig.line(steps, v, line_width=2, color=ROLE_COLOR[role])])
+             for role, v in counts.items()]
     fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "heads"
+    outside_legend(fig, items)
     figs.append(fig)
     return column(*figs)
