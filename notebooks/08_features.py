@@ -1,11 +1,11 @@
 # %% [markdown]
-# # Features of a translation model: a number feature in the encoder output and the English words it drives
+# # Features of a translation model: number features in the encoder output and the English words they drive
 #
 # Heads and neurons are not the units a model thinks in; a *sparse dictionary* rewrites an activation as a short
 # sum of directions (features) learned to be sparse. The workbench ships TopK sparse autoencoders for the shipped
 # German→English model (`checkpoints/multi30k-de-en/features/`): one on `hook_memory`, the encoder output that
-# every cross-attention head reads, one per cross-attention block output, and a transcoder of a decoder FFN, each
-# in SAELens's file layout with a card of its held-out figures.
+# every cross-attention head reads, one per cross-attention block output, and a skip transcoder of the second
+# decoder FFN, each in SAELens's file layout with a card of its held-out figures.
 #
 # This notebook looks for one concept, **German number words** (*zwei*, *drei*, …), among the `hook_memory`
 # features, then asks what the best such feature does: which English words it raises, through which
@@ -279,9 +279,13 @@ else:
 print(f"- Feature {feature} of the hook_memory dictionary is a number-word feature: {best_purity:.0%} of its top "
       f"contexts on the corpus fire on a German number word, and {len(number_features)} features in all have a "
       "majority of such contexts.")
-print(f"- It drives English number words: {number_share:.0%} of the ten tokens whose probability drops most without "
-      f"it are English number words ({', '.join(w for w in raised if w in NUMBERS_EN) or 'none'}), carried most by "
-      f"cross-attention head {top_head['layer']}.{top_head['head']}.")
+drives = number_share >= 0.3
+print(f"- {'It drives' if drives else 'Alone, it does not drive'} English number words: {number_share:.0%} of the ten "
+      f"tokens whose probability drops most without it are English number words "
+      f"({', '.join(w for w in raised if w in NUMBERS_EN) or 'none'}), carried most by cross-attention head "
+      f"{top_head['layer']}.{top_head['head']}"
+      + ("." if drives else f"; the concept is spread over {len(number_features)} features, which the next check "
+         "removes together."))
 print(f"- Causally, on {fired} held-out sentences, removing the number features active at the number word lowers the "
       f"log-probability of the English number word by {mean(drops):.3f}, against {mean(controls):.3f} for as many "
       "other active features of the same sizes." if fired else
