@@ -15,9 +15,10 @@ parameter: `W_enc` (d_in, d_sae), `b_enc` (d_sae), `W_dec` (d_sae, d_out), `b_de
 - Transcoder (Dunefsky et al. 2024; an FFN's input to its output): pre = x @ W_enc + b_enc (no b_dec
   subtracted: it lives in the output space), the same activations, out = f @ W_dec + b_dec.
 - Skip transcoder (Paulo et al. 2025; SAELens's `SkipTranscoder`): a transcoder plus a linear term,
-  out = f @ W_dec + b_dec + x @ W_skip.T with `W_skip` (d_out, d_in), zero at the start. The linear part of
-  the FFN goes through W_skip, so the features are left the non-linear part to explain; `decode` gives the
-  features' part (with b_dec), `skip` the linear one, and `forward` their sum.
+  out = f @ W_dec + b_dec + x @ W_skip.T with `W_skip` (d_out, d_in): zero here as in SAELens, the least-squares
+  map over the first batch in `features.train`. The linear part of the FFN goes through W_skip, so the features
+  are left the non-linear part to explain; `decode` gives the features' part (with b_dec), `skip` the linear
+  one, and `forward` their sum.
 
 SAELens 6 has inference classes for TopK and ReLU SAEs and for ReLU transcoders with and without the skip
 term; a TopK transcoder is saved with architecture "topk_transcoder" (or "topk_skip_transcoder"), which this
@@ -167,7 +168,7 @@ class SparseDictionary(nn.Module):
         self.b_enc.zero_()
         self.b_dec.zero_()
         if self.cfg.skip:
-            self.W_skip.zero_()  # SAELens's start: the features learn first, the linear part joins as it helps
+            self.W_skip.zero_()  # SAELens's start (the trainer then fits it by least squares on its first batch)
 
     # -- inference (SAELens's arithmetic) ------------------------------------------------------
     def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
