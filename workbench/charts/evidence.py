@@ -198,8 +198,11 @@ def formation_chart(records: Sequence[dict], *,
     def series(values):
         return [np.nan if v is None else float(v) for v in values]
 
+    ticks = [m * 10 ** e for e in range(7) for m in (1, 2, 5) if min(steps) / 2 <= m * 10 ** e <= max(steps) * 2]
+
     def outside_legend(fig, items):
         fig.add_layout(Legend(items=items, location="top_left", click_policy="hide"), "right")
+        fig.xaxis.ticker = ticks or steps  # 1-2-5 steps: a log axis' own ticks run into one another past 1000
 
     figs = []
     fig = figure(width=760, height=300, x_axis_type="log", title="cross-attention heads' AER (lower is better)",
@@ -263,6 +266,7 @@ def formation_chart(records: Sequence[dict], *,
     items = [LegendItem(label=role, renderers=[fig.line(steps, v, line_width=2, color=ROLE_COLOR[role])])
              for role, v in counts.items()]
     fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "heads"
+    fig.yaxis.ticker = list(range(0, top + 1, max(1, top // 6)))
     outside_legend(fig, items)
     figs.append(fig)
     return column(*figs)
