@@ -21,8 +21,8 @@ parameter: `W_enc` (d_in, d_sae), `b_enc` (d_sae), `W_dec` (d_sae, d_out), `b_de
   one, and `forward` their sum.
 
 SAELens 6 has inference classes for TopK and ReLU SAEs and for ReLU transcoders with and without the skip
-term; a TopK transcoder is saved with architecture "topk_transcoder" (or "topk_skip_transcoder"), which this
-module loads and SAELens does not.
+term; a TopK transcoder is saved with architecture "topk_transcoder" (or "topk_skip_transcoder"), which SAELens
+loads once `workbench.features.sae_lens_classes.register()` has added those classes (SAELens's `register_sae_class`).
 
 `training_forward` computes the same reconstruction for the training loop; for TopK it touches only the
 k chosen latents per row after one gradient-free dense encoder pass, so its backward costs O(B·k·d)
