@@ -125,7 +125,8 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
              + (f" predicting `{result['hook_out']}`" if result.get("hook_out") else "")
              + f" of `{cfg['metadata'].get('model_name', '')}`: {cfg['d_in']} -> {cfg['d_sae']} features{k}. "
              "SAELens layout (`cfg.json`, `sae_weights.safetensors`): `sae_lens.SAE.load_from_disk(this directory)`"
-             + (" does not (no TopK transcoder class)." if cfg["architecture"].startswith("topk_") else " loads it."),
+             + (" loads it after `workbench.features.sae_lens_classes.register()` (SAELens has no TopK "
+                "transcoder class)." if cfg["architecture"].startswith("topk_") else " loads it."),
              "", f"## Held-out evaluation ({result['split']}, {result['sentences']} sentences, "
              f"{result['tokens']} tokens)",
              "", "| metric | value | goal |", "|---|---|---|"]
