@@ -42,15 +42,10 @@ class TopKTranscoderConfig(TranscoderConfig):
 
 
 @dataclass
-class TopKSkipTranscoderConfig(SkipTranscoderConfig):
-    k: int = 100
-
+class TopKSkipTranscoderConfig(TopKTranscoderConfig, SkipTranscoderConfig):
     @classmethod
     def architecture(cls) -> str:
         return "topk_skip_transcoder"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "k": self.k}
 
 
 class TopKTranscoder(Transcoder):
@@ -60,11 +55,8 @@ class TopKTranscoder(Transcoder):
         return TopK(self.cfg.k)
 
 
-class TopKSkipTranscoder(SkipTranscoder):
+class TopKSkipTranscoder(TopKTranscoder, SkipTranscoder):
     """SAELens's `SkipTranscoder` (out = f @ W_dec + b_dec + x @ W_skip.T) with the TopK activation."""
-
-    def get_activation_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        return TopK(self.cfg.k)
 
 
 CLASSES = {"topk_transcoder": (TopKTranscoder, TopKTranscoderConfig),
