@@ -1,22 +1,40 @@
 #!/usr/bin/env python3
-"""Decoding speed side by side with ../shared/bench/peers.py's decode workload, in one run.
+"""Decoding speed beside ../shared/bench/peers.py's decode workload: interleaved, on the same weights.
 
 The workload is peers.py's: 64 random source sentences of 32 tokens, beam 5, a fixed output of
-64 tokens (EOS suppressed), batched; the same model sizes (peers.CONFIGS), fp32 on CPU and bf16
-weights on CUDA. The workbench runs its own `beam_search` with min_len = max_len = 64, so it
-produces 64 tokens and then the forced EOS: 65 decoder steps against the peers' 64 (counted
-against us, not corrected for).
+64 tokens (EOS suppressed), batched; the model sizes of peers.CONFIGS, fp32 on CPU and bf16 weights
+on CUDA. The workbench runs its own `beam_search` with min_len = max_len = 64, so it produces 64
+tokens and then the forced EOS: 65 decoder steps against the peers' 64 (counted against us).
 
-    python benchmarks/bench_decode.py --config tiny                 # CPU
-    python benchmarks/bench_decode.py --config base --device cuda   # H100: compare with HF generate
+Same weights: the workbench model is the `hf-marian-sdpa` peer's MarianMTModel converted by our
+Marian importer, so HF `generate` and our search run one function. The `naive` peer (peers.py's
+plain cached loop over its own NaiveSeq2Seq) has its own random weights of the same sizes: it is
+timed, not compared.
+
+Interleaved: every repetition runs each decoder once, in an order that rotates between repetitions
+(ABC, BCA, CAB, ...), so drift of a shared machine reaches every peer alike. Reported per decoder:
+median, min and max seconds; per peer: the paired ratio peer_time / our_time of each repetition,
+its median, min and max.
+
+Checked before timing (the run fails otherwise): our best outputs equal, token for token, those of
+peers.py's `beam_search` (the plain loop: top-K of (B, K·V) each step, no cache) driving our model's
+full forward over the whole prefix: the naive search on the same weights. Whether HF `generate`'s
+outputs equal ours is recorded too (it is a different program over the same weights).
+
+    python benchmarks/bench_decode.py --config tiny --threads 1 --json benchmarks/results/decode_tiny_cpu.json
+    python benchmarks/bench_decode.py --config base --device cuda   # H100
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,85 +45,135 @@ sys.path.insert(0, str(ROOT.parent / "shared" / "bench"))
 
 import peers  # noqa: E402
 
-from workbench import ModelConfig, Transformer  # noqa: E402
+from workbench.core.model import Transformer  # noqa: E402
 from workbench.decoding.search import beam_search  # noqa: E402
+from workbench.importers.marian import convert_marian  # noqa: E402
 
 
-def workbench_model(cfg: dict) -> Transformer:
-    """The peers' architecture in our config: post-norm, sinusoidal, one shared embedding."""
-    mc = ModelConfig(src_vocab=cfg["vocab"], tgt_vocab=cfg["vocab"], d_model=cfg["d_model"], n_heads=cfg["heads"],
-                     d_ff=cfg["d_ff"], enc_layers=cfg["enc_layers"], dec_layers=cfg["dec_layers"],
-                     tie_embeddings="all", max_positions=peers.MAX_POS)
-    return Transformer(mc)
+def workbench_from_hf(hf_model) -> Transformer:
+    """Our Transformer holding the HF peer's weights (the Marian importer's conversion)."""
+    sd = {k: v.detach().float().cpu() for k, v in hf_model.state_dict().items()}
+    model, _ = convert_marian(sd, hf_model.config.to_dict(), source="peers.py hf-marian-sdpa")
+    return model
 
 
-def measure_workbench(args, runner) -> dict:
-    dev = runner.dev
-    cfg = peers.CONFIGS[args.config]
-    torch.manual_seed(args.seed)
-    model = workbench_model(cfg).to(dev).to(runner.infer_dtype).eval()
-    src = peers.random_tokens(args.decode_sents, args.decode_len, cfg["vocab"], dev, args.seed + 4)
-    holder = {}
+class FullPrefixAdapter:
+    """peers.beam_search's adapter protocol over our model with no cache: the whole prefix every step."""
 
-    def run():
-        gen = beam_search(model, src, beam=args.beam, min_len=args.decode_steps, max_len=args.decode_steps,
-                          check_every=args.check_every)
-        holder["gen"] = gen
+    def __init__(self, model: Transformer) -> None:
+        self.m = model
 
-    times = peers.timed(run, dev, 1, args.decode_reps)
-    best = holder["gen"].best
-    med = statistics.median(times)
-    ok = all(h.length == args.decode_steps + 1 and peers.EOS not in h.tokens[:-1] for h in best)
-    result = {
-        "peer": "workbench", "workload": "decode", "config": args.config, "sentences": args.decode_sents,
-        "src_len": args.decode_len, "beam": args.beam, "out_steps": args.decode_steps,
-        "fixed_length_ok": ok, "ms_median": med * 1e3, "ms_min": min(times) * 1e3, "ms_max": max(times) * 1e3,
-        "sentences_per_s": args.decode_sents / med, "tokens_per_s": args.decode_sents * args.decode_steps / med,
-        "reps": args.decode_reps, "dtype": str(runner.infer_dtype).replace("torch.", ""),
-        "method": "workbench.decoding.search.beam_search: KV cache, cross K/V once, 2K candidates with a finished "
-                  "pool, min_len=max_len=steps (+1 forced EOS step)",
-    }
-    runner.record(result)
-    return result
+    def start(self, src: torch.Tensor, K: int) -> None:
+        index = torch.arange(src.size(0), device=src.device).repeat_interleave(K)
+        self.encoded = self.m.encode(src).index_select(index)
+
+    def step(self, ys: torch.Tensor) -> torch.Tensor:
+        return self.m.decode(ys, self.encoded)[0][:, -1]
+
+    def reorder(self, sel: torch.Tensor) -> None:
+        pass  # memory rows are the same within a sentence's beams
+
+
+def spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--config", choices=sorted(peers.CONFIGS), default="tiny")
-    ap.add_argument("--peers", default="naive,hf-marian-sdpa", help="peers.py peers to run beside ours")
+    ap.add_argument("--peers", default="hf-marian-sdpa,naive",
+                    help="peers.py peers timed beside ours (hf-marian-sdpa supplies the weights and is always built)")
     ap.add_argument("--decode-sents", type=int, default=64)
     ap.add_argument("--decode-len", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=64)
-    ap.add_argument("--decode-reps", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (at least 5)")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--check-every", type=int, default=None, help="host sync interval of our search")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.reps < 5:
+        raise SystemExit(f"--reps ({args.reps}) must be at least 5: fewer cannot show the spread")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.decode_reps is None:
-        args.decode_reps = 5 if args.device.startswith("cuda") else 2
-    # the fields peers.Runner reads; the rest of peers.py's options do not affect decoding
-    full = argparse.Namespace(**vars(args), workload="decode", compile=False, compile_only=False, pairs=None,
-                              steps=0, warmup=0, reps=1, cap_warmup=0, capture_shapes="", peak_tflops=None,
-                              selfcheck=False, measure_peak=False)
-    runner = peers.Runner(full)
-    for name in runner.peers():
-        print(f"== decode {name}", flush=True)
-        runner.decode(name)
-    print("== decode workbench", flush=True)
-    measure_workbench(args, runner)
-    runner.summary()
-    rates = {r["peer"]: r["sentences_per_s"] for r in runner.results if "sentences_per_s" in r}
-    if "workbench" in rates:
-        for peer, rate in rates.items():
-            if peer != "workbench":
-                print(f"workbench / {peer}: {rates['workbench'] / rate:.2f}x")
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cfg = peers.CONFIGS[args.config]
+    src = peers.random_tokens(args.decode_sents, args.decode_len, cfg["vocab"], dev, args.seed + 4)
+    K, steps = args.beam, args.decode_steps
+
+    hf = peers.Peer("hf-marian-sdpa", cfg, dev, args.seed)
+    hf.model.to(dtype).eval()
+    ours = workbench_from_hf(hf.model).to(dev).to(dtype).eval()
+    decoders = {"workbench": lambda: beam_search(ours, src, beam=K, min_len=steps, max_len=steps,
+                                                 check_every=args.check_every)}
+    outputs = {}
+    names = [n for n in args.peers.split(",") if n]
+    for name in names:
+        peer = hf if name == "hf-marian-sdpa" else peers.Peer(name, cfg, dev, args.seed)
+        peer.model.to(dtype).eval()
+        decoders[name] = (lambda fn: lambda: fn(src, K, steps))(peer.decoders(K, steps)[""])
+
+    # correctness, before any timing
+    gen = decoders["workbench"]()
+    got = torch.stack([torch.tensor(h.tokens[:steps]) for h in gen.best])  # (B, steps); EOS follows
+    ok_len = all(h.length == steps + 1 and h.tokens[-1] == peers.EOS and peers.EOS not in h.tokens[:-1]
+                 for h in gen.best)
+    naive_ref = peers.beam_search(FullPrefixAdapter(ours), src, K, steps)[0][:, 1:].cpu()
+    same_naive = int((got == naive_ref).all(1).sum())
+    checks = {"fixed_length_ok": ok_len, "equal_to_naive_search_same_weights": f"{same_naive}/{len(got)}"}
+    if "hf-marian-sdpa" in decoders:
+        hf_out = decoders["hf-marian-sdpa"]()[:, 1:].cpu()
+        checks["equal_to_hf_generate_same_weights"] = f"{int((got == hf_out).all(1).sum())}/{len(got)}"
+    print("checks", json.dumps(checks), flush=True)
+    if not ok_len or same_naive != len(got):
+        raise SystemExit("our beam search disagrees with the naive search on the same weights: not timing it")
+
+    # interleaved timing: one warm-up each, then `reps` rounds, each decoder once per round, rotating the order
+    order = list(decoders)
+    for fn in decoders.values():
+        fn()
+    times: dict[str, list[float]] = {n: [] for n in order}
+    for r in range(args.reps):
+        for name in order[r % len(order):] + order[: r % len(order)]:
+            peers.sync(dev)
+            t0 = time.perf_counter()
+            outputs[name] = decoders[name]()
+            peers.sync(dev)
+            times[name].append(time.perf_counter() - t0)
+
+    n = args.decode_sents
+    results = {}
+    for name in order:
+        s = spread(times[name])
+        results[name] = {"seconds": s, "sentences_per_s": n / s["median"], "times": times[name]}
+    for name in order[1:]:
+        ratios = [p / w for p, w in zip(times[name], times["workbench"])]
+        results[name]["workbench_speedup"] = spread(ratios)
+    print(f"\n{args.config} on {dev.type}, beam {K}, {n} sentences x {steps} steps, {args.reps} interleaved reps, "
+          f"{torch.get_num_threads()} threads")
+    for name in order:
+        s = results[name]["seconds"]
+        line = (f"{name:16s} {results[name]['sentences_per_s']:7.1f} sent/s  median {s['median'] * 1e3:7.1f} ms  "
+                f"[{s['min'] * 1e3:.1f}, {s['max'] * 1e3:.1f}]")
+        if name != "workbench":
+            q = results[name]["workbench_speedup"]
+            line += f"   workbench x{q['median']:.2f} [{q['min']:.2f}, {q['max']:.2f}]"
+        print(line)
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": runner.meta, "results": runner.results}, indent=1))
+        meta = {"command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+                "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "python": platform.python_version(), "torch": torch.__version__,
+                "transformers": __import__("transformers").__version__, "device": str(dev),
+                "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
+                "load_average": os.getloadavg(), "config": cfg, "sentences": n, "src_len": args.decode_len,
+                "beam": K, "out_steps": steps, "reps": args.reps,
+                "timing": "interleaved, order rotating per repetition; wall clock around a device sync",
+                "speedup": "per repetition, peer seconds / workbench seconds; median, min, max over repetitions",
+                "weights": "workbench = hf-marian-sdpa's weights through importers.marian; naive has its own"}
+        Path(args.json).write_text(json.dumps({"meta": meta, "checks": checks, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
