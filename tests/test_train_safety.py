@@ -46,12 +46,37 @@ def step_dirs(run):
     return sorted(p for p in run.iterdir() if p.name.startswith("step_"))
 
 
-# a huge peak lr reached by a long warm-up: finite for ~35 steps, then the gradient norm overflows
-DIVERGING = dict(lr=3000.0, warmup=1000, max_steps=60, log_every=10, keep_last=2)
+# A poisoned batch, not a huge learning rate: whether a large lr overflows to inf/NaN, and when, depends on the
+# CPU's arithmetic (an AVX2-only machine grew the loss to 6.5e5 and never to NaN). From step POISONED_FROM on,
+# every training loss is multiplied by NaN, so its gradients, the gradient norm and then the weights are NaN on
+# any machine, and the run must stop at its next save without writing it.
+POISONED_FROM = 5
+DIVERGING = dict(max_steps=20, log_every=10, keep_last=2)
+
+
+@pytest.fixture
+def poisoned_batches(monkeypatch):
+    """Training losses from step POISONED_FROM on are NaN (validation losses are left alone)."""
+    import workbench.training.trainer as trainer_module
+
+    reached = {"step": 0}
+    train_step, loss_fn = Trainer._train_step, trainer_module.teacher_forced_loss
+
+    def counting_step(self, group, acc):
+        reached["step"] = self.step + 1  # the step this call computes
+        return train_step(self, group, acc)
+
+    def poisoned_loss(*args, **kwargs):
+        loss, nll, n = loss_fn(*args, **kwargs)
+        return (loss * float("nan"), nll, n) if reached["step"] >= POISONED_FROM else (loss, nll, n)
+
+    monkeypatch.setattr(Trainer, "_train_step", counting_step)
+    monkeypatch.setattr(trainer_module, "teacher_forced_loss", poisoned_loss)
 
 
 @pytest.mark.parametrize("saves", [{"save_every": 3}, {"eval_every": 3}], ids=["periodic", "validation"])
-def test_divergence_writes_no_bad_checkpoint_and_the_same_command_resumes_from_a_good_one(tmp_path, capsys, saves):
+def test_divergence_writes_no_bad_checkpoint_and_the_same_command_resumes_from_a_good_one(tmp_path, capsys, saves,
+                                                                                          poisoned_batches):
     run = tmp_path / "run"
     cfg = write_cfg(tmp_path / "cfg.json", **copy_cfg(run, **DIVERGING, **saves))
     assert cli_main(["train", cfg]) == 2
@@ -60,13 +85,13 @@ def test_divergence_writes_no_bad_checkpoint_and_the_same_command_resumes_from_a
     named = re.search(r"Last good checkpoint: (\S+)", err)
     assert "training diverged" in err and named, err
     latest = read_pointer(run)
-    assert named[1] == str(latest)
+    assert named[1] == str(latest) and latest.name == "step_0000003"  # the last save before the poison
     assert step_dirs(run), "some checkpoints were written before the divergence"
     for path in step_dirs(run):  # none holds a NaN/inf, so keep_last pruned no good one away
         assert finite(load_checkpoint(path)), path.name
     for line in load_checkpoint(run).train_log:
         assert all(v == v and abs(v) != float("inf") for v in line.values() if isinstance(v, float)), line
-    # the same command resumes from the good checkpoint, says so, and (same lr) diverges again, cleanly
+    # the same command resumes from the good checkpoint (step 3), says so, and (same poison) diverges again
     assert cli_main(["train", cfg]) == 2
     out, err = capsys.readouterr()
     assert f"resumed from {latest} at step" in out

@@ -9,7 +9,7 @@ two of them made another user's 10-word translation wait 287 s.
 from __future__ import annotations
 
 import random
-import time
+import re
 from urllib.parse import parse_qs, urlencode, urlparse
 
 from test_app import FIGURE_JS, TIMEOUT, open_app, submit, text, version
@@ -84,21 +84,21 @@ BARS_JS = """() => { const v = [...Bokeh.index.all_views()].filter(
     return v.length === 1 ? v[0].model.title.text : null; }"""
 
 
-def _why(page, url: str) -> float:
-    """Open the Why tab on `url`; the seconds from the click to its first answer (the attribution drawn); then
-    wait for the patching answer too."""
+def _why(page, url: str) -> None:
+    """Open the Why tab on `url`; wait for its first answer (the attribution drawn), then for the patching answer.
+
+    No duration is asserted (a test cannot know how busy the machine is): the first-answer latency goal is
+    measured by benchmarks/bench_app.py, and here the order is checked: the estimate is there before any
+    exact sweep is asked for."""
     open_app(page, url)
-    start = time.monotonic()
     page.locator(".main-tabs").get_by_text("Why", exact=True).click()
     page.wait_for_function(f"({BARS_JS})() !== null", timeout=TIMEOUT)
-    first = time.monotonic() - start
     page.locator(".why-patching-note").first.wait_for(timeout=TIMEOUT)
-    return first
 
 
 def test_why_on_a_long_sentence_answers_fast_and_stop_ends_the_sweep(page, app_server):
     url = app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG})
-    assert _why(page, url) < 5.0  # attribution and the patching estimate, not the sweep
+    _why(page, url)  # attribution and the patching estimate, not the sweep
     assert "attribution patching" in text(page, ".why-patching-note")
     page.locator(".why-token-list select").select_option(index=5)  # a long output: a list, not 90 buttons
     page.wait_for_function(f"({BARS_JS})().includes('output position 5')", timeout=TIMEOUT)
@@ -111,16 +111,20 @@ def test_why_on_a_long_sentence_answers_fast_and_stop_ends_the_sweep(page, app_s
     assert not page.locator(".why-progress").is_visible()
 
 
+def _patched(page) -> int:
+    """How many sites the page's running exact sweep has patched so far (its progress line)."""
+    return int(re.search(r"patched ([\d,]+) of", text(page, ".why-progress"))[1].replace(",", ""))
+
+
 def test_why_sweeps_never_stall_another_users_translation(browser, app_server):
+    """Order and progress, not durations: every translation of page B is answered while page A's exact sweep is
+    still running, and the sweep itself moves on meanwhile (neither starves the other). The latency ratio goal
+    (interactive p95 beside heavy pages) is measured by benchmarks/bench_app.py --contention."""
     a, b = browser.new_context(), browser.new_context()
     pa, pb = a.new_page(), b.new_page()
     _why(pa, app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG}))
     open_app(pb, app_server + "?ckpt=general-en-de")
-    alone = []  # the same translations with no sweep running: said in the failure message, not asserted
-    for colour in ("black", "white"):
-        start = time.monotonic()
-        submit(pb, SHORT.replace("red", colour))
-        alone.append(time.monotonic() - start)
+    submit(pb, SHORT.replace("red", "black"))
     box = pa.locator(".why-corrupted input")
     for word in ("girl", "horse"):  # two sweeps in one page: the second supersedes the first (not the prefill)
         pa.locator(".why-exact button").click(timeout=TIMEOUT)
@@ -130,14 +134,20 @@ def test_why_sweeps_never_stall_another_users_translation(browser, app_server):
         pa.get_by_text("log p of the output").wait_for(timeout=TIMEOUT)  # the new source's estimate
     pa.locator(".why-exact button").click(timeout=TIMEOUT)
     pa.locator(".why-progress").get_by_text("patched").wait_for(timeout=TIMEOUT)
-    waits = []
-    for i in range(3):  # while page A's sweep runs
-        start = time.monotonic()
+    before = _patched(pa)
+    for colour in ("blue", "green", "yellow"):  # while page A's sweep runs
         v = version(pb)
-        submit(pb, SHORT.replace("red", ["blue", "green", "yellow"][i]))
-        waits.append(time.monotonic() - start)
+        submit(pb, SHORT.replace("red", colour))
         assert version(pb) > v
-    assert pa.locator(".why-progress").is_visible()  # the sweep was still running throughout
-    assert max(waits) < 2.0, f"with a sweep running: {waits}; with none: {alone}"
+        assert pa.locator(".why-progress").is_visible(), "the sweep ended before the translations were answered"
+    progressed = False  # the sweep's progress line moves on (or the sweep completes), within the page timeout
+    for _ in range(TIMEOUT // 250):
+        line = text(pa, ".why-progress") if pa.locator(".why-progress").is_visible() else ""
+        found = re.search(r"patched ([\d,]+) of", line)
+        if not found or int(found[1].replace(",", "")) > before:
+            progressed = True
+            break
+        pa.wait_for_timeout(250)
+    assert progressed, f"the exact sweep stayed at {before} sites while the other page translated"
     a.close()
     b.close()
