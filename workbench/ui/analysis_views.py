@@ -44,6 +44,7 @@ class ModelAnalysisView(LazyTab):
     title = "Model analysis"
     heavy = True  # a backward pass per output token, a beam replay: analysis work, off the interactive pool
     redraws = ("analysis", "method", "beam", "step")
+    url = {"analysis": "ma", "method": "mam", "beam": "mab", "step": "mas"}
 
     def __init__(self, **params):
         super().__init__(**params)

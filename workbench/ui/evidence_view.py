@@ -113,6 +113,7 @@ class EvidenceView(LazyTab):
 
     title = "Evidence"
     redraws = ("method", "roles")
+    url = {"method": "ev", "roles": "evroles"}
     heavy = True  # the request path's heavy lane, where there is one: ALTI+ and the role statistics
 
     def inputs(self):

@@ -12,7 +12,8 @@ current sentence and one at a time.
   log-probability), each with the source piece (or decoder position) it fires on and a button that opens its
   dashboard, next to the dictionary's error and bias terms.
 
-The feature shown is in the page's URL (`?feature=ID&site=NAME`), so a link opens on it. Interactive work on the
+The dictionary, the feature, the search and the "why this word" token are in the page's URL (`?site=NAME&feature=ID
+&fq=&fout=`, see `link.py`), so a link opens on them. Interactive work on the
 page's request path (`LazyTab`). Added by `Workbench(extra_tabs=[TAB])`.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import html
 import threading
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 import panel as pn
 import param
@@ -100,15 +100,11 @@ class FeaturesView(LazyTab):
     title = "Features"
     follows = ("version",)
     redraws = ("site", "feature", "query", "output")
+    url = {"site": "site", "feature": "feature", "query": "fq", "output": "fout"}
+    url_late = ("site", "output")
 
     def __init__(self, **params):
-        link = _link()
-        if "feature" in link and link["feature"].isdigit():
-            params.setdefault("feature", int(link["feature"]))
-        if "site" in link:
-            params.setdefault("site", link["site"])
         super().__init__(**params)
-        self.param.watch(self._to_url, ["site", "feature"])
         self._controls = pn.Row(
             pn.widgets.IntInput.from_param(self.param.feature, name="Feature", width=120,
                                            css_classes=["features-id"]),
@@ -132,10 +128,20 @@ class FeaturesView(LazyTab):
                     self.output = 0
         self._sentence = r.request.sentence
 
-    def _to_url(self, *_events) -> None:
-        location = pn.state.location
-        if location is not None and pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
-            location.update_query(feature=self.feature, site=self.site)
+    def bind_link(self, link) -> None:
+        """As `LazyTab`'s, and a link's dictionary must be one the first result's checkpoint ships ('' = the first);
+        its feature must be one of that dictionary's (checked when the tab computes: loading it is heavy)."""
+        for name, key in self.url.items():
+            if name == "site":
+                link.bind(key, self, name, late=True, check=self._site_check, empty_unset=True)
+            else:
+                link.bind(key, self, name, late=name in self.url_late)
+
+    def _site_check(self, site: str) -> tuple[str, list[str]]:
+        r = self.session.result
+        if r is None or site not in [p.name for p in sites_of(r.model)]:
+            raise ValueError(site)
+        return site, []
 
     def inputs(self):
         r = self.session.result
@@ -209,13 +215,6 @@ def _shade(v: float, values: list[tuple[str, float]]) -> str:
 def _shown(piece: str) -> str:
     text = piece.replace("\u2581", " ").strip()
     return text or "\u2423"
-
-
-def _link() -> dict[str, str]:
-    location = pn.state.location
-    if location is None or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
-        return {}
-    return dict(parse_qsl((location.search or "").lstrip("?")))
 
 
 TAB = ("Features", lambda session: FeaturesView(session=session))

@@ -21,19 +21,18 @@ is built; its progress is reported per sub-layer and a newer request stops it be
 MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes nodes² × 8 bytes). The last graph
 is kept, so changing the threshold or the cap only prunes again.
 
-The token, threshold and cap are in the URL (`?gtok=&gthr=&gcap=`); a link's value the tab cannot use is named in
-the tab and dropped from the URL. Added by `Workbench(extra_tabs=[TAB])`.
+The token, threshold, cap and corpus-contexts switch are in the URL (`?gtok=&gthr=&gcap=&gctx=`, see `link.py`); a
+link's value the tab cannot use is named in the page's message and dropped from the URL. Added by
+`Workbench(extra_tabs=[TAB])`.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 import time
 from collections import OrderedDict
 from io import StringIO
-from urllib.parse import parse_qsl, urlencode
 
 import panel as pn
 import param
@@ -51,7 +50,6 @@ MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longe
 MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
 SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
 CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
-URL_KEYS = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap"}
 CONTEXT_SENTENCES = 60  # test sentences the corpus contexts are measured on (about 2 s on one core, once per model)
 _CONTEXTS: dict = {}  # TranslationModel -> (contexts, where), for the process
 _CONTEXTS_LOCK = threading.Lock()
@@ -113,29 +111,11 @@ class GraphView(LazyTab):
     follows = ("version",)
     redraws = ("position", "threshold", "max_nodes", "contexts")
     heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
+    url = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap", "contexts": "gctx"}
+    url_late = ("position",)
 
     def __init__(self, **params):
-        link = _link()
-        refused = []
-        for name in ("threshold", "max_nodes"):
-            raw = link.get(URL_KEYS[name])
-            if raw is None:
-                continue
-            try:
-                value = float(raw) if name == "threshold" else int(raw)
-                low, high = type(self).param[name].bounds
-                if not (math.isfinite(value) and low <= value <= high):
-                    raise ValueError(raw)
-                params.setdefault(name, value)
-            except Exception:  # a value the tab cannot use is named and dropped, never raised
-                refused.append((URL_KEYS[name], raw))
         super().__init__(**params)
-        self._link_position = link.get(URL_KEYS["position"])
-        self._link_note = ""
-        self._following = False  # the tab itself is setting `position` (a new output, a link)
-        self._drop: set[str] = set()
-        self._refused: list[str] = []
-        self._refuse(refused)
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, object] = OrderedDict()
         self._answer: dict | None = None
@@ -155,14 +135,12 @@ class GraphView(LazyTab):
             pn.widgets.Checkbox.from_param(self.param.contexts, name="Corpus contexts", align="end",
                                            css_classes=["graph-contexts"], margin=(5, 10, 12, 10)),
             self._export)
-        self.param.watch(self._to_url, list(URL_KEYS))
         self.session.param.watch(self._follow, "result")
         self._follow()
 
     # -- following the page -------------------------------------------------------------------------
     def _follow(self, *_) -> None:
-        """A new result: the token picker follows the output (a token past its end falls back to the first);
-        a link's token is applied to the first result, or named and dropped when the output is shorter."""
+        """A new result: the token picker follows the output (a token past its end falls back to the first)."""
         r = self.session.result
         if r is None:
             return
@@ -170,19 +148,8 @@ class GraphView(LazyTab):
         # The choices first, then the value, each event on its own (in one batch a widget can get the value before
         # the options it is among: issue 28); with events, so the picker and the URL show the graph's token.
         self.param.position.objects = {f"{i}: {p}": i for i, p in enumerate(r.out_pieces)} or {"0": 0}
-        self._following = True
-        try:
-            if self.position >= n:
-                self.position = 0
-            if self._link_position is not None:
-                raw, self._link_position = self._link_position, None
-                if raw.isdigit() and int(raw) < n:
-                    self.position = int(raw)
-                else:
-                    self._refuse([(URL_KEYS["position"], raw)], f"(the output has {n} tokens)")
-        finally:
-            self._following = False
-        self._drop_from_url()
+        if self.position >= n:
+            self.position = 0
         many = n > MAX_BUTTONS
         if many != self._picker_many:
             self._picker_many = many
@@ -190,32 +157,6 @@ class GraphView(LazyTab):
                 pn.widgets.Select.from_param(self.param.position, name="Output token", width=260,
                                              css_classes=["graph-token-list"]) if many else
                 pn.widgets.RadioButtonGroup.from_param(self.param.position, name="", css_classes=["graph-tokens"])]
-
-    def _refuse(self, refused: list[tuple[str, str]], why: str = "") -> None:
-        if not refused:
-            return
-        self._refused += [f"{key}={raw[:80]}" + (f" {why}" if why else "") for key, raw in refused]
-        self._link_note = "Some settings in the link could not be used and were ignored: " + ", ".join(self._refused)
-        self._drop |= {key for key, _ in refused}
-        if self.session.result is not None:
-            self._drop_from_url()
-
-    def _drop_from_url(self) -> None:
-        """Refused link values leave the URL; after the first answer (before it, the browser's own report of its
-        URL would bring them back)."""
-        location = _location()
-        if location is not None and self._drop:
-            kept = [(k, v) for k, v in parse_qsl((location.search or "").lstrip("?"), keep_blank_values=True)
-                    if k not in self._drop]
-            location.search = "?" + urlencode(kept) if kept else ""
-        self._drop = set()
-
-    def _to_url(self, *events) -> None:
-        if not self._following:  # the user changed a control: the link's note is history
-            self._link_note = ""
-        location = _location()
-        if location is not None:
-            location.update_query(**{URL_KEYS[e.name]: str(e.new) for e in events})
 
     # -- the work -----------------------------------------------------------------------------------
     def inputs(self):
@@ -311,9 +252,6 @@ class GraphView(LazyTab):
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
                               css_classes=["graph-figure"], margin=0),
                 pn.pane.Bokeh(legend)]
-        if self._link_note:
-            objs.insert(0, pn.pane.Alert(_md_escape(self._link_note), alert_type="warning",
-                                         css_classes=["graph-link-note"], sizing_mode="stretch_width"))
         return objs
 
     # -- export -------------------------------------------------------------------------------------
@@ -341,18 +279,6 @@ class GraphView(LazyTab):
         return pn.Column(pn.pane.Markdown("Pick an output token: the graph of the components that wrote its logit. "
                                           "Tap a node to see what it is."),
                          self._picker, self._controls, self._box, sizing_mode="stretch_width")
-
-
-def _location():
-    location = pn.state.location
-    if location is None or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
-        return None
-    return location
-
-
-def _link() -> dict[str, str]:
-    location = _location()
-    return {} if location is None else dict(parse_qsl((location.search or "").lstrip("?")))
 
 
 TAB = ("Graph", lambda session: GraphView(session=session))

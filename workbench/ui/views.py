@@ -302,6 +302,8 @@ class LazyTab(pn.viewable.Viewer):
     follows: ClassVar[tuple[str, ...]] = ("version",)
     redraws: ClassVar[tuple[str, ...]] = ()
     heavy: ClassVar[bool] = False
+    url: ClassVar[dict[str, str]] = {}  # param -> its key in the page's URL (`bind_link`; docs/app.md lists them)
+    url_late: ClassVar[tuple[str, ...]] = ()  # params read from a link after the first answer (choices follow it)
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -311,6 +313,11 @@ class LazyTab(pn.viewable.Viewer):
         self.session.param.watch(self._changed, list(self.follows))
         if self.redraws:
             self.param.watch(self._changed, list(self.redraws))
+
+    def bind_link(self, link) -> None:
+        """Put the tab's `url` params in the page's URL (`link.Link`); subclasses add checks."""
+        for name, key in self.url.items():
+            link.bind(key, self, name, late=name in self.url_late)
 
     @property
     def content(self) -> list:
@@ -498,6 +505,7 @@ class CompareView(LazyTab):
     title = "Comparison"
     follows = ("version", "kind", "layer", "head", "words")
     redraws = ("other",)
+    url = {"other": "cmp"}
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -505,26 +513,31 @@ class CompareView(LazyTab):
         self.param.other.check_on_set = True  # off by default when the class declares no objects
         self._why = ""
         self._chosen_by_user = False
+        self._picking = False  # the tab itself is setting `other` (the partner of a new A)
         self._pick_partner()
         self.session.param.watch(lambda e: self._pick_partner(), ["checkpoint"])
 
     def _pick_partner(self) -> None:
+        """B follows A until someone picks B. Set with its event, so the picker shows B (set inside
+        `discard_events`, the picker kept showing its first option, A, and choosing that name changed nothing)."""
         s = self.session
         if s.checkpoint is None or self._chosen_by_user:
             return
         entry, self._why = loader.partner(s.entries, s.checkpoint)
-        with param.parameterized.discard_events(self):
+        self._picking = True
+        try:
             self.other = entry.label if entry is not None else None
+        finally:
+            self._picking = False
         self._changed()
 
-    def _user_pick(self, event) -> None:
-        if event.new is not None:
+    def _changed(self, *events) -> None:
+        picked = [e for e in events if getattr(e, "name", None) == "other" and e.new is not None]
+        if picked and not self._picking:  # a person (or a link) chose B: the reason first, then the refresh
             self._chosen_by_user = True
             self._why = "chosen by you"
-
-    def _changed(self, *events) -> None:
-        if any(getattr(e, "name", None) == "other" for e in events):
-            self._user_pick(events[0])  # the reason first, then the refresh that shows it
+        if self._picking:
+            return  # `_pick_partner` refreshes once, after its reason is set
         super()._changed(*events)
 
     def direction_note(self) -> str:
@@ -594,6 +607,7 @@ class AnalysisView(LazyTab):
 
     title = "Analysis"
     redraws = ("analysis", "stat")
+    url = {"analysis": "an", "stat": "stat"}
 
     def inputs(self):
         r = self.session.result

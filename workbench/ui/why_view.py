@@ -178,6 +178,13 @@ class WhyView(LazyTab):
     title = "Why"
     follows = ("version",)
     redraws = ("position",)
+    url = {"position": "wtok", "corrupted": "wsrc"}
+    url_late = ("position", "corrupted")
+
+    def bind_link(self, link) -> None:
+        """As `LazyTab`'s; an empty changed source in a link means "prefill it" (the page's own default)."""
+        link.bind("wtok", self, "position", late=True)
+        link.bind("wsrc", self, "corrupted", late=True, empty_unset=True)
 
     def __init__(self, **params):
         super().__init__(**params)

@@ -11,16 +11,14 @@ threads and the page shows a spinner; in a notebook without a server it runs inl
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode
 
 import panel as pn
 import param
 
 from . import loader
+from .link import Link, slug
 from .notebook import ordered_notebook_updates
 from .session import Session, first_loadable
 from .views import (
@@ -35,9 +33,10 @@ from .views import (
 )
 
 TITLE = "Attention Workbench"
-URL_PARAMS = {"checkpoint": "ckpt", "sentence": "src", "target": "tgt", "beam": "beam", "alpha": "alpha",
+# The store's URL keys, in the order the query lists them (link.py writes and reads them; docs/app.md lists all keys).
+URL_KEYS = {"checkpoint": "ckpt", "sentence": "src", "target": "tgt", "beam": "beam", "alpha": "alpha",
               "kind": "kind", "layer": "layer", "head": "head", "token": "tok", "words": "words", "view": "view",
-              "ablate": "ablate"}
+            "ablate": "ablate"}
 # Applied from a link after the first result, when the model's layers and heads and the sentence's tokens are known.
 SELECTION = ("kind", "layer", "head", "token", "words", "view", "ablate")
 CSS = """
@@ -54,6 +53,7 @@ class Workbench(pn.viewable.Viewer):
     adds (title, factory(session)) tabs after the built-in ones."""
 
     session = param.ClassSelector(class_=Session)
+    tab = param.Selector(default="attention", objects=["attention"], doc="The tab shown (its title, `slug`ged)")
 
     def __init__(self, checkpoint: str | Path | None = None, *, checkpoints: Sequence[str | Path] = (),
                  sentence: str | None = None, sync_url: bool | None = None, background: bool | None = None,
@@ -74,28 +74,37 @@ class Workbench(pn.viewable.Viewer):
                           **extra)
         super().__init__(session=session, **params)
         sync = served if sync_url is None else sync_url
-        link = _link_values() if sync else {}
-        bad = self._apply_link({k: v for k, v in link.items() if k not in SELECTION})
-        location = pn.state.location if sync else None
-        if location is not None:
-            # Written by us, not `location.sync`: that one also re-reads the page's query (the browser reports
-            # its URL after loading) and would apply a refused value, such as an ablated head that the model
-            # lacks, straight into the store.
-            session.param.watch(lambda *events: location.update_query(
-                **{URL_PARAMS[e.name]: _serialize(e.new) for e in events}), list(URL_PARAMS))
+        self.link = link = Link.of_page() if sync else Link()
+        named_checkpoint = "ckpt" in link.values
+        for name, key in URL_KEYS.items():
+            link.bind(key, session, name, late=name in SELECTION,
+                      check=_ablation_check(session) if name == "ablate" else None)
 
         def finish_link() -> None:
-            """The link's selection, checked against the first result; the refused values named and dropped."""
-            refused = bad + self._apply_link({k: v for k, v in link.items() if k in SELECTION})
-            if refused:
-                note = ("Some settings in the link could not be used and were ignored: "
-                        + ", ".join(f"{URL_PARAMS[name]}={raw[:80]}" for name, raw in refused))
+            """The link's late values, checked against the first result; what was refused named in one message."""
+            note = link.finish()
+            if note:
                 if session.busy:  # the link's ablation is running: the note comes with its answer
                     session.note_next(note)
                 else:
                     session.notes = [*session.notes, note]
-            if location is not None:
-                _drop_from_link(location, [URL_PARAMS[name] for name, _ in refused])
+
+        self.source = SourcePanel(session=session)
+        self.output = OutputPanel(session=session)
+        self.attention = AttentionView(session=session)
+        self.ablation = AblationPanel(session=session)
+        self.internals = InternalsView(session=session)
+        self.compare = CompareView(session=session)
+        self.analysis = AnalysisView(session=session)
+        self.tabs = [("Attention", None), ("Internals", self.internals), ("Compare", self.compare),
+                     ("Analysis", self.analysis), *[(title, factory(session)) for title, factory in extra_tabs]]
+        self.param.tab.objects = [slug(title) for title, _ in self.tabs]
+        link.bind("tab", self, "tab")
+        self._show_tab()
+        for _, view in self.tabs:
+            if isinstance(view, LazyTab):
+                view.bind_link(link)
+        session.param.watch(lambda _e: link.write(), "version")  # changes made without events (discard_events)
 
         session.autorun = True
         if session.background:  # served: even the first model load and translation run off the event loop
@@ -107,7 +116,7 @@ class Workbench(pn.viewable.Viewer):
                     finish_link()
 
             session.param.watch(first_answer, "version")
-            if chosen is None and "checkpoint" not in link and session.entries:
+            if chosen is None and not named_checkpoint and session.entries:
                 _open_first_loadable(session)
             else:
                 session.refresh()
@@ -116,28 +125,12 @@ class Workbench(pn.viewable.Viewer):
             finish_link()
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())
-        self.source = SourcePanel(session=session)
-        self.output = OutputPanel(session=session)
-        self.attention = AttentionView(session=session)
-        self.ablation = AblationPanel(session=session)
-        self.internals = InternalsView(session=session)
-        self.compare = CompareView(session=session)
-        self.analysis = AnalysisView(session=session)
-        self.tabs = [("Attention", None), ("Internals", self.internals), ("Compare", self.compare),
-                     ("Analysis", self.analysis), *[(title, factory(session)) for title, factory in extra_tabs]]
-
-    def _apply_link(self, values: dict[str, str]) -> list[tuple[str, str]]:
-        """Set each value from the link that the store accepts; return the (name, raw value) of the others."""
-        bad = []
-        for name, raw in values.items():
-            try:
-                value = _coerce(self.session.param[name], raw)
-                if name == "ablate" and not all(self.session.head_exists(h) for h in value):
-                    raise ValueError(f"no such head in {value}")
-                setattr(self.session, name, value)
-            except Exception:  # any value the store refuses is named in the page, never raised
-                bad.append((name, raw))
-        return bad
+    @param.depends("tab", watch=True)
+    def _show_tab(self) -> None:
+        """Only the tab on screen works (`LazyTab.active`); a link's `tab=` opens its tab like a click."""
+        for title, view in getattr(self, "tabs", []):
+            if isinstance(view, LazyTab):
+                view.active = slug(title) == self.tab
 
     def __panel__(self):
         header = pn.pane.Markdown(
@@ -149,16 +142,12 @@ class Workbench(pn.viewable.Viewer):
                                        styles={"flex": "1 1 760px", "min-width": "0"}),
                              pn.Column(self.ablation, width=400, styles={"flex": "0 0 400px"}),
                              flex_wrap="wrap", align_items="start", sizing_mode="stretch_width")
-        views = [view for _, view in self.tabs]
+        names = list(self.param.tab.objects)
         tabs = pn.Tabs(*[(title, inspect if view is None else view) for title, view in self.tabs],
-                       dynamic=True, css_classes=["main-tabs"], sizing_mode="stretch_width")
-
-        def switched(event) -> None:
-            for i, view in enumerate(views):
-                if isinstance(view, LazyTab):
-                    view.active = i == event.new
-
-        tabs.param.watch(switched, "active")
+                       active=names.index(self.tab), dynamic=True, css_classes=["main-tabs"],
+                       sizing_mode="stretch_width")
+        tabs.param.watch(lambda e: setattr(self, "tab", names[e.new]), "active")
+        self.param.watch(lambda e: setattr(tabs, "active", names.index(e.new)), "tab")
         return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
 
 
@@ -179,50 +168,9 @@ def _open_first_loadable(session: Session) -> None:
                                      failed=lambda _exc: picked(session.checkpoint))
 
 
-def _link_values() -> dict[str, str]:
-    """The store's values in the page's query string, as raw strings by param name (unknown keys ignored)."""
-    by_key = {key: name for name, key in URL_PARAMS.items()}
-    query = parse_qsl((pn.state.location.search or "").lstrip("?"), keep_blank_values=True)
-    return {by_key[k]: v for k, v in query if k in by_key}
-
-
-def _drop_from_link(location, keys: list[str]) -> None:
-    if keys:
-        kept = [(k, v) for k, v in parse_qsl((location.search or "").lstrip("?"), keep_blank_values=True)
-                if k not in keys]
-        location.search = "?" + urlencode(kept) if kept else ""
-
-
-def _serialize(value) -> str:
-    """A store value as the query string carries it (what `_coerce` reads back)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return json.dumps(value)
-    return "" if value is None else str(value)
-
-
-def _coerce(p: param.Parameter, raw: str):
-    """A query-string value as the parameter's type; ValueError when it is not one (the param checks the range)."""
-    if isinstance(p, param.Boolean):
-        if raw.lower() not in ("true", "false"):
-            raise ValueError(raw)
-        return raw.lower() == "true"
-    if isinstance(p, param.Integer):
-        return int(raw)
-    if isinstance(p, param.Number):
-        value = float(raw)
-        if not math.isfinite(value):
-            raise ValueError(raw)
-        return value
-    if isinstance(p, param.List):
-        value = json.loads(raw)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(raw)
-        return value
-    if isinstance(p, param.Selector):
-        for value in p.objects:
-            if str(value) == raw:
-                return value
-        raise ValueError(raw)
-    return raw
+def _ablation_check(session: Session):
+    """The link's ablated heads that the first result's model has; the others are refused one by one."""
+    def check(heads: list[str]) -> tuple[list[str], list[str]]:
+        kept = [h for h in heads if session.head_exists(h)]
+        return kept, [h for h in heads if h not in kept]
+    return check
