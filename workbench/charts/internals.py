@@ -131,6 +131,36 @@ def label_smoothing_chart(vocab: int = 10, smoothing: float = 0.1, target: int =
     return alt.hconcat(left, right.interactive())
 
 
+def confidence_data(gold: np.ndarray, top: np.ndarray, bins: int = 40) -> pd.DataFrame:
+    """Long table (bin start, bin end, share of tokens, series) of two probability histograms over [0, 1]."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    rows = []
+    for series, values in (("p(reference token)", gold), ("p(model's top choice)", top)):
+        counts, _ = np.histogram(np.clip(values, 0.0, 1.0), bins=edges)
+        share = counts / max(len(values), 1)
+        rows.append(pd.DataFrame({"from": edges[:-1], "to": edges[1:], "share": share, "series": series}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def confidence_chart(confidence, bins: int = 40):
+    """Altair: the model's real confidence on held-out text (`workbench.analysis.confidence.Confidence`), as
+    histograms of p(reference) and p(top choice), with a rule where its label smoothing puts the optimum."""
+    frame = confidence_data(confidence.gold, confidence.top, bins)
+    bars = alt.Chart(frame).mark_bar(opacity=0.55, binSpacing=0).encode(
+        x=alt.X("from:Q", bin="binned", title="probability the model gives", scale=alt.Scale(domain=[0, 1])),
+        x2="to:Q", y=alt.Y("share:Q", stack=None, title="share of tokens", axis=alt.Axis(format="%")),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top")),
+        tooltip=["series:N", alt.Tooltip("from:Q", format=".3f"), alt.Tooltip("to:Q", format=".3f"),
+                 alt.Tooltip("share:Q", format=".1%")])
+    optimum = pd.DataFrame({"x": [confidence.optimum],
+                            "label": [f"smoothed optimum {confidence.optimum:.3f} (ε = {confidence.smoothing:g})"]})
+    rule = alt.Chart(optimum).mark_rule(color="black", strokeDash=[4, 3]).encode(x="x:Q", tooltip=["label:N"])
+    text = alt.Chart(optimum).mark_text(align="right", dx=-4, dy=8, baseline="top").encode(
+        x="x:Q", y=alt.value(0), text="label:N")
+    return (bars + rule + text).properties(title=f"confidence on {confidence.sentences} held-out sentences",
+                                           width="container", height=260)
+
+
 # -- learning-rate schedules ----------------------------------------------------------------------
 def lr_schedule_data(
     schedules: Mapping[str, Mapping] | None = None,

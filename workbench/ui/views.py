@@ -22,6 +22,7 @@ from bokeh import events
 from bokeh.models import LayoutDOM
 from bokeh.plotting import figure
 
+from ..analysis.confidence import checkpoint_confidence
 from ..analysis.head_stats import head_stats
 from ..analysis.rollout import decoder_rollout
 from ..charts import (
@@ -35,7 +36,7 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
-from ..charts.internals import schedule_vs_log_chart
+from ..charts.internals import confidence_chart, label_smoothing_chart, schedule_vs_log_chart
 from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, Head
 from ..training.config import TrainConfig
@@ -391,11 +392,18 @@ class LazyTab(pn.viewable.Viewer):
 
 class InternalsView(LazyTab):
     """Positional encodings, the masks of a padded batch (labelled with this sentence's pieces), the checkpoint's
-    own LR schedule (from its stored training config) over the LR its log recorded, and its training and
-    validation curves."""
+    own LR schedule (from its stored training config) over the LR its log recorded, its label smoothing (the
+    smoothed target, the loss against confidence, and the model's real confidence on its validation text), and
+    its training and validation curves."""
 
     title = "Internals"
     follows = ("checkpoint", "version")
+    CONFIDENCE_SENTENCES = 200
+    """Validation sentences the confidence histogram is measured on (about a second for the shipped models)."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._confidence: dict[str, Any] = {}  # checkpoint label -> (Confidence, data name) or the error; bounded
 
     def inputs(self):
         s, r = self.session, self.session.result
@@ -428,7 +436,20 @@ class InternalsView(LazyTab):
             parts["schedule"] = checkpoint_schedule(tm.meta.get("train_config"), log_rows)
         except Exception as exc:
             parts["schedule"] = exc
+        parts["smoothing"] = float((tm.meta.get("train_config") or {}).get("label_smoothing", 0.0))
+        parts["confidence"] = self._measured_confidence(tm, label)
         return parts
+
+    def _measured_confidence(self, tm, label: str):
+        """The model's confidence on its validation text, once per checkpoint (the last 4 kept)."""
+        if label not in self._confidence:
+            try:
+                self._confidence[label] = checkpoint_confidence(tm, limit=self.CONFIDENCE_SENTENCES)
+            except Exception as exc:
+                self._confidence[label] = exc
+            while len(self._confidence) > 4:
+                self._confidence.pop(next(iter(self._confidence)))
+        return self._confidence[label]
 
     def render(self, parts):
         schedule = parts["schedule"]
@@ -442,8 +463,36 @@ class InternalsView(LazyTab):
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
                 _wrapped(parts["masks"], "Masks"),
                 pn.pane.Markdown("### Learning-rate schedule"), *lr,
+                pn.pane.Markdown("### Label smoothing"), *self._smoothing(parts["smoothing"], parts["confidence"]),
                 pn.pane.Markdown("### Training and validation curves stored in the checkpoint"),
                 self._curves(parts["log"])]
+
+    @staticmethod
+    def _smoothing(smoothing: float, measured) -> list:
+        """The smoothed target and loss for this checkpoint's ε (on a 10-word vocabulary, to be readable), then
+        where the trained model really puts its probability on held-out text."""
+        words = (f"This model was trained with label smoothing ε = {smoothing:g}: instead of asking for probability 1 "
+                 f"on the reference word, the target keeps 1 − ε and spreads ε over the whole vocabulary (left, on "
+                 f"a 10-word vocabulary). The loss (right) is then lowest at that mass, not at 1, so the model is "
+                 f"taught not to be over-confident. Below: the probability the trained model really gives the "
+                 f"reference word, and its own first choice, token by token on validation text.")
+        if smoothing == 0:
+            words = ("This model was trained without label smoothing (ε = 0): its target is one-hot, and the loss "
+                     "keeps falling until the reference word gets probability 1 (right). Below: where the trained "
+                     "model really puts its probability on validation text.")
+        out = [pn.pane.Markdown(words, css_classes=["smoothing-note"], sizing_mode="stretch_width")]
+        try:
+            out.append(pn.pane.Vega(label_smoothing_chart(vocab=10, smoothing=smoothing), sizing_mode="stretch_width"))
+        except Exception as exc:
+            out.append(_fail("Label smoothing", exc))
+        if isinstance(measured, Exception):
+            out.append(pn.pane.Markdown(f"*The model's confidence could not be measured: {measured}*"))
+        else:
+            confidence, name = measured
+            out += [pn.pane.Markdown(f"Measured on {name}: {confidence.summary()}.", css_classes=["confidence-note"],
+                                     sizing_mode="stretch_width"),
+                    pn.pane.Vega(confidence_chart(confidence), sizing_mode="stretch_width")]
+        return out
 
     def _curves(self, log_rows):
         if not log_rows:
