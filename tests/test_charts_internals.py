@@ -96,7 +96,9 @@ def test_mask_view_draws_the_models_masks():
     cfg = presets.tiny(vocab=30)
     src, tgt = make_batch(cfg, batch=3, src_len=7, tgt_len=6)  # sentence 0: 2 padded source positions
     layout = mask_view(src, tgt, pad_id=cfg.pad_id, batch=0)
-    src_pad, causal, cross = (f.select_one({"name": IMAGE_NAME}).data_source.data["image"][0] for f in layout.children)
+    figures, legend = layout.children  # the three masks in a row, then their legend
+    src_pad, causal, cross = (f.select_one({"name": IMAGE_NAME}).data_source.data["image"][0] for f in figures.children)
+    assert "may attend (1)" in legend.text and "masked (0)" in legend.text
     np.testing.assert_array_equal(src_pad, (src != cfg.pad_id).float().numpy())
     np.testing.assert_array_equal(causal, causal_mask(6).float().numpy())
     assert (cross[:, 5:] == 0).all() and (cross[:, :5] == 1).all()

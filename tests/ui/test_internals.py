@@ -64,7 +64,7 @@ def test_masks_are_labelled_with_pieces():
     src = torch.tensor([[5, 6, 2], [5, 2, 0]])
     tgt = torch.tensor([[1, 7, 8], [1, 7, 0]])
     layout = mask_view(src, tgt, pad_id=0, src_pieces=["▁Ein", "▁Hund", "</s>"], tgt_pieces=["<s>", "▁A", "▁dog"])
-    causal, cross = layout.children[1], layout.children[2]
+    causal, cross = layout.children[0].children[1], layout.children[0].children[2]
     assert list(causal.yaxis[0].major_label_overrides.values()) == ["0: <s>", "1: ▁A", "2: ▁dog"]
     assert list(cross.xaxis[0].major_label_overrides.values()) == ["0: ▁Ein", "1: ▁Hund", "2: </s>"]
     assert cross.xaxis[0].axis_label == "key: source token"

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 from bokeh.layouts import column, row
-from bokeh.models import HoverTool
+from bokeh.models import Div, HoverTool
 from bokeh.plotting import figure
 
 from ..core.config import ModelConfig
@@ -271,7 +271,12 @@ def mask_view(src: torch.Tensor, tgt: torch.Tensor, *, pad_id: int = 0, batch: i
         matrix_figure(cross.float().numpy(), tgt_tok, src_tok, title=f"cross-attention padding (sentence {batch})",
                       axis_labels=("query: decoder input", "key: source token"), **common),
     ]
-    return row(*figs)
+    swatch = '<span style="display:inline-block;width:14px;height:14px;background:{};border:1px solid #888;' \
+             'vertical-align:middle;margin:0 6px 0 18px"></span>{}'
+    legend = Div(text="".join(swatch.format(colour, label) for colour, label in
+                              ((common["palette"][1], "may attend (1)"), (common["palette"][0], "masked (0)"))),
+                 css_classes=["mask-legend"])  # two values, no colour bar: a legend says which is which
+    return column(row(*figs), legend)
 
 
 def schedule_vs_log_chart(frame: pd.DataFrame, *, title: str = "learning rate"):

@@ -390,6 +390,18 @@ class LazyTab(pn.viewable.Viewer):
         return self._box
 
 
+POSITIONS_HOW_TO_READ = (
+    "Attention alone does not know word order, so each position adds a fixed vector to its word's embedding. "
+    "Left: that vector (one row per position, one column per dimension; colour = value from −1, blue, to +1, red). "
+    "Middle: a few dimensions as waves over positions — low dimensions oscillate fast, high ones slowly. Right: "
+    "how alike two positions' vectors are (cosine); nearby positions look alike, so the model can tell distance.")
+MASKS_HOW_TO_READ = (
+    "Blue cells may be attended to, grey ones are masked out (their attention weight is forced to 0). Left: the "
+    "source padding of a batch of three sentences padded to one length. Middle: the decoder's causal mask — each "
+    "output position sees only itself and earlier positions, so training can't peek at the next word. Right: "
+    "cross-attention — every output position may read every real source token, never the padding.")
+
+
 class InternalsView(LazyTab):
     """Positional encodings, the masks of a padded batch (labelled with this sentence's pieces), the checkpoint's
     own LR schedule (from its stored training config) over the LR its log recorded, its label smoothing (the
@@ -459,9 +471,10 @@ class InternalsView(LazyTab):
             frame, words = schedule
             lr = [pn.pane.Markdown(words, css_classes=["lr-schedule-note"], sizing_mode="stretch_width"),
                   pn.pane.Vega(schedule_vs_log_chart(frame), sizing_mode="stretch_width")]
-        return [pn.pane.Markdown("### Positional encodings"), _wrapped(parts["positions"], "Positional encodings"),
+        return [pn.pane.Markdown("### Positional encodings"), pn.pane.Markdown(POSITIONS_HOW_TO_READ),
+                _wrapped(parts["positions"], "Positional encodings"),
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
-                _wrapped(parts["masks"], "Masks"),
+                pn.pane.Markdown(MASKS_HOW_TO_READ), _wrapped(parts["masks"], "Masks"),
                 pn.pane.Markdown("### Learning-rate schedule"), *lr,
                 pn.pane.Markdown("### Label smoothing"), *self._smoothing(parts["smoothing"], parts["confidence"]),
                 pn.pane.Markdown("### Training and validation curves stored in the checkpoint"),
