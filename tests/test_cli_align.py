@@ -86,3 +86,62 @@ def test_choose_saves_the_checkpoints_aligner_and_align_uses_it(checkpoint, tmp_
     assert len(lines) == 3 and all(" ||| " in line for line in lines) and lines[1] == " ||| "
     text, links = lines[0].split(" ||| ")
     assert all(0 <= i < 4 and 0 <= j < len(text.split()) for i, j in parse_pharaoh(links)[0])
+
+
+def test_aligner_options_do_what_they_say_and_unknown_values_name_the_valid_ones(checkpoint, tmp_path, capsys):
+    """A checkpoint whose alignment.json is a norms aligner (AWI, L0 H0, grow-diag): another --method starts from
+    the fallback aligner, not from grow-diag and L0 H0; the same method keeps the file's other parts unless
+    named; --symmetrize none gives one link per target word; each run's stderr names the aligner used."""
+    import shutil
+
+    from workbench.analysis.word_align import AlignmentSpec
+    from workbench.checkpoint.format import save_alignment
+
+    ck = tmp_path / "ck"
+    shutil.copytree(checkpoint, ck)
+    save_alignment(ck, AlignmentSpec("norms", "awi", "null", ((0, 0),), {}, "grow-diag").to_dict())
+    s, t = _files(tmp_path)
+
+    def label(*extra):
+        assert main(["align", "--checkpoint", str(ck), s, t, *extra]) == 0
+        out = capsys.readouterr()
+        return out.out.splitlines(), out.err.splitlines()[-1]
+
+    assert label()[1].endswith("norms AWI units 0:0 (eos null, symmetrize grow-diag): the checkpoint's alignment.json")
+    lines, err = label("--method", "weights")
+    assert "weights AWO units 1 (eos drop, symmetrize none): the fallback aligner (alignment.json is a norms " \
+           "aligner)" in err
+    assert all(sorted(j for _, j in parse_pharaoh(x)[0]) == list(range(len(y.split()))) for x, y in zip(lines, TGT))
+    assert "weights AWI units 0:0 (eos drop, symmetrize grow-diag)" in label("--method", "weights", "--shift", "awi",
+                                                                             "--units", "0:0", "--eos", "drop",
+                                                                             "--symmetrize", "grow-diag")[1]
+    lines, err = label("--symmetrize", "none")
+    assert "norms AWI units 0:0 (eos null, symmetrize none): the checkpoint's alignment.json with the command" in err
+    assert all(len({j for _, j in parse_pharaoh(x)[0]}) == len(parse_pharaoh(x)[0]) for x in lines)
+    for flag, bad, valid in [("--method", "attention", "weights, norms, alti"), ("--shift", "AWI", "awo, awi"),
+                             ("--eos", "keep", "drop, null"),
+                             ("--symmetrize", "grow", "none, intersect, grow-diag, grow-diag-final, union")]:
+        assert main(["align", "--checkpoint", str(ck), s, t, flag, bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"workbench align: error: {flag} must be one of {valid}; got {bad!r}"]
+    assert main(["align", "--checkpoint", str(ck), s, t, "--choose", s, "--method", "weights"]) == 2
+    assert "go without it" in capsys.readouterr().err
+
+
+def test_a_line_over_the_models_positions_is_left_empty_with_a_warning_naming_it(checkpoint, tmp_path, capsys):
+    """The tiny checkpoint has 48 positions (47 pieces a side): a synthetic 200-word line between two normal ones
+    gets an empty output line, one stderr warning naming line 2, and the other lines are aligned as alone."""
+    long_src = " ".join(["Hund"] * 200)
+    s, t = _files(tmp_path, src=[SRC[0], long_src, SRC[2]], tgt=[TGT[0], TGT[1], TGT[2]])
+    assert main(["align", "--checkpoint", str(checkpoint), s, t, "--method", "weights"]) == 0
+    out = capsys.readouterr()
+    lines = out.out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # three lines, the second empty
+    warning = [x for x in out.err.splitlines() if "warning" in x]
+    assert len(warning) == 1 and warning[0].startswith("workbench align: warning: line 2 has ")
+    assert "more than the model's 47" in warning[0]
+    assert "1 too long for the model left empty" in out.err
+    (tmp_path / "alone").mkdir()
+    s1, t1 = _files(tmp_path / "alone", src=[SRC[0], SRC[2]], tgt=[TGT[0], TGT[2]])
+    assert main(["align", "--checkpoint", str(checkpoint), s1, t1, "--method", "weights"]) == 0
+    assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]

@@ -9,14 +9,23 @@ import torch
 from model_helpers import SHARED_DATA, make_model
 
 from workbench import presets
-from workbench.analysis.alignment import format_pharaoh, parse_pharaoh, read_alignments, score_alignments
+from workbench.analysis.alignment import (
+    bootstrap_aer,
+    format_pharaoh,
+    parse_pharaoh,
+    read_alignments,
+    score_alignments,
+)
 from workbench.analysis.word_align import (
+    PAPER_EOS,
+    PUBLISHED_AER,
     Words,
     alignment_maps,
     argmax_links,
     encode_words,
     hooks_for,
     maps_from_trace,
+    papers_protocol,
     to_words,
 )
 from workbench.cli import main
@@ -68,6 +77,68 @@ def test_aer_by_hand_and_cli_flags(tmp_path, capsys):
     (tmp_path / "short.txt").write_text("0-0\n")
     assert main(["aer", str(gold), str(tmp_path / "short.txt")]) == 2
     assert "one line per sentence pair" in capsys.readouterr().err
+
+
+@needs_gold
+def test_aer_hints_at_swapped_columns_with_the_shipped_gold_reversed(tmp_path, capsys):
+    """The RWTH gold written target word first and scored as a hypothesis: 78.7 % as read, 0.0 % the other way
+    round, so a one-line hint names --swap-hyp; a hypothesis the right way round gets no hint."""
+    gold = ALIGN / "rwth-deen" / "test.talp"
+    reversed_gold = tmp_path / "reversed.talp"
+    reversed_gold.write_text("".join(" ".join([*(f"{j + 1}-{i + 1}" for i, j in sorted(sure)),
+                                               *(f"{j + 1}p{i + 1}" for i, j in sorted(possible - sure))]) + "\n"
+                                     for sure, possible in read_alignments(gold, base=1)))
+    assert main(["aer", str(gold), str(reversed_gold), "--hyp-base", "1"]) == 0
+    out = capsys.readouterr()
+    assert "AER 78.7 %" in out.out
+    hint = [line for line in out.err.splitlines() if "hint" in line]
+    assert len(hint) == 1 and "--swap-hyp" in hint[0] and "AER is 0.0 %, not 78.7 %" in hint[0]
+    assert main(["aer", str(gold), str(reversed_gold), "--hyp-base", "1", "--swap-hyp"]) == 0
+    out = capsys.readouterr()
+    assert "AER 0.0 %" in out.out and "hint" not in out.err
+    assert main(["aer", str(gold), str(ALIGN / "aer-fixtures" / "lilt-giza.test.deen.talp")]) == 0
+    assert "hint" not in capsys.readouterr().err
+
+
+def test_bootstrap_interval_resamples_sentences_from_summed_counts():
+    """The vectorised interval equals resampling the link sets themselves and scoring each draw with
+    `score_alignments`; identical sentences give a zero-width interval at the corpus AER."""
+    rng = np.random.default_rng(3)
+    gold, hyp = [], []
+    for _ in range(30):
+        n = int(rng.integers(2, 8))
+        sure = {(i, i) for i in range(n)}
+        gold.append((sure, sure | {(i, i + 1) for i in range(n - 1)}))
+        hyp.append({(i, int(rng.integers(0, n))) for i in range(n)})
+    low, high = bootstrap_aer(hyp, gold, draws=200, seed=7)
+    draws = np.random.default_rng(7).integers(0, 30, size=(200, 30))
+    by_hand = [score_alignments([hyp[k] for k in d], [gold[k] for k in d]).aer for d in draws]
+    np.testing.assert_allclose([low, high], np.quantile(by_hand, [0.025, 0.975]))
+    assert low <= score_alignments(hyp, gold).aer <= high
+    same = bootstrap_aer([hyp[0]] * 10, [gold[0]] * 10, draws=50)
+    assert same[0] == pytest.approx(same[1]) == pytest.approx(score_alignments([hyp[0]], [gold[0]]).aer)
+    with pytest.raises(ValueError, match="gold ones"):
+        bootstrap_aer(hyp, gold[:3])
+
+
+def test_papers_protocol_takes_the_best_whole_layer_with_the_papers_eos_rule():
+    model = make_model(presets.tiny(vocab=30))
+    tok = CharTokenizer()
+    pairs = [("ab c de", "xy z"), ("a bb", "bcd e f"), ("c d e", "e d c"), ("ab", "ba")]
+    src = [encode_words(tok, s) for s, _ in pairs]
+    tgt = [encode_words(tok, t) for _, t in pairs]
+    gold = [({(0, 0), (1, 1)}, {(0, 0), (1, 1), (2, 1)}), ({(0, 0)}, {(0, 0)}), ({(0, 2), (2, 0)}, {(1, 1)}),
+            ({(0, 0)}, {(0, 0)})]
+    rows = papers_protocol(model, src, tgt, gold, methods=["weights", "alti"], shifts=["awi"], draws=100)
+    assert [(r.method, r.shift, r.eos) for r in rows] == [("weights", "awi", "drop"), ("alti", "awi", "null")]
+    for r in rows:
+        maps = alignment_maps(model, src, tgt, method=r.method, shift="awi", heads=False)
+        per_layer = [score_alignments([m.links(lay, None, eos=PAPER_EOS[r.method]) for m in maps], gold).aer
+                     for lay in range(len(model.dec))]
+        assert list(r.per_layer) == pytest.approx(per_layer)
+        assert r.score.aer == min(per_layer) and r.layer == int(np.argmin(per_layer))
+        assert r.interval[0] <= r.score.aer <= r.interval[1]
+        assert r.published == PUBLISHED_AER[r.method]["awi"]
 
 
 def test_pharaoh_round_trip():

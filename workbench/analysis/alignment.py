@@ -2,6 +2,7 @@
 
     refs = read_alignments("test.talp", base=1)                     # "1-1 2-3 3p2" (p or ? = possible link)
     score_alignments(hyps, refs)                                      # AERScore: aer, precision, recall
+    bootstrap_aer(hyps, refs)                                         # 95 % interval over sentences
     table = alignment_head_scores(cross, refs)                         # AER per head, layer mean, all mean
     table = alignment_head_scores(cross)                               # no references: agreement instead
 
@@ -116,6 +117,33 @@ def score_alignments(predicted: Sequence[Iterable[Link]],
     return AERScore(aer=1.0 - (hit_s + hit_p) / total if total else 0.0, precision=hit_p / n_a if n_a else 0.0,
                     recall=hit_s / n_s if n_s else 0.0, links=n_a, sure=n_s, hit_sure=hit_s, hit_possible=hit_p,
                     sentences=len(predicted))
+
+
+def bootstrap_aer(predicted: Sequence[Iterable[Link]],
+                  gold: Sequence[set[Link] | tuple[set[Link], set[Link]]], *, draws: int = 1000,
+                  level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of the corpus AER over sentences: `draws` resamples of the sentences with
+    replacement, each scored from its summed counts as `score_alignments` does (Koehn 2004's resampling, applied
+    to AER). Seeded, so a table can be regenerated exactly."""
+    if len(predicted) != len(gold):
+        raise ValueError(f"{len(predicted)} predicted alignments but {len(gold)} gold ones")
+    if not predicted:
+        raise ValueError("no sentences to resample")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    counts = np.zeros((len(predicted), 4))  # per sentence |A∩S|, |A∩P|, |A|, |S|
+    for k, (a, g) in enumerate(zip(predicted, gold)):
+        s, p = g if isinstance(g, tuple) else (g, g)
+        a, s = set(a), set(s)
+        p = s | set(p)
+        counts[k] = len(a & s), len(a & p), len(a), len(s)
+    rng = np.random.default_rng(seed)
+    sums = counts[rng.integers(0, len(predicted), size=(draws, len(predicted)))].sum(1)  # (draws, 4)
+    total = sums[:, 2] + sums[:, 3]
+    aers = np.where(total > 0, 1.0 - (sums[:, 0] + sums[:, 1]) / np.maximum(total, 1), 0.0)
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(aers, [tail, 1.0 - tail])
+    return float(low), float(high)
 
 
 def corpus_aer(predicted: Sequence[Iterable[Link]], sure: Sequence[Iterable[Link]],

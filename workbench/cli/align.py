@@ -10,7 +10,11 @@ its pieces, a target word's the mean over its pieces; see `workbench.analysis.wo
 teacher-forced: TGT is read as the output the model would give.
 
 Default aligner: the checkpoint's `alignment.json` (method, AWO/AWI, heads or layers averaged), else
-fairseq's default (last layer, heads averaged, AWO). `--choose GOLD` scores every method, shift, EOS rule,
+fairseq's default (last layer, heads averaged, AWO). `--method`, `--shift`, `--units`, `--eos` and
+`--symmetrize` replace their part of it; a `--method` other than alignment.json's starts from fairseq's default
+instead (the file's other parts were chosen for its own method). The aligner used and where it came from is
+the last stderr line. A line pair longer than the model's positions (255 pieces a side for 256 positions)
+gets an empty output line and one stderr warning naming the line. `--choose GOLD` scores every method, shift, EOS rule,
 symmetrization, head and layer against gold on `--lines` only, averages the best heads when that helps, prints the best
 and with `--save` stores it as the checkpoint's alignment.json; `--report` writes every unit's AER on the
 chosen lines and on the other lines as JSON.
@@ -22,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from ..analysis.alignment import format_pharaoh, read_alignments, score_alignments
@@ -50,15 +55,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="source lines (the model's source language)")
     p.add_argument("tgt", help="target lines, one per source line")
     p.add_argument("--output", "-o", default="-", metavar="FILE", help="alignments (default: stdout)")
-    p.add_argument("--method", choices=METHODS, default=None, help="weights, norms (Kobayashi) or alti (ALTI+)")
-    p.add_argument("--shift", choices=SHIFTS, default=None,
+    # validated in run(), not by argparse's `choices`: an unknown value is one line naming the valid ones, exit 2
+    p.add_argument("--method", default=None, metavar="|".join(METHODS),
+                   help="weights, norms (Kobayashi) or alti (ALTI+); another method than the checkpoint's "
+                        "alignment.json starts from the fallback aligner, not from that file's other choices")
+    p.add_argument("--shift", default=None, metavar="|".join(SHIFTS),
                    help="awo: the decoder row that predicts the word; awi: the row that reads it")
     p.add_argument("--units", default=None, metavar="L:H,...",
                    help="heads (LAYER:HEAD) or whole layers (LAYER) to average, e.g. 0:0,0:2 or 3")
-    p.add_argument("--eos", choices=EOS_RULES, default=None,
+    p.add_argument("--eos", default=None, metavar="|".join(EOS_RULES),
                    help="drop: argmax over words only; null: a word whose best column is EOS gets no link")
-    p.add_argument("--symmetrize", choices=SYMMETRIZE, default=None,
-                   help="also link each source word to its best target word and combine both directions")
+    p.add_argument("--symmetrize", default=None, metavar="|".join(SYMMETRIZE),
+                   help="none: one link per target word; otherwise also link each source word to its best target "
+                        "word and combine both directions")
     p.add_argument("--batch", type=int, default=32, help="sentence pairs per forward pass")
     p.add_argument("--device", default="cpu")
     p.add_argument("--errors", choices=["strict", "replace"], default="strict", help="invalid UTF-8 input")
@@ -73,13 +82,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", action="store_true", help="--choose: store the choice as DIR/alignment.json")
 
 
-def spec_of(tm: TranslationModel, args: argparse.Namespace) -> AlignmentSpec:
-    """The checkpoint's aligner (or the fallback) with the command line's changes."""
-    base = AlignmentSpec.from_dict(tm.alignment) if tm.alignment else fallback_spec(tm.model)
+OPTIONS = {"method": METHODS, "shift": SHIFTS, "eos": EOS_RULES, "symmetrize": SYMMETRIZE}
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """An unknown --method/--shift/--eos/--symmetrize value is an error naming the valid ones."""
+    for name, valid in OPTIONS.items():
+        value = getattr(args, name)
+        if value is not None and value not in valid:
+            raise ValueError(f"--{name} must be one of {', '.join(valid)}; got {value!r}")
+
+
+def spec_of(tm: TranslationModel, args: argparse.Namespace) -> tuple[AlignmentSpec, str]:
+    """The aligner the command line asks for, and where it comes from. No aligner option: the checkpoint's
+    alignment.json (else the fallback), whole. Options replace their own parts of it; a --method other than
+    the stored one starts from the fallback (last layer, AWO, EOS dropped, no symmetrization) instead, because
+    the stored units, shift, EOS rule and symmetrization were chosen together with the stored method."""
+    fallback = fallback_spec(tm.model)
+    base, origin = ((AlignmentSpec.from_dict(tm.alignment), "the checkpoint's alignment.json") if tm.alignment
+                    else (fallback, "the fallback aligner (no alignment.json)"))
+    if args.method and args.method != base.method:
+        origin = (f"the fallback aligner (alignment.json is a {base.method} aligner)" if tm.alignment
+                  else "the fallback aligner (no alignment.json)")
+        base = fallback
     changed = args.method or args.shift or args.units or args.eos or args.symmetrize
-    return AlignmentSpec(args.method or base.method, args.shift or base.shift, args.eos or base.eos,
+    spec = AlignmentSpec(args.method or base.method, args.shift or base.shift, args.eos or base.eos,
                          parse_units(args.units) if args.units else base.units,
                          base.provenance if not changed else {}, args.symmetrize or base.symmetrize)
+    return spec, origin + (" with the command line's options" if changed else "")
 
 
 def _read(path: str, errors: str) -> list[str]:
@@ -88,6 +118,10 @@ def _read(path: str, errors: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_options(args)
+    if args.choose and (args.method or args.shift or args.units or args.eos or args.symmetrize):
+        raise ValueError("--choose searches every shift, EOS rule, symmetrization and unit of --methods; "
+                         "--method, --shift, --units, --eos and --symmetrize go without it")
     src, tgt = _read(args.src, args.errors), _read(args.tgt, args.errors)
     if len(src) != len(tgt):
         raise ValueError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
@@ -96,9 +130,14 @@ def run(args: argparse.Namespace) -> int:
         return _choose(tm, src, tgt, args)
     if args.lines or args.report or args.save:
         raise ValueError("--lines, --report and --save go with --choose GOLD")
-    spec = spec_of(tm, args)
+    spec, origin = spec_of(tm, args)
     start = time.perf_counter()
-    links = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, src, tgt, spec, batch_size=args.batch)
+    with warnings.catch_warnings(record=True) as skipped:  # over-long lines: one stderr line each, empty output
+        warnings.simplefilter("always")
+        links = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, src, tgt, spec, batch_size=args.batch,
+                            skip_long=True)
+    for w in skipped:
+        print(f"workbench align: warning: {w.message}", file=sys.stderr)
     sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
     try:
         for line in links:
@@ -106,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if sink is not sys.stdout:
             sink.close()
-    print(f"{len(src)} pairs aligned in {time.perf_counter() - start:.1f} s with {spec.label()}", file=sys.stderr)
+    print(f"{len(src)} pairs aligned in {time.perf_counter() - start:.1f} s with {spec.label()}: {origin}"
+          + (f"; {len(skipped)} too long for the model left empty" if skipped else ""), file=sys.stderr)
     return 0
 
 
