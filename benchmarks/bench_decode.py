@@ -14,7 +14,15 @@ timed, not compared.
 Interleaved: every repetition runs each decoder once, in an order that rotates between repetitions
 (ABC, BCA, CAB, ...), so drift of a shared machine reaches every peer alike. Reported per decoder:
 median, min and max seconds; per peer: the paired ratio peer_time / our_time of each repetition,
-its median, min and max.
+its median, min and max, in wall time and in the process's CPU time (which a shared machine's
+other jobs disturb less: it does not count time spent waiting for a core).
+
+`--shipped`: greedy and beam 5 on the shipped checkpoints' test sets, text in and text out
+(`TranslationModel.translate`: tokenizing, length-sorted batches of `max_tokens`, detokenizing),
+each checkpoint with its own decoding defaults (length penalty, no-repeat guard); greedy and beam
+runs interleaved, median sentences per second with min and max. Multi30k test2016 for both de->en
+models; general-en-de translates test2016's English side (its own newstest2014 and Tatoeba sets are
+not in ../shared/data).
 
 Checked before timing (the run fails otherwise): our best outputs equal, token for token, those of
 peers.py's `beam_search` (the plain loop: top-K of (B, K·V) each step, no cache) driving our model's
@@ -23,6 +31,7 @@ outputs equal ours is recorded too (it is a different program over the same weig
 
     python benchmarks/bench_decode.py --config tiny --threads 1 --json benchmarks/results/decode_tiny_cpu.json
     python benchmarks/bench_decode.py --config base --device cuda   # H100
+    python benchmarks/bench_decode.py --shipped --threads 1 --json benchmarks/results/decode_shipped_cpu.json
 """
 
 from __future__ import annotations
@@ -78,6 +87,47 @@ def spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
+SHIPPED_TESTS = {  # checkpoint -> source side of Multi30k test2016
+    "multi30k-de-en": "test_2016_flickr.de",
+    "multi30k-de-en-early": "test_2016_flickr.de",
+    "general-en-de": "test_2016_flickr.en",
+}
+
+
+def shipped_speed(args) -> dict:
+    """Greedy and beam-5 sentences per second on each shipped checkpoint's test set (interleaved reps)."""
+    import workbench
+
+    data = ROOT.parent / "shared" / "data" / "multi30k"
+    out = {}
+    for name, test in SHIPPED_TESTS.items():
+        tm = workbench.load(ROOT / "checkpoints" / name, device=args.device)
+        lines = (data / test).read_text(encoding="utf-8").splitlines()
+        runs = {"greedy": dict(beam=1), "beam5": dict(beam=5)}
+        tm.translate(lines[:64], beam=5)  # warm-up
+        wall = {k: [] for k in runs}
+        cpu = {k: [] for k in runs}
+        for r in range(args.shipped_reps):
+            for k in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                t0, c0 = time.perf_counter(), time.process_time()
+                tm.translate(lines, **runs[k])
+                wall[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.process_time() - c0)
+        d = tm.decode_config
+        out[name] = {"test_set": f"multi30k/{test}", "sentences": len(lines),
+                     "defaults": {"length_penalty": d.length_penalty, "alpha": d.alpha,
+                                  "no_repeat_ngram": d.no_repeat_ngram, "max_tokens": d.max_tokens}}
+        for k in runs:
+            w = spread(wall[k])
+            out[name][k] = {"sentences_per_s": len(lines) / w["median"],
+                            "sentences_per_s_min": len(lines) / w["max"], "sentences_per_s_max": len(lines) / w["min"],
+                            "wall_s": wall[k], "cpu_s": cpu[k]}
+            print(f"{name:22s} {k:6s} {out[name][k]['sentences_per_s']:7.1f} sent/s "
+                  f"[{out[name][k]['sentences_per_s_min']:.1f}, {out[name][k]['sentences_per_s_max']:.1f}] "
+                  f"({len(lines)} sentences, {args.shipped_reps} reps)", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -93,7 +143,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--shipped", action="store_true", help="sentences/s of greedy and beam 5 on the shipped models")
+    ap.add_argument("--shipped-reps", type=int, default=3)
     args = ap.parse_args()
+    if args.shipped:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        results = shipped_speed(args)
+        if args.json:
+            meta = {"command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+                    "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "torch": torch.__version__, "device": args.device, "threads": torch.get_num_threads(),
+                    "load_average": os.getloadavg(),
+                    "timing": "TranslationModel.translate over the whole file; greedy and beam runs interleaved"}
+            Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        return
     if args.reps < 5:
         raise SystemExit(f"--reps ({args.reps}) must be at least 5: fewer cannot show the spread")
     if args.threads:
@@ -136,22 +200,25 @@ def main() -> None:
     for fn in decoders.values():
         fn()
     times: dict[str, list[float]] = {n: [] for n in order}
+    cpu: dict[str, list[float]] = {n: [] for n in order}  # process CPU time: blind to waiting for a shared core
     for r in range(args.reps):
         for name in order[r % len(order):] + order[: r % len(order)]:
             peers.sync(dev)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             outputs[name] = decoders[name]()
             peers.sync(dev)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
 
     n = args.decode_sents
     results = {}
     for name in order:
         s = spread(times[name])
-        results[name] = {"seconds": s, "sentences_per_s": n / s["median"], "times": times[name]}
+        results[name] = {"seconds": s, "sentences_per_s": n / s["median"], "times": times[name],
+                         "cpu_seconds": spread(cpu[name]), "cpu_times": cpu[name]}
     for name in order[1:]:
-        ratios = [p / w for p, w in zip(times[name], times["workbench"])]
-        results[name]["workbench_speedup"] = spread(ratios)
+        results[name]["workbench_speedup"] = spread([p / w for p, w in zip(times[name], times["workbench"])])
+        results[name]["workbench_speedup_cpu"] = spread([p / w for p, w in zip(cpu[name], cpu["workbench"])])
     print(f"\n{args.config} on {dev.type}, beam {K}, {n} sentences x {steps} steps, {args.reps} interleaved reps, "
           f"{torch.get_num_threads()} threads")
     for name in order:
@@ -159,8 +226,9 @@ def main() -> None:
         line = (f"{name:16s} {results[name]['sentences_per_s']:7.1f} sent/s  median {s['median'] * 1e3:7.1f} ms  "
                 f"[{s['min'] * 1e3:.1f}, {s['max'] * 1e3:.1f}]")
         if name != "workbench":
-            q = results[name]["workbench_speedup"]
-            line += f"   workbench x{q['median']:.2f} [{q['min']:.2f}, {q['max']:.2f}]"
+            q, c = results[name]["workbench_speedup"], results[name]["workbench_speedup_cpu"]
+            line += (f"   workbench x{q['median']:.2f} [{q['min']:.2f}, {q['max']:.2f}]"
+                     f"  (CPU time x{c['median']:.2f} [{c['min']:.2f}, {c['max']:.2f}])")
         print(line)
     if args.json:
         meta = {"command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),

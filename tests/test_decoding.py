@@ -3,10 +3,12 @@ traces == teacher-forced attention, limits and bans hold, beam never loses to gr
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import make_batch, make_model
+from model_helpers import ROOT, make_batch, make_model
 
 from workbench import Transformer, presets
 from workbench.core.config import DecodeConfig
@@ -252,3 +254,82 @@ def test_bad_calls_are_refused(tiny_config):
         greedy(model.train(), src)
     with pytest.raises(ValueError, match="min_len"):
         DecodeConfig(min_len=5, max_len=3)
+
+
+# ---------------------------------------------------------------------------- the naive reference search
+
+
+def naive_beam_search(model, src_row: torch.Tensor, cfg: DecodeConfig) -> list[tuple[list[int], float, float]]:
+    """The search rules of `beam_search` written the plain way, one sentence at a time: every beam's whole
+    prefix re-run through the model each step (no cache, no batching, no pruning of finished sentences),
+    Python lists for the pool. Returns the n best (tokens, score, log_prob).
+
+    Rules (fairseq's, as the module docstring states them): rank the 2K best continuations of the K live
+    beams; EOS among the top K finishes (scored with the length penalty) into a pool of the K best; the K
+    best non-EOS candidates live on; done once K have finished or at the length limit, where EOS is forced.
+    """
+    mc, K = model.cfg, cfg.beam
+    eos, pad = mc.eos_id, mc.pad_id
+    src_row = src_row[src_row != pad][None]
+    limit = min(int(cfg.max_len_a * src_row.size(1)) + cfg.max_len_b, mc.max_positions - 1,
+                cfg.max_len if cfg.max_len is not None else 10**9)
+    alive = [([], 0.0)]  # (tokens so far, summed log-probability); the first step expands one beam
+    pool: list[tuple[float, float, list[int]]] = []  # (score, log_prob, tokens)
+    for step in range(limit + 1):
+        rows = []
+        for toks, lp in alive:
+            with torch.no_grad():
+                logp = model(src_row, torch.tensor([[mc.start_id, *toks]]))[0, -1].float().log_softmax(-1)
+            eos_lp = float(logp[eos])
+            logp[pad] = float("-inf")
+            if step < cfg.min_len:
+                logp[eos] = float("-inf")
+            if step >= limit:
+                logp = torch.full_like(logp, float("-inf"))
+                logp[eos] = eos_lp
+            rows.append(lp + logp)
+        flat = torch.stack(rows).view(-1)  # candidates in (beam, token) order
+        totals, order = flat.sort(descending=True, stable=True)  # equal totals keep that order
+        vocab = rows[0].numel()
+        top = [(float(t), int(i) // vocab, int(i) % vocab) for t, i in zip(totals[: 2 * K], order[: 2 * K])]
+        for total, b, t in top[:K]:
+            if t == eos and total > float("-inf"):
+                toks = [*alive[b][0], eos]
+                pool.append((total / penalty_divisor(float(len(toks)), cfg.length_penalty, cfg.alpha), total, toks))
+        pool = sorted(pool, key=lambda p: -p[0])[:K]
+        if len(pool) == K or step >= limit:
+            break
+        alive = [([*alive[b][0], t], total) for total, b, t in top if t != eos][:K]
+    return [(toks, score, lp) for score, lp, toks in pool[: cfg.n_best]]
+
+
+@pytest.mark.parametrize("options", [
+    dict(beam=4, n_best=2),
+    dict(beam=3, length_penalty="gnmt", alpha=0.6, min_len=2),
+    dict(beam=5, length_penalty="none", max_len=4),
+])
+def test_beam_search_equals_the_naive_search(tiny_config, trained, options):
+    """Batched, cached, pruned search == the plain per-sentence loop over full forwards: the same outputs,
+    token for token, and the same scores up to the cache's rounding."""
+    cfg = DecodeConfig(**LIMITS, **options)
+    for model, src in [(make_model(tiny_config), make_batch(tiny_config, batch=4)[0]), trained]:
+        gen = beam_search(model, src, cfg)
+        for i, hyps in enumerate(gen.hypotheses):
+            ref = naive_beam_search(model, src[i], cfg)
+            assert [h.tokens for h in hyps] == [r[0] for r in ref]
+            for h, (_, score, lp) in zip(hyps, ref):
+                assert h.score == pytest.approx(score, abs=1e-5) and h.log_prob == pytest.approx(lp, abs=1e-5)
+
+
+def test_beam_search_equals_the_naive_search_on_the_shipped_model(shared_data):
+    """The shipped Multi30k de->en checkpoint on the first test2016 sentences, with its own decoding defaults."""
+    import workbench
+
+    tm = workbench.load(ROOT / "checkpoints" / "multi30k-de-en")
+    lines = (shared_data / "multi30k" / "test_2016_flickr.de").read_text().splitlines()[:8]
+    batch = tm.encode_batch(lines)
+    cfg = dataclasses.replace(tm.decode_config, beam=5, n_best=2)
+    gen = beam_search(tm.model, batch.src, cfg)
+    for i, hyps in enumerate(gen.hypotheses):
+        ref = naive_beam_search(tm.model, batch.src[i], cfg)
+        assert [h.tokens for h in hyps] == [r[0] for r in ref], lines[i]

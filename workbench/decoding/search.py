@@ -401,7 +401,8 @@ class _Candidates:
 
 def _candidates(beams: _Beams, logp: torch.Tensor, K: int, eos: int) -> _Candidates:
     b, vocab = beams.sent.size(0), logp.size(-1)
-    cand = (beams.alive_score.view(-1, 1) + logp).view(b, K * vocab)
+    # in place: `logp` is this step's own tensor (log_softmax's output), read nowhere after this
+    cand = logp.add_(beams.alive_score.view(-1, 1)).view(b, K * vocab)
     top_score, top_idx = cand.topk(min(2 * K, K * vocab), dim=-1)  # (b, 2K)
     token = top_idx % vocab
     base = (torch.arange(b, device=logp.device) * K)[:, None]
@@ -480,9 +481,10 @@ def beam_search(
         cache = cache.index_select(expand)
         beams = _Beams.start(limits, K, horizon + 1, start_id=model.cfg.start_id, pad=pad)  # width: tokens + EOS
 
+        # what hooks see as `hook.decoding`, per beam row; rebuilt only when finished sentences leave the batch
+        row_sent, row_beam = beams.sent.repeat_interleave(K), torch.arange(K, device=dev).repeat(batch)
         for step in range(horizon + 1):
-            live = beams.sent.size(0)
-            with decoding_step(step, beams.sent.repeat_interleave(K), torch.arange(K, device=dev).repeat(live)):
+            with decoding_step(step, row_sent, row_beam):
                 logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
             logp = logits[:, -1].float().log_softmax(-1)
             logp = _constrain(logp, beams.alive[:, 1:], step, beams.limits_rows, cfg, eos=eos, pad=pad,
@@ -508,6 +510,7 @@ def beam_search(
                 parent = parent[rows]
                 encoded = encoded.index_select(rows)
                 cache = DecoderCache(cache.self_kv, [kv.index_select(rows) for kv in cache.cross_kv])
+                row_sent, row_beam = beams.sent.repeat_interleave(K), row_beam[: rows.numel()]
             # the self-attention K/V follow their beams; cross K/V are the same within a sentence
             cache = DecoderCache([None if kv is None else kv.index_select(parent) for kv in cache.self_kv],
                                  cache.cross_kv)
