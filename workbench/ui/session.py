@@ -259,7 +259,10 @@ class Session(param.Parameterized):
                           failed=lambda exc: self._apply(Outcome(error=f"{type(exc).__name__}: {exc}"), notes))
 
     def _apply(self, outcome: Outcome, notes: list[str]) -> None:
-        notes = [*(outcome.result.notes if outcome.result is not None else ()), *notes, *outcome.notes]
+        # Notes asked for while this answer was on its way come with it (a link's refused values, named when the
+        # link's own ablation had just started this request).
+        late, self._pending_notes = self._pending_notes, []
+        notes = [*(outcome.result.notes if outcome.result is not None else ()), *notes, *outcome.notes, *late]
         result = outcome.result if outcome.result is not None or not outcome.error else None
         # The pickers' choices first, each event on its own: a link's selection, applied when `version` fires,
         # must find its value among the widget's options (in one batch the options event came after the value's,
