@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--shifts", default=",".join(SHIFTS))
     ap.add_argument("--draws", type=int, default=1000)
+    ap.add_argument("--eos", choices=["drop", "null"], default=None,
+                    help="one EOS rule for every method (a sensitivity check; default: each paper's own)")
     ap.add_argument("--json", default=None, help="write the figures here too")
     args = ap.parse_args()
 
@@ -48,7 +50,7 @@ def main() -> None:
     for method in args.methods.split(","):
         t0 = time.perf_counter()
         rows += papers_protocol(tm.model, sources, targets, gold, methods=[method], shifts=args.shifts.split(","),
-                                draws=args.draws)
+                                draws=args.draws, eos=args.eos)
         print(f"# {method}: {time.perf_counter() - t0:.0f} s", flush=True)
 
     print(f"\n{Path(args.checkpoint).name}, {len(src)} lines, AER % (95 % bootstrap interval over sentences, "

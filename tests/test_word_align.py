@@ -82,7 +82,7 @@ def test_aer_by_hand_and_cli_flags(tmp_path, capsys):
 @needs_gold
 def test_aer_hints_at_swapped_columns_with_the_shipped_gold_reversed(tmp_path, capsys):
     """The RWTH gold written target word first and scored as a hypothesis: 78.7 % as read, 0.0 % the other way
-    round, so a one-line hint names --swap-hyp; a hypothesis the right way round gets no hint."""
+    round, so a one-line hint names --swap-hyp and --swap-gold; a hypothesis the right way round gets no hint."""
     gold = ALIGN / "rwth-deen" / "test.talp"
     reversed_gold = tmp_path / "reversed.talp"
     reversed_gold.write_text("".join(" ".join([*(f"{j + 1}-{i + 1}" for i, j in sorted(sure)),
@@ -92,7 +92,9 @@ def test_aer_hints_at_swapped_columns_with_the_shipped_gold_reversed(tmp_path, c
     out = capsys.readouterr()
     assert "AER 78.7 %" in out.out
     hint = [line for line in out.err.splitlines() if "hint" in line]
-    assert len(hint) == 1 and "--swap-hyp" in hint[0] and "AER is 0.0 %, not 78.7 %" in hint[0]
+    assert len(hint) == 1 and "--swap-hyp or --swap-gold" in hint[0] and "AER is 0.0 %, not 78.7 %" in hint[0]
+    assert main(["aer", str(gold), str(reversed_gold), "--hyp-base", "1", "--swap-gold"]) == 0
+    assert "AER 0.0 %" in capsys.readouterr().out
     assert main(["aer", str(gold), str(reversed_gold), "--hyp-base", "1", "--swap-hyp"]) == 0
     out = capsys.readouterr()
     assert "AER 0.0 %" in out.out and "hint" not in out.err
@@ -139,6 +141,10 @@ def test_papers_protocol_takes_the_best_whole_layer_with_the_papers_eos_rule():
         assert r.score.aer == min(per_layer) and r.layer == int(np.argmin(per_layer))
         assert r.interval[0] <= r.score.aer <= r.interval[1]
         assert r.published == PUBLISHED_AER[r.method]["awi"]
+    assert [r.eos for r in papers_protocol(model, src, tgt, gold, methods=["alti"], shifts=["awi"], draws=10,
+                                           eos="drop")] == ["drop"]
+    with pytest.raises(ValueError, match="eos must be one of"):
+        papers_protocol(model, src, tgt, gold, eos="keep")
 
 
 def test_pharaoh_round_trip():

@@ -5,6 +5,7 @@
     maps.heads.shape                       # (L, H, 5 target words, 5 source words + EOS)
     links = maps.links(layer=0, head=0)    # {(source word, target word), ...}, 0-based, Pharaoh order
     maps = maps_from_trace(trace, src, tgt, shift="awo")     # the same from a teacher-forced trace
+    papers_protocol(model, sources, targets, gold)            # each paper's protocol, 95 % interval, published AER
 
 Words are the whitespace tokens of the given lines. Each word is encoded on its own and the pieces are
 concatenated (sentencepiece splits at spaces, so this is the piece sequence of the line), so every piece
@@ -445,22 +446,26 @@ class ProtocolResult:
 
 def papers_protocol(model, sources: Sequence[Words], targets: Sequence[Words], gold, *,
                     methods: Sequence[str] = METHODS, shifts: Sequence[str] = SHIFTS, draws: int = 1000,
-                    level: float = 0.95, seed: int = 0, batch_size: int = 32) -> list[ProtocolResult]:
+                    level: float = 0.95, seed: int = 0, batch_size: int = 32,
+                    eos: str | None = None) -> list[ProtocolResult]:
     """Each method under its paper's protocol: whole-layer maps (weights: heads averaged; norms ‖Σ_h α f_h(x)‖;
     ALTI+ the layer's source contributions), one argmax link per target word with the paper's EOS rule, no
     symmetrization, the layer with the lowest AER on all the given lines; its AER with a bootstrap interval
     over sentences (`bootstrap_aer`). The interval resamples sentences for the chosen layer; the choice of
-    layer is not resampled (the papers report the best layer without one)."""
+    layer is not resampled (the papers report the best layer without one). `eos`: another EOS rule for every
+    method (a sensitivity check), None for each paper's own."""
+    if eos is not None and eos not in EOS_RULES:
+        raise ValueError(f"eos must be one of {EOS_RULES} or None, got {eos!r}")
     out = []
     for method in methods:
-        eos = PAPER_EOS[method] if method in PAPER_EOS else "drop"
+        rule = eos or PAPER_EOS.get(method, "drop")
         for shift in shifts:
             maps = alignment_maps(model, sources, targets, method=method, shift=shift, batch_size=batch_size,
                                   heads=False)
-            links = [[m.links(layer, None, eos=eos) for m in maps] for layer in range(len(model.dec))]
+            links = [[m.links(layer, None, eos=rule) for m in maps] for layer in range(len(model.dec))]
             scores = [score_alignments(x, gold) for x in links]
             best = min(range(len(scores)), key=lambda lay: scores[lay].aer)
-            out.append(ProtocolResult(method, shift, eos, best, scores[best],
+            out.append(ProtocolResult(method, shift, rule, best, scores[best],
                                       bootstrap_aer(links[best], gold, draws=draws, level=level, seed=seed),
                                       tuple(x.aer for x in scores), PUBLISHED_AER.get(method, {}).get(shift)))
     return out

@@ -58,10 +58,9 @@ def run(args: argparse.Namespace) -> int:
     # the other reading costs one more pass over the links: say so when it scores far better
     swapped = score_alignments([{(j, i) for i, j in p} for _, p in hyp[rows]], gold[rows])
     if swapped.aer < score.aer - SWAP_HINT_MARGIN:
-        flag = "--swap-hyp" if not args.swap_hyp else "no --swap-hyp"
-        print(f"workbench aer: hint: with {flag} (one file's columns the other way round) AER is "
-              f"{100 * swapped.aer:.1f} %, not {100 * score.aer:.1f} %: does one file write the target word first?",
-              file=sys.stderr)
+        print(f"workbench aer: hint: with one file's columns read the other way round (toggle --swap-hyp or "
+              f"--swap-gold) AER is {100 * swapped.aer:.1f} %, not {100 * score.aer:.1f} %: does one file write "
+              "the target word first?", file=sys.stderr)
     if args.json:
         print(json.dumps({k: getattr(score, k) for k in score.__dataclass_fields__}))
     else:
