@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import panel as pn
 import torch
 
+from ..analysis.confidence import Familiarity, familiarity
 from ..checkpoint.format import LATEST, is_checkpoint, read_log, resolve_checkpoint
 from ..checkpoint.shipped import CHECKPOINTS
 from ..decoding.translator import TranslationModel, decode_config_from_meta
@@ -123,6 +125,37 @@ def load_model(path: str) -> TranslationModel:
     tm = TranslationModel.from_checkpoint(path)
     tm.model.requires_grad_(False)
     return tm
+
+
+_FAMILIARITY: dict[str, Familiarity | Exception | None] = {}  # path -> measured, failed, or None while measuring
+_FAMILIARITY_LOCK = threading.Lock()
+FAMILIARITY_KEPT = 8
+
+
+def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
+    """The checkpoint's `Familiarity` (the yardstick of the wrong-language hint) once measured, else None.
+
+    The first call starts measuring it on a background thread (about 40 greedy translations of its validation
+    text: seconds) and returns None, so no request waits for it: the hint shows from the answers after that.
+    A checkpoint without local validation text never gets one (the error is kept, not retried)."""
+    with _FAMILIARITY_LOCK:
+        if path in _FAMILIARITY:
+            value = _FAMILIARITY[path]
+            return value if isinstance(value, Familiarity) else None
+        _FAMILIARITY[path] = None
+        while len(_FAMILIARITY) > FAMILIARITY_KEPT:
+            _FAMILIARITY.pop(next(iter(_FAMILIARITY)))
+
+    def measure() -> None:
+        try:
+            value: Familiarity | Exception = familiarity(tm)
+        except Exception as exc:  # no validation text here, or too few sentences: no hint, said in the log
+            value = exc
+        with _FAMILIARITY_LOCK:
+            _FAMILIARITY[path] = value
+
+    threading.Thread(target=measure, name="familiarity", daemon=True).start()
+    return None
 
 
 @pn.cache(max_items=8)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..analysis.ablation import AblationEffect, ablation_effect
+from ..analysis.confidence import source_hints
 from ..core.heads import Head
 from ..core.trace import Trace
 from ..decoding.translator import Translation, TranslationModel
@@ -149,4 +150,6 @@ def translate(tm: TranslationModel, req: Request) -> Result | None:
     compact = t.trace.to("cpu", torch.float16)
     compact.meta.update(pad_id=cfg.pad_id, eos_id=cfg.eos_id)
     t.trace = None  # the page keeps the compact copy only
+    mean_log_prob = None if t.forced or not t.tokens else t.log_prob / len(t.tokens)
+    notes += source_hints(text, mean_log_prob, loader.familiarity_of(str(req.path), tm))
     return Result(req, t, compact, tuple(notes + t.notes), time.perf_counter() - start, tm)
