@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import torch
 from test_app import TIMEOUT, open_app, submit
@@ -48,6 +49,10 @@ def test_features_tab_dashboard_and_link(page, app_server):
     page.locator(".main-tabs").get_by_text("Features", exact=True).click()
     page.locator(".features-sentence").get_by_text("Hund").wait_for(timeout=TIMEOUT)
     page.wait_for_function(f"({TITLE_JS})() !== null", timeout=TIMEOUT)
+    href = page.locator(".features-sentence a.feature-link").first.get_attribute("href")
+    query = parse_qs(urlparse(href).query)  # a feature's link is this page on that feature (issue 37)
+    assert query["ckpt"] == ["demo"] and query["src"] == ["Ein Hund läuft durch den Park."], href
+    assert query["tab"] == ["features"] and query["site"] == ["hook_memory"] and query["feature"][0].isdigit(), href
     _shot(page, "features_tab.png")
     # a feature id typed in: its dashboard, and the URL names it
     box = page.locator(".features-id input")

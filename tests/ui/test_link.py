@@ -124,6 +124,16 @@ def test_refused_values_and_unknown_keys_are_named_once_and_leave_the_url():
     assert link.finish() == ""  # the message comes once
 
 
+def test_href_is_this_page_with_some_keys_changed():
+    p = P(count=3, text="a b&c")
+    link = Link()
+    link.bind("n", p, "count")
+    link.bind("t", p, "text")
+    link.bind("heads", p, "heads")
+    assert link.href(n=5) == "?n=5&t=a+b%26c&heads="
+    assert link.href(heads=["x:1:2", "y:0:0"]) == "?n=3&t=a+b%26c&heads=x%3A1%3A2%2Cy%3A0%3A0"
+
+
 def test_a_key_bound_twice_is_a_mistake():
     link = Link()
     link.bind("k", P(), "count")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import threading
 from pathlib import Path
+from urllib.parse import quote
 
 import panel as pn
 import param
@@ -64,9 +65,10 @@ def why_this_word(r, fd: FeatureData, output: int, *, top: int = WHY_TOP) -> dic
             "error": float(fa.error.sum()), "bias": float(fa.bias.sum()), "total": float(fa.total.sum())}
 
 
-def explore(r, site: str, feature: int, query: str, output: int = 0) -> dict:
+def explore(r, site: str, feature: int, query: str, output: int = 0, href: str = "?site={site}&feature={feature}"
+            ) -> dict:
     """The tab's answer for result `r`: sentence features, why output token `output` came out, the dashboard
-    of `feature`, search hits (figures)."""
+    of `feature`, search hits (figures). `href`: a feature's link, with `{site}` and `{feature}` to fill in."""
     tm = r.model
     dirs = {p.name: p for p in sites_of(tm)}
     if not dirs:
@@ -77,7 +79,8 @@ def explore(r, site: str, feature: int, query: str, output: int = 0) -> dict:
     out: dict = {"sites": list(dirs), "site": name, "n": fd.n_features}
     target = None if fd.site.side == "src" else tm.tgt_tokenizer.decode(list(r.out_ids[:-1]))
     out["sentence"] = sentence_features_html(fd.sentence(r.request.sentence, target),
-                                             link=f"?site={name}&feature={{feature}}")
+                                             link=href.replace("{site}", quote(name)))
+    out["href"] = href.replace("{site}", quote(name))
     out["why"] = why_this_word(r, fd, output)
     if fd.stats is None:
         out["note"] = "This dictionary has no corpus statistics (stats.safetensors): dashboards need them."
@@ -105,6 +108,7 @@ class FeaturesView(LazyTab):
 
     def __init__(self, **params):
         super().__init__(**params)
+        self._link = None  # the page's link (`bind_link`): a feature's link is this page on that feature
         self._controls = pn.Row(
             pn.widgets.IntInput.from_param(self.param.feature, name="Feature", width=120,
                                            css_classes=["features-id"]),
@@ -131,6 +135,7 @@ class FeaturesView(LazyTab):
     def bind_link(self, link) -> None:
         """As `LazyTab`'s, and a link's dictionary must be one the first result's checkpoint ships ('' = the first);
         its feature must be one of that dictionary's (checked when the tab computes: loading it is heavy)."""
+        self._link = link
         for name, key in self.url.items():
             if name == "site":
                 link.bind(key, self, name, late=True, check=self._site_check, empty_unset=True)
@@ -147,10 +152,18 @@ class FeaturesView(LazyTab):
         r = self.session.result
         if r is None:
             return "*No sentence yet.*"
-        return r, self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1)
+        return r, self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1), self._href()
 
-    def compute(self, r, site, feature, query, output):
-        return explore(r, site, feature, query, output)
+    def _href(self) -> str:
+        """A feature's link: this whole page (`link.Link.href`) on this tab, with `{site}` and `{feature}` to fill
+        in; the placeholders go in as plain words (urlencode would escape braces) and come out as fields."""
+        if self._link is None:
+            return "?site={site}&feature={feature}"
+        return (self._link.href(tab="features", site="SITEPLACEHOLDER", feature="FEATUREPLACEHOLDER")
+                .replace("SITEPLACEHOLDER", "{site}").replace("FEATUREPLACEHOLDER", "{feature}"))
+
+    def compute(self, r, site, feature, query, output, href="?site={site}&feature={feature}"):
+        return explore(r, site, feature, query, output, href)
 
     def _open(self, feature: int) -> None:
         self.feature = feature
@@ -195,7 +208,8 @@ class FeaturesView(LazyTab):
         if "note" in answer:
             objs.append(pn.pane.Markdown(_md_escape(answer["note"])))
         if "hits" in answer:
-            rows = "".join(f"<li><a href='?site={answer['site']}&feature={h['feature']}' data-feature='{h['feature']}'>"
+            rows = "".join(f"<li><a href='{html.escape(answer['href'].format(feature=h['feature']))}' "
+                           f"data-feature='{h['feature']}'>"
                            f"#{h['feature']}</a>: {h['matches']} of its {h['of']} top contexts, mean "
                            f"{h['mean']:.3f}</li>" for h in answer["hits"]) or "<li>no feature fires on it</li>"
             objs.append(pn.pane.HTML(f"<ul class='features-hits'>{rows}</ul>", sizing_mode="stretch_width"))

@@ -226,6 +226,12 @@ class Link:
         pairs = [(f.key, v) for f in self.fields if (v := f.query_value()) is not None]
         return urlencode(pairs)
 
+    def href(self, **values: Any) -> str:
+        """A link to this page with some keys changed (`href(feature=7)`): the state's query, those values in the
+        same spelling, as a relative URL (`?...`)."""
+        pairs = [(f.key, encode(values[f.key]) if f.key in values else f.query_value()) for f in self.fields]
+        return "?" + urlencode([(k, v) for k, v in pairs if v is not None])
+
     def write(self) -> None:
         """Set the page's URL to the state (after the first answer; a no-op outside a served page)."""
         if not self.ready or self.location is None:
