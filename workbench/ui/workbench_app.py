@@ -18,6 +18,7 @@ import panel as pn
 import param
 
 from . import loader
+from .learn import Step, start_here
 from .link import Link, slug
 from .notebook import ordered_notebook_updates
 from .session import Session, first_loadable
@@ -132,6 +133,13 @@ class Workbench(pn.viewable.Viewer):
             if isinstance(view, LazyTab):
                 view.active = slug(title) == self.tab
 
+    def open_step(self, step: Step) -> None:
+        """The tour's "Show me": open the step's tab, and its attention kind where it names one."""
+        if step.kind is not None:
+            self.session.kind = step.kind
+        if step.tab in self.param.tab.objects:
+            self.tab = step.tab
+
     def __panel__(self):
         header = pn.pane.Markdown(
             f"# {TITLE}\nType a sentence and see what the translation model attends to. Views: pick a kind, "
@@ -148,7 +156,8 @@ class Workbench(pn.viewable.Viewer):
                        sizing_mode="stretch_width")
         tabs.param.watch(lambda e: setattr(self, "tab", names[e.new]), "active")
         self.param.watch(lambda e: setattr(tabs, "active", names.index(e.new)), "tab")
-        return pn.Column(header, self.source, self.output, tabs, sizing_mode="stretch_width")
+        return pn.Column(header, start_here(self.open_step), self.source, self.output, tabs,
+                         sizing_mode="stretch_width")
 
 
 def _open_first_loadable(session: Session) -> None:

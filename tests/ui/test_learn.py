@@ -1,0 +1,53 @@
+"""The learner's tour and glossary (issue 37 point 5): every step opens a place the app has, in the Annotated
+Transformer's order; every term of art has a definition a student can read, reachable by its anchor."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+
+from workbench.ui import Workbench  # noqa: E402
+from workbench.ui.learn import GLOSSARY, TOUR, anchor, glossary_html, start_here, term  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    return Workbench(root / "alpha", default_dir=None, background=False)
+
+
+def test_the_tour_follows_the_annotated_transformers_order():
+    topics = [s.topic for s in TOUR]
+    order = ["positions", "Masks", "Encoder self", "Decoder self", "Cross", "Heads", "schedule", "smoothing",
+             "Decoding"]
+    assert [next(i for i, t in enumerate(topics) if word.lower() in t.lower()) for word in order] == \
+        sorted(next(i for i, t in enumerate(topics) if word.lower() in t.lower()) for word in order)
+
+
+def test_every_step_opens_its_tab_and_kind(app):
+    for step in TOUR:
+        app.tab = "attention" if step.tab != "attention" else "internals"
+        app.open_step(step)
+        assert app.tab == step.tab, step.topic
+        if step.kind:
+            assert app.session.kind == step.kind, step.topic
+    card = start_here(app.open_step)
+    assert card.collapsed and len(card.objects) == len(TOUR) + 1  # the steps, then the glossary
+
+
+def test_the_glossary_defines_every_term_once_with_an_anchor():
+    anchors = [anchor(name) for name in GLOSSARY]
+    assert len(set(anchors)) == len(anchors)
+    page = glossary_html()
+    assert all(f'id="{a}"' in page for a in anchors)
+    for name in ("AER", "ALTI+", "DLA", "FVU", "L0"):  # the jargon the issue names
+        assert len(GLOSSARY[name].split()) >= 8  # a sentence, not an expansion of the acronym
+    link = term("ALTI+")
+    assert f'href="#{anchor("ALTI+")}"' in link and "title=" in link and "ALTI+" in link
+    assert "<" not in term("AER", shown="<b>x</b>").split(">", 1)[1].rsplit("<", 1)[0]  # shown text escaped

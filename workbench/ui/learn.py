@@ -1,0 +1,130 @@
+"""For a learner: a "Start here" tour through the Annotated Transformer's topics in order, and a glossary of the
+app's terms of art, each a sentence a student can read (not a docstring).
+
+The tour follows the texts this project teaches from (the Annotated Transformer and its companion posts on
+positional encoding, masks and the schedule): embeddings and positions, masks, the three kinds of attention,
+heads, the training schedule, label smoothing, decoding. Each step says what to look at and opens the place
+that shows it (a tab, and where it matters an attention kind). `term("AER")` gives a term with its definition
+as a hover title and a link to its glossary entry, for the views' own texts.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import panel as pn
+
+GLOSSARY: dict[str, str] = {
+    "ablation": "Switching a part of the model off (e.g. multiplying one head's output by 0) to see what changes.",
+    "activation patching": "Running the model on one sentence while copying one part's activation from another "
+                           "sentence, to measure how much that part carries the difference.",
+    "AER": "Alignment error rate: how far predicted word alignments are from a human's (0 % = perfect); lower is "
+           "better. Computed against 'sure' and 'possible' gold links (Och & Ney 2003).",
+    "ALTI+": "Aggregation of layer-wise token-to-token interactions (Ferrando et al. 2022): how much each source "
+             "and target-prefix token contributes to a prediction, through every layer, summing to 1.",
+    "attribution patching": "A fast linear estimate of activation patching from one gradient (Nanda 2023); it can "
+                            "be far off when the change is large, so the app marks it as an estimate.",
+    "beam search": "Decoding that keeps the k best partial translations at each step instead of only the best "
+                   "word (greedy); k is the beam size.",
+    "BLEU": "A translation score from 0 to 100 counting word n-grams shared with a reference translation "
+            "(Papineni et al. 2002; computed with sacreBLEU).",
+    "causal mask": "The decoder's mask: each output position may attend only to itself and earlier positions, so "
+                   "in training it cannot peek at the word it must predict.",
+    "CE recovered": "How much of the loss a dictionary keeps when it replaces the real activation: 100 % = as good "
+                    "as the model, 0 % = as bad as removing the activation.",
+    "cross-attention": "The decoder reading the encoder's output: each output position attends over the source "
+                       "tokens. This is where the model 'looks at' the sentence it translates.",
+    "dead feature": "A dictionary feature that never fires on the evaluation text.",
+    "DLA": "Direct logit attribution: how much each component (head, layer, embedding) adds directly to the "
+           "chosen word's logit, through the residual stream.",
+    "EAP": "Edge attribution patching (Syed et al. 2023): attribution patching applied to every connection between "
+           "components, to find a circuit.",
+    "encoder self-attention": "Each source token attending to every other source token (no mask but padding).",
+    "decoder self-attention": "Each output position attending to the output so far (the causal mask).",
+    "FVU": "Fraction of variance unexplained: how much of an activation a dictionary fails to reconstruct "
+           "(0 = perfect, 1 = no better than the mean).",
+    "head": "One of the parallel attention computations of a layer; each has its own queries, keys and values and "
+            "can attend to different things.",
+    "L0": "How many dictionary features are active on a token, on average: the sparsity of a dictionary.",
+    "label smoothing": "Training against a target that keeps 1 − ε on the reference word and spreads ε over the "
+                       "vocabulary, so the model is not pushed to be certain (Szegedy et al. 2016).",
+    "logit lens": "Reading an intermediate layer's state through the output layer, to see which word it already "
+                  "points to.",
+    "positional encoding": "A vector added to each token's embedding that says where it is in the sentence; "
+                           "attention itself does not know order.",
+    "rollout": "Attention rollout (Abnar & Zuidema 2020): attention multiplied through the layers, an estimate of "
+               "how information flows from inputs to outputs.",
+    "SAE": "Sparse autoencoder: a dictionary that rewrites an activation as a few active features out of many.",
+    "teacher forcing": "Running the decoder on a given output (the reference, in training) instead of its own "
+                       "previous words.",
+    "transcoder": "A dictionary trained to imitate a feed-forward layer: sparse features in, the layer's output "
+                  "out.",
+    "warm-up": "The first training steps, in which the learning rate rises from 0 to its peak before it decays.",
+}
+
+
+def anchor(name: str) -> str:
+    return "glossary-" + "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
+
+
+def term(name: str, shown: str | None = None) -> str:
+    """HTML for a term of art in a view's text: its definition on hover, and a link to the glossary entry."""
+    definition = GLOSSARY[name]
+    return (f'<a class="term" href="#{anchor(name)}" title="{html.escape(definition, quote=True)}">'
+            f"{html.escape(shown or name)}</a>")
+
+
+def glossary_html() -> str:
+    rows = "".join(f'<dt id="{anchor(name)}"><b>{html.escape(name)}</b></dt><dd>{html.escape(text)}</dd>'
+                   for name, text in sorted(GLOSSARY.items(), key=lambda kv: kv[0].lower()))
+    return f'<dl class="glossary">{rows}</dl>'
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stop of the tour: what it teaches, where to look, and the place it opens."""
+
+    topic: str
+    text: str
+    tab: str
+    kind: str | None = None
+
+
+TOUR: tuple[Step, ...] = (
+    Step("1. Embeddings and positions",
+         "Each source word becomes a vector; a positional encoding is added so the model knows word order. See the "
+         "sinusoids and how alike nearby positions are.", "internals"),
+    Step("2. Masks", "Padding is never attended to, and the decoder may not look ahead (the causal mask).",
+         "internals"),
+    Step("3a. Encoder self-attention", "Every source word looks at every other source word, layer by layer.",
+         "attention", "enc_self"),
+    Step("3b. Decoder self-attention", "Each output word looks at the words written before it — a triangle.",
+         "attention", "dec_self"),
+    Step("3c. Cross-attention", "Each output word looks at the source: the closest thing to 'what is it "
+         "translating now'. Try the grid view to see every head at once.", "attention", "cross"),
+    Step("4. Heads", "Heads of one layer attend differently. Pick one, then ablate it (right panel) and see whether "
+         "the translation changes.", "attention", "cross"),
+    Step("5. Training schedule", "The learning rate warms up, then decays; the curves show the loss the checkpoint "
+         "was trained to.", "internals"),
+    Step("6. Label smoothing", "The target keeps 1 − ε on the reference word; see where the trained model really "
+         "puts its probability.", "internals"),
+    Step("7. Decoding", "Greedy takes the best word each step; beam search keeps several candidates. Change the beam "
+         "in the sentence panel and compare.", "attention"),
+)
+
+
+def start_here(open_step: Callable[[Step], None]) -> pn.Card:
+    """A collapsed card: the tour's steps, each with a button that opens its place (`open_step`), and the
+    glossary."""
+    rows = []
+    for step in TOUR:
+        button = pn.widgets.Button(name="Show me", button_type="light", width=90, css_classes=["tour-open"])
+        button.on_click(lambda _event, s=step: open_step(s))
+        rows.append(pn.Row(button, pn.pane.HTML(f"<b>{html.escape(step.topic)}</b> — {html.escape(step.text)}",
+                                                sizing_mode="stretch_width"), sizing_mode="stretch_width"))
+    glossary = pn.Card(pn.pane.HTML(glossary_html(), sizing_mode="stretch_width"), title="Glossary",
+                       collapsed=True, sizing_mode="stretch_width", css_classes=["glossary-card"])
+    return pn.Card(*rows, glossary, title="Start here: a tour of the Transformer, in the order the Annotated "
+                   "Transformer teaches it", collapsed=True, sizing_mode="stretch_width", css_classes=["start-here"])
