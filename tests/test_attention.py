@@ -96,3 +96,84 @@ def test_attention_dropout_applies_on_both_paths():
     torch.manual_seed(1)
     b = model(src, tgt)
     assert not torch.allclose(a, b)
+
+
+def _reference_probs(trace, name, src, tgt, cfg):
+    """softmax(masked q·kᵀ/√Dh) in float64 from the q and k captured in the same run: a second path, not the code's."""
+    block = name.rsplit(".", 1)[0]
+    q, k = trace[f"{block}.hook_q"].double(), trace[f"{block}.hook_k"].double()
+    scores = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5
+    if name.startswith("dec") and ".self_attn" in name:
+        scores = scores.masked_fill(~torch.ones(q.size(2), k.size(2), dtype=torch.bool).tril(), float("-inf"))
+    else:
+        scores = scores.masked_fill((src == cfg.pad_id)[:, None, None, :], float("-inf"))
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_captured_probabilities_equal_the_textbook_formula(grad):
+    """The one-buffer path (in-place mask and softmax, no autograd) and the autograd path both give the
+    textbook probabilities to 1e-6."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    with torch.set_grad_enabled(grad):
+        _, trace = model.run_with_cache(src, tgt, names=["*.hook_probs", "*.hook_q", "*.hook_k"])
+    for name in trace.names("*.hook_probs"):
+        torch.testing.assert_close(trace[name].double(), _reference_probs(trace, name, src, tgt, cfg),
+                                   rtol=0, atol=1e-6, msg=name)
+
+
+def test_capture_without_autograd_is_bit_identical_to_the_autograd_path():
+    """In-place masking and softmax into one buffer change no bit of the probabilities or the logits."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    logits, trace = model.run_with_cache(src, tgt)  # parameters require grad: the out-of-place path
+    with torch.inference_mode():
+        fast_logits, fast = model.run_with_cache(src, tgt)
+    assert torch.equal(fast_logits, logits.detach())
+    for name in trace:
+        assert torch.equal(fast[name], trace[name]), name
+
+
+def test_large_cpu_probability_buffers_are_exact_and_outlive_their_block():
+    """Above the huge-page threshold the probabilities live in their own mapping; they stay valid and exact."""
+    from workbench.core import attention
+
+    cfg = presets.tiny(vocab=50, max_positions=512)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=8, src_len=300, tgt_len=260)
+    assert 8 * cfg.n_heads * 260 * 260 * 4 >= attention._HUGE_PAGE_BYTES  # every block takes that path
+    logits, trace = model.run_with_cache(src, tgt)
+    with torch.inference_mode():
+        fast_logits, fast = model.run_with_cache(src, tgt)
+        del fast_logits
+    for name in trace:
+        assert torch.equal(fast[name], trace[name]), name
+        assert (fast[name].sum(-1) - 1).abs().max() < 1e-5
+
+
+def test_scores_hook_keeps_its_scores_when_the_softmax_runs_in_place():
+    """A hook holding hook_scores must not see them overwritten by the probabilities."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, pad=False)
+    with torch.inference_mode():
+        _, trace = model.run_with_cache(src, tgt, names="enc.0.self_attn.hook_*")
+    torch.testing.assert_close(trace["enc.0.self_attn.hook_probs"], trace["enc.0.self_attn.hook_scores"].softmax(-1))
+
+
+def test_an_edit_of_the_probabilities_reaches_the_output_without_autograd():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+
+    def uniform(x, hook):
+        return torch.full_like(x, 1.0 / x.size(-1))
+
+    with torch.inference_mode():
+        clean = model(src, tgt)
+        with model.hooks({"enc.0.self_attn.hook_probs": uniform}):
+            edited = model(src, tgt)
+    assert not torch.allclose(clean, edited)

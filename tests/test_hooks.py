@@ -225,3 +225,28 @@ def test_post_norm_norm_and_resid_hooks_hold_the_same_tensor(tiny_config, norm_f
     assert len(pairs) == 2 * cfg.enc_layers + 3 * cfg.dec_layers
     same = [torch.equal(trace[a], trace[b]) for a, b in pairs]
     assert all(same) if not norm_first else not any(same)
+
+
+def test_wanted_heads_is_the_union_of_marked_listeners_and_none_for_any_other(tiny_model, tiny_config):
+    point = tiny_model.enc[0].self_attn.hook_probs
+    seen = []
+    assert point.wanted_heads() == ()
+    with tiny_model.hooks({point.name: [hooks_module.reads_heads(lambda x, h: seen.append(x.shape), [3]),
+                                        hooks_module.reads_heads(lambda x, h: None, [1, 3])]}):
+        assert point.wanted_heads() == (1, 3)
+        tiny_model(*make_batch(tiny_config))
+        with tiny_model.hooks({point.name: lambda x, h: None}):
+            assert point.wanted_heads() is None  # an unmarked listener reads (and may edit) every head
+    assert seen == [torch.Size([3, 2, 7, 7])]
+    handle = point.register_forward_hook(lambda m, i, o: None)
+    try:
+        assert point.wanted_heads() is None
+    finally:
+        handle.remove()
+
+
+def test_a_head_reading_hook_that_returns_a_tensor_is_refused(tiny_model, tiny_config):
+    point = tiny_model.enc[0].self_attn.hook_probs
+    with tiny_model.hooks({point.name: hooks_module.reads_heads(lambda x, h: x * 0, [0])}):
+        with pytest.raises(ValueError, match="read them"):
+            tiny_model(*make_batch(tiny_config))

@@ -179,3 +179,68 @@ def test_forward_without_projection_is_the_decoder_output_the_logits_come_from()
     logits, trace = model.run_with_cache(src, tgt, names="hook_dec_out")
     torch.testing.assert_close(hidden, trace["hook_dec_out"])
     torch.testing.assert_close(model.output_proj(hidden), logits)
+
+
+class _SoftmaxCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the attention-probability entries a forward computes: elements that go through a softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.entries = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._softmax, torch.ops.aten.softmax):
+            self.entries += args[0].numel()
+        return func(*args, **(kwargs or {}))
+
+
+def _softmax_entries(run) -> int:
+    with torch.inference_mode(), _SoftmaxCount() as counter:
+        run()
+    return counter.entries
+
+
+def test_capturing_chosen_heads_computes_only_their_probabilities():
+    """Work in proportion to the heads asked for: one head of one block costs B·Lq·Lk softmax entries, all heads
+    the sum over blocks of B·H·Lq·Lk, the plain forward none (fused kernels)."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    (b, s), t, h = src.shape, tgt.size(1), cfg.n_heads
+    per_head = {"enc_self": b * s * s, "dec_self": b * t * t, "cross": b * t * s}
+    every = sum(per_head[kind] * h * 2 for kind in per_head)  # 2 layers of each kind
+    assert _softmax_entries(lambda: model(src, tgt)) == 0
+    assert _softmax_entries(lambda: model.run_with_cache(src, tgt)) == every
+    assert _softmax_entries(lambda: model.run_with_cache(src, tgt, heads=["dec_self:1:2"])) == per_head["dec_self"]
+    chosen = ["cross:0:1", "cross:0:3", "enc_self:1:0"]
+    assert _softmax_entries(lambda: model.run_with_cache(src, tgt, heads=chosen)) == \
+        2 * per_head["cross"] + per_head["enc_self"]
+
+
+def test_chosen_heads_match_the_full_capture_and_leave_the_logits_alone():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    with torch.inference_mode():
+        plain = model(src, tgt)
+        _, full = model.run_with_cache(src, tgt)
+        logits, some = model.run_with_cache(src, tgt, heads=["cross:1:3", "cross:1:0", ("enc_self", 0, 2)])
+    assert torch.equal(logits, plain)  # the blocks ran fused: capturing chose no other path
+    assert some.meta["heads"] == {"enc.0.self_attn.hook_probs": [2], "dec.1.cross_attn.hook_probs": [0, 3]}
+    assert some["dec.1.cross_attn.hook_probs"].shape == (src.size(0), 2, tgt.size(1), src.size(1))
+    for kind, layer, head in [("cross", 1, 3), ("cross", 1, 0), ("enc_self", 0, 2)]:
+        # upstream blocks ran fused here and explicitly in the full capture: equal to float rounding
+        torch.testing.assert_close(some.attention(kind, layer, head), full.attention(kind, layer, head),
+                                   rtol=0, atol=1e-6)
+
+
+def test_chosen_heads_are_checked_and_read_only():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    with pytest.raises(ValueError, match="does not exist"):
+        model.run_with_cache(src, tgt, heads=["cross:1:4"])
+    with pytest.raises(ValueError, match="not both"):
+        model.run_with_cache(src, tgt, names="*.hook_q", heads=["cross:1:0"])
+    with pytest.raises(ValueError, match="detach=False"):
+        model.run_with_cache(src, tgt, heads=["cross:1:0"], detach=False)

@@ -99,3 +99,18 @@ def test_token_strings_are_pieces_and_old_files_still_load(tmp_path):
     loaded = Trace.load(old)
     assert dict(loaded.meta) == {"src_pieces": ["▁Hund", "</s>"]}
     assert dict(loaded.to("cpu").meta) == dict(loaded.meta)
+
+
+def test_a_trace_of_chosen_heads_indexes_by_the_models_head_and_round_trips(tmp_path):
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    _, full = model.run_with_cache(src, tgt)
+    _, some = model.run_with_cache(src, tgt, heads=["enc_self:0:1", "enc_self:0:3"])
+    assert list(some) == ["enc.0.self_attn.hook_probs"]  # the first block: nothing upstream differs
+    torch.testing.assert_close(some.attention("enc_self", 0, 3), full.attention("enc_self", 0, 3), rtol=0, atol=1e-6)
+    with pytest.raises(KeyError, match=r"holds heads \[1, 3\]"):
+        some.attention("enc_self", 0, 2)
+    some.save(tmp_path / "t.safetensors")
+    again = Trace.load(tmp_path / "t.safetensors")
+    torch.testing.assert_close(again.attention("enc_self", 0, 1), some.attention("enc_self", 0, 1))

@@ -6,11 +6,26 @@ context listens to `hook_scores` or `hook_probs`. `hook_context` (per-head outpu
 output projection) is what SDPA returns, so head ablation stays on the fast path.
 `hook_result` (each head's output as written into the residual stream: its context times its slice
 of the output projection, bias excluded) is computed only when a hook listens to it.
+
+Capture speed (issue 39). Profiling `run_with_cache` on CPU (tiny model, B=32, L=512) put ~90 % of the
+capture's extra time in the three (B, H, Lq, Lk) tensors the textbook path writes per block (scores, the
+masked copy, the probabilities) and above all in first touching their fresh pages: a 128 MiB tensor costs
+~60-300 ms of page faults before any arithmetic. Without autograd the explicit path therefore writes one
+tensor per block: QKᵀ lands in the buffer that becomes the probabilities, the mask and the softmax work in
+place (bit-identical to the out-of-place ops: tested), and on CPU that buffer comes from 2 MiB pages
+(`_empty_probs`), which the kernel faults in 512× fewer steps. The context is `probs @ v`, not a second
+fused SDPA call, so an edit made by a `hook_probs` hook reaches the output.
+
+Heads. A hook function carrying `heads` (a tuple of head indices, see `hooks.reads_heads`) reads only
+those heads of `hook_probs`: when every listener there says so, and nothing listens to `hook_scores`, the
+block computes the probabilities of those heads only, passes them (B, len(heads), Lq, Lk) to the hooks
+read-only, and takes its output from SDPA: capturing one head of one block costs one head's softmax.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -114,9 +129,13 @@ class MultiHeadAttention(nn.Module):
             causal = False  # a single newest query may see every cached key
         dropout = self.dropout if self.training else 0.0
 
-        if self.hook_scores.is_active() or self.hook_probs.is_active():
+        # heads whose probabilities a listener reads: None = every head, and the output must follow them
+        heads = None if self.hook_scores.is_active() else self.hook_probs.wanted_heads()
+        if heads is None:
             context = self._explicit(q, k, v, mask, causal, offset, dropout)
         else:
+            if heads:
+                self._observe_heads(q, k, heads, mask, causal)
             if causal and (mask is not None or offset):
                 mask = _merge_causal(mask, q_len, k_len, q.device)
                 causal = False
@@ -144,20 +163,76 @@ class MultiHeadAttention(nn.Module):
         return out if self.out_proj.bias is None else out + self.out_proj.bias
 
     def _explicit(self, q, k, v, mask, causal, offset, dropout) -> torch.Tensor:
-        # scale q (L·Dh values) rather than the scores (L² values): one fewer pass over the big tensor
-        scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1))  # (B, H, Lq, Lk)
         if causal:
             mask = _merge_causal(mask, q.size(2), k.size(2), q.device)
-        if mask is not None:
-            # finfo.min, not -inf: exp underflows to exactly 0 on masked keys, and a row with
-            # no visible key becomes uniform instead of NaN
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        scores = self.hook_scores(scores)
-        # softmax accumulates in fp32 internally for half types, so no upcast copy is needed
-        probs = self.hook_probs(torch.softmax(scores, dim=-1))
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            # autograd needs every step out of place (softmax's backward reads its output, matmul's its inputs)
+            scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1))  # (B, H, Lq, Lk)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            probs = torch.softmax(self.hook_scores(scores), dim=-1)
+        else:
+            probs = self._probs(q, k, mask)
+        probs = self.hook_probs(probs)
         if dropout:
             probs = F.dropout(probs, p=dropout)
         return torch.matmul(probs, v)
+
+    def _probs(self, q, k, mask) -> torch.Tensor:
+        """softmax(masked QKᵀ/√Dh), (B, H, Lq, Lk), written once: scores, mask and softmax share one buffer
+        unless a hook listens to the scores (it may keep them), and then the softmax gets its own."""
+        b, h, q_len, _ = q.shape
+        # scale q (L·Dh values) rather than the scores (L² values): one fewer pass over the big tensor
+        scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1),
+                              out=_empty_probs((b, h, q_len, k.size(2)), q))
+        if mask is not None:
+            # finfo.min, not -inf: exp underflows to exactly 0 on masked keys, and a row with
+            # no visible key becomes uniform instead of NaN
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        seen = self.hook_scores(scores)
+        # softmax accumulates in fp32 internally for half types, so no upcast copy is needed. In place only on
+        # CPU, where the row kernel reads a row before writing it (tested equal); elsewhere the allocator is
+        # cheap and an aliased out= is not a documented contract of the kernels.
+        in_place = seen is scores and not self.hook_scores.is_active() and q.device.type == "cpu"
+        return torch.softmax(seen, dim=-1, out=seen if in_place else _empty_probs(seen.shape, seen))
+
+    def _observe_heads(self, q, k, heads, mask, causal) -> None:
+        """Run `hook_probs` on the listed heads' probabilities only (the block's output comes from SDPA)."""
+        index = torch.tensor(heads, device=q.device)
+        if mask is not None and mask.dim() == 4 and mask.size(1) > 1:
+            mask = mask.index_select(1, index)
+        if causal:
+            mask = _merge_causal(mask, q.size(2), k.size(2), q.device)
+        with torch.no_grad():  # read-only by contract: nothing downstream depends on these probabilities
+            probs = self._probs(q.index_select(1, index), k.index_select(1, index), mask)
+        if self.hook_probs(probs) is not probs:
+            raise ValueError(f"a hook reading heads {list(heads)} of {self.hook_probs.name} returned a tensor: "
+                             f"hooks that declare heads read them; edit probabilities with a hook on every head")
+
+
+# Below this size a buffer comes from torch's allocator (glibc reuses freed heap memory without faults).
+_HUGE_PAGE_BYTES = 8 << 20
+_MADVISE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def _empty_probs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor for attention probabilities, on `like`'s device and dtype.
+
+    Large CPU buffers are anonymous mappings advised MADV_HUGEPAGE: the kernel then faults them in 2 MiB
+    pages instead of 4 KiB ones (Linux with transparent huge pages on "madvise", the common default), which
+    halved the cost of writing a fresh 128 MiB tensor here. The tensor owns the mapping (`torch.frombuffer`
+    holds it), so it is freed with the tensor like any other. Elsewhere (CUDA, small sizes, no madvise):
+    `torch.empty`.
+    """
+    nbytes = math.prod(shape) * like.element_size()
+    if like.device.type != "cpu" or _MADVISE is None or nbytes < _HUGE_PAGE_BYTES:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(_MADVISE)
+    except OSError:  # a kernel without transparent huge pages: plain pages, still one tensor
+        pass
+    return torch.frombuffer(region, dtype=like.dtype).view(shape)
 
 
 def _merge_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:

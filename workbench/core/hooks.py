@@ -124,6 +124,16 @@ class HookPoint(nn.Module):
         return ((_ACTIVE_COUNT != 0 and _listens(self)) or bool(
             _GLOBAL_FORWARD or _GLOBAL_PRE or d["_forward_hooks"] or d["_forward_pre_hooks"] or "forward" in d))
 
+    def wanted_heads(self) -> tuple[int, ...] | None:
+        """The heads (dim 1) that the listeners here read: () when nothing listens, None when one reads or may
+        edit every head (a function without a `heads` attribute, or a plain PyTorch hook). See `reads_heads`."""
+        d = self.__dict__
+        if _GLOBAL_FORWARD or _GLOBAL_PRE or d["_forward_hooks"] or d["_forward_pre_hooks"] or "forward" in d:
+            return None
+        if _ACTIVE_COUNT == 0:
+            return ()
+        return _wanted_heads(self)
+
     @property
     def decoding(self) -> DecodingStep | None:
         """During generation, the step and each row's sentence and beam (see `DecodingStep`); else None."""
@@ -163,14 +173,48 @@ def _listens_eager(point: HookPoint) -> bool:
     return bool(active) and point in active
 
 
-_run_hooks, _listens = _run_hooks_eager, _listens_eager
+def _wanted_heads_eager(point: HookPoint) -> tuple[int, ...] | None:
+    active = _ACTIVE.get()
+    fns = active.get(point) if active else None
+    if not fns:
+        return ()
+    heads: set[int] = set()
+    for fn in fns:
+        read = getattr(fn, "heads", None)
+        if read is None:
+            return None
+        heads.update(read)
+    return tuple(sorted(heads))
+
+
+_run_hooks, _listens, _wanted_heads = _run_hooks_eager, _listens_eager, _wanted_heads_eager
 
 
 def _guard_for_compile() -> None:
-    global _run_hooks, _listens
+    global _run_hooks, _listens, _wanted_heads
     if _run_hooks is _run_hooks_eager and "torch._dynamo" in sys.modules:
         _run_hooks = torch.compiler.disable(_run_hooks_eager)
         _listens = torch.compiler.disable(_listens_eager)
+        _wanted_heads = torch.compiler.disable(_wanted_heads_eager)
+
+
+def reads_heads(fn: HookFn, heads: Iterable[int]) -> HookFn:
+    """`fn` marked as reading only these heads of a (B, H, ...) hook point, and never editing it.
+
+    Attention honours the mark at `hook_probs`: when every function listening there carries one, the block
+    computes the probabilities of the union of those heads only and hands the hooks that (B, len(heads), Lq,
+    Lk) tensor, heads in ascending order; its output then comes from the fused kernel, so a marked function
+    that returns a tensor is an error. Other hook points ignore the mark (they pass every head)."""
+    heads = tuple(sorted({int(h) for h in heads}))
+    if not heads or heads[0] < 0:
+        raise ValueError(f"heads must be non-negative indices, at least one, got {list(heads)}")
+
+    def read(x: torch.Tensor, hook: HookPoint) -> torch.Tensor | None:
+        return fn(x, hook)
+
+    read.heads = heads  # type: ignore[attr-defined]
+    read.__name__ = getattr(fn, "__name__", "read")
+    return read
 
 
 def path_of(module: nn.Module) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +22,8 @@ from torch import nn
 from .attention import KVCache
 from .config import ModelConfig
 from .embedding import Positions, init_embedding
-from .hooks import HookFn, HookPoint, NameFilter, hooks, name_hook_points, select_names
+from .heads import Head
+from .hooks import HookFn, HookPoint, NameFilter, hooks, name_hook_points, reads_heads, select_names
 from .layers import DecoderLayer, Dropout, EncoderLayer, LayerNorm, Sublayer
 from .masks import padding_mask
 from .trace import Trace
@@ -242,26 +243,38 @@ class Transformer(nn.Module):
         tgt: torch.Tensor,
         names: NameFilter = "*.hook_probs",
         *,
+        heads: Iterable[Head | str | tuple] | None = None,
         device: torch.device | str | None = None,
         detach: bool = True,
     ) -> tuple[torch.Tensor, Trace]:
         """Forward pass that also returns the chosen activations as a `Trace`.
 
-        By default every attention-probability tensor is captured. `device="cpu"` moves them off
-        the accelerator as they are produced; `detach=False` keeps them in the autograd graph.
+        By default every attention-probability tensor is captured; `names=None` captures every hook point. `heads`
+        ("cross:1:0", Head or (kind, layer, head) each) captures the probabilities of those heads only, at the
+        cost of those heads: their blocks compute no other head's softmax, the rest of the model runs fused.
+        The trace then holds (B, k, Lq, Lk) per block, k heads in ascending order, listed in
+        `trace.meta["heads"]`; `trace.attention(kind, layer, head)` finds a head either way; they are detached
+        (the outputs come from the fused kernel, not from them). `device="cpu"`
+        moves activations off the accelerator as they are produced; `detach=False` keeps them in the
+        autograd graph.
         """
-        with self.capture(names, device=device, detach=detach) as store:
+        if heads is not None:
+            heads = [heads] if isinstance(heads, (str, Head)) else list(heads)  # read twice: capture and meta
+        with self.capture(names, heads=heads, device=device, detach=detach) as store:
             logits = self(src, tgt)
-        return logits, Trace({name: calls[-1] for name, calls in store.items()}, src=src, tgt=tgt)
+        meta = {"heads": self._heads_by_name(heads)} if heads is not None else None
+        return logits, Trace({name: calls[-1] for name, calls in store.items()}, src=src, tgt=tgt, meta=meta)
 
     @contextlib.contextmanager
     def capture(
-        self, names: NameFilter = "*.hook_probs", *, device=None, detach: bool = True
+        self, names: NameFilter = "*.hook_probs", *, heads: Iterable[Head | str | tuple] | None = None, device=None,
+        detach: bool = True,
     ) -> Iterator[dict[str, list[torch.Tensor]]]:
         """Record the chosen activations during the block: {name: [tensor per call]}.
 
         One forward gives one tensor per name; incremental decoding gives one per step (the
-        decoding module assembles those into a whole-generation trace).
+        decoding module assembles those into a whole-generation trace). `heads`: as in `run_with_cache`;
+        it replaces `names`, which must then be left at its default.
         """
         store: dict[str, list[torch.Tensor]] = {}
 
@@ -271,9 +284,29 @@ class Transformer(nn.Module):
                 y = y.to(device)
             store.setdefault(hook.name, []).append(y)
 
-        chosen = self.hook_names(names)
-        with self.hooks([(n, keep) for n in chosen]):
+        if heads is None:
+            spec = [(n, keep) for n in self.hook_names(names)]
+        elif names != "*.hook_probs":
+            raise ValueError("give names or heads, not both: heads captures those heads' hook_probs only")
+        elif not detach:
+            raise ValueError("heads captures read-only probabilities (the blocks' outputs come from the fused "
+                             "kernel), so detach=False has no graph to keep; capture every head for gradients")
+        else:
+            spec = [(n, reads_heads(keep, h)) for n, h in self._heads_by_name(heads).items()]
+        with self.hooks(spec):
             yield store
+
+    def _heads_by_name(self, heads: Iterable[Head | str | tuple]) -> dict[str, list[int]]:
+        """{block's hook_probs name: sorted head indices}, in module order; unknown heads raise ValueError."""
+        if isinstance(heads, (str, Head)):
+            heads = [heads]
+        chosen: dict[str, set[int]] = {}
+        for spec in heads:
+            head = Head.parse(spec).check(self.cfg)
+            chosen.setdefault(head.hook_name("hook_probs"), set()).add(head.head)
+        if not chosen:
+            raise ValueError("heads is empty: name at least one head, or pass heads=None for every head")
+        return {name: sorted(chosen[name]) for name in self.hook_names(list(chosen))}
 
     def intervene(self, spec: dict[str, HookFn]) -> contextlib.AbstractContextManager[None]:
         """Alias of `hooks` that reads better for edits: `with model.intervene({...}):`."""

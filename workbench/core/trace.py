@@ -79,10 +79,19 @@ class Trace(Mapping[str, torch.Tensor]):
         return torch.stack([self._tensors[n] for n in names])
 
     def attention(self, kind: AttentionKind, layer: int, head: int | None = None) -> torch.Tensor:
-        """Attention probabilities (B, H, Lq, Lk), or (B, Lq, Lk) for one head."""
-        probs = self[hook_name(kind, layer, "hook_probs")]  # hook_name refuses unknown kinds
+        """Attention probabilities (B, H, Lq, Lk), or (B, Lq, Lk) for one head.
+
+        A trace of chosen heads (`run_with_cache(heads=...)`) holds (B, k, Lq, Lk) per block, its heads listed in
+        `meta["heads"]`; `head` is then the model's head index, and an uncaptured one raises KeyError."""
+        name = hook_name(kind, layer, "hook_probs")  # hook_name refuses unknown kinds
+        probs = self[name]
         if head is None:
             return probs
+        held = self.meta.get("heads", {}).get(name)
+        if held is not None:
+            if head not in held:
+                raise KeyError(f"head {head} of {name} was not captured; this trace holds heads {held} there")
+            return probs[:, held.index(head)]
         if not -probs.size(1) <= head < probs.size(1):
             raise IndexError(f"head {head} out of range: this block has {probs.size(1)} heads")
         return probs[:, head]
