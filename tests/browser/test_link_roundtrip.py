@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from test_app import TIMEOUT, open_app, submit, text, version, wait_version
+from test_graph_tab import DRAWN_JS, PANEL_JS, tap
 
 TITLES_JS = """() => [...Bokeh.index.all_views()]
     .filter(v => v.el && v.el.isConnected && v.model.title && v.model.title.text)
@@ -177,3 +178,26 @@ def test_compare_picker_shows_b_and_a_choice_sets_b(page, app_server):
     page.locator(".compare-note").get_by_text("B = other: chosen by you").wait_for(timeout=TIMEOUT)
     settle(page)
     assert parse_qs(urlparse(page.url).query)["cmp"] == ["other"]
+
+
+def test_a_tapped_graph_node_is_in_the_link(browser, app_server):
+    """The Graph tab's token, threshold and tapped node: the link opens the same graph with that node's panel."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1100})
+    page = ctx.new_page()
+    open_app(page, app_server + "?ckpt=demo&tab=graph&gtok=1&gthr=0.5")
+    page.wait_for_function(DRAWN_JS, timeout=TIMEOUT)
+    node = tap(page, "head")
+    page.wait_for_function("() => /[?&]gnode=\\d/.test(window.location.search)", timeout=TIMEOUT)
+    settle(page)
+    url = page.url
+    assert parse_qs(urlparse(url).query)["gtok"] == ["1"]
+    copy = browser.new_context(viewport={"width": 1400, "height": 1100}).new_page()
+    open_app(copy, url)
+    copy.wait_for_function(DRAWN_JS, timeout=TIMEOUT)
+    copy.wait_for_function(f"() => {{ const p = ({PANEL_JS})(); return p && p.text.includes({node['label']!r}); }}",
+                           timeout=TIMEOUT)
+    assert copy.evaluate(PANEL_JS)["text"] == node["text"]
+    settle(copy)
+    assert copy.url == url and "could not be used" not in text(copy, ".message")
+    copy.context.close()
+    ctx.close()

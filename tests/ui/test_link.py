@@ -273,3 +273,23 @@ def test_compare_shows_b_and_a_choice_sets_b(ckpt_dir, monkeypatch):
     assert parse(location.search)["cmp"] == "alpha"
     b.session.checkpoint = "beta"  # a chosen B stays when A changes
     assert view.other == "alpha" and picker.value == "alpha"
+
+
+def _graph_nodes(wb):
+    view = next(v for title, v in wb.tabs if title == "Graph")
+    pane = next(o for o in view.content if "graph-figure" in o.css_classes)
+    return view, pane.object.select_one({"name": "graph_nodes"})
+
+
+def test_a_tapped_graph_node_round_trips_and_a_missing_one_is_named(ckpt_dir, monkeypatch):
+    a, location = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&tab=graph&gtok=1&gthr=0.5")
+    view, nodes = _graph_nodes(a)
+    assert view.position == 1 and view.node == -1
+    nodes.selected.indices = [2]  # a tap
+    assert view.node == nodes.data["index"][2] and parse(location.search)["gnode"] == str(view.node)
+    b, _ = _page(ckpt_dir, monkeypatch, location.search)
+    view_b, nodes_b = _graph_nodes(b)
+    assert view_b.node == view.node and list(nodes_b.selected.indices) == [2]  # its panel opens
+    assert "could not be used" not in b.session.message
+    c, location_c = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&tab=graph&gtok=1&gnode=99999")
+    assert "gnode=99999" in c.session.message and parse(location_c.search)["gnode"] == "-1"

@@ -21,9 +21,9 @@ is built; its progress is reported per sub-layer and a newer request stops it be
 MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes nodes² × 8 bytes). The last graph
 is kept, so changing the threshold or the cap only prunes again.
 
-The token, threshold, cap and corpus-contexts switch are in the URL (`?gtok=&gthr=&gcap=&gctx=`, see `link.py`); a
-link's value the tab cannot use is named in the page's message and dropped from the URL. Added by
-`Workbench(extra_tabs=[TAB])`.
+The token, threshold, cap, corpus-contexts switch and the tapped node are in the URL (`?gtok=&gthr=&gcap=&gctx=
+&gnode=`, see `link.py`); a link's value the tab cannot use is named in the page's message and dropped from the URL.
+Added by `Workbench(extra_tabs=[TAB])`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ..charts.export import to_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
 from ..core.batching import decoder_input
 from ..corpus.data import dataset_files
+from .link import MESSAGE
 from .views import LazyTab, _md_escape
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
@@ -106,16 +107,19 @@ class GraphView(LazyTab):
                              doc="Keep the fewest nodes holding this share of the influence on the logit")
     max_nodes = param.Integer(default=100, bounds=(5, 400), doc="At most this many nodes (the most influential)")
     contexts = param.Boolean(default=True, doc="Also show where each head and FFN writes most in a test corpus")
+    node = param.Integer(default=-1, bounds=(-1, None), doc="The tapped node (its index in the graph; -1: none)")
 
     title = "Graph"
     follows = ("version",)
     redraws = ("position", "threshold", "max_nodes", "contexts")
     heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
-    url = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap", "contexts": "gctx"}
-    url_late = ("position",)
+    url = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap", "contexts": "gctx", "node": "gnode"}
+    url_late = ("position", "node")
 
     def __init__(self, **params):
         super().__init__(**params)
+        self._link_node: int | None = None  # a link's node, checked when its graph is drawn
+        self._drawn: tuple = (None, [])  # (the drawn graph's node source, the graph indices of its nodes)
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, object] = OrderedDict()
         self._answer: dict | None = None
@@ -137,6 +141,17 @@ class GraphView(LazyTab):
             self._export)
         self.session.param.watch(self._follow, "result")
         self._follow()
+
+    def bind_link(self, link) -> None:
+        """As `LazyTab`'s; a link's node is kept until its graph is drawn, then selected (its panel opens) or, when
+        that graph does not draw it, named in the page's message and dropped."""
+        for name, key in self.url.items():
+            check = self._link_node_check if name == "node" else None
+            link.bind(key, self, name, late=name in self.url_late, check=check)
+
+    def _link_node_check(self, node: int) -> tuple[int, list[str]]:
+        self._link_node = node if node >= 0 else None
+        return node, []
 
     # -- following the page -------------------------------------------------------------------------
     def _follow(self, *_) -> None:
@@ -247,12 +262,52 @@ class GraphView(LazyTab):
                 + (f" Corpus contexts: {_md_escape(answer['corpus'])}." if answer["corpus"] else ""))
         self._export.filename = self.export_name()
         self._export.disabled = False
+        self._select_node(fig)
         objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
                 # no margin of its own: the stretched row already spans the tab (a margin pushed it 5 px past the page)
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
                               css_classes=["graph-figure"], margin=0),
                 pn.pane.Bokeh(legend)]
         return objs
+
+    def _select_node(self, fig) -> None:
+        """Tie the drawn graph's selection to `node` both ways: a tap sets it (and so the URL), and the node it
+        names is selected in each new drawing that has it, so its panel opens."""
+        source = fig.select_one({"name": "graph_nodes"})
+        if source is None:
+            return
+        drawn = [int(i) for i in source.data["index"]]
+        source.selected.on_change("indices", lambda _attr, _old, new: self._tapped(drawn, new))
+        self._drawn = (source, drawn)
+        self._show_node()
+
+    @param.depends("node", watch=True)
+    def _show_node(self) -> None:
+        """Select `node` in the drawn graph (the side panel is the figure's own JavaScript, run on a selection
+        change: set on the next tick, once the figure is on the page). A node the graph does not draw is dropped;
+        a link's is also named, like any refused value of a link."""
+        source, drawn = self._drawn
+        if source is None:
+            return
+        link_node, self._link_node = self._link_node, None
+        if self.node < 0:
+            return
+        if self.node not in drawn:
+            if link_node == self.node:
+                self.session.notes = [*self.session.notes, f"{MESSAGE}gnode={self.node} (not drawn in this graph)"]
+            self.node = -1
+            return
+        indices = [drawn.index(self.node)]
+        if list(source.selected.indices) == indices:
+            return
+        doc = pn.state.curdoc
+        if doc is not None and doc.session_context is not None:
+            doc.add_next_tick_callback(lambda: setattr(source.selected, "indices", indices))
+        else:
+            source.selected.indices = indices
+
+    def _tapped(self, drawn: list[int], indices) -> None:
+        self.node = drawn[indices[0]] if len(indices) else -1
 
     # -- export -------------------------------------------------------------------------------------
     def export_name(self) -> str:
