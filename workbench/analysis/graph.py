@@ -195,12 +195,19 @@ def graph_size(model, src_len: int, position: int) -> int:
 
 
 
+TARGETS = ("logit", "runner-up", "demeaned")
+
+
 def attribution_graph(model, src, tgt, position: int = -1, token: int | None = None, *,
-                      baseline_token: int | None = None, src_tokens: list[str] | None = None,
-                      tgt_tokens: list[str] | None = None,
+                      baseline_token: int | None = None, target: str = "logit",
+                      src_tokens: list[str] | None = None, tgt_tokens: list[str] | None = None,
                       progress: Callable[[int, int], None] | None = None) -> AttributionGraph:
     """The attribution graph of the logit of `token` (default: the model's top token) at decoder position
     `position` (the token predicted after reading tgt[position]); with `baseline_token`, of the logit difference.
+    `target`: "logit" (that logit, or the difference to `baseline_token`), "runner-up" (the difference to the
+    best other token: what decides the choice) or "demeaned" (the logit minus the mean logit over the vocabulary:
+    free of what raises every logit alike). A raw logit is dominated by what every token shares, which the
+    embeddings carry; the two others measure the choice itself (issue 38 point 4).
     `src`, `tgt`: one sentence of ids. `src_tokens` / `tgt_tokens` (optional) label the nodes. `progress(done,
     total)` is called after each sub-layer of the backward and the forward pass (an exception it raises, such as
     a request path's cancellation, ends the construction there)."""
@@ -221,15 +228,24 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     for t in (token, baseline_token):
         if t is not None and not 0 <= int(t) < vocab:
             raise ValueError(f"token {t} out of range: the target vocabulary has {vocab} entries")
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}; got {target!r}")
+    if target != "logit" and baseline_token is not None:
+        raise ValueError(f"target {target!r} chooses its own baseline: leave baseline_token out")
+    if target == "runner-up":
+        baseline_token = int(row.clone().index_fill_(0, torch.tensor([token]), float("-inf")).argmax())
+    weight = model.output_proj.weight.detach().double()
+    bias = None if model.output_proj.bias is None else model.output_proj.bias.detach().double()
     logit = float(row[token] - (0 if baseline_token is None else row[baseline_token]))
-    u = model.output_proj.weight.detach().double()[token].clone()
-    out_bias = 0.0
-    if model.output_proj.bias is not None:
-        out_bias = float(model.output_proj.bias[token])
+    u = weight[token].clone()
+    out_bias = 0.0 if bias is None else float(bias[token])
     if baseline_token is not None:
-        u -= model.output_proj.weight.detach().double()[baseline_token]
-        if model.output_proj.bias is not None:
-            out_bias -= float(model.output_proj.bias[baseline_token])
+        u -= weight[baseline_token]
+        out_bias -= 0.0 if bias is None else float(bias[baseline_token])
+    if target == "demeaned":
+        logit = float(row[token] - row.mean())
+        u -= weight.mean(0)
+        out_bias -= 0.0 if bias is None else float(bias.mean())
 
     x = {k: v[0].double() for k, v in tr.items()}  # drop the batch axis, fp64
     S, T = src.size(1), tgt.size(1)
@@ -436,7 +452,7 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     for j in [bias_id, *err_ids.values()]:
         attribution[j] = A[:, j].sum()
     attribution[logit_id] = A[logit_id].sum()
-    meta = {"src_len": S, "tgt_len": T, "norm_first": pre}
+    meta = {"src_len": S, "tgt_len": T, "norm_first": pre, "target": target}
     return AttributionGraph(nodes, A, attribution, logit, position, token, baseline_token, meta)
 
 
@@ -480,6 +496,8 @@ def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[
     out = logits[:, graph.token]
     if graph.baseline_token is not None:
         out = out - logits[:, graph.baseline_token]
+    if graph.meta.get("target") == "demeaned":
+        out = out - logits.mean(-1)
     return out.cpu()
 
 
