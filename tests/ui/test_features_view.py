@@ -87,3 +87,21 @@ def test_the_output_list_follows_the_output(session):
     assert f"output token {view.output}" in _why(view).objects[1].object
     session.sentence = "Zwei Männer spielen Fußball."
     assert view.output == 0 and "output token 0" in _why(view).objects[1].object
+
+
+def test_a_links_dictionary_and_feature_are_checked(session):
+    """A link's feature past the dictionary's 48 is named when the tab shows it, and the URL then holds the one
+    shown; a dictionary the checkpoint lacks is named at once; a feature's link is this page on that feature."""
+    from workbench.ui.link import Link
+
+    view = FeaturesView(session=session)
+    link = Link("?feature=99999&site=nowhere")
+    view.bind_link(link)
+    assert "site=nowhere" in link.finish()
+    view.show()
+    assert view.feature == 47 and "feature=99999 (the dictionary has 48 features)" in session.message
+    assert "feature=47" in link.query()
+    view.feature = 3  # a feature chosen later is not checked as the link's
+    assert view.feature == 3 and session.message.count("feature=") == 1
+    href = next(o for o in view.content if "features-sentence" in o.css_classes).object
+    assert "href='?site=hook_memory&feature=" in href and "&fq=&fout=0'" in href  # the link's other keys too

@@ -30,6 +30,7 @@ import param
 from ..charts.features import feature_dashboard, sentence_features_html
 from ..features.attribution import feature_attribution
 from ..features.dashboard import FeatureData
+from .link import MESSAGE
 from .views import LazyTab, _md_escape
 
 _CACHE: dict[tuple[int, str], FeatureData] = {}
@@ -109,6 +110,7 @@ class FeaturesView(LazyTab):
     def __init__(self, **params):
         super().__init__(**params)
         self._link = None  # the page's link (`bind_link`): a feature's link is this page on that feature
+        self._link_feature: int | None = None  # a link's feature, checked when the tab first shows a dashboard
         self._controls = pn.Row(
             pn.widgets.IntInput.from_param(self.param.feature, name="Feature", width=120,
                                            css_classes=["features-id"]),
@@ -139,8 +141,14 @@ class FeaturesView(LazyTab):
         for name, key in self.url.items():
             if name == "site":
                 link.bind(key, self, name, late=True, check=self._site_check, empty_unset=True)
+            elif name == "feature":
+                link.bind(key, self, name, check=self._feature_check)
             else:
                 link.bind(key, self, name, late=name in self.url_late)
+
+    def _feature_check(self, feature: int) -> tuple[int, list[str]]:
+        self._link_feature = feature  # checked against the dictionary when the tab shows it
+        return feature, []
 
     def _site_check(self, site: str) -> tuple[str, list[str]]:
         r = self.session.result
@@ -198,6 +206,15 @@ class FeaturesView(LazyTab):
                          css_classes=["features-why"], sizing_mode="stretch_width")
 
     def render(self, answer) -> list:
+        link_feature, self._link_feature = self._link_feature, None
+        if "feature" in answer and link_feature is not None and answer["feature"] != link_feature:
+            # A link's feature past the dictionary's end: named like any refused value; the URL shows the one shown.
+            self.session.notes = [*self.session.notes, f"{MESSAGE}feature={link_feature} (the dictionary has "
+                                                       f"{answer['n']} features)"]
+            with param.parameterized.discard_events(self):  # the answer already shows it: no second computation
+                self.feature = answer["feature"]
+            if self._link is not None:
+                self._link.write()
         if "message" in answer:
             return [self._controls, pn.pane.Markdown(_md_escape(answer["message"]), css_classes=["features-note"])]
         objs = [self._controls,
