@@ -20,7 +20,7 @@ from test_requests import on_loop, until  # noqa: E402
 
 from workbench.analysis.decompose import direct_logit_attribution  # noqa: E402
 from workbench.analysis.patching import log_prob, patching_sweep  # noqa: E402
-from workbench.ui import Workbench, loader, why_view  # noqa: E402
+from workbench.ui import Workbench, loader, why_view, workers  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.why_view import TAB, WhyView, explain_token, patch  # noqa: E402
 
@@ -154,6 +154,8 @@ def test_served_progress_arrives_on_the_loop_and_stop_ends_the_sweep(entries, mo
     """Background: progress is applied on the loop's thread while the sweep runs; Stop ends it at its next batch
     (the worker patches no further batch) and its answer never lands."""
     monkeypatch.setattr(why_view, "EXACT_AT_ONCE", 0)
+    monkeypatch.setattr(workers, "_PLACEMENT", None)  # the server's threads: the slowed sweep is patched here
+    monkeypatch.setattr(workers, "_REFUSED", True)
     batches, first_batch, release = [], threading.Event(), threading.Event()
 
     def slow_sweep(*args, progress=None, **kw):
@@ -189,3 +191,39 @@ def test_served_progress_arrives_on_the_loop_and_stop_ends_the_sweep(entries, mo
     assert "Stopped the exact sweep" in _note(view) and "attribution patching" in _note(view)
     total = why_view.site_count(view.session.result)
     assert len(batches) < total / 8 - 1  # it stopped early
+
+
+def test_the_estimate_is_shown_in_nats_and_the_sweep_as_a_share_with_their_agreement(session):
+    """Issue 37: the estimate's cells are Δ log p in nats with their measured error, never a share; the sweep's
+    answer carries Spearman, top-k overlap and the scale ratio against the estimate, recomputed here by hand."""
+    from scipy.stats import spearmanr
+
+    r = session.result
+    swapped = _swapped(session)
+    est = patch(r, swapped, exact=False)
+    assert not est.exact and "nats" in est.value_label and "not a share" in est.note
+    assert "Expected error" in est.note
+    for (_t, values, *_), delta in zip(est.maps, est.deltas, strict=True):
+        assert np.array_equal(values, delta, equal_nan=True)  # drawn as they are: nats
+    sums = np.nansum(est.deltas[0], axis=1)  # a whole stream row patched at once is the changed run
+    assert f"{sums.min():+.2f}" in est.note and f"{est.gap:+.2f}" in est.note
+    exact = patch(r, swapped, exact=True, estimate=est)
+    assert exact.exact and exact.value_label == "effect (share)" and exact.gap == pytest.approx(est.gap)
+    for (_t, values, *_), delta in zip(exact.maps, exact.deltas, strict=True):
+        assert np.allclose(values, delta / exact.gap, equal_nan=True)
+    a = exact.agreement
+    e = np.concatenate([m.ravel() for m in est.deltas])
+    x = np.concatenate([m.ravel() for m in exact.deltas])
+    keep = np.isfinite(e) & np.isfinite(x)
+    assert a.cells == keep.sum() and a.spearman == pytest.approx(spearmanr(e[keep], x[keep]).statistic)
+    assert a.scale == pytest.approx(np.abs(x[keep]).max() / np.abs(e[keep]).max())
+    assert 0 <= a.overlap <= a.top_k == 10 and "Spearman" in exact.note and "top-10 overlap" in exact.note
+
+
+def test_an_exact_answer_shows_the_estimate_first(session, monkeypatch):
+    shown = []
+    view = WhyView(session=session)
+    monkeypatch.setattr(view, "_show_patching", lambda p, extra="": shown.append(p.exact))
+    view.show()
+    view.corrupted = _swapped(session)  # a short sentence: the exact sweep at once, the estimate shown first
+    assert shown[-2:] == [False, True]

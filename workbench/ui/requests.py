@@ -36,6 +36,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Any
 
@@ -65,8 +66,8 @@ HEAVY = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_HEAVY_W
                            thread_name_prefix="workbench-heavy", initializer=_lower_priority)
 
 
-class Cancelled(Exception):
-    """The job is no longer wanted (superseded, stopped, or its page closed); raised by `Ticket.check`."""
+from . import workers  # noqa: E402  (after HEAVY_NICE: workers reads it)
+from .workers import Cancelled  # noqa: E402  the job is no longer wanted; raised by `Ticket.check`, here or in a worker
 
 
 class Ticket:
@@ -108,6 +109,7 @@ class Lane:
         self.generation = 0
         self._ticket: Ticket | None = None
         self._future: Future | None = None
+        self._job: workers.Job | None = None
         self._stopped: Callable[[], None] | None = None
 
     @property
@@ -116,11 +118,13 @@ class Lane:
 
     def submit(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], None],
                failed: Callable[[Exception], None] | None = None, progress: Callable[..., None] | None = None,
-               stopped: Callable[[], None] | None = None) -> Ticket:
+               stopped: Callable[[], None] | None = None, offload: bool = False) -> Ticket:
         """Run `fn(*args)` (with `ticket=` if it takes one) for this lane, superseding its previous job.
 
         `done(answer)` or `failed(exc)` follow on the event loop if the job is still current; `stopped()` when
-        another heavy job of the page stopped this one (not when this lane superseded or cancelled it)."""
+        another heavy job of the page stopped this one (not when this lane superseded or cancelled it).
+        `offload` (heavy lanes): `fn` is a module-level function and `args` pickle, so when served the job runs in
+        a worker process (`workers.py`), its ticket's checks and reports crossing over; without a pool, in HEAVY."""
         self.cancel()
         self.generation += 1
         ticket = Ticket(self, self.generation, progress)
@@ -143,20 +147,32 @@ class Lane:
         loop = asyncio.get_running_loop()
         ctx = contextvars.copy_context()
         self.requests._remember(loop, ctx)
+        if offload and self.heavy:
+            job = workers.submit(fn, args, report=lambda *a: ticket.report(*a), wanted=lambda: not ticket.cancelled)
+            if job is not None:
+                self._job, self._future = job, job.future
+                job.future.add_done_callback(partial(self._landed, ticket, done, failed, call, ctx))
+                return ticket
         pool = HEAVY if self.heavy else INTERACTIVE
         self._future = future = pool.submit(ctx.copy().run, _guarded, ticket, call)
-
-        def landed(f: Future) -> None:
-            if f.cancelled() or ticket.cancelled:
-                return
-            exc = f.exception()
-            if isinstance(exc, Cancelled):
-                return
-            answer = None if exc is not None else f.result()
-            self.requests._deliver(ticket, lambda: self._finish(ticket, done, failed, answer, exc), ())
-
-        future.add_done_callback(landed)
+        future.add_done_callback(partial(self._landed, ticket, done, failed, None, ctx))
         return ticket
+
+    def _landed(self, ticket: Ticket, done, failed, rerun, ctx, f: Future) -> None:
+        """A worker's future is done (any thread): hand its answer to the loop if the job is still current."""
+        if f.cancelled() or ticket.cancelled:
+            return
+        exc = f.exception()
+        if isinstance(exc, Cancelled):
+            return
+        if isinstance(exc, BrokenProcessPool) and rerun is not None and ticket is self._ticket:
+            workers.broken(exc)  # a worker died (at start-up, or killed): this job and the next ones in threads
+            self._job = None
+            self._future = future = HEAVY.submit(ctx.copy().run, _guarded, ticket, rerun)
+            future.add_done_callback(partial(self._landed, ticket, done, failed, None, ctx))
+            return
+        answer = None if exc is not None else f.result()
+        self.requests._deliver(ticket, lambda: self._finish(ticket, done, failed, answer, exc), ())
 
     def cancel(self) -> None:
         """Drop the current job: a queued one never starts, a running one stops at its next check."""
@@ -164,7 +180,9 @@ class Lane:
             self.generation += 1
             if self._future is not None:
                 self._future.cancel()
-        self._ticket = self._future = None
+            if self._job is not None:
+                self._job.cancel()
+        self._ticket = self._future = self._job = None
         self._stopped = None
         self.requests._release_heavy(self)
 
@@ -176,7 +194,9 @@ class Lane:
         ticket.stopped = True
         if self._future is not None:
             self._future.cancel()
-        self._ticket = self._future = None
+        if self._job is not None:
+            self._job.cancel()
+        self._ticket = self._future = self._job = None
         self._stopped = None
         if stopped is not None:
             self.requests._deliver(None, stopped, ())
@@ -185,7 +205,7 @@ class Lane:
         """On the loop (under the document lock when served): apply the answer if the job is still current."""
         if ticket.cancelled or ticket is not self._ticket:
             return
-        self._ticket = self._future = None
+        self._ticket = self._future = self._job = None
         self._stopped = None
         self.requests._release_heavy(self)
         if exc is None:

@@ -31,10 +31,14 @@ from ..analysis.decompose import direct_logit_attribution, source_attribution
 from ..analysis.patching import attribution_patching, build_sites, log_prob, patching_sweep
 from ..charts.why import logit_attribution_grid, patching_heatmap
 from ..core.batching import decoder_input
+from . import workers
 from .views import LazyTab, _fail, _md_escape, _stretch
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
-EXACT_AT_ONCE = 600  # up to this many patching sites the exact sweep runs at once; above, the estimate first
+# Up to this many patching sites the exact sweep starts at once (the estimate is shown while it runs); above, the
+# estimate alone and a button. 1000 covers the default sentence (668 sites on general-en-de: 5 s in a worker on
+# the busy 2-core machine) and 12-token sentences generally; a 60-word one has ~10,000 and takes minutes.
+EXACT_AT_ONCE = 1000
 CACHED = 8  # patching answers kept per page (sentence x changed source)
 
 
@@ -61,14 +65,72 @@ def explain_token(r, position: int) -> dict:
 
 
 @dataclass
+class Agreement:
+    """How the estimate (attribution patching) compares with the exact sweep over the same cells, in nats."""
+
+    spearman: float  # rank correlation of Δ log p over every cell both have
+    top_k: int  # k of the top-k overlap (the k largest |Δ log p| of each)
+    overlap: int  # how many of the estimate's top k are among the sweep's top k
+    scale: float  # largest |Δ log p| of the sweep / the estimate's (1 = same scale; 10 = the estimate 10x too small)
+    cells: int
+
+    def text(self) -> str:
+        return (f"Estimate vs exact over {self.cells:,} cells: Spearman rank correlation {self.spearman:.2f}, "
+                f"top-{self.top_k} overlap {self.overlap} of {self.top_k}, scale ratio {self.scale:.1f}× (the "
+                "sweep's largest |Δ log p| over the estimate's).")
+
+
+@dataclass
 class Patching:
-    """Patching of one (sentence, changed source): the maps' data, not figures (cached across token taps)."""
+    """Patching of one (sentence, changed source): the maps' data, not figures (cached across token taps).
+
+    `deltas` are Δ log p in nats (patched - clean) per map; the maps draw them as they are for the estimate
+    (`exact=False`), and as the share of the whole change for the sweep (0 = none, 1 = all of it): a share is
+    what the sweep measures, while the estimate's cells are first-order guesses whose sum need not be the
+    change (on the default sentence they came out 9-33x too small, issue 37), so they are not called shares."""
 
     corrupted: str
     note: str
     maps: list[tuple[str, np.ndarray, list[str], list[str], tuple[str, str]]] = field(default_factory=list)
     exact: bool = False
     sites: int = 0
+    deltas: list[np.ndarray] = field(default_factory=list)
+    gap: float = 0.0  # corrupted - clean log p (nats): the whole change
+    agreement: Agreement | None = None
+
+    @property
+    def value_label(self) -> str:
+        return "effect (share)" if self.exact else "Δ log p (nats, estimate)"
+
+
+@dataclass(frozen=True)
+class PatchInput:
+    """What patching needs of a page's `Result`, small and picklable: a worker process gets this and loads the
+    model from `path` itself (`workers.model`, once per process); in the server's process the result's own model
+    comes along (not pickled)."""
+
+    path: str
+    sentence: str
+    src_ids: tuple[int, ...]
+    out_ids: tuple[int, ...]
+    src_pieces: tuple[str, ...]
+    out_pieces: tuple[str, ...]
+    tm: object = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, r) -> PatchInput:
+        return cls(str(r.request.path), r.request.sentence, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces,
+                   r.model)
+
+    @property
+    def model(self):
+        return self.tm if self.tm is not None else workers.model(self.path)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "tm": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
 
 def site_count(r) -> int:
@@ -78,13 +140,19 @@ def site_count(r) -> int:
     return len(build_sites(model, "resid_enc", s, t)[2]) + len(build_sites(model, "head", s, t)[2])
 
 
-def patch(r, corrupted: str | None, exact: bool | None = None, ticket=None) -> Patching:
-    """Patching of the output's log p against `corrupted` (None: prefill it with a noun swap). `exact`: the sweep
-    (progress reported per batch through `ticket`, which also stops it); False: attribution patching; None:
-    the sweep when it is small (EXACT_AT_ONCE sites), else the estimate."""
+def patch(r, corrupted: str | None, exact: bool | None = None, estimate: Patching | None = None,
+          ticket=None) -> Patching:
+    """Patching of the output's log p against `corrupted` (None: prefill it with a noun swap).
+
+    `exact=False`: attribution patching only (one forward and backward pass). `exact=True`: the estimate first
+    (`estimate`, if the caller has it, else computed and sent to the page as progress, `ticket.report(0,
+    sites, estimate)`), then the sweep (progress per batch through `ticket`, which also stops it), whose answer
+    carries its `Agreement` with the estimate. None: exact when small (EXACT_AT_ONCE sites). `r`: the page's
+    `Result` or its `PatchInput` (what a worker process gets)."""
+    r = r if isinstance(r, PatchInput) else PatchInput.of(r)
     tm = r.model
     if corrupted is None:
-        corrupted = prefill(tm, r.request.sentence, len(r.src_ids))
+        corrupted = prefill(tm, r.sentence, len(r.src_ids))
         if ticket is not None:
             ticket.check()
     if not corrupted.strip():
@@ -104,44 +172,107 @@ def patch(r, corrupted: str | None, exact: bool | None = None, ticket=None) -> P
     metric = log_prob(list(r.out_ids))
     n_sites = site_count(r)
     exact = n_sites <= EXACT_AT_ONCE if exact is None else exact
+    if estimate is None or estimate.corrupted != corrupted or not estimate.maps:
+        results = {}
+        for sites in ("resid_enc", "head"):
+            if ticket is not None:
+                ticket.check()
+            results[sites] = attribution_patching(tm.model, src, tgt, corrupted_src=c_src, sites=sites,
+                                                  metric=metric)
+        estimate = _patching(r, corrupted, results, False, n_sites)
+        if not exact:
+            return estimate
+        if ticket is not None:
+            ticket.report(0, n_sites, estimate)
     results = {}
     done_before = 0
     for sites in ("resid_enc", "head"):
         if ticket is not None:
             ticket.check()
-        if exact:
-            def progress(done, total, before=done_before):
-                if ticket is not None:
-                    ticket.report(before + done, n_sites)
-            results[sites] = patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=sites, metric=metric,
-                                            progress=progress)
-            done_before += int(np.isfinite(results[sites].values.numpy()).sum())
-        else:
-            results[sites] = attribution_patching(tm.model, src, tgt, corrupted_src=c_src, sites=sites, metric=metric)
-    clean, corr = results["head"].clean_metric, results["head"].corrupted_metric
-    how = ("exact sweep: each cell runs the clean input with one activation taken from the changed run"
-           if exact else "attribution patching, the first-order estimate (one forward and backward pass); "
-                         f"run the exact sweep ({n_sites:,} sites) to check it")
-    note = (f"log p of the output: {clean:.3f} clean, {corr:.3f} with the changed source. Effect = the share of "
-            f"that change a site carries when patched (0 = none, 1 = all of it). {how}.")
-    maps = []
-    stream = results["resid_enc"]
+
+        def progress(done, total, before=done_before):
+            if ticket is not None:
+                ticket.report(before + done, n_sites)
+        results[sites] = patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=sites, metric=metric,
+                                        progress=progress)
+        done_before += int(np.isfinite(results[sites].values.numpy()).sum())
+    out = _patching(r, corrupted, results, True, n_sites)
+    out.agreement = agreement(estimate.deltas, out.deltas)
+    out.note += " " + out.agreement.text()
+    return out
+
+
+def _patching(r, corrupted: str, results: dict, exact: bool, n_sites: int) -> Patching:
+    """The maps of one sweep or estimate (`results` by site family): Δ log p per cell, drawn as a share (exact) or
+    as nats (the estimate, with the check that bounds its error on this sentence)."""
+    heads, stream = results["head"], results["resid_enc"]
+    clean, corr = heads.clean_metric, heads.corrupted_metric
+    gap = corr - clean
     names = ["embeddings"] + [f"after layer {i}" for i in range(len(stream.rows) - 1)]
-    maps.append(("encoder stream: layer × source token", _effect(stream), names, list(r.src_pieces),
-                 ("encoder stream", "source token")))
-    heads = results["head"]
-    effect = _effect(heads)
+    layout = [("encoder stream: layer × source token", _delta(stream), names, list(r.src_pieces),
+               ("encoder stream", "source token"))]
+    delta = _delta(heads)
     enc = [i for i, row in enumerate(heads.rows) if row.startswith("enc_self")]
     dec = [i for i, row in enumerate(heads.rows) if not row.startswith("enc_self")]
     s, t = len(r.src_ids), len(r.out_ids)
     if enc:
-        maps.append(("encoder self-attention heads × source token (query)", effect[enc][:, :s],
-                     [heads.rows[i] for i in enc], list(r.src_pieces), ("head", "query: source token")))
+        layout.append(("encoder self-attention heads × source token (query)", delta[enc][:, :s],
+                       [heads.rows[i] for i in enc], list(r.src_pieces), ("head", "query: source token")))
     if dec:
-        maps.append(("decoder heads (self, cross) × output token (query: the step that produces it)",
-                     effect[dec][:, :t], [heads.rows[i] for i in dec], list(r.out_pieces),
-                     ("head", "query: output token produced")))
-    return Patching(corrupted, note, maps, exact, n_sites)
+        layout.append(("decoder heads (self, cross) × output token (query: the step that produces it)",
+                       delta[dec][:, :t], [heads.rows[i] for i in dec], list(r.out_pieces),
+                       ("head", "query: output token produced")))
+    deltas = [m[1] for m in layout]
+    head = f"log p of the output: {clean:.3f} clean, {corr:.3f} with the changed source (Δ {gap:+.2f} nats)."
+    if exact:
+        maps = [(title, d / gap if gap else d, rows, cols, axes) for title, d, rows, cols, axes in layout]
+        note = (f"{head} Measured by the exact sweep: each cell runs the clean input with one activation taken "
+                "from the changed run. Effect = the share of that change a site carries when patched "
+                "(0 = none, 1 = all of it)"
+                + ("." if gap else "; the change is 0 here, so cells are Δ log p in nats."))
+    else:
+        maps = layout
+        note = (f"{head} Estimate by attribution patching, the first-order approximation (one forward and "
+                "backward pass): each cell is the estimated Δ log p in nats when that site is patched, not a share. "
+                f"{linearity(deltas[0], gap)} Run the exact sweep ({n_sites:,} sites) to measure it.")
+    return Patching(corrupted, note, maps, exact, n_sites, deltas, gap)
+
+
+def linearity(stream: np.ndarray, gap: float) -> str:
+    """The estimate's error on this sentence, measured for free: patching a whole row of the encoder stream (every
+    source position at once) *is* the changed run, so its true Δ is `gap`, while the estimate of that row is the
+    sum of its cells (attribution patching is linear). The worst row's ratio says how far the cells may be off."""
+    sums = np.nansum(stream, axis=1)
+    if not gap or not len(sums):
+        return ""
+    ratios = [gap / v for v in sums if v and np.isfinite(v)]
+    wrong_sign = sum(r <= 0 for r in ratios)
+    worst = max((r for r in ratios if r > 0), key=lambda r: abs(np.log(r)), default=float("nan"))
+    text = (f"Expected error: a whole row of the encoder stream patched at once is the changed run itself "
+            f"(Δ {gap:+.2f} nats); the estimate's rows sum to {sums.min():+.2f} … {sums.max():+.2f} nats")
+    if wrong_sign:
+        text += f", {wrong_sign} of {len(sums)} with the wrong sign"
+    if np.isfinite(worst):
+        text += (f", so its cells may be {worst:.1f}× too small" if worst >= 1 else
+                 f", so its cells may be {1 / worst:.1f}× too large")
+    return text + "."
+
+
+def agreement(estimate: list[np.ndarray], exact: list[np.ndarray], k: int = 10) -> Agreement:
+    """Spearman rank correlation, top-k overlap and scale ratio of the estimate's Δ log p against the sweep's."""
+    from scipy.stats import spearmanr
+
+    est = np.concatenate([m.ravel() for m in estimate])
+    ex = np.concatenate([m.ravel() for m in exact])
+    keep = np.isfinite(est) & np.isfinite(ex)
+    est, ex = est[keep], ex[keep]
+    k = min(k, len(est))
+    rho = float(spearmanr(est, ex).statistic) if len(est) > 1 else float("nan")
+    top_est = set(np.argsort(-np.abs(est), kind="stable")[:k].tolist())
+    top_ex = set(np.argsort(-np.abs(ex), kind="stable")[:k].tolist())
+    biggest = float(np.abs(est).max()) if len(est) else 0.0
+    scale = float(np.abs(ex).max()) / biggest if biggest else float("inf")
+    return Agreement(rho, k, len(top_est & top_ex), scale, int(len(est)))
 
 
 def prefill(tm, sentence: str, n_src: int, candidates: int = 4) -> str:
@@ -158,12 +289,9 @@ def prefill(tm, sentence: str, n_src: int, candidates: int = 4) -> str:
     return ""
 
 
-def _effect(result) -> np.ndarray:
-    """(clean - value) / (clean - corrupted): 0 = the site changes nothing, 1 = it carries the whole change;
-    in raw log p when the change moves nothing."""
-    v = result.values.numpy()
-    den = result.clean_metric - result.corrupted_metric
-    return (result.clean_metric - v) / den if den else result.clean_metric - v
+def _delta(result) -> np.ndarray:
+    """Δ log p of each site in nats: patched - clean (negative: patching that site lowers the output's log p)."""
+    return result.values.numpy() - result.clean_metric
 
 
 # --------------------------------------------------------------------------------------------- the view
@@ -230,6 +358,8 @@ class WhyView(LazyTab):
                 pn.widgets.Select.from_param(self.param.position, name="Output token", width=260,
                                              css_classes=["why-token-list"]) if many else
                 pn.widgets.RadioButtonGroup.from_param(self.param.position, name="", css_classes=["why-tokens"])]
+        if self.session.requests.background:
+            workers.warm(str(r.request.path))  # the worker processes load this checkpoint before the first sweep
         if r.request.sentence != self._sentence:
             self._sentence = r.request.sentence
             self._prefill = True
@@ -290,15 +420,17 @@ class WhyView(LazyTab):
             self._show_patching(cached)
             return
         exact = site_count(r) <= EXACT_AT_ONCE if exact is None else exact
-        self._patch_box.loading = True
+        self._patch_box.loading = cached is None
         self._stop.visible = exact
         self._exact.visible = False
         corrupted = None if self._prefill else self.corrupted
         # Analysis work, the estimate too (a forward and backward pass over a long sentence costs several
-        # translations): the heavy lane, its own lower-priority threads, one heavy job per page. Measured with the
-        # estimate on the interactive pool instead, 2 Why users raised 8 others' translation p95 2.0x.
-        self._patch_lane.submit(patch, r, corrupted, exact, done=lambda p: self._patched(key, r, p),
-                                failed=self._patch_failed, progress=self._report, stopped=self._stopped)
+        # translations): the heavy lane, one heavy job per page, in a worker process when the server has a pool
+        # (requests.py, workers.py). Measured with the estimate on the interactive pool instead, 2 Why users
+        # raised 8 others' translation p95 2.0x. The estimate the page has travels with an exact request.
+        self._patch_lane.submit(patch, PatchInput.of(r), corrupted, exact, cached,
+                                done=lambda p: self._patched(key, r, p), failed=self._patch_failed,
+                                progress=lambda *a: self._report(key, r, *a), stopped=self._stopped, offload=True)
 
     def _patched(self, key: tuple, r, p: Patching) -> None:
         self._remember(key, p)
@@ -324,7 +456,8 @@ class WhyView(LazyTab):
                                  sizing_mode="stretch_width")]
         for title, values, rows, cols, axes in p.maps:
             try:
-                fig = patching_heatmap(values, rows, cols, title=f"patching effect, {title}", value_label="effect",
+                what = "patching effect" if p.exact else "patching estimate (Δ log p, nats)"
+                fig = patching_heatmap(values, rows, cols, title=f"{what}, {title}", value_label=p.value_label,
                                        axis_labels=axes)
                 fig.name = "why_patching_map"
                 objs.append(pn.pane.Bokeh(_stretch(fig), sizing_mode="stretch_width"))
@@ -338,7 +471,11 @@ class WhyView(LazyTab):
         self._stop.visible = False
         self._patch_box.objects = [_fail("Patching", exc)]
 
-    def _report(self, done: int, total: int) -> None:
+    def _report(self, key: tuple, r, done: int, total: int, estimate: Patching | None = None) -> None:
+        """Sweep progress; its first report carries the estimate, shown (in nats) while the sweep runs."""
+        if estimate is not None:
+            self._patched(key, r, estimate)
+            self._stop.visible, self._exact.visible = True, False
         self._progress((done, total))
 
     def _progress(self, step: tuple[int, int] | None) -> None:

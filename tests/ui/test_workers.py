@@ -1,0 +1,179 @@
+"""Heavy work in worker processes (workers.py) and through the request path: the job runs in another process at a
+lower priority, its progress reaches the page on the loop, and a superseded, stopped or closed page's job stops in
+its worker (the worker reports the batch it stopped at; no duration is asserted). The same on a Dask LocalCluster.
+Patching computed in a worker equals patching computed in the server's process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+from test_requests import on_loop, until  # noqa: E402
+
+from workbench.ui import loader, why_view, workers  # noqa: E402
+from workbench.ui.requests import HEAVY_NICE, Cancelled, Requests  # noqa: E402
+from workbench.ui.session import Session  # noqa: E402
+
+SENTENCE = "Ein Hund läuft durch den Park."
+WAIT = 120
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = workers.LocalPlacement(1, HEAVY_NICE)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    return loader.discover([root], default=None)[0]
+
+
+def _wait(check, what: str) -> None:
+    for _ in range(WAIT * 20):
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _swapped(session) -> str:
+    """The sentence with its first two pieces swapped: the same token count (the tiny tokenizer keeps it)."""
+    tm = session.model
+    ids, _ = tm.encode_source(SENTENCE)
+    swapped = tm.src_tokenizer.decode([ids[1], *ids[:1], *ids[2:-1]])
+    assert len(tm.encode_source(swapped)[0]) == len(ids) and tm.encode_source(swapped)[0] != ids
+    return swapped
+
+
+def test_a_job_runs_in_another_process_at_a_lower_priority(pool):
+    reports = []
+    job = pool.submit(workers.probe, (3, 0.0), report=lambda *a: reports.append(a))
+    pid, nice = job.future.result(timeout=WAIT)
+    assert pid != os.getpid() and nice >= HEAVY_NICE
+    _wait(lambda: len(reports) == 3, "the progress reports")
+    assert reports == [(0, 3), (1, 3), (2, 3)]  # in order, through the queue
+
+
+def test_a_cancelled_job_stops_at_its_next_batch_and_says_where(pool):
+    reports = []
+    job = pool.submit(workers.probe, (10_000, 0.01), report=lambda *a: reports.append(a))
+    _wait(lambda: len(reports) >= 3, "the first batches")
+    job.cancel()
+    with pytest.raises(Cancelled):
+        job.future.result(timeout=WAIT)
+    _wait(lambda: job.stopped_at is not None, "the worker's stop report")
+    assert 3 <= job.stopped_at[0] < 10_000 - 1
+
+
+def test_a_job_nobody_wants_any_more_is_cancelled_by_the_poller(pool):
+    wanted = threading.Event()
+    wanted.set()
+    reports = []
+    job = pool.submit(workers.probe, (10_000, 0.01), report=lambda *a: reports.append(a), wanted=wanted.is_set)
+    _wait(lambda: reports, "the first batch")
+    wanted.clear()  # as a ticket of a closed page: the poller notices and cancels
+    with pytest.raises(Cancelled):
+        job.future.result(timeout=WAIT)
+    _wait(lambda: job.stopped_at is not None, "the worker's stop report")
+    assert job.stopped_at[0] < 10_000 - 1
+
+
+def test_through_the_request_path_progress_lands_on_the_loop_and_superseded_or_closed_jobs_stop(pool, monkeypatch):
+    monkeypatch.setattr(workers, "_PLACEMENT", pool)
+    loop_thread, progress, answers = [], [], []
+
+    async def main():
+        loop_thread.append(threading.current_thread())
+        requests = Requests(background=True)
+        lane = requests.lane("why", heavy=True)
+        lane.submit(workers.probe, 10_000, 0.01, done=answers.append,
+                    progress=lambda *a: progress.append((threading.current_thread(), a)), offload=True)
+        first = lane._job
+        await until(lambda: len(progress) >= 2, "the first job's progress")
+        lane.submit(workers.probe, 2, 0.0, done=answers.append, offload=True)  # supersedes the first
+        await until(lambda: answers, "the second job's answer")
+        await until(lambda: first.stopped_at is not None, "the first job's stop in its worker")
+        lane.submit(workers.probe, 10_000, 0.01, done=answers.append, progress=lambda *a: None, offload=True)
+        third = lane._job
+        await until(lambda: third.reports >= 1, "the third job's first batch")
+        requests.close()  # the page is gone
+        await until(lambda: third.stopped_at is not None, "the closed page's job stopping in its worker")
+        return first, third
+
+    first, third = on_loop(main)
+    assert all(t is loop_thread[0] for t, _ in progress)
+    assert len(answers) == 1 and answers[0][0] != os.getpid()  # only the current job's answer, from a worker
+    assert first.stopped_at[0] < 10_000 - 1 and third.stopped_at[0] < 10_000 - 1
+
+
+def test_patching_in_a_worker_equals_patching_here_and_the_estimate_comes_first(pool, entries, monkeypatch):
+    monkeypatch.setattr(workers, "_PLACEMENT", pool)
+    s = Session(entries, checkpoint="alpha", sentence=SENTENCE)
+    r = s.result
+    changed = _swapped(s)
+    here = why_view.patch(r, changed, exact=True)
+    reports = []
+    job = pool.submit(why_view.patch, (why_view.PatchInput.of(r), changed, True), report=lambda *a: reports.append(a))
+    there = job.future.result(timeout=WAIT)
+    assert there.exact and there.corrupted == here.corrupted
+    for a, b in zip(here.maps, there.maps, strict=True):
+        assert np.allclose(a[1], b[1], equal_nan=True, atol=1e-6)
+    _wait(lambda: len(reports) >= 2, "the progress")
+    assert len(reports[0]) == 3 and not reports[0][2].exact  # the estimate, before any site is patched
+    assert [d for d, *_ in reports] == sorted(d for d, *_ in reports)
+    assert there.agreement is not None and there.agreement.cells == here.agreement.cells
+
+
+def test_without_a_pool_the_job_runs_in_the_servers_threads_and_the_log_says_so(monkeypatch, caplog):
+    def refuse(*a, **k):
+        raise OSError("no semaphores here")
+
+    monkeypatch.setattr(workers, "_PLACEMENT", None)
+    monkeypatch.setattr(workers, "_REFUSED", False)
+    monkeypatch.setattr(workers, "DASK", "")
+    monkeypatch.setattr(workers, "LocalPlacement", refuse)
+    answers = []
+
+    async def main():
+        lane = Requests(background=True).lane("why", heavy=True)
+        lane.submit(workers.probe, 1, 0.0, done=answers.append, offload=True)
+        await until(lambda: answers, "the answer")
+
+    with caplog.at_level(logging.WARNING, logger="workbench.ui.workers"):
+        on_loop(main)
+    assert answers[0][0] == os.getpid()
+    assert "heavy work runs in the server's threads" in caplog.text
+
+
+def test_the_same_jobs_run_on_a_dask_cluster(entries):
+    distributed = pytest.importorskip("distributed", reason="the optional Dask placement needs `distributed`")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c, set_as_default=False) as client:
+        p = workers.DaskPlacement(client, HEAVY_NICE)
+        reports = []
+        job = p.submit(workers.probe, (10_000, 0.01), report=lambda *a: reports.append(a))
+        _wait(lambda: len(reports) >= 3, "progress from the Dask worker")
+        job.cancel()
+        with pytest.raises(Cancelled):
+            job.future.result(timeout=WAIT)
+        _wait(lambda: job.stopped_at is not None, "the Dask worker's stop report")
+        assert 3 <= job.stopped_at[0] < 10_000 - 1
+        s = Session(entries, checkpoint="alpha", sentence=SENTENCE)
+        r, changed = s.result, _swapped(s)
+        there = p.submit(why_view.patch, (why_view.PatchInput.of(r), changed, False)).future.result(timeout=WAIT)
+        here = why_view.patch(r, changed, exact=False)
+        assert not there.exact and np.allclose(there.maps[0][1], here.maps[0][1], equal_nan=True, atol=1e-6)
+        p.closed = True
