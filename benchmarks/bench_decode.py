@@ -121,9 +121,11 @@ def shipped_speed(args) -> dict:
             w = spread(wall[k])
             out[name][k] = {"sentences_per_s": len(lines) / w["median"],
                             "sentences_per_s_min": len(lines) / w["max"], "sentences_per_s_max": len(lines) / w["min"],
+                            "sentences_per_cpu_s": len(lines) / statistics.median(cpu[k]),
                             "wall_s": wall[k], "cpu_s": cpu[k]}
-            print(f"{name:22s} {k:6s} {out[name][k]['sentences_per_s']:7.1f} sent/s "
-                  f"[{out[name][k]['sentences_per_s_min']:.1f}, {out[name][k]['sentences_per_s_max']:.1f}] "
+            r = out[name][k]
+            print(f"{name:22s} {k:6s} {r['sentences_per_s']:7.1f} sent/s [{r['sentences_per_s_min']:.1f}, "
+                  f"{r['sentences_per_s_max']:.1f}], {r['sentences_per_cpu_s']:.1f} per CPU second "
                   f"({len(lines)} sentences, {args.shipped_reps} reps)", flush=True)
     return out
 

@@ -267,7 +267,7 @@ def greedy(
         for step in range(horizon + 1):
             with decoding_step(step, sent, torch.zeros_like(sent)):
                 logits, cache = model.decode(tokens[:, -1:], encoded, cache)
-            logp = logits[:, -1].float().log_softmax(-1)
+            logp = logits[:, -1].log_softmax(-1, dtype=torch.float32)  # one pass, no float copy of bf16 logits
             logp = _constrain(logp, tokens[:, 1:], step, limits, cfg, eos=eos, pad=pad, first_limit=first_limit)
             best, tok = logp.topk(1, dim=-1)  # topk, as beam search ranks, so ties break the same way
             running = ended_at < 0
@@ -486,7 +486,7 @@ def beam_search(
         for step in range(horizon + 1):
             with decoding_step(step, row_sent, row_beam):
                 logits, cache = model.decode(beams.alive[:, -1:], encoded, cache)
-            logp = logits[:, -1].float().log_softmax(-1)
+            logp = logits[:, -1].log_softmax(-1, dtype=torch.float32)  # one pass, no float copy of bf16 logits
             logp = _constrain(logp, beams.alive[:, 1:], step, beams.limits_rows, cfg, eos=eos, pad=pad,
                               first_limit=first_limit)
             cands = _candidates(beams, logp, K, eos)
