@@ -244,16 +244,28 @@ def test_evaluation_of_known_dictionaries_on_the_shipped_model(shared_data):
 
     tm = load(CKPT)
     exact = _exact_relu_sae("hook_memory", 128)
-    r = evaluate_dictionary(tm, exact, split="valid", bleu_split="test2016", limit=12, data_root=shared_data)
+    r = evaluate_dictionary(tm, exact, split="valid", bleu_split="test2016", limit=12, data_root=shared_data,
+                            density_tokens=3000)
     assert r["fvu"] == pytest.approx(0, abs=1e-10)
     assert r["ce_spliced"] == pytest.approx(r["ce_clean"], abs=1e-5)
+    assert r["delta_ce"] == pytest.approx(0, abs=1e-5) and r["kl"] == pytest.approx(0, abs=1e-5)
     assert r["ce_recovered"] == pytest.approx(1.0, abs=1e-4) and r["ce_zero_ablated"] > r["ce_clean"] + 1
+    assert r["ce_recovered_mean"] == pytest.approx(1.0, abs=1e-4) and r["ce_mean_ablated"] > r["ce_clean"]
     assert r["bleu_spliced"] == r["bleu_clean"] and r["beam"] == 5
-    # one of relu(x_i), relu(-x_i) is non-zero for each of the 128 coordinates
-    assert r["l0"] == pytest.approx(128, abs=0.5) and r["dead_frac"] == 0
+    # one of relu(x_i), relu(-x_i) is non-zero for each of the 128 coordinates; each fires on about half the tokens
+    assert r["l0"] == pytest.approx(128, abs=0.5) and r["dead_frac"] == 0 and r["dense_frac"] > 0.9
+    assert r["density_tokens"] >= 3000 and r["density_split"].startswith("multi30k:train[:")
+    # PCA with as many components (128) as L0 is exact too; the random dictionary at k = 128 is not
+    pca, rnd = r["baselines"]["pca"], r["baselines"]["random"]
+    assert pca["components"] == 128 and pca["fvu"] == pytest.approx(0, abs=1e-4)
+    assert pca["delta_ce"] == pytest.approx(0, abs=1e-3) and rnd["fvu"] > 0.01 and rnd["l0"] <= 128
+    t = r["timing"]
+    assert t["card_seconds"] > 0 and t["baseline_share"] == pytest.approx(t["baseline_seconds"] / t["card_seconds"],
+                                                                         rel=0.05, abs=0.01)
     zero = _exact_relu_sae("hook_memory", 128)
     with torch.no_grad():
         zero.W_dec.zero_()
-    r0 = evaluate_dictionary(tm, zero, split="valid", bleu_split=None, limit=12, data_root=shared_data)
-    # a zero reconstruction is the zero-ablation; FVU = Σ‖y‖² / Σ‖y - ȳ‖² > 1
+    r0 = evaluate_dictionary(tm, zero, split="valid", bleu_split=None, limit=12, data_root=shared_data,
+                             density_tokens=3000, baselines=False)
+    assert "baselines" not in r0
     assert r0["ce_recovered"] == pytest.approx(0.0, abs=1e-6) and r0["fvu"] > 1

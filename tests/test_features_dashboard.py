@@ -1,6 +1,8 @@
 """Feature dashboards' data on the shipped de->en model with a small random dictionary: statistics that agree with
-a direct recomputation, contexts on the right tokens, output effects equal to a hand-made ablation, search, and
-the charts built from them."""
+a direct recomputation, contexts on the right tokens (top and across quantiles), output effects equal to hand-made
+ablations of the values and of hook_memory, the direct logit effect equal to the model's own forward pass with its
+norms frozen, nearest features, search, and the charts built from them; on the shipped dictionaries, the token a
+live feature raises most is one the model gives real probability in its contexts."""
 
 from __future__ import annotations
 
@@ -56,31 +58,121 @@ def test_contexts_output_effects_and_search(fd):
     ctx = fd.contexts(f)
     assert ctx and all(0 <= c.position < len(c.pieces) for c in ctx)
     assert ctx[0].aligned in tm.tgt_tokenizer.pieces(tm.tgt_tokenizer.encode(ctx[0].target)) + ["</s>"]
-    effects = fd.output_effects(f, contexts=1, top=3)
-    assert len(effects["heads"]) == 16 and effects["contexts"] == 1
-    # the whole-site drop of the top token, by hand: subtract a_f * W_dec[f] at the firing token
     c = ctx[0]
     j = s.contexts(f)[0][1]
     src = torch.tensor([s.sentences_src[j] + [tm.model.cfg.eos_id]])
     tgt_in = torch.tensor([[tm.model.cfg.start_id, *s.sentences_tgt[j]]])
     delta = c.value * fd.d.W_dec[f].detach()
 
-    def remove(x, hook):
+    def remove(x, hook):  # hook_memory itself: keys and values of every cross-attention layer
         x = x.clone()
         x[0, c.position] -= delta
         return x
 
+    def remove_values(layer):  # the values alone, from the memory edit's image under W_V
+        dv = (delta @ tm.model.dec[layer].cross_attn.v_proj.weight.T).view(4, -1)
+
+        def fn(v, hook):
+            v = v.clone()
+            v[0, :, c.position] -= dv
+            return v
+        return fn
+
     with torch.no_grad():
         clean = tm.model(src, tgt_in).log_softmax(-1)[0, c.aligned_position]
         with tm.model.hooks([("hook_memory", remove)]):
-            ablated = tm.model(src, tgt_in).log_softmax(-1)[0, c.aligned_position]
-    top = effects["tokens"][0]
-    assert float(clean[top["id"]] - ablated[top["id"]]) == pytest.approx(top["drop"], abs=1e-4)
-    assert top["drop"] == pytest.approx(float((clean - ablated).max()), abs=1e-4)
+            memory = tm.model(src, tgt_in).log_softmax(-1)[0, c.aligned_position]
+        with tm.model.hooks([(f"dec.{i}.cross_attn.hook_v", remove_values(i)) for i in range(4)]):
+            values = tm.model(src, tgt_in).log_softmax(-1)[0, c.aligned_position]
+    for edit, ablated in (("values", values), ("memory", memory)):
+        effects = fd.output_effects(f, contexts=1, top=3, edit=edit)
+        assert len(effects["heads"]) == 16 and effects["contexts"] == 1
+        assert ("keys, so attention patterns, clean" in effects["edited"]) == (edit == "values")
+        dp = clean.exp() - ablated.exp()
+        top, low = effects["tokens"][0], effects["lowers"][0]
+        assert top["dp"] == pytest.approx(float(dp.max()), abs=1e-5) and top["id"] == int(dp.argmax())
+        assert low["dp"] == pytest.approx(float(dp.min()), abs=1e-5) and low["dp"] < 0
+        assert top["p_clean"] == pytest.approx(float(clean[top["id"]].exp()), abs=1e-5)
+        assert top["drop"] == pytest.approx(float(clean[top["id"]] - ablated[top["id"]]), abs=1e-4)
+    assert fd.output_effects(f, contexts=1, heads=False)["heads"] == []
+    with pytest.raises(ValueError, match="edit must be"):
+        fd.output_effects(f, edit="keys")
     # search finds the feature from the piece it fires on
     word = c.pieces[c.position].replace("\u2581", "")
     assert f in [h["feature"] for h in fd.search(word, limit=64)]
     assert fd.search("   ") == []
+
+
+def test_quantile_contexts_summary_and_nearest(fd):
+    s, tm = fd.stats, fd.tm
+    f = int(s.count.argmax())
+    q = fd.quantile_contexts(f, bands=4, per_band=2)
+    assert 4 <= len(q) <= 8 and [c.value for c in q] == sorted(c.value for c in q)
+    assert q[0].band == "0-25 %" and q[-1].band == "75-100 %" and q[0].value < fd.contexts(f)[0].value
+    for c in (q[0], q[-1]):  # each sampled value is the feature's activation there
+        src = torch.tensor([tm.src_tokenizer.encode(c.source) + [tm.model.cfg.eos_id]])
+        acts = capture_site(tm.model, src, torch.tensor([[tm.model.cfg.start_id]]), fd.site)["hook_memory"]
+        with torch.no_grad():
+            assert float(fd.d.encode(acts[0, c.position])[f]) == pytest.approx(c.value, rel=1e-4)
+    assert len(s.samples(f)) == min(32, int(s.count[f]))
+    summary = fd.summary(f)
+    assert summary["density"] == ("dense" if summary["frequency"] > 0.1 else "ok")
+    assert bool(summary["warning"]) == (summary["density"] != "ok")
+    near = fd.nearest(f, top=3)
+    w = fd.d.W_dec / fd.d.W_dec.norm(dim=1, keepdim=True)
+    cos = (w @ w[f]).detach()
+    cos[f] = -2
+    assert [n["feature"] for n in near] == cos.topk(3).indices.tolist()
+
+
+def test_direct_effect_is_the_forward_pass_with_frozen_norms():
+    """An SAE on the last decoder block's output: adding its direction at one position changes the logits there,
+    with every norm's 1/σ frozen at the clean run's, by the direct effect times one positive factor."""
+    tm = load(CKPT)
+    torch.manual_seed(1)
+    d = SparseDictionary(DictionaryConfig("dec.3.ffn.hook_out", 128, 16, k=2))
+    fd = FeatureData(tm, d)
+    de = fd.direct_effects(3, top=5)
+    assert de["path"].startswith("dec.3.ffn")
+    model = tm.model
+    src, tgt_in = torch.tensor([tm.src_tokenizer.encode("Zwei Hunde spielen im Schnee.") + [2]]), \
+        torch.tensor([[model.cfg.start_id, *tm.tgt_tokenizer.encode("Two dogs play")]])
+    with torch.no_grad():
+        _, trace = model.run_with_cache(src, tgt_in, names="*hook_scale")
+        freeze = [(n, (lambda t: lambda x, hook: t)(trace[n])) for n in trace.keys()]
+        clean = model(src, tgt_in)[0, 2]
+
+        def add(x, hook):
+            x = x.clone()
+            x[0, 2] += 1e-2 * d.W_dec[3]
+            return x
+        with model.hooks(freeze + [("dec.3.ffn.hook_out", add)]):
+            edited = model(src, tgt_in)[0, 2]
+    change = (edited - clean) / 1e-2
+    change = change - change.mean()
+    want = fd._to_logits(d.W_dec[3].detach(), fd._direct_path(3, "ffn")).detach()
+    want = want - want.mean()
+    ratio = float(change @ want / (want @ want))
+    assert ratio > 0 and torch.allclose(change, ratio * want, atol=1e-3 * float(change.abs().max()))
+    assert [t["id"] for t in de["raises"]] == want.topk(5).indices.tolist()
+    # hook_memory: the OV path of every head, summed
+    mem = FeatureData(tm, SparseDictionary(DictionaryConfig("hook_memory", 128, 16, k=2))).direct_effects(0)
+    assert len(mem["heads"]) == 16 and mem["raises"] and "OV" in mem["path"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("site", sorted(p.name for p in (CKPT / "features").glob("*") if (p / "cfg.json").is_file()))
+def test_shipped_features_raise_tokens_the_model_gives_real_probability(site):
+    """For a seeded sample of 6 live features per shipped dictionary (all of them: scripts/check_feature_effects.py),
+    the token whose probability the feature adds most has a clean probability of at least 0.05 (the mean over its
+    8 top contexts): the ranking picks tokens the model predicts there, not tail tokens."""
+    tm = load(CKPT)
+    fd = FeatureData.load(tm, CKPT / "features" / site)
+    live = (fd.stats.count > 0).nonzero().flatten()
+    pick = live[torch.randperm(live.numel(), generator=torch.Generator().manual_seed(0))[:6]].tolist()
+    for f in pick:
+        top = fd.output_effects(f, contexts=8, heads=False)["tokens"][0]
+        assert top["p_clean"] >= 0.05, (site, f, top)
 
 
 def test_sentence_features_and_charts(fd):

@@ -101,6 +101,11 @@ def test_two_gloo_processes_match_one(tmp_path):
     ctx = lambda s: [[(s.sentence_ids[j], p) if j >= 0 else None for j, p in zip(js, ps)]
                      for js, ps in zip(s.top_sentence.tolist(), s.top_position.tolist())]
     assert ctx(one) == ctx(two)
+    # the same uniform samples of firings (hashed priorities: independent of the sharding)
+    assert torch.equal(one.sample_values, two.sample_values)
+    smp = lambda s: [[(s.sentence_ids[j], p) if j >= 0 else None for j, p in zip(js, ps)]
+                     for js, ps in zip(s.sample_sentence.tolist(), s.sample_position.tolist())]
+    assert smp(one) == smp(two)
     assert one.sentences_src == two.sentences_src and int(one.count.sum()) > 0
     # histograms hold every firing, counts by hand
     assert torch.equal(two.hist.sum(1), two.count)

@@ -1,7 +1,7 @@
 """`workbench features train|eval|stats ...`: sparse dictionaries (SAEs, transcoders) on a checkpoint's hook points.
 
     workbench features train CHECKPOINT --site hook_memory --out-dir runs/features/hook_memory [--k 32 ...]
-    workbench features eval DICTIONARY --checkpoint CHECKPOINT [--card]      # FVU, L0, dead, CE recovered, BLEU
+    workbench features eval DICTIONARY --checkpoint CHECKPOINT [--card]      # FVU, ΔCE, ..., PCA/random baselines
     workbench features stats DICTIONARY --checkpoint CHECKPOINT             # dashboard statistics over a corpus
 
 `train` resumes from --out-dir's state with the same command (--fresh starts over); under
@@ -18,7 +18,7 @@ import sys
 
 from ..decoding.translator import load
 from ..features.dictionary import SparseDictionary
-from ..features.evaluate import evaluate_dictionary, write_card
+from ..features.evaluate import evaluate_dictionary, seeds_of, write_card
 from ..features.stats import corpus_feature_stats_cli
 from ..features.train import FeatureTrainConfig, FeatureTrainer
 
@@ -43,13 +43,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         t.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=f.default,
                        help=f"(default {f.default})")
 
-    e = sub.add_parser("eval", help="FVU, L0, dead features, CE recovered and BLEU with the dictionary spliced in")
+    e = sub.add_parser("eval", help="FVU, L0, ΔCE, KL, CE recovered, dead/dense features and BLEU with the dictionary "
+                                    "spliced in, beside PCA and a random dictionary at the same L0")
     e.add_argument("dictionary", help="a dictionary directory (cfg.json + sae_weights.safetensors)")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--dataset", default="multi30k")
     e.add_argument("--split", default="valid", help="held-out split for FVU, L0, dead and CE")
     e.add_argument("--bleu-split", dest="bleu_split", default="test2016", help="split for BLEU ('' to skip)")
     e.add_argument("--limit", type=int, default=0)
+    e.add_argument("--density-split", dest="density_split", default="train",
+                   help="text on which dead/dense features are counted and the baselines fit (not --split)")
+    e.add_argument("--density-tokens", dest="density_tokens", type=int, default=200_000,
+                   help="site tokens of --density-split read (its first sentences)")
+    e.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip PCA and the random dictionary")
+    e.add_argument("--seed", type=int, default=0, help="seed of the random dictionary baseline")
     e.add_argument("--card", action="store_true", help="write eval.json and README.md into the dictionary directory")
 
     s = sub.add_parser("stats", help="corpus statistics of every feature (dashboards); torchrun shards the corpus")
@@ -59,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--split", default="train")
     s.add_argument("--limit", type=int, default=0)
     s.add_argument("--top", type=int, default=16, help="top-activating contexts kept per feature")
+    s.add_argument("--sample", type=int, default=32,
+                   help="firings sampled uniformly per feature (examples across the activation quantiles)")
     s.add_argument("--out", default=None, help="output file (default: DICTIONARY/stats.safetensors)")
 
 
@@ -86,8 +95,11 @@ def _eval(args: argparse.Namespace) -> int:
     tm = load(args.checkpoint)
     d = SparseDictionary.load(args.dictionary)
     result = evaluate_dictionary(tm, d, dataset=args.dataset, split=args.split, bleu_split=args.bleu_split or None,
-                                 limit=args.limit, progress=print)
-    print(json.dumps(result, indent=1))
+                                 limit=args.limit, density_split=args.density_split,
+                                 density_tokens=args.density_tokens, baselines=args.baselines, seed=args.seed,
+                                 progress=print)
+    result["seeds"] = seeds_of(args.dictionary)
+    print(json.dumps(result, indent=1, ensure_ascii=False))
     if args.card:
         write_card(args.dictionary, result)
     return 0

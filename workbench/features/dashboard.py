@@ -1,9 +1,13 @@
 """What a feature dashboard shows, as plain data (charts in `workbench.charts.features`, views in the app).
 
     fd = FeatureData.load(tm, "checkpoints/multi30k-de-en/features/hook_memory")   # dictionary + stats
+    fd.summary(17)           # frequency, mean, max, and a dead / dense warning
     fd.contexts(17)          # top-activating contexts: pieces, the firing position, the aligned output word
+    fd.quantile_contexts(17) # contexts sampled across its activation quantiles, weakest band first
     fd.histogram(17)         # (bin left edges, counts) of its non-zero activations on the corpus
-    fd.output_effects(17)    # the output tokens it raises, in total and through each cross-attention head
+    fd.output_effects(17)    # the output tokens it raises and lowers (change in probability), per head
+    fd.direct_effects(17)    # its decoder direction's direct logit effect (hook_memory: via cross-attention OV)
+    fd.nearest(17)           # the features with the most similar decoder directions (cosine)
     fd.sentence("Ein Hund läuft.")   # the features active on each token of a sentence
     fd.search("Hund")        # features whose top contexts fire on that token
 
@@ -14,10 +18,15 @@ Decoder-side features fire on decoder positions; a context shows the target pref
 one predicted there.
 
 Output effects are measured, not read off weights: the feature's part of the activation (a_f · W_dec[f]) is
-removed and the logits compared with the clean run at the aligned position, over the top contexts. For
-`hook_memory` it is removed from the values of one cross-attention head at a time (keys and attention patterns
-stay clean: the path through that head's value/output), and from all values at once; for decoder sites from the
-site itself. The mean logit drop per vocabulary item ranks the tokens a feature raises.
+removed at the firing token and the next-token distribution compared with the clean run at the aligned position,
+over the top contexts. Tokens are ranked by the mean change in probability, p_clean − p_without (a token it
+raises loses probability without it), shown with the clean probability, so a tail token whose log-probability
+moves a lot but whose probability stays near zero does not rank. Which activations are edited is stated in the
+result (`edited`): for `hook_memory` by default the values of every decoder layer's cross-attention at the
+firing source token (`edit="values"`: keys, so attention patterns, stay clean; the path the per-head rows
+decompose), or `edit="memory"`, hook_memory itself, so the keys and values of every cross-attention layer (what
+removing the feature from the encoder output does in full); per head, the values of that head alone. For other
+sites the site itself at the firing position.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import torch
 from ..core.batching import TeacherForced, decoder_input, teacher_forced
 from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
+from .evaluate import DENSE
 from .sites import capture_site, site_of
 from .stats import BIN_EDGES, FeatureStats
 
@@ -45,6 +55,7 @@ class Context:
     aligned_position: int  # its target position (tgt_out index)
     source: str  # detokenized source sentence
     target: str  # detokenized reference
+    band: str = ""  # quantile contexts: the activation quantile band it was drawn from ("20-40 %")
 
 
 class FeatureData:
@@ -79,9 +90,14 @@ class FeatureData:
     def summary(self, feature: int) -> dict[str, Any]:
         f = self.check(feature)
         s = self._need_stats()
-        return {"feature": f, "site": self.name, "side": self.site.side, "frequency": float(s.frequency[f]),
+        freq = float(s.frequency[f])
+        density = "dead" if int(s.count[f]) == 0 else "dense" if freq > DENSE else "ok"
+        warning = {"dead": f"never fires on the {s.tokens:,} tokens of {s.meta.get('corpus', 'the corpus')}",
+                   "dense": f"fires on {freq:.1%} of tokens, more than {DENSE:.0%}: likely not one concept",
+                   "ok": ""}[density]
+        return {"feature": f, "site": self.name, "side": self.site.side, "frequency": freq,
                 "count": int(s.count[f]), "mean": float(s.mean[f]), "max": float(s.max[f]), "tokens": s.tokens,
-                "corpus": s.meta.get("corpus", "")}
+                "corpus": s.meta.get("corpus", ""), "density": density, "warning": warning}
 
     def histogram(self, feature: int) -> tuple[list[float], list[float], list[int]]:
         """(left edges, right edges, counts) of the non-zero activations, trimmed to the occupied bins."""
@@ -115,10 +131,35 @@ class FeatureData:
 
     def contexts(self, feature: int, limit: int | None = None) -> list[Context]:
         f = self.check(feature)
-        s = self._need_stats()
-        found = s.contexts(f)[:limit]
+        return self._contexts(self._need_stats().contexts(f)[:limit])
+
+    def quantile_contexts(self, feature: int, *, bands: int = 5, per_band: int = 2) -> list[Context]:
+        """Contexts drawn from a uniform sample of the feature's firings (`stats.samples`), `per_band` from each
+        of `bands` equal-count activation bands, weakest first: what it does when it fires weakly, not only at
+        its top. Empty for statistics written without samples."""
+        f = self.check(feature)
+        found = self._need_stats().samples(f)  # ascending by value
         if not found:
             return []
+        picked, labels = [], []
+        n = len(found)
+        for b in range(bands):
+            lo, hi = n * b // bands, n * (b + 1) // bands
+            if hi <= lo:
+                continue
+            step = (hi - lo) / per_band
+            for i in sorted({lo + int(step * (j + 0.5)) for j in range(per_band)}):
+                picked.append(found[min(i, hi - 1)])
+                labels.append(f"{100 * b // bands}-{100 * (b + 1) // bands} %")
+        out = self._contexts(picked)
+        for c, label in zip(out, labels):
+            c.band = label
+        return out
+
+    def _contexts(self, found: list[tuple[float, int, int]]) -> list[Context]:
+        if not found:
+            return []
+        s = self._need_stats()
         pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
         positions = [p for _, _, p in found]
         aligned = self._aligned(self._batch(pairs), positions) if self.site.side == "src" else positions
@@ -133,14 +174,36 @@ class FeatureData:
         return out
 
     # -- output effects ------------------------------------------------------------------------
+    def _edited(self, edit: str) -> str:
+        hook = self.site.hook_out or self.site.hook_in
+        if self._memory_site:
+            if edit == "values":
+                return ("the values (hook_v) of every decoder layer's cross-attention at the firing source token; "
+                        "keys, so attention patterns, clean")
+            return ("hook_memory at the firing source token: the keys and values of every decoder layer's "
+                    "cross-attention (attention patterns move too)")
+        where = "source token" if self.site.side == "src" else "decoder position"
+        what = " (the FFN's output)" if self.site.transcoder else ""
+        return f"{hook}{what} at the firing {where}"
+
+    @property
+    def _memory_site(self) -> bool:
+        return self.site.hook_in == self.tm.model.hook_memory.name and not self.site.transcoder
+
     @torch.no_grad()
-    def output_effects(self, feature: int, *, contexts: int = 8, top: int = 10) -> dict[str, Any]:
-        """Tokens whose logits drop most when the feature is removed, at the aligned positions of its top
-        contexts; for hook_memory also per cross-attention head (value path)."""
+    def output_effects(self, feature: int, *, contexts: int = 8, top: int = 10, edit: str = "values",
+                       heads: bool = True) -> dict[str, Any]:
+        """The tokens whose probability at the aligned positions of the feature's top contexts falls most
+        (`tokens`: what it raises) and rises most (`lowers`) when its part a_f·W_dec[f] is removed at the firing
+        token; each with the mean clean probability, the mean change in probability and the mean log-prob drop.
+        For hook_memory also per cross-attention head (that head's values alone), unless `heads=False`."""
+        if edit not in ("values", "memory"):
+            raise ValueError(f"edit must be 'values' or 'memory', got {edit!r}")
         f = self.check(feature)
         ctx = self.contexts(f, contexts)
+        edited = self._edited(edit)
         if not ctx:
-            return {"feature": f, "contexts": 0, "tokens": [], "heads": []}
+            return {"feature": f, "contexts": 0, "tokens": [], "lowers": [], "heads": [], "edited": edited}
         model, s = self.tm.model, self._need_stats()
         found = s.contexts(f)[:contexts]
         pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
@@ -152,50 +215,156 @@ class FeatureData:
         rows = torch.arange(n)
         pos = torch.tensor([c.position for c in ctx])
         at = torch.tensor([c.aligned_position for c in ctx])
-        heads: list[tuple[int, int]] = []
-        if self.site.hook_in == model.hook_memory.name and not self.site.transcoder:
-            heads = [(layer, h) for layer in range(len(model.dec)) for h in range(model.dec[layer].cross_attn.n_heads)]
-        variants = 2 + len(heads)  # clean, whole site, each head
+        head_list: list[tuple[int, int]] = []
+        if self._memory_site and heads:
+            head_list = [(layer, h) for layer in range(len(model.dec))
+                         for h in range(model.dec[layer].cross_attn.n_heads)]
+        variants = 2 + len(head_list)  # clean, the whole edit, each head
         src_v, tgt_v = src.repeat(variants, 1), tgt_in.repeat(variants, 1)
         delta = amounts[:, None] * direction[None]  # (n, d)
         hooks = []
-        if heads:
+        if self._memory_site:
             def value_hook(layer: int):
                 attn = model.dec[layer].cross_attn
-                dv = (delta @ attn.v_proj.weight.T).view(n, attn.n_heads, -1)  # (n, H, Dh)
+                dv = (delta @ attn.v_proj.weight.T).view(n, attn.n_heads, -1)  # (n, H, Dh): v is linear in memory
 
-                def fn(v: torch.Tensor, hook) -> torch.Tensor:
+                def fn(v: torch.Tensor, hook) -> torch.Tensor:  # v: (B, H, S, Dh)
                     v = v.clone()
+                    if edit == "values":
+                        for h in range(attn.n_heads):
+                            v[n + rows, h, pos] -= dv[:, h].to(v.dtype)
                     for h in range(attn.n_heads):
-                        k = 2 + heads.index((layer, h))
-                        v[k * n + rows, h, pos] -= dv[:, h]
+                        if (layer, h) in head_list:
+                            k = 2 + head_list.index((layer, h))
+                            v[k * n + rows, h, pos] -= dv[:, h].to(v.dtype)
                     return v
                 return fn
             hooks = [(model.dec[layer].cross_attn.hook_v.name, value_hook(layer)) for layer in range(len(model.dec))]
-
-        def site_hook(x: torch.Tensor, hook) -> torch.Tensor:
-            x = x.clone()
-            x[n + rows, pos] -= delta.to(x.dtype)
-            return x
-        hooks.append((self.site.hook_out or self.site.hook_in, site_hook))
+        if not self._memory_site or edit == "memory":
+            def site_hook(x: torch.Tensor, hook) -> torch.Tensor:
+                x = x.clone()
+                x[n + rows, pos] -= delta.to(x.dtype)
+                return x
+            hooks.append((self.site.hook_out or self.site.hook_in, site_hook))
         with model.hooks(hooks):
             out = model(src_v, tgt_v, project=False)  # (variants * n, T, D): project the aligned rows only
-        picked = model.output_proj(out.view(variants, n, *out.shape[1:])[:, rows, at]).float().log_softmax(-1)
-        drop = (picked[:1] - picked[1:]).mean(1)  # (variants-1, V): mean log-prob drop without the feature
-        total = drop[0]
-        best = total.topk(top)
+        logp = model.output_proj(out.view(variants, n, *out.shape[1:])[:, rows, at]).float().log_softmax(-1)
+        prob = logp.exp()  # (variants, n, V)
+        dp = (prob[:1] - prob[1:]).mean(1)  # (variants-1, V): mean probability it adds
+        drop = (logp[:1] - logp[1:]).mean(1)  # mean log-prob drop without it
+        p_clean, p_without = prob[0].mean(0), prob[1].mean(0)
         tok = self.tm.tgt_tokenizer
-        tokens = [{"token": tok.pieces([int(i)])[0], "id": int(i), "drop": float(v)}
-                  for v, i in zip(best.values, best.indices)]
+
+        def entry(i: int) -> dict[str, Any]:
+            return {"token": tok.pieces([i])[0], "id": i, "dp": float(dp[0, i]), "p_clean": float(p_clean[i]),
+                    "p_without": float(p_without[i]), "drop": float(drop[0, i])}
+        best = dp[0].topk(top)
+        worst = (-dp[0]).topk(top)
+        tokens = [entry(int(i)) for v, i in zip(best.values, best.indices) if v > 0]
+        lowers = [entry(int(i)) for v, i in zip(worst.values, worst.indices) if v > 0]
         head_rows = []
-        for k, (layer, h) in enumerate(heads):
-            d_h = drop[1 + k]
+        for k, (layer, h) in enumerate(head_list):
+            d_h = dp[1 + k]
             b = d_h.topk(3)
-            head_rows.append({"layer": layer, "head": h, "on_top_tokens": float(d_h[best.indices].mean()),
+            head_rows.append({"layer": layer, "head": h, "on_top_tokens": float(drop[1 + k][best.indices].mean()),
+                              "dp_on_top_tokens": float(d_h[best.indices].sum()),
                               "tokens": [tok.pieces([int(i)])[0] for i in b.indices]})
-        head_rows.sort(key=lambda r: -r["on_top_tokens"])
-        return {"feature": f, "contexts": n, "tokens": tokens, "heads": head_rows,
-                "note": "mean drop in log-probability at the aligned position when the feature is removed"}
+        head_rows.sort(key=lambda r: -r["dp_on_top_tokens"])
+        return {"feature": f, "contexts": n, "tokens": tokens, "lowers": lowers, "heads": head_rows,
+                "edited": edited, "edit": edit if self._memory_site else "site",
+                "note": "mean change in probability at the aligned position when the feature's part is removed "
+                        "(dp = p_clean - p_without; drop: the mean log-probability drop); heads: the values of that "
+                        "head alone (on_top_tokens: mean log-prob drop on the top tokens, dp_on_top_tokens: their "
+                        "summed probability change)"}
+
+    # -- direct logit effect of the decoder direction --------------------------------------------
+    def _direct_path(self, layer: int, sublayer: str) -> list:
+        """The norms a vector written by decoder sub-layer (layer, sublayer) passes on its way to the logits
+        when no later block reads it: post-norm, that sub-layer's norm and every later one's, then the final
+        norm; pre-norm, the final norm only."""
+        stream = self.tm.model.stream("dec")
+        norms = []
+        if not self.tm.model.cfg.norm_first:
+            subs = stream.sublayers()
+            start = next(i for i, (j, sub) in enumerate(subs) if j == layer and sub.name == sublayer)
+            norms = [sub.norm for _, sub in subs[start:]]
+        if stream.final_norm is not None:
+            norms.append(stream.final_norm)
+        return norms
+
+    def _to_logits(self, v: torch.Tensor, norms: list) -> torch.Tensor:
+        """Logits (…, V) of residual-stream vectors v (…, D) through `norms`, each linearised with its 1/σ left
+        out (a positive per-token factor: it scales a token's row, never reorders it): centre, times the weight."""
+        for norm in norms:
+            v = (v - v.mean(-1, keepdim=True)) * norm.weight
+        return v @ self.tm.model.output_proj.weight.T
+
+    def _writer(self) -> tuple[int, str] | None:
+        """(layer, sub-layer) of the decoder block whose output the site is, or None."""
+        name = self.site.hook_out or self.site.hook_in
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "dec" and parts[3] == "hook_out" and parts[2] in (
+                "self_attn", "cross_attn", "ffn"):
+            return int(parts[1]), parts[2]
+        return None
+
+    @torch.no_grad()
+    def direct_effects(self, feature: int, *, top: int = 10) -> dict[str, Any]:
+        """The logits the decoder direction W_dec[f] adds on its direct path to the output, per unit activation:
+        for a decoder block's output (an SAE on dec.N.*.hook_out, a transcoder), through the later norms to the
+        unembedding; for hook_memory, through each cross-attention head's OV circuit (W_V then W_O of that
+        head, as if the head attended to the token alone) and then the same direct path. Norms are linearised
+        without their per-token 1/σ, so values are comparable within a feature, not across positions."""
+        f = self.check(feature)
+        model, tok = self.tm.model, self.tm.tgt_tokenizer
+        direction = self.d.W_dec[f]
+
+        def ranked(logits: torch.Tensor) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            c = logits - logits.mean()  # a shift of every logit changes no probability
+            hi, lo = c.topk(top), (-c).topk(top)
+            up = [{"token": tok.pieces([int(i)])[0], "id": int(i), "logit": float(v)} for v, i in zip(*hi)]
+            down = [{"token": tok.pieces([int(i)])[0], "id": int(i), "logit": -float(v)} for v, i in zip(*lo)]
+            return up, down
+
+        if self._memory_site:
+            rows, total = [], torch.zeros(model.cfg.tgt_vocab)
+            for layer, block in enumerate(model.dec):
+                attn = block.cross_attn
+                v = (direction @ attn.v_proj.weight.T).view(attn.n_heads, attn.d_head)  # (H, Dh)
+                w_o = attn.head_weights()  # (H, Dh, D)
+                norms = self._direct_path(layer, "cross_attn")
+                for h in range(attn.n_heads):
+                    logits = self._to_logits(v[h] @ w_o[h], norms)
+                    total += logits
+                    up, _ = ranked(logits)
+                    rows.append({"layer": layer, "head": h, "spread": float((logits - logits.mean()).std()),
+                                 "tokens": [t["token"] for t in up[:3]]})
+            up, down = ranked(total)
+            rows.sort(key=lambda r: -r["spread"])
+            return {"feature": f, "path": "cross-attention OV circuits (every head, as if attending to the token "
+                    "alone), then each layer's direct path to the logits", "raises": up, "lowers": down,
+                    "heads": rows}
+        writer = self._writer()
+        if writer is None:
+            return {"feature": f, "path": None, "raises": [], "lowers": [], "heads": [],
+                    "note": f"{self.site.name} writes into no decoder block's output: it has no direct path to the "
+                            "logits (an encoder site reaches them only through cross-attention of later layers)"}
+        up, down = ranked(self._to_logits(direction, self._direct_path(*writer)))
+        return {"feature": f, "path": f"dec.{writer[0]}.{writer[1]} output, then the later norms and the unembedding",
+                "raises": up, "lowers": down, "heads": []}
+
+    # -- neighbours ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def nearest(self, feature: int, *, top: int = 5) -> list[dict[str, Any]]:
+        """The features whose decoder directions are closest to this one's (cosine), with their frequency."""
+        f = self.check(feature)
+        w = self.d.W_dec / self.d.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        cos = w @ w[f]
+        cos[f] = -2.0
+        best = cos.topk(min(top, self.n_features - 1))
+        freq = self.stats.frequency if self.stats is not None else None
+        return [{"feature": int(i), "cosine": float(c), **({"frequency": float(freq[i])} if freq is not None else {})}
+                for c, i in zip(best.values, best.indices)]
 
     # -- one sentence --------------------------------------------------------------------------
     @torch.no_grad()

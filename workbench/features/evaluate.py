@@ -1,16 +1,30 @@
-"""How good a dictionary is, on held-out text: reconstruction, sparsity, and what splicing it in does to translation.
+"""How good a dictionary is, on held-out text, beside what an expert compares it with: reconstruction, sparsity,
+and what splicing it in does to translation, for the dictionary, PCA and a random dictionary at its L0.
 
     result = evaluate_dictionary(tm, dictionary, split="valid", bleu_split="test2016")
-    result["fvu"], result["l0"], result["dead_frac"], result["ce_recovered"], result["bleu_spliced"]
+    result["fvu"], result["delta_ce"], result["baselines"]["pca"]["fvu"], result["timing"]["baseline_share"]
 
-- FVU: Σ‖y - ŷ‖² / Σ‖y - ȳ‖² over every real token of the split (y: the site's activation, or the FFN output
-  a transcoder predicts), the mean taken over the whole split.
-- L0: mean number of active features per token; dead: share of features that never fire on the split.
-- CE recovered: with teacher forcing on the split's references, the mean token cross-entropy of the clean
-  model, with the site replaced by the reconstruction, and with the site zero-ablated:
-  (CE_zero - CE_spliced) / (CE_zero - CE_clean) (SAELens's "CE loss score").
-- BLEU: the split translated with the checkpoint's own decoding settings (meta.json: beam, length penalty),
-  clean and with the reconstruction spliced in, scored by sacrebleu.
+Three texts, each named in the result with its token count:
+
+- The evaluation split (default Multi30k valid, held out from training): FVU, L0, ΔCE, KL, CE recovered.
+- The density text (default the first sentences of the training split, at least `density_tokens` = 200k site
+  tokens): dead features (never fire there) and dense ones (fire on more than 10 % of its tokens); the same pass
+  fits the baselines and the mean of the site, so they never see the evaluation text.
+- The BLEU split (default test2016): the checkpoint's own decoding settings, clean and spliced.
+
+Figures:
+
+- FVU: Σ‖y - ŷ‖² / Σ‖y - ȳ‖² over every real token of the split (y: the site's activation, or the FFN output a
+  transcoder predicts). L0: mean number of active features per token.
+- ΔCE: with teacher forcing on the split's references, the mean token cross-entropy with the site replaced by
+  the reconstruction minus the clean model's, in nats; KL: mean KL(clean ‖ spliced) of the next-token
+  distributions per target token, in nats.
+- CE recovered against zero ablation, (CE_zero - CE_spliced) / (CE_zero - CE_clean) (SAELens's "CE loss
+  score"), and against mean ablation (the site replaced by its mean over the density text at every position).
+- Baselines (`features.baselines`): PCA with L0 components and a random TopK dictionary at the same L0, both fit
+  on the density text; for transcoders also the FFN's own neurons (active per token; exact reconstruction).
+- Timing: the card's own evaluation (its passes, its dead/dense count, BLEU) and the baselines' extra work
+  (fitting them, their reconstructions and spliced forward passes), measured separately.
 """
 
 from __future__ import annotations
@@ -18,89 +32,267 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..corpus.data import ParallelData, load_dataset
 from ..decoding.evaluate import score
 from ..decoding.translator import TranslationModel
+from .baselines import Moments, PCABaseline, RandomTopK
 from .dictionary import SparseDictionary
-from .sites import site_of, site_rows, splice_hooks
+from .sites import ablation_hooks, site_of, site_rows, splice_hooks
+
+DENSE = 0.10
+"""A feature firing on more than this share of tokens counts as dense."""
+SAMPLE_ROWS = 16384
+"""Rows of the density text kept to fit the random dictionary's scale."""
 
 
-def _ce(model, batch) -> tuple[float, int]:
+class _Clock:
+    """Seconds spent under named labels (`with clock("card"): ...`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, label: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t
+
+
+def _logp(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced next-token log-probabilities at real target positions (N, V) and the targets (N,)."""
     logits = model(batch.src, batch.tgt_in)
     mask = batch.tgt_out != model.cfg.pad_id
-    nll = F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(), reduction="none")
-    return float(nll[mask.flatten()].sum()), int(mask.sum())
+    return logits[mask].float().log_softmax(-1), batch.tgt_out[mask]
+
+
+class _Splice:
+    """Running CE and KL of one spliced variant against the clean model."""
+
+    def __init__(self) -> None:
+        self.nll = self.kl = 0.0
+        self.n = 0
+
+    def add(self, logp: torch.Tensor, target: torch.Tensor, clean: torch.Tensor | None) -> None:
+        self.nll += float(-logp.gather(1, target[:, None]).sum())
+        if clean is not None:
+            self.kl += float((clean.exp() * (clean - logp)).sum())
+        self.n += target.numel()
+
+    @property
+    def ce(self) -> float:
+        return self.nll / self.n
+
+
+class _Recon:
+    """Running FVU, L0 and firing counts of one reconstruction."""
+
+    def __init__(self, d_out: int, n_codes: int) -> None:
+        self.err2 = self.s2 = 0.0
+        self.s1 = torch.zeros(d_out, dtype=torch.float64)
+        self.rows = self.active = 0
+        self.fired = torch.zeros(n_codes, dtype=torch.long)
+
+    def add(self, target: torch.Tensor, recon: torch.Tensor, codes: torch.Tensor) -> None:
+        self.rows += target.size(0)
+        self.err2 += float((target - recon).double().pow(2).sum())
+        self.s1 += target.double().sum(0).cpu()
+        self.s2 += float(target.double().pow(2).sum())
+        nz = codes != 0
+        self.active += int(nz.sum())
+        self.fired += nz.sum(0).cpu()
+
+    @property
+    def fvu(self) -> float:
+        return self.err2 / (self.s2 - float((self.s1 * self.s1).sum()) / self.rows)
+
+
+def _figures(recon: _Recon, spliced: _Splice, ce: dict[str, float], fired_density: torch.Tensor | None = None,
+             density_tokens: int = 0) -> dict[str, Any]:
+    """FVU, L0, ΔCE, KL, CE recovered (zero, mean) and dead/dense shares (on the density text when counted
+    there, else on the evaluation split) of one reconstruction."""
+    fired, tokens = (fired_density, density_tokens) if fired_density is not None else (recon.fired, recon.rows)
+    freq = fired.double() / max(tokens, 1)
+    return {"fvu": recon.fvu, "l0": recon.active / recon.rows, "ce_spliced": spliced.ce,
+            "delta_ce": spliced.ce - ce["clean"], "kl": spliced.kl / spliced.n,
+            "ce_recovered": (ce["zero"] - spliced.ce) / (ce["zero"] - ce["clean"]),
+            "ce_recovered_mean": (ce["mean"] - spliced.ce) / (ce["mean"] - ce["clean"]),
+            "dead_frac": float((fired == 0).double().mean()), "dense_frac": float((freq > DENSE).double().mean()),
+            "counted_tokens": tokens}
+
+
+def _density_data(tm: TranslationModel, dataset: str, split: str, tokens: int, side: str, data_root: str | None
+                  ) -> tuple[ParallelData, str]:
+    """The first sentences of `split` holding at least `tokens` site tokens (all of it when it has fewer)."""
+    src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
+    src, tgt = load_dataset(dataset, split, src_lang, tgt_lang, data_root)
+    data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=tm.model.cfg.max_positions - 1)
+    lens = data.src_lens if side == "src" else data.tgt_lens
+    n = int((lens.cumsum() < tokens).sum()) + 1
+    n = min(n, len(data))
+    return ParallelData(data.src[:n], data.tgt[:n]), f"{dataset}:{split}[:{n}]"
 
 
 @torch.no_grad()
 def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, dataset: str = "multi30k",
                         split: str = "valid", bleu_split: str | None = "test2016", data_root: str | None = None,
-                        limit: int = 0, max_tokens: int = 4096, progress: Callable[[str], Any] | None = None
-                        ) -> dict[str, Any]:
+                        limit: int = 0, max_tokens: int = 4096, density_split: str = "train",
+                        density_tokens: int = 200_000, baselines: bool = True, seed: int = 0,
+                        progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     model, d = tm.model.eval(), dictionary.eval()
     site = site_of(d)
+    clock = _Clock()
+    hidden = (model.stream(site.name.split(".")[0]).layers[int(site.name.split(".")[1])].ffn.hook_hidden.name,) \
+        if site.transcoder else ()
+    n_neurons = model.cfg.ffn_dim(site.name.split(".")[0]) if site.transcoder else 0
+
+    # -- the density text: dead/dense counts; the baselines' and the mean ablation's fit ---------------------
+    dens, dens_name = _density_data(tm, dataset, density_split, density_tokens, site.side, data_root)
+    fired_d = torch.zeros(d.cfg.d_sae, dtype=torch.long)
+    neurons_d = torch.zeros(n_neurons, dtype=torch.long)
+    dens_rows = dens_active = 0
+    moments = Moments(d.cfg.d_in, d.cfg.d_out)
+    sum_out = torch.zeros(d.cfg.out_dim, dtype=torch.float64)
+    sample_x: list[torch.Tensor] = []
+    sample_y: list[torch.Tensor] = []
+    kept = 0
+    for idx in dens.batches(max_tokens, shuffle=False):
+        batch = dens.collate(idx, model.cfg).to(model.device)
+        with clock("card"):
+            x, y, *more = site_rows(model, batch, site, extra=hidden)
+            nz = d.encode(x) > 0
+            fired_d += nz.sum(0).cpu()
+            dens_active += int(nz.sum())
+            dens_rows += x.size(0)
+            sum_out += (x if y is None else y).double().sum(0).cpu()  # the mean ablation's value
+        with clock("baselines"):
+            if more:
+                neurons_d += (more[0][hidden[0]] != 0).sum(0).cpu()
+            if baselines:
+                moments.update(x, y)
+        if baselines and kept < SAMPLE_ROWS:
+            with clock("baselines"):
+                take = SAMPLE_ROWS - kept
+                sample_x.append(x[:take].cpu())
+                sample_y.append((x if y is None else y)[:take].cpu())
+                kept += sample_x[-1].size(0)
+    mean = (sum_out / dens_rows).float().to(model.device)
+    l0_round = max(1, round(dens_active / dens_rows))
+    fits: dict[str, torch.nn.Module] = {}
+    if baselines:
+        with clock("baselines"):
+            xs, ys = torch.cat(sample_x), torch.cat(sample_y)
+            fits["pca"] = PCABaseline.fit(moments, l0_round).to(model.device)
+            fits["random"] = RandomTopK.fit(moments, d.cfg.d_sae, l0_round, xs, ys if site.transcoder else None,
+                                            seed=seed).to(model.device)
+
+    # -- the evaluation split ------------------------------------------------------------------------------
     src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
     src, tgt = load_dataset(dataset, split, src_lang, tgt_lang, data_root, limit=limit)
     data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=model.cfg.max_positions - 1)
-    n_rows = 0
-    err2 = 0.0
-    s1 = torch.zeros(d.cfg.out_dim, dtype=torch.float64)
-    s2 = 0.0
-    active = 0
-    fired = torch.zeros(d.cfg.d_sae, dtype=torch.long)
-    ce = {"clean": [0.0, 0], "spliced": [0.0, 0], "zero": [0.0, 0]}
-    t0 = time.time()
+    rec = _Recon(d.cfg.out_dim, d.cfg.d_sae)
+    runs = {name: _Splice() for name in ("clean", "spliced", "zero", "mean")}
+    base_rec = {name: _Recon(d.cfg.out_dim, b.l0 if name == "pca" else d.cfg.d_sae) for name, b in fits.items()}
+    base_runs = {name: _Splice() for name in fits}
+    neurons_active = 0
     for idx in data.batches(max_tokens, shuffle=False):
         batch = data.collate(idx, model.cfg).to(model.device)
-        x, y = site_rows(model, batch, site)
-        target = x if y is None else y
-        feats = d.encode(x)
-        recon = d.decode(feats) + d.skip(x)
-        n_rows += x.size(0)
-        err2 += float((target - recon).double().pow(2).sum())
-        s1 += target.double().sum(0)
-        s2 += float(target.double().pow(2).sum())
-        nz = feats > 0
-        active += int(nz.sum())
-        fired += nz.sum(0)
-        for name, hooks in (("clean", []), ("spliced", splice_hooks(site, d)), ("zero", splice_hooks(site, None))):
-            with model.hooks(hooks):
-                total, n = _ce(model, batch)
-            ce[name][0] += total
-            ce[name][1] += n
-    variance = s2 - float((s1 * s1).sum()) / n_rows
-    ce_mean = {k: v[0] / v[1] for k, v in ce.items()}
+        with clock("card"):
+            x, y, *more = site_rows(model, batch, site, extra=hidden)
+            target = x if y is None else y
+            feats = d.encode(x)
+            rec.add(target, d.decode(feats) + d.skip(x), feats)
+            clean, tokens = _logp(model, batch)
+            runs["clean"].add(clean, tokens, None)
+            for name, hooks in (("spliced", splice_hooks(site, d)), ("zero", ablation_hooks(site, None)),
+                                ("mean", ablation_hooks(site, mean))):
+                with model.hooks(hooks):
+                    runs[name].add(*_logp(model, batch), clean if name == "spliced" else None)
+        with clock("baselines"):
+            if more:
+                neurons_active += int((more[0][hidden[0]] != 0).sum())
+            for name, b in fits.items():
+                base_rec[name].add(target, b(x), b.encode(x))
+                with model.hooks(splice_hooks(site, b)):
+                    base_runs[name].add(*_logp(model, batch), clean)
+    ce = {name: r.ce for name, r in runs.items()}
+    own = _figures(rec, runs["spliced"], ce, fired_d, dens_rows)
     result: dict[str, Any] = {
         "site": site.name, "hook_in": site.hook_in, "hook_out": site.hook_out, "split": f"{dataset}:{split}",
-        "sentences": len(data), "tokens": n_rows, "fvu": err2 / variance, "l0": active / n_rows,
-        "dead_frac": float((fired == 0).float().mean()), "dead": int((fired == 0).sum()), "d_sae": d.cfg.d_sae,
-        "ce_clean": ce_mean["clean"], "ce_spliced": ce_mean["spliced"], "ce_zero_ablated": ce_mean["zero"],
-        "ce_recovered": (ce_mean["zero"] - ce_mean["spliced"]) / (ce_mean["zero"] - ce_mean["clean"]),
-        "seconds": round(time.time() - t0, 1),
+        "sentences": len(data), "tokens": rec.rows, "fvu": own["fvu"], "l0": own["l0"],
+        "dead_frac": own["dead_frac"], "dead": int((fired_d == 0).sum()), "dense_frac": own["dense_frac"],
+        "dense": int((fired_d.double() / dens_rows > DENSE).sum()), "dense_threshold": DENSE,
+        "density_split": dens_name, "density_tokens": dens_rows,
+        "dead_frac_eval": float((rec.fired == 0).double().mean()), "d_sae": d.cfg.d_sae,
+        "ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero_ablated": ce["zero"],
+        "ce_mean_ablated": ce["mean"], "delta_ce": own["delta_ce"], "kl": own["kl"],
+        "ce_recovered": own["ce_recovered"], "ce_recovered_mean": own["ce_recovered_mean"],
     }
+    if fits or site.transcoder:
+        result["baselines"] = {}
+        result["baseline_fit"] = f"{dens_name}, {dens_rows} tokens (not the evaluation split)"
+    for name, b in fits.items():
+        fig = _figures(base_rec[name], base_runs[name], ce)
+        if name == "pca":
+            fig |= {"components": b.l0, "explained_on_fit_text": b.explained,
+                    "method": "reduced-rank regression: least-squares map, then the top L0 components of its "
+                              "output" if site.transcoder else "top L0 principal components, mean-centred"}
+        else:
+            fig |= {"features": d.cfg.d_sae, "k": b.k, "scale": float(b.scale), "seed": seed,
+                    "method": "random unit decoder directions, TopK of the projections (ReLU), one least-squares "
+                              "scale" + ("; input mapped by the least-squares linear map" if site.transcoder else "")}
+        result["baselines"][name] = fig
+    if site.transcoder:
+        freq = neurons_d.double() / max(dens_rows, 1)
+        result["baselines"]["ffn_neurons"] = {
+            "neurons": n_neurons, "l0": neurons_active / rec.rows, "fvu": 0.0, "delta_ce": 0.0, "kl": 0.0,
+            "ce_recovered": 1.0, "ce_recovered_mean": 1.0, "dead_frac": float((neurons_d == 0).double().mean()),
+            "dense_frac": float((freq > DENSE).double().mean()), "counted_tokens": dens_rows,
+            "method": f"the FFN's own {n_neurons} hidden units (active: non-zero); the reconstruction is the FFN "
+                      "itself, exact"}
+    result["seconds"] = round(clock.seconds.get("card", 0.0), 1)
     if progress:
-        progress(f"{site.name}: FVU {result['fvu']:.4f}, L0 {result['l0']:.1f}, dead {result['dead_frac']:.1%}, "
-                 f"CE recovered {result['ce_recovered']:.3f}")
+        progress(f"{site.name}: FVU {result['fvu']:.4f}, L0 {result['l0']:.1f}, dead {result['dead_frac']:.1%} "
+                 f"and dense {result['dense_frac']:.1%} of {dens_rows:,} tokens, ΔCE {result['delta_ce']:.4f} nats, "
+                 f"CE recovered {result['ce_recovered']:.3f} (zero) {result['ce_recovered_mean']:.3f} (mean)")
+        for name, b in result.get("baselines", {}).items():
+            progress(f"  {name}: FVU {b['fvu']:.4f}, L0 {b['l0']:.1f}, ΔCE {b['delta_ce']:.4f} nats")
     if bleu_split:
         src, tgt = load_dataset(dataset, bleu_split, src_lang, tgt_lang, data_root, limit=limit)
         cfg = tm.decode_config
-        t1 = time.time()
-        clean = score(tm.translate(src), [tgt])
-        with model.hooks(splice_hooks(site, d)):
-            spliced = score(tm.translate(src), [tgt])
+        with clock("bleu"):
+            clean_bleu = score(tm.translate(src), [tgt])
+            with model.hooks(splice_hooks(site, d)):
+                spliced_bleu = score(tm.translate(src), [tgt])
         result |= {"bleu_split": f"{dataset}:{bleu_split}", "bleu_sentences": len(src), "beam": cfg.beam,
-                   "length_penalty": cfg.length_penalty, "alpha": cfg.alpha, "bleu_clean": clean.bleu,
-                   "bleu_spliced": spliced.bleu, "bleu_delta": round(spliced.bleu - clean.bleu, 2),
-                   "bleu_signature": clean.bleu_signature, "bleu_seconds": round(time.time() - t1, 1)}
+                   "length_penalty": cfg.length_penalty, "alpha": cfg.alpha, "bleu_clean": clean_bleu.bleu,
+                   "bleu_spliced": spliced_bleu.bleu, "bleu_delta": round(spliced_bleu.bleu - clean_bleu.bleu, 2),
+                   "bleu_signature": clean_bleu.bleu_signature, "bleu_seconds": round(clock.seconds["bleu"], 1)}
         if progress:
-            progress(f"{site.name}: {bleu_split} BLEU {clean.bleu:.2f} clean, {spliced.bleu:.2f} spliced")
+            progress(f"{site.name}: {bleu_split} BLEU {clean_bleu.bleu:.2f} clean, {spliced_bleu.bleu:.2f} spliced")
+    card = clock.seconds.get("card", 0.0) + clock.seconds.get("bleu", 0.0)
+    base = clock.seconds.get("baselines", 0.0)
+    result["timing"] = {"card_seconds": round(card, 1), "card_seconds_without_bleu": result["seconds"],
+                        "baseline_seconds": round(base, 1), "baseline_share": base / card if card else None,
+                        "note": "wall clock of this process; the baselines' share is of the card's own evaluation, "
+                                "BLEU included"}
     return result
+
+
+def seeds_of(directory: str | Path) -> dict[str, Any]:
+    """The `seeds` field of a card: the seeds its figures come from (training.json), and their spread."""
+    train_file = Path(directory) / "training.json"
+    training = json.loads(train_file.read_text(encoding="utf-8")) if train_file.is_file() else {}
+    seed = training.get("config", {}).get("seed")
+    return {"count": 1, "values": [seed] if seed is not None else [], "spread": None,
+            "note": "one trained seed: the spread over 3 seeds needs two more trainings (not done for this card)"}
 
 
 GOALS = {"fvu": ("<=", 0.2), "l0": ("<=", 64), "dead_frac": ("<=", 0.10), "ce_recovered": (">=", 0.90)}
@@ -111,7 +303,8 @@ BLEU_GOAL = 0.5
 def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     """eval.json and a README.md whose numbers are `result`'s and training.json's, never typed by hand."""
     directory = Path(directory)
-    (directory / "eval.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    result = {**result, "seeds": result.get("seeds") or seeds_of(directory)}
+    (directory / "eval.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     cfg = json.loads((directory / "cfg.json").read_text(encoding="utf-8"))
     train_file = directory / "training.json"
     training = json.loads(train_file.read_text(encoding="utf-8")) if train_file.is_file() else {}
@@ -131,7 +324,8 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
              f"{result['tokens']} tokens)",
              "", "| metric | value | goal |", "|---|---|---|"]
     for key, label in (("fvu", "fraction of variance unexplained"), ("l0", "L0 (features active per token)"),
-                       ("dead_frac", "dead features (never fire on the split)"),
+                       ("dead_frac", f"dead features (never fire on {result.get('density_tokens', result['tokens']):,}"
+                                     f" tokens of {result.get('density_split', result['split'])})"),
                        ("ce_recovered", "CE recovered vs zero-ablation")):
         op, goal = GOALS[key]
         v = result[key]
@@ -139,8 +333,39 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         ok = v <= goal if op == "<=" else v >= goal
         lines.append(f"| {label} | {shown} | {op} {f'{goal:.0%}' if key == 'dead_frac' else goal} "
                      f"{'(met)' if ok else '(missed)'} |")
-    lines += ["", f"Cross-entropy per target token: clean {result['ce_clean']:.4f}, spliced "
-              f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}."]
+    lines += ["", f"Cross-entropy per target token (teacher-forced, nats): clean {result['ce_clean']:.4f}, spliced "
+              f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}"
+              + (f", mean-ablated {result['ce_mean_ablated']:.4f}" if "ce_mean_ablated" in result else "") + "."]
+    if "baselines" in result:
+        lines += ["", f"## Beside its baselines at the same L0 (fit on {result['baseline_fit']})", "",
+                  "| | FVU | L0 | ΔCE (nats) | KL (nats) | CE recovered vs zero | vs mean | dead | dense (> 10 %) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        rows = [("this dictionary", {k: result[k] for k in ("fvu", "l0", "delta_ce", "kl", "ce_recovered",
+                                                              "ce_recovered_mean", "dead_frac", "dense_frac")}
+                 | {"counted_tokens": result["density_tokens"]})]
+        names = {"pca": "PCA, L0 components", "random": "random dictionary, same L0",
+                 "ffn_neurons": "the FFN's own neurons"}
+        rows += [(names.get(n, n), b) for n, b in result["baselines"].items()]
+        for label, b in rows:
+            lines.append(f"| {label} | {b['fvu']:.4f} | {b['l0']:.1f} | {b['delta_ce']:+.4f} | {b['kl']:.4f} | "
+                         f"{b['ce_recovered']:.1%} | {b['ce_recovered_mean']:.1%} | {b['dead_frac']:.1%} | "
+                         f"{b['dense_frac']:.1%} ({b['counted_tokens']:,} tokens) |")
+        lines += ["", "ΔCE: spliced minus clean cross-entropy; KL: mean KL(clean ‖ spliced) per target token. The "
+                  "dictionary's dead and dense shares are counted on the density text, the baselines' on the "
+                  "evaluation split (PCA's components are non-zero on every token: dense by construction)."
+                  + (" The FFN's neurons are the FFN itself: its reconstruction is exact; its L0 is the count of "
+                     "non-zero hidden units per token." if "ffn_neurons" in result["baselines"] else "")]
+        for n in ("pca", "random"):
+            if n in result["baselines"]:
+                lines.append(f"- {names[n]}: {result['baselines'][n]['method']}.")
+    seeds = result.get("seeds")
+    if seeds:
+        lines += ["", f"Seeds: {seeds['count']} ({', '.join(map(str, seeds['values'])) or 'unknown'}); "
+                  f"{seeds['note']}."]
+    timing = result.get("timing")
+    if timing and timing.get("baseline_share") is not None:
+        lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures (BLEU included), "
+                  f"{timing['baseline_seconds']:.0f} s more for the baselines ({timing['baseline_share']:.0%})."]
     if "bleu_clean" in result:
         lines += ["", f"BLEU on {result['bleu_split']} ({result['bleu_sentences']} sentences, beam {result['beam']}, "
                   f"length penalty {result['length_penalty']} {result['alpha']}, the checkpoint's settings): "

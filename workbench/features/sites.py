@@ -81,11 +81,12 @@ class _Stop(Exception):
 
 
 @torch.no_grad()
-def capture_site(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, site: Site
-                 ) -> dict[str, torch.Tensor]:
-    """{hook: (B, L, d)} for the site's hooks, running the model only as far as they lie."""
+def capture_site(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, site: Site, *,
+                 extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """{hook: (B, L, d)} for the site's hooks (and `extra` ones on its side, such as a transcoder's FFN
+    `hook_hidden`), running the model only as far as they lie."""
     got: dict[str, torch.Tensor] = {}
-    wanted = site.hooks
+    wanted = [*site.hooks, *extra]
 
     def keep(x: torch.Tensor, hook) -> None:
         if x.dim() != 3:
@@ -114,21 +115,34 @@ def site_mask(batch: Batch, site: Site, pad_id: int) -> torch.Tensor:
     return batch.src != pad_id if site.side == "src" else batch.tgt_in != pad_id
 
 
-def site_rows(model: Transformer, batch: Batch, site: Site) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The site's activations at real positions, row-major over (sentence, position)."""
-    acts = capture_site(model, batch.src.to(model.device), batch.tgt_in.to(model.device), site)
+def site_rows(model: Transformer, batch: Batch, site: Site, *, extra: tuple[str, ...] = ()
+              ) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """The site's activations at real positions, row-major over (sentence, position); with `extra` hook names,
+    a third item {name: rows} of those."""
+    acts = capture_site(model, batch.src.to(model.device), batch.tgt_in.to(model.device), site, extra=extra)
     mask = site_mask(batch, site, model.cfg.pad_id).to(model.device)
     x = acts[site.hook_in][mask].float()
     y = acts[site.hook_out][mask].float() if site.hook_out else None
+    if extra:
+        return x, y, {n: acts[n][mask].float() for n in extra}
     return x, y
+
+
+def ablation_hooks(site: Site, value: torch.Tensor | None = None) -> list[tuple[str, object]]:
+    """Hooks that replace the site's activation (a transcoder's: the FFN's output) by `value` (d,) at every
+    position: the mean activation for mean ablation, zero when None."""
+    if value is None:
+        return splice_hooks(site, None)
+    return [(site.hook_out or site.hook_in, lambda x, hook: value.to(x.device, x.dtype).expand_as(x).clone())]
 
 
 def splice_hooks(site: Site, dictionary: SparseDictionary | None, *, error: bool = False) -> list[tuple[str, object]]:
     """Hooks that put the dictionary's reconstruction where the site's activation was.
 
-    `dictionary=None` zero-ablates the site instead (the baseline of "CE recovered"). `error=True` adds the
-    reconstruction error back, which leaves the model's output unchanged while the features stay readable
-    (and editable through hooks on the dictionary).
+    `dictionary` is anything that maps the site's input rows to its output (a `SparseDictionary`, or a baseline
+    of `features.baselines`). `dictionary=None` zero-ablates the site instead (the baseline of "CE recovered").
+    `error=True` adds the reconstruction error back, which leaves the model's output unchanged while the features
+    stay readable (and editable through hooks on the dictionary).
     """
     if dictionary is None:
         return [(site.hook_out or site.hook_in, lambda x, hook: torch.zeros_like(x))]

@@ -6,12 +6,14 @@
     stats.contexts(feature)                                    # [(value, sentence, position)], largest first
 
 Per feature: how often it fires, the sum and maximum of its activations, a histogram of its non-zero
-activations on fixed log-spaced bins (2^-12 .. 2^8, so shards add up exactly), and its `top` largest
-activations with the sentence and position they occur at. The sentences those contexts come from are stored
-too (token ids), so a dashboard needs no corpus.
+activations on fixed log-spaced bins (2^-12 .. 2^8, so shards add up exactly), its `top` largest
+activations with the sentence and position they occur at, and a uniform sample of `sample` of its firings
+(each firing gets a pseudo-random priority hashed from its feature, sentence and position; the `sample` highest
+are kept), from which a dashboard shows examples across the activation quantiles, not only the top. The
+sentences those contexts come from are stored too (token ids), so a dashboard needs no corpus.
 
 Under torchrun each rank reads every world-th model batch of the corpus; counts, sums and histograms are
-all-reduced, maxima max-reduced, and the top contexts all-gathered and merged: the result equals one
+all-reduced, maxima max-reduced, and the top contexts and samples all-gathered and merged: the result equals one
 process's (tested with two gloo processes), so the same command runs on a cluster.
 """
 
@@ -50,6 +52,9 @@ class FeatureStats:
     sentences_tgt: list[list[int]]
     sentence_ids: list[int]  # their index in the corpus
     meta: dict[str, Any]
+    sample_values: torch.Tensor | None = None  # (F, sample) float32: a uniform sample of the firings; 0: none
+    sample_sentence: torch.Tensor | None = None  # (F, sample) int64: index into `sentences` (-1: none)
+    sample_position: torch.Tensor | None = None  # (F, sample) int64
 
     @property
     def frequency(self) -> torch.Tensor:
@@ -68,6 +73,16 @@ class FeatureStats:
                 out.append((v, s, p))
         return out
 
+    def samples(self, feature: int) -> list[tuple[float, int, int]]:
+        """A uniform sample of the feature's firings [(value, sentence, position)], ascending by value (empty
+        for statistics written before samples were kept)."""
+        if self.sample_values is None:
+            return []
+        out = [(v, s, p) for v, s, p in zip(self.sample_values[feature].tolist(),
+                                             self.sample_sentence[feature].tolist(),
+                                             self.sample_position[feature].tolist()) if s >= 0 and v > 0]
+        return sorted(out)
+
     # -- files ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -78,6 +93,9 @@ class FeatureStats:
                    "top_position": self.top_position.short(), "src_ids": flat_src, "src_offsets": off_src,
                    "tgt_ids": flat_tgt, "tgt_offsets": off_tgt,
                    "sentence_ids": torch.tensor(self.sentence_ids, dtype=torch.int32)}
+        if self.sample_values is not None:
+            tensors |= {"sample_values": self.sample_values, "sample_sentence": self.sample_sentence.int(),
+                        "sample_position": self.sample_position.short()}
         tmp = path.with_name(f".{path.name}.tmp")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
                   metadata={"tokens": str(self.tokens), "meta": json.dumps(self.meta)})
@@ -97,7 +115,10 @@ class FeatureStats:
                    top_position=t["top_position"].long(), tokens=int(md["tokens"]),
                    sentences_src=_unflatten(t["src_ids"], t["src_offsets"]),
                    sentences_tgt=_unflatten(t["tgt_ids"], t["tgt_offsets"]),
-                   sentence_ids=t["sentence_ids"].tolist(), meta=json.loads(md["meta"]))
+                   sentence_ids=t["sentence_ids"].tolist(), meta=json.loads(md["meta"]),
+                   sample_values=t.get("sample_values"),
+                   sample_sentence=t["sample_sentence"].long() if "sample_sentence" in t else None,
+                   sample_position=t["sample_position"].long() if "sample_position" in t else None)
 
 
 def _flatten(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,23 +133,34 @@ def _unflatten(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:
     return [ids[off[i] : off[i + 1]] for i in range(len(off) - 1)]
 
 
-def _merge_top(values: torch.Tensor, keys: torch.Tensor, new_values: torch.Tensor, new_keys: torch.Tensor, top: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge_top(values: torch.Tensor, keys: torch.Tensor, new_values: torch.Tensor, new_keys: torch.Tensor, top: int,
+               *carried: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Keep the `top` largest of two (F, ·) sets; ties go to the smaller key (a sentence-major order), so the
-    result does not depend on the order shards arrive in."""
+    result does not depend on the order shards arrive in. `carried` (old, new) pairs ride along."""
     v = torch.cat([values, new_values], 1)
     k = torch.cat([keys, new_keys], 1)
+    extra = [torch.cat(pair, 1) for pair in carried]
     # sort by key first, then stably by value: equal values keep ascending keys
     order = k.argsort(dim=1, stable=True)
-    v, k = v.gather(1, order), k.gather(1, order)
+    v, k, extra = v.gather(1, order), k.gather(1, order), [e.gather(1, order) for e in extra]
     order = v.argsort(dim=1, descending=True, stable=True)[:, :top]
-    return v.gather(1, order), k.gather(1, order)
+    return (v.gather(1, order), k.gather(1, order), *(e.gather(1, order) for e in extra))
+
+
+def _priority(keys: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """A pseudo-random number in [0, 1) per (key, feature): a multiplicative hash, so every shard and every run
+    gives a firing the same priority (int64 products stay below 2^63: keys < 2^32, masks to 31 bits)."""
+    mask = (1 << 31) - 1
+    h = (keys * 0x9E3779B1 + feats * 0x85EBCA77) & mask
+    h = ((h ^ (h >> 15)) * 0x2C1B3C6D) & mask
+    h = ((h ^ (h >> 12)) * 0x297A2D39) & mask
+    return (h ^ (h >> 15)).double() / (1 << 31)
 
 
 @torch.no_grad()
 def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, data: ParallelData, *, top: int = 16,
                          max_tokens: int = 4096, dist_info: Dist | None = None, meta: dict[str, Any] | None = None,
-                         chunk: int = 4096) -> FeatureStats:
+                         chunk: int = 4096, sample: int = 32) -> FeatureStats:
     model, d = tm.model.eval(), dictionary.eval()
     site = site_of(d)
     di = dist_info or Dist()
@@ -140,6 +172,9 @@ def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, dat
     hist = torch.zeros(n_feat * nb, dtype=torch.int64)
     top_v = torch.zeros(n_feat, 0)
     top_k = torch.zeros(n_feat, 0, dtype=torch.int64)  # key = sentence * 4096 + position
+    smp_p = torch.zeros(n_feat, 0, dtype=torch.float64)  # the sample: priorities, keys, values
+    smp_k = torch.zeros(n_feat, 0, dtype=torch.int64)
+    smp_v = torch.zeros(n_feat, 0)
     tokens = 0
     plan = data.batches(max_tokens, shuffle=False)[di.rank :: di.world]
     for idx in plan:
@@ -162,7 +197,14 @@ def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, dat
             hist.index_add_(0, feats * nb + b, torch.ones_like(b))
             k = min(top, f.size(0))
             bv, bi = f.T.topk(k, dim=1)
-            top_v, top_k = _merge_top(top_v, top_k, bv, keys[i : i + chunk][bi], top)
+            chunk_keys = keys[i : i + chunk]
+            top_v, top_k = _merge_top(top_v, top_k, bv, chunk_keys[bi], top)
+            if sample:
+                prio = torch.full((n_feat, f.size(0)), -1.0, dtype=torch.float64)
+                prio[feats, rows] = _priority(chunk_keys[rows], feats)
+                pv, pi = prio.topk(min(sample, f.size(0)), dim=1)
+                smp_p, smp_k, smp_v = _merge_top(smp_p, smp_k, pv, torch.where(pv >= 0, chunk_keys[pi], -1), sample,
+                                                 (smp_v, f.T.gather(1, pi)))
     hist = hist.view(n_feat, nb)
     if di.world > 1:
         import torch.distributed as dist
@@ -184,6 +226,17 @@ def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, dat
         top_v, top_k = vs[0], ks[0]
         for v, k in zip(vs[1:], ks[1:]):
             top_v, top_k = _merge_top(top_v, top_k, v, k, top)
+        if sample:
+            pad = sample - smp_p.size(1)
+            smp_p = torch.cat([smp_p, torch.full((n_feat, pad), -1.0, dtype=torch.float64)], 1)
+            smp_k = torch.cat([smp_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+            smp_v = torch.cat([smp_v, torch.zeros(n_feat, pad)], 1)
+            got = [[torch.empty_like(t) for _ in range(di.world)] for t in (smp_p, smp_k, smp_v)]
+            for t, g in zip((smp_p, smp_k, smp_v), got):
+                dist.all_gather(g, t)
+            smp_p, smp_k, smp_v = got[0][0], got[1][0], got[2][0]
+            for p, k, v in zip(got[0][1:], got[1][1:], got[2][1:]):
+                smp_p, smp_k, smp_v = _merge_top(smp_p, smp_k, p, k, sample, (smp_v, v))
     pad = top - top_v.size(1)
     if pad > 0:
         top_v = torch.cat([top_v, torch.zeros(n_feat, pad)], 1)
@@ -191,14 +244,32 @@ def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, dat
     valid = (top_v > 0) & (top_k >= 0)
     top_k = top_k.where(valid, torch.full_like(top_k, -1))
     top_v = top_v.where(valid, torch.zeros_like(top_v))
-    corpus_ids = sorted({int(k) // 4096 for k in top_k[valid].tolist()})
+    referenced = top_k[valid].tolist()
+    if sample:
+        pad = sample - smp_p.size(1)
+        if pad > 0:
+            smp_p = torch.cat([smp_p, torch.full((n_feat, pad), -1.0, dtype=torch.float64)], 1)
+            smp_k = torch.cat([smp_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+            smp_v = torch.cat([smp_v, torch.zeros(n_feat, pad)], 1)
+        s_valid = (smp_p >= 0) & (smp_k >= 0) & (smp_v > 0)
+        smp_k = smp_k.where(s_valid, torch.full_like(smp_k, -1))
+        smp_v = smp_v.where(s_valid, torch.zeros_like(smp_v))
+        referenced += smp_k[s_valid].tolist()
+    corpus_ids = sorted({int(k) // 4096 for k in referenced})
     where = {s: i for i, s in enumerate(corpus_ids)}
-    top_sentence = torch.tensor([[where[int(k) // 4096] if k >= 0 else -1 for k in row] for row in top_k.tolist()],
-                                dtype=torch.int64).view(n_feat, top)
+
+    def sentences(keys: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([[where[int(k) // 4096] if k >= 0 else -1 for k in row] for row in keys.tolist()],
+                            dtype=torch.int64).view(keys.shape)
+
+    top_sentence = sentences(top_k)
     top_position = torch.where(top_k >= 0, top_k % 4096, torch.zeros_like(top_k))
-    info = {"site": site.name, "side": site.side, "top": top, "world": di.world, **(meta or {})}
+    info = {"site": site.name, "side": site.side, "top": top, "sample": sample, "world": di.world, **(meta or {})}
     return FeatureStats(count, total, fmax, hist, top_v, top_sentence, top_position, tokens,
-                        [data.src[s] for s in corpus_ids], [data.tgt[s] for s in corpus_ids], corpus_ids, info)
+                        [data.src[s] for s in corpus_ids], [data.tgt[s] for s in corpus_ids], corpus_ids, info,
+                        sample_values=smp_v if sample else None, sample_sentence=sentences(smp_k) if sample else None,
+                        sample_position=torch.where(smp_k >= 0, smp_k % 4096, torch.zeros_like(smp_k))
+                        if sample else None)
 
 
 def corpus_feature_stats_cli(args) -> int:
@@ -209,7 +280,7 @@ def corpus_feature_stats_cli(args) -> int:
     src, tgt = load_dataset(args.dataset, args.split, tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en"),
                             limit=args.limit)
     data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=tm.model.cfg.max_positions - 1)
-    stats = corpus_feature_stats(tm, d, data, top=args.top, dist_info=di,
+    stats = corpus_feature_stats(tm, d, data, top=args.top, dist_info=di, sample=getattr(args, "sample", 32),
                                  meta={"corpus": f"{args.dataset}:{args.split}", "limit": args.limit})
     if di.main:
         out = Path(args.out) if args.out else Path(args.dictionary) / "stats.safetensors"
