@@ -177,3 +177,15 @@ def test_an_edit_of_the_probabilities_reaches_the_output_without_autograd():
         with model.hooks({"enc.0.self_attn.hook_probs": uniform}):
             edited = model(src, tgt)
     assert not torch.allclose(clean, edited)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cpu_softmax_in_place_is_bit_identical_to_out_of_place(dtype):
+    """The capture path relies on it (attention._probs); a torch upgrade that changes the kernel fails here."""
+    torch.manual_seed(0)
+    for shape in [(3, 4, 7, 7), (2, 4, 5, 13), (1, 8, 64, 600), (4, 4, 33, 1030)]:
+        x = (torch.randn(shape) * 5).to(dtype)
+        x[..., ::3] = torch.finfo(dtype).min  # masked keys, as the model writes them
+        y = x.clone()
+        torch.softmax(y, -1, out=y)
+        assert torch.equal(y, torch.softmax(x, -1)), shape
