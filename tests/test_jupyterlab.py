@@ -86,7 +86,7 @@ def lab(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a bound for a busy machine, not a goal
     while True:
         try:
             with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=10) as r:
