@@ -63,6 +63,7 @@ def interleaved_capture(peers, argv: list[str]) -> None:
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "torch": torch.__version__, "device": a.device,
             "config_name": a.config, "config": cfg, "cpu_threads": torch.get_num_threads(),
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "protocol": "round-robin: per round, each peer's plain forward then its capture (previous outputs "
                         "released first), 1 warm-up round; medians over rounds; ratio_round_* = spread of the "
                         "per-round capture/plain ratios; cpu_* = this process's CPU time (user + system)",

@@ -14,6 +14,10 @@ Threads: a thread does not inherit the context, so a job handed to a thread pool
 `with model.hooks(...)` runs the unedited model. Submit it with `submit(executor, fn, ...)`
 (or wrap it with `in_context(fn)`): it then runs with the hooks active where it was submitted,
 even if the block has ended by the time it runs. The workbench's own thread pools do this.
+
+Heads: a function wrapped by `reads_heads(fn, [2, 5])` promises to read heads 2 and 5 and edit nothing, which
+lets attention compute only those heads' probabilities (`HookPoint.wanted_heads`); `run_with_cache(heads=...)`
+is built on it.
 """
 
 from __future__ import annotations
