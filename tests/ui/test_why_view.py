@@ -164,7 +164,7 @@ def test_served_progress_arrives_on_the_loop_and_stop_ends_the_sweep(entries, mo
             first_batch.set()
             release.wait(60)
             progress(done, total)
-        return patching_sweep(*args, progress=counted, batch_size=8, **kw)
+        return patching_sweep(*args, progress=counted, **{**kw, "batch_size": 8})
 
     monkeypatch.setattr(why_view, "patching_sweep", slow_sweep)
     loop_thread, applied = [], []

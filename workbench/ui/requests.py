@@ -23,6 +23,9 @@ tests/ui/test_requests.py:
 - **No user stalls another.** Interactive lanes run in `INTERACTIVE`; heavy lanes in `HEAVY`, whose threads
   run at a lower OS scheduling priority (nice 10), so a translation gets the CPU first.
   A page has at most one heavy job: a new heavy submit stops the page's running one (its lane is told).
+- **Out of the server's interpreter.** A heavy submit with `offload=True` (a module-level function, picklable
+  arguments) runs in a worker process (`workers.py`: a local pool, or Dask), its ticket's `check()`/`report()`
+  crossing over; every rule above holds for it (tests/ui/test_workers.py). Without a pool, it runs in HEAVY.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import process as _cf_process
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,11 +153,6 @@ def probe(batches: int, pause: float, ticket=None) -> tuple[int, int]:
     return os.getpid(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-def _ready() -> int:
-    """A no-op job: the pool can start processes (and import the package) here."""
-    return os.getpid()
-
-
 def _warm(path: str) -> int:
     model(path)
     return os.getpid()
@@ -181,6 +177,7 @@ class Job:
     ended: bool = False  # the worker's "end" message arrived
     reports: int = 0
     grace: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def cancel(self) -> None:
         """Stop the job: a queued one never starts, a running one ends at its next check."""
@@ -190,23 +187,26 @@ class Job:
             self.cancel_fn()
 
     def settle(self) -> None:
-        """Copy the worker's outcome to `future` once it is in and (if the job ran) its messages are handled."""
-        f = self.inner
-        if self.future.done() or not f.done():
-            return
-        if f.cancelled():
-            self.future.cancel()
-            return
-        exc = f.exception()
-        if exc is None and not self.ended:
-            return
-        if exc is not None and not self.ended and not isinstance(exc, BrokenProcessPool) and not self.cancelled:
-            return  # the job's own exception: its "end" message is on its way
-        self.future.set_running_or_notify_cancel()
-        if exc is None:
-            self.future.set_result(f.result())
-        else:
-            self.future.set_exception(exc)
+        """Copy the worker's outcome to `future` once it is in and (if the job ran) its messages are handled.
+        Called from the pool's thread and the poller's; the lock makes one of them do it."""
+        with self._lock:
+            f = self.inner
+            if self.future.done() or not f.done():
+                return
+            if f.cancelled():
+                self.future.cancel()
+                return
+            exc = f.exception()
+            if exc is None and not self.ended:
+                return
+            if exc is not None and not self.ended and not isinstance(exc, BrokenProcessPool) and not self.cancelled:
+                return  # the job's own exception: its "end" message is on its way
+            if not self.future.set_running_or_notify_cancel():  # the caller cancelled it meanwhile
+                return
+            if exc is None:
+                self.future.set_result(f.result())
+            else:
+                self.future.set_exception(exc)
 
 
 class Placement:
@@ -245,8 +245,10 @@ class Placement:
                 self._handle(msg)
             with self._lock:
                 jobs = list(self._jobs.values())
+            # the server is stopping (its atexit handlers run): running jobs stop too, or the pool's exit waits on them
+            stopping = getattr(threading, "_SHUTTING_DOWN", False) or getattr(_cf_process, "_global_shutdown", False)
             for job in jobs:
-                if not job.cancelled and not job.inner.done() and not job.wanted():
+                if not job.cancelled and not job.inner.done() and (stopping or not job.wanted()):
                     job.cancel()
                 if job.inner.done():  # messages may trail the answer: kept 5 s, settled at the latest then
                     job.grace += 1
@@ -424,13 +426,14 @@ def submit(fn: Callable, args: tuple, report: Callable[..., None] | None = None,
     return None if p is None else p.submit(fn, args, report, wanted)
 
 
-def warm(path: str) -> None:
-    """Load the checkpoint in every local worker ahead of the first job (no-op without a local pool)."""
+def warm(path: str) -> list[Future]:
+    """Load the checkpoint in the local workers ahead of the first job (once per path; no-op without a local pool):
+    one load job per worker, which spread over the workers as each takes a while. Returns their futures."""
     p = placement()
-    if isinstance(p, LocalPlacement) and path not in _WARMED:
-        _WARMED.add(path)
-        for _ in range(p.processes):
-            p.pool.submit(_warm, path)
+    if not isinstance(p, LocalPlacement) or path in _WARMED:
+        return []
+    _WARMED.add(path)
+    return [p.pool.submit(_warm, path) for _ in range(p.processes)]
 
 
 _WARMED: set[str] = set()
