@@ -244,7 +244,7 @@ def _patching(r, corrupted: str, results: dict, exact: bool, n_sites: int) -> Pa
         maps = layout
         note = (f"{head} Estimate by attribution patching, the first-order approximation (one forward and "
                 "backward pass): each cell is the estimated Δ log p in nats when that site is patched, not a share. "
-                f"{linearity(deltas[0], gap)} Run the exact sweep ({n_sites:,} sites) to measure it.")
+                f"{linearity(deltas[0], gap)} The exact sweep ({n_sites:,} sites) measures it.")
     return Patching(corrupted, note, maps, exact, n_sites, deltas, gap)
 
 
