@@ -38,6 +38,8 @@ def pick_device(name: str, d: Dist) -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r} requested but CUDA is not available")
         dev = torch.device("cuda", d.local_rank) if d.world > 1 else torch.device(name)
+        if dev.index is None:  # torch >= 2.11 refuses set_device("cuda") without an index
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
