@@ -110,8 +110,11 @@ class PCABaseline(_Baseline):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.centred(x) @ self.components.T  # (..., rank): dense, every component on every token
 
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.mean + codes @ self.components
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mean + self.encode(x) @ self.components
+        return self.decode(self.encode(x))
 
 
 class RandomTopK(_Baseline):
@@ -143,5 +146,8 @@ class RandomTopK(_Baseline):
         values, indices = proj.topk(self.k, dim=-1, sorted=False)
         return torch.zeros_like(proj).scatter_(-1, indices, values.relu())
 
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.mean + self.scale * (codes @ self.directions)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mean + self.scale * (self.encode(x) @ self.directions)
+        return self.decode(self.encode(x))

@@ -219,7 +219,8 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
             if more:
                 neurons_active += int((more[0][hidden[0]] != 0).sum())
             for name, b in fits.items():
-                base_rec[name].add(target, b(x), b.encode(x))
+                codes = b.encode(x)
+                base_rec[name].add(target, b.decode(codes), codes)
                 with model.hooks(splice_hooks(site, b)):
                     base_runs[name].add(*_logp(model, batch), clean)
     ce = {name: r.ce for name, r in runs.items()}
@@ -281,6 +282,8 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
     base = clock.seconds.get("baselines", 0.0)
     result["timing"] = {"card_seconds": round(card, 1), "card_seconds_without_bleu": result["seconds"],
                         "baseline_seconds": round(base, 1), "baseline_share": base / card if card else None,
+                        "baseline_share_without_bleu": base / clock.seconds["card"] if clock.seconds.get("card")
+                        else None,
                         "note": "wall clock of this process; the baselines' share is of the card's own evaluation, "
                                 "BLEU included"}
     return result
@@ -337,7 +340,7 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
               f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}"
               + (f", mean-ablated {result['ce_mean_ablated']:.4f}" if "ce_mean_ablated" in result else "") + "."]
     if "baselines" in result:
-        lines += ["", f"## Beside its baselines at the same L0 (fit on {result['baseline_fit']})", "",
+        lines += ["", "## Beside its baselines at the same L0", "", f"Fit on {result['baseline_fit']}.", "",
                   "| | FVU | L0 | ΔCE (nats) | KL (nats) | CE recovered vs zero | vs mean | dead | dense (> 10 %) |",
                   "|---|---|---|---|---|---|---|---|---|"]
         rows = [("this dictionary", {k: result[k] for k in ("fvu", "l0", "delta_ce", "kl", "ce_recovered",
@@ -364,8 +367,12 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
                   f"{seeds['note']}."]
     timing = result.get("timing")
     if timing and timing.get("baseline_share") is not None:
+        without = timing.get("baseline_share_without_bleu")
+        if without is None and timing.get("card_seconds_without_bleu"):
+            without = timing["baseline_seconds"] / timing["card_seconds_without_bleu"]
         lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures (BLEU included), "
-                  f"{timing['baseline_seconds']:.0f} s more for the baselines ({timing['baseline_share']:.0%})."]
+                  f"{timing['baseline_seconds']:.0f} s more for the baselines ({timing['baseline_share']:.0%} of it"
+                  + (f"; {without:.0%} of the card's time without BLEU" if without is not None else "") + ")."]
     if "bleu_clean" in result:
         lines += ["", f"BLEU on {result['bleu_split']} ({result['bleu_sentences']} sentences, beam {result['beam']}, "
                   f"length penalty {result['length_penalty']} {result['alpha']}, the checkpoint's settings): "
