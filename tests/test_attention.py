@@ -189,3 +189,28 @@ def test_cpu_softmax_in_place_is_bit_identical_to_out_of_place(dtype):
         y = x.clone()
         torch.softmax(y, -1, out=y)
         assert torch.equal(y, torch.softmax(x, -1)), shape
+
+
+def test_recycled_probability_buffers_never_alias_a_trace_still_held():
+    """Freed large buffers are reused by the next capture of that size, and only freed ones."""
+    from workbench.core import attention
+
+    cfg = presets.tiny(vocab=50, max_positions=512)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=8, src_len=300, tgt_len=260)
+    attention._release_buffers()
+    with torch.inference_mode():
+        _, first = model.run_with_cache(src, tgt)
+        kept = {name: t.clone() for name, t in first.items()}
+        _, second = model.run_with_cache(src, tgt)  # `first` still held: fresh buffers
+        assert not {t.data_ptr() for t in first.values()} & {t.data_ptr() for t in second.values()}
+        for name in first:
+            assert torch.equal(first[name], kept[name]) and torch.equal(second[name], kept[name]), name
+        pointers = {t.data_ptr() for t in first.values()}
+        del first
+        assert len(attention._pool) == 6  # every block's buffer came back
+        _, third = model.run_with_cache(src, tgt)
+        assert {t.data_ptr() for t in third.values()} == pointers
+        for name in third:
+            assert torch.equal(third[name], kept[name]), name
+    attention._release_buffers()

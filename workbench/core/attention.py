@@ -12,8 +12,8 @@ capture's extra time in the three (B, H, Lq, Lk) tensors the textbook path write
 masked copy, the probabilities) and above all in first touching their fresh pages: a 128 MiB tensor costs
 ~60-300 ms of page faults before any arithmetic. Without autograd the explicit path therefore writes one
 tensor per block: QKᵀ lands in the buffer that becomes the probabilities, the mask and the softmax work in
-place (bit-identical to the out-of-place ops: tested), and on CPU that buffer comes from 2 MiB pages
-(`_empty_probs`), which the kernel faults in 512× fewer steps. The context is `probs @ v`, not a second
+place (bit-identical to the out-of-place ops: tested), and on CPU that buffer comes from 2 MiB pages,
+recycled once freed (`_empty_probs`). The context is `probs @ v`, not a second
 fused SDPA call, so an edit made by a `hook_probs` hook reaches the output.
 
 Heads. A hook function carrying `heads` (a tuple of head indices, see `hooks.reads_heads`) reads only
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import mmap
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -210,33 +212,64 @@ class MultiHeadAttention(nn.Module):
                              f"hooks that declare heads read them; edit probabilities with a hook on every head")
 
 
-# One huge page: from this size up a probability buffer is mapped with MADV_HUGEPAGE. Below it, 4 KiB faults are
-# few (a (32, 4, 64, 64) block's 2 MiB took 512 of them, ~3 ms per forward on this CPU; that is why the line is
-# not higher) and torch's allocator serves the rest.
+# One huge page: from this size up a probability buffer is mapped with MADV_HUGEPAGE and recycled. Below it, 4 KiB
+# faults are few (a (32, 4, 64, 64) block's 2 MiB took 512 of them, ~3 ms per forward on this CPU; that is why
+# the line is not higher) and torch's allocator serves the rest.
 _HUGE_PAGE_BYTES = 2 << 20
 _MADVISE = getattr(mmap, "MADV_HUGEPAGE", None)
+# Freed buffers kept for reuse, oldest first, at most this many bytes in all (the CPU twin of CUDA's caching
+# allocator, for these buffers only): `_release_buffers()` drops them.
+_POOL_BYTES = 1 << 30
+_pool: list[mmap.mmap] = []
+_pool_lock = threading.RLock()  # re-entrant: a finalizer may run inside _take_region on the same thread
+
+
+def _take_region(nbytes: int) -> mmap.mmap:
+    with _pool_lock:
+        for i, region in enumerate(_pool):
+            if len(region) == nbytes:
+                return _pool.pop(i)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(_MADVISE)
+    except OSError:  # a kernel without transparent huge pages: plain pages, still recycled
+        pass
+    return region
+
+
+def _give_back_region(region: mmap.mmap) -> None:
+    with _pool_lock:
+        _pool.append(region)
+        while sum(len(r) for r in _pool) > _POOL_BYTES:
+            _pool.pop(0)
+
+
+def _release_buffers() -> None:
+    """Return every pooled probability buffer to the operating system."""
+    with _pool_lock:
+        _pool.clear()
 
 
 def _empty_probs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor for attention probabilities, on `like`'s device and dtype.
 
-    Large CPU buffers are anonymous mappings advised MADV_HUGEPAGE: the kernel then faults them in 2 MiB
-    pages instead of 4 KiB ones (Linux with transparent huge pages on "madvise", the common default). Writing
-    a fresh 128 MiB tensor took 18 ms instead of 75 ms (one thread, median of 15). One caveat, measured on this
-    project's VM: the first huge pages a process touches may not be backed by the host yet and cost more than
-    small ones (the first capture of a process); freed ones are reused at the lower cost from then on. The
-    tensor owns the mapping (`torch.frombuffer` holds it), so it is freed with the tensor like any other.
-    Elsewhere (CUDA, whose caching allocator has no faults; small sizes; no madvise): `torch.empty`.
+    Large CPU buffers are anonymous mappings advised MADV_HUGEPAGE and recycled. Profiling put most of a
+    capture's extra time in page faults: every fresh 128 MiB tensor took 60-300 ms of them before any
+    arithmetic, since freed big tensors go back to the operating system. Huge pages fault 512x fewer times
+    (a fresh 128 MiB write: 18 ms instead of 75, one thread), but on this project's VM a huge page the host has
+    not backed yet costs more than small ones, so freed buffers are also kept (`_POOL_BYTES`) and reused by
+    the next capture of the same size, which then faults not at all. A buffer returns to the pool when the last
+    tensor viewing it dies (a finalizer on the memoryview that `torch.frombuffer` holds), so a trace a caller
+    keeps is never reused under it. Elsewhere (CUDA, whose caching allocator has no faults; small sizes; no
+    madvise): `torch.empty`.
     """
     nbytes = math.prod(shape) * like.element_size()
     if like.device.type != "cpu" or _MADVISE is None or nbytes < _HUGE_PAGE_BYTES:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        region.madvise(_MADVISE)
-    except OSError:  # a kernel without transparent huge pages: plain pages, still one tensor
-        pass
-    return torch.frombuffer(region, dtype=like.dtype).view(shape)
+    region = _take_region(nbytes)
+    view = memoryview(region)
+    weakref.finalize(view, _give_back_region, region)
+    return torch.frombuffer(view, dtype=like.dtype).view(shape)
 
 
 def _merge_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
