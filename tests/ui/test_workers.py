@@ -177,3 +177,27 @@ def test_the_same_jobs_run_on_a_dask_cluster(entries):
         here = why_view.patch(r, changed, exact=False)
         assert not there.exact and np.allclose(there.maps[0][1], here.maps[0][1], equal_nan=True, atol=1e-6)
         p.closed = True
+
+
+def _exit_unless_in(pid: int) -> str:
+    """Kill the worker process it runs in (a crash), or answer when it runs in process `pid` (the server's)."""
+    if os.getpid() != pid:
+        os._exit(1)
+    return "ran in the server's threads"
+
+
+def test_a_dead_worker_hands_its_job_to_the_servers_threads_and_the_log_says_so(monkeypatch, caplog):
+    doomed = workers.LocalPlacement(1, HEAVY_NICE)
+    monkeypatch.setattr(workers, "_PLACEMENT", doomed)
+    monkeypatch.setattr(workers, "_REFUSED", False)
+    answers = []
+
+    async def main():
+        lane = Requests(background=True).lane("why", heavy=True)
+        lane.submit(_exit_unless_in, os.getpid(), done=answers.append, offload=True)
+        await until(lambda: answers, "the answer from the fallback")
+
+    with caplog.at_level(logging.WARNING, logger="workbench.ui.workers"):
+        on_loop(main)
+    assert answers == ["ran in the server's threads"] and workers._PLACEMENT is None
+    assert "the worker pool broke" in caplog.text
