@@ -38,6 +38,7 @@ import os
 import queue as queue_mod
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -48,6 +49,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+STOPPED = "workbench: the job stopped"  # what a stopped Dask job returns (the server raises Cancelled for it)
 POLL = 0.1  # seconds between the poller's looks at progress and at cancelled tickets
 SLOTS = 4096  # cancellation flags in shared memory; a job uses slot id % SLOTS (one heavy job per page)
 PROCESSES = int(os.environ.get("WORKBENCH_APP_HEAVY_PROCESSES", "2"))
@@ -138,13 +140,15 @@ def _run_dask(job_id: int, fn: Callable, args: tuple, queue_name: str, event_nam
     _lower_priority(nice)  # this Dask worker thread; it stays low, as the heavy pool's threads do
     progress, cancel = Queue(queue_name), Event(event_name)
     send = lambda msg: progress.put((job_id, *msg))  # noqa: E731
-    return _call(fn, args, WorkerTicket(cancel.is_set, send), send)
+    try:
+        return _call(fn, args, WorkerTicket(cancel.is_set, send), send)
+    except Cancelled:
+        return STOPPED  # not an exception: Dask would log a stopped job as "Compute Failed"
 
 
 def probe(batches: int, pause: float, ticket=None) -> tuple[int, int]:
     """A job of `batches` steps of `pause` seconds that reports each: the placement's own check (tests, benchmark).
     Returns the process id and niceness it ran with."""
-    import time
 
     for i in range(batches):
         if ticket is not None:
@@ -237,11 +241,11 @@ class Placement:
     def _poll(self) -> None:
         while not self.closed:
             try:
-                msg = self._get(POLL)
+                    messages = self._get(POLL)
             except Exception as exc:  # the queue went away (shutdown)
                 log.info("heavy work poller ends: %s", exc)
                 return
-            if msg is not None:
+            for msg in messages:
                 self._handle(msg)
             with self._lock:
                 jobs = list(self._jobs.values())
@@ -277,7 +281,7 @@ class Placement:
             except Exception as exc:  # a cancelled ticket refuses progress: the worker hears at its next check
                 log.debug("progress of job %d dropped: %s", job_id, exc)
 
-    def _get(self, timeout: float):
+    def _get(self, timeout: float) -> list:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -311,11 +315,17 @@ class LocalPlacement(Placement):
 
         return self._track(Job(job_id, self.pool.submit(_run_local, job_id, fn, args), report, cancel, wanted))
 
-    def _get(self, timeout: float):
+    def _get(self, timeout: float) -> list:
         try:
-            return self._queue.get(timeout=timeout)
+            messages = [self._queue.get(timeout=timeout)]
         except queue_mod.Empty:
-            return None
+            return []
+        try:
+            while len(messages) < 1000:
+                messages.append(self._queue.get_nowait())
+        except queue_mod.Empty:
+            pass
+        return messages
 
     def close(self) -> None:
         super().close()
@@ -349,7 +359,11 @@ class DaskPlacement(Placement):
 
         def landed(f) -> None:
             try:
-                inner.set_result(f.result())
+                answer = f.result()
+                if isinstance(answer, str) and answer == STOPPED:
+                    inner.set_exception(Cancelled(f"job {job_id} stopped in its Dask worker"))
+                else:
+                    inner.set_result(answer)
             except BaseException as exc:  # the job's own exception, Cancelled included
                 if not inner.done():
                     inner.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
@@ -358,13 +372,13 @@ class DaskPlacement(Placement):
         # Dask's own cancel does not stop a running task: the Event does, at the job's next check
         return self._track(Job(job_id, inner, report, event.set, wanted))
 
-    def _get(self, timeout: float):
-        from distributed.utils import TimeoutError as DaskTimeout
-
-        try:
-            return self._queue.get(timeout=timeout)
-        except (DaskTimeout, TimeoutError, queue_mod.Empty):
-            return None
+    def _get(self, timeout: float) -> list:
+        # No blocking get with a timeout: the scheduler logs every expired one as an error. All that is waiting, or
+        # a pause.
+        messages = self._queue.get(batch=True)
+        if not messages:
+            time.sleep(timeout)
+        return list(messages)
 
     def close(self) -> None:
         super().close()
