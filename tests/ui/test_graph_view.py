@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import panel as pn
 import pytest
 import torch
 
@@ -226,3 +227,19 @@ def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
 def test_the_app_adds_the_tab(entries):
     wb = Workbench(checkpoints=[Path(entries[0].path).parent], default_dir=None, extra_tabs=[TAB])
     assert [t for t, _ in wb.tabs][-1] == "Graph"
+
+
+def test_the_graph_says_how_far_to_trust_it(session):
+    """Issue 38 point 4: beside the graph, its top computed nodes' predicted effects and real removals, with ρ."""
+    view = GraphView(session=session)
+    view.param.update(position=2)
+    view.show()
+    r = session.result
+    card = next(o for o in view.content if isinstance(o, pn.Card))
+    text = card.objects[0].object
+    assert "ρ = " in text and "| node | predicted | real |" in text
+    graph = build_graph(r.model, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, 2)
+    trust = graph_view.graph_trust(r.model.model, *graph_view.sentence_tensors(r.model, r.src_ids, r.out_ids, 2),
+                                   graph, top=graph_view.TRUSTED_TOP)
+    top = trust.labels[0]
+    assert f"| {graph_view._md_escape(top)} | {trust.predicted[0]:+.3f} | {trust.real[0]:+.3f} |" in text

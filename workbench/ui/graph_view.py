@@ -40,6 +40,7 @@ import torch
 from bokeh.layouts import row
 
 from ..analysis.graph import attribution_graph, component_contexts, graph_size
+from ..analysis.graph_trust import graph_trust
 from ..charts.export import to_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
 from ..core.batching import decoder_input
@@ -88,12 +89,40 @@ def estimate(nodes: int) -> tuple[float, float]:
     return SECONDS + SECONDS_PER_NODE2 * nodes**2, 8 * nodes**2 / 1e6
 
 
-def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None):
-    """The attribution graph of output token `position` of a translation (its logit, the token the model chose),
-    nodes labelled with the pieces."""
+def sentence_tensors(tm, src_ids, out_ids, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The source and the decoder input up to `position` as (1, L) tensors on the model's device."""
     cfg = tm.model.cfg
     src = torch.tensor([list(src_ids)], device=tm.device)
     tgt = torch.tensor([decoder_input(list(out_ids)[: position + 1], cfg.start_id)], device=tm.device)
+    return src, tgt
+
+
+TRUSTED_TOP = 10  # the computed nodes whose predicted effect is shown beside a real removal
+
+
+def trust_md(trust) -> str:
+    """The trust panel: each top node's predicted effect (frozen model) beside removing it in the real model."""
+    rows = [f"| {_md_escape(label)} | {pred:+.3f} | {real:+.3f} |"
+            for label, kind, pred, real in zip(trust.labels, trust.kinds, trust.predicted, trust.real)
+            if kind != "embed"]
+    embeds = [(p, r) for k, p, r in zip(trust.kinds, trust.predicted, trust.real) if k == "embed"]
+    emb = ""
+    if embeds:
+        pred = sum(abs(p) for p, _ in embeds) / len(embeds)
+        real = sum(abs(r) for _, r in embeds) / len(embeds)
+        emb = (f" Embeddings, apart: {len(embeds)} nodes, mean |predicted| {pred:.3f} against mean |real| "
+               f"{real:.3f}.")
+    rho = "n/a" if trust.spearman != trust.spearman else f"{trust.spearman:.2f}"
+    return (f"**How far to trust it.** *Predicted*: a node's attribution, what removing it changes the logit by "
+            f"with attention patterns and norms frozen. *Real*: the logit change when the model itself runs without "
+            f"that node. Rank correlation over the top {len(rows)} computed nodes: **ρ = {rho}**.{emb}\n\n"
+            "| node | predicted | real |\n|---|---|---|\n" + "\n".join(rows))
+
+
+def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None):
+    """The attribution graph of output token `position` of a translation (its logit, the token the model chose),
+    nodes labelled with the pieces."""
+    src, tgt = sentence_tensors(tm, src_ids, out_ids, position)
     return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]),
                              src_tokens=list(src_pieces), tgt_tokens=["<s>", *out_pieces[:position]],
                              progress=progress)
@@ -122,6 +151,7 @@ class GraphView(LazyTab):
         self._drawn: tuple = (None, [])  # (the drawn graph's node source, the graph indices of its nodes)
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, object] = OrderedDict()
+        self._trusts: OrderedDict[tuple, object] = OrderedDict()  # the graphs' trust panels, by the same keys
         self._answer: dict | None = None
         self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
         self._cost = ""
@@ -213,6 +243,14 @@ class GraphView(LazyTab):
                 self._graphs[key] = graph
                 while len(self._graphs) > CACHED:
                     self._graphs.popitem(last=False)
+        with self._lock:
+            trust = self._trusts.get(key)
+        if trust is None:  # one batched forward of the real model: each top node removed alone
+            trust = graph_trust(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph, top=TRUSTED_TOP)
+            with self._lock:
+                self._trusts[key] = trust
+                while len(self._trusts) > CACHED:
+                    self._trusts.popitem(last=False)
         keep = graph.prune(threshold, max_nodes)
         contexts, corpus = None, ""
         if with_contexts:
@@ -224,7 +262,7 @@ class GraphView(LazyTab):
             ticket.check()
         return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
                 "src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces], "seconds": seconds,
-                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus}
+                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus, "trust": trust}
 
     def progress(self, done: int, total: int, what: str = "") -> None:
         self._box.loading = False  # the text (and the bar) say it is working
@@ -267,7 +305,11 @@ class GraphView(LazyTab):
                 # no margin of its own: the stretched row already spans the tab (a margin pushed it 5 px past the page)
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
                               css_classes=["graph-figure"], margin=0),
-                pn.pane.Bokeh(legend)]
+                pn.pane.Bokeh(legend),
+                pn.Card(pn.pane.Markdown(trust_md(answer["trust"]), css_classes=["graph-trust"],
+                                         sizing_mode="stretch_width"),
+                        title="How far to trust this graph: predicted vs real removals", collapsed=False,
+                        sizing_mode="stretch_width")]
         return objs
 
     def _select_node(self, fig) -> None:
