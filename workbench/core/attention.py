@@ -261,10 +261,10 @@ def _empty_probs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     the next capture of the same size, which then faults not at all. A buffer returns to the pool when the last
     tensor viewing it dies (a finalizer on the memoryview that `torch.frombuffer` holds), so a trace a caller
     keeps is never reused under it. Elsewhere (CUDA, whose caching allocator has no faults; small sizes; no
-    madvise): `torch.empty`.
+    madvise; inside torch.compile, which cannot trace mmap): `torch.empty`.
     """
     nbytes = math.prod(shape) * like.element_size()
-    if like.device.type != "cpu" or _MADVISE is None or nbytes < _HUGE_PAGE_BYTES:
+    if like.device.type != "cpu" or _MADVISE is None or nbytes < _HUGE_PAGE_BYTES or torch.compiler.is_compiling():
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     region = _take_region(nbytes)
     view = memoryview(region)
