@@ -126,6 +126,7 @@ class Workbench(pn.viewable.Viewer):
             finish_link()
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())
+
     @param.depends("tab", watch=True)
     def _show_tab(self) -> None:
         """Only the tab on screen works (`LazyTab.active`); a link's `tab=` opens its tab like a click."""
