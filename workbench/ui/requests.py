@@ -46,6 +46,12 @@ from typing import Any
 import panel as pn
 from panel.io.state import set_curdoc
 
+from . import workers
+from .workers import (  # Cancelled: the job is no longer wanted (`Ticket.check`, here or in a worker)
+    HEAVY_NICE,
+    Cancelled,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -60,7 +66,6 @@ def _lower_priority() -> None:
         pass
 
 
-HEAVY_NICE = int(os.environ.get("WORKBENCH_APP_HEAVY_NICE", "10"))
 # Two workers each: the machine this targets has 2 cores and every model call uses one intra-op thread
 # (loader.configure_torch_threads). Separate pools so a translation never queues behind a patching sweep.
 INTERACTIVE = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_WORKERS", "2")),
@@ -69,8 +74,6 @@ HEAVY = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_HEAVY_W
                            thread_name_prefix="workbench-heavy", initializer=_lower_priority)
 
 
-from . import workers  # noqa: E402  (after HEAVY_NICE: workers reads it)
-from .workers import Cancelled  # noqa: E402  the job is no longer wanted; raised by `Ticket.check`, here or in a worker
 
 
 class Ticket:

@@ -270,14 +270,12 @@ def linearity(stream: np.ndarray, gap: float) -> str:
 
 def agreement(estimate: list[np.ndarray], exact: list[np.ndarray], k: int = 10) -> Agreement:
     """Spearman rank correlation, top-k overlap and scale ratio of the estimate's Δ log p against the sweep's."""
-    from scipy.stats import spearmanr
-
     est = np.concatenate([m.ravel() for m in estimate])
     ex = np.concatenate([m.ravel() for m in exact])
     keep = np.isfinite(est) & np.isfinite(ex)
     est, ex = est[keep], ex[keep]
     k = min(k, len(est))
-    rho = float(spearmanr(est, ex).statistic) if len(est) > 1 else float("nan")
+    rho = float(np.corrcoef(_ranks(est), _ranks(ex))[0, 1]) if len(est) > 1 else float("nan")
     top_est = set(np.argsort(-np.abs(est), kind="stable")[:k].tolist())
     top_ex = set(np.argsort(-np.abs(ex), kind="stable")[:k].tolist())
     biggest = float(np.abs(est).max()) if len(est) else 0.0
@@ -297,6 +295,14 @@ def prefill(tm, sentence: str, n_src: int, candidates: int = 4) -> str:
             pairs = noun_swaps(tm, [sentence], nouns=tries, max_len=max(60, n_src))
             return pairs[0].corrupted_text if pairs else ""
     return ""
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks from 0, ties sharing their mean rank (Spearman's convention; scipy is not a dependency)."""
+    ranks = np.empty(len(x))
+    ranks[np.argsort(x, kind="stable")] = np.arange(len(x))
+    _, tie, counts = np.unique(x, return_inverse=True, return_counts=True)
+    return (np.bincount(tie, weights=ranks) / counts)[tie]
 
 
 def _delta(result) -> np.ndarray:

@@ -110,6 +110,12 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
+def model(path: str) -> TranslationModel:
+    """The checkpoint at `path`, loaded once per process: the page's store in the server, and the model cache of a
+    worker process that runs heavy jobs (`workers.py`), which get a path, never a model."""
+    return loader.load_model(str(path))
+
+
 def compute(req: Request, previous: Result | None = None) -> Outcome:
     """The model work of one request; never raises (errors become `Outcome.error`, logged without traceback)."""
     out = Outcome()

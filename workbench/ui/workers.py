@@ -47,6 +47,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from . import work
+
 log = logging.getLogger(__name__)
 
 STOPPED = "workbench: the job stopped"  # what a stopped Dask job returns (the server raises Cancelled for it)
@@ -54,6 +58,9 @@ POLL = 0.1  # seconds between the poller's looks at progress and at cancelled ti
 SLOTS = 4096  # cancellation flags in shared memory; a job uses slot id % SLOTS (one heavy job per page)
 PROCESSES = int(os.environ.get("WORKBENCH_APP_HEAVY_PROCESSES", "2"))
 DASK = os.environ.get("WORKBENCH_DASK_SCHEDULER", "")
+# Nice 10 for heavy work, threads and worker processes alike: a translation (nice 0) gets ~90 % of a contended core;
+# 19 starved the sweeps entirely on a machine other jobs kept busy (benchmarks/bench_app.py --contention).
+HEAVY_NICE = int(os.environ.get("WORKBENCH_APP_HEAVY_NICE", "10"))
 
 
 class Cancelled(Exception):
@@ -65,9 +72,7 @@ class Cancelled(Exception):
 
 def model(path: str):
     """The checkpoint at `path` as a TranslationModel, loaded once per process (the worker's cache)."""
-    from . import loader
-
-    return loader.load_model(str(path))
+    return work.model(str(path))
 
 
 class WorkerTicket:
@@ -116,8 +121,6 @@ def _init_worker(progress, flags, nice: int) -> None:
     global _QUEUE, _FLAGS
     _QUEUE, _FLAGS = progress, flags
     _lower_priority(nice)
-    import torch
-
     torch.set_num_threads(int(os.environ.get("WORKBENCH_TORCH_THREADS", "1")))
 
 
@@ -135,7 +138,7 @@ def _run_local(job_id: int, fn: Callable, args: tuple) -> Any:
 
 
 def _run_dask(job_id: int, fn: Callable, args: tuple, queue_name: str, event_name: str, nice: int) -> Any:
-    from distributed import Event, Queue
+    from distributed import Event, Queue  # optional dependency: only with a Dask scheduler
 
     _lower_priority(nice)  # this Dask worker thread; it stays low, as the heavy pool's threads do
     progress, cancel = Queue(queue_name), Event(event_name)
@@ -338,7 +341,7 @@ class DaskPlacement(Placement):
     kind = "dask"
 
     def __init__(self, address, nice: int) -> None:
-        from distributed import Client, Queue
+        from distributed import Client, Queue  # optional dependency: only with a Dask scheduler
 
         super().__init__()
         self.client = address if isinstance(address, Client) else Client(address, set_as_default=False)
@@ -347,7 +350,7 @@ class DaskPlacement(Placement):
         self._queue = Queue(self._queue_name, client=self.client)
 
     def submit(self, fn, args, report=None, wanted=lambda: True) -> Job:
-        from distributed import Event
+        from distributed import Event  # optional dependency: only with a Dask scheduler
 
         job_id = next(self._ids)
         event_name = f"{self._queue_name}-cancel-{job_id}"
@@ -396,8 +399,6 @@ def placement() -> Placement | None:
     with _LOCK:
         if _PLACEMENT is not None or _REFUSED:
             return _PLACEMENT
-        from .requests import HEAVY_NICE
-
         try:
             if DASK:
                 _PLACEMENT = DaskPlacement(DASK, HEAVY_NICE)
