@@ -40,9 +40,8 @@ import torch
 from ..core.batching import TeacherForced, decoder_input, teacher_forced
 from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
-from .evaluate import DENSE
 from .sites import capture_site, site_of
-from .stats import BIN_EDGES, FeatureStats
+from .stats import BIN_EDGES, DENSE, FeatureStats
 
 
 @dataclass
@@ -253,6 +252,7 @@ class FeatureData:
         dp = (prob[:1] - prob[1:]).mean(1)  # (variants-1, V): mean probability it adds
         drop = (logp[:1] - logp[1:]).mean(1)  # mean log-prob drop without it
         p_clean, p_without = prob[0].mean(0), prob[1].mean(0)
+        tv = float(0.5 * (prob[0] - prob[1]).abs().sum(-1).mean())  # mean total variation: how much it moves at all
         tok = self.tm.tgt_tokenizer
 
         def entry(i: int) -> dict[str, Any]:
@@ -271,9 +271,10 @@ class FeatureData:
                               "tokens": [tok.pieces([int(i)])[0] for i in b.indices]})
         head_rows.sort(key=lambda r: -r["dp_on_top_tokens"])
         return {"feature": f, "contexts": n, "tokens": tokens, "lowers": lowers, "heads": head_rows,
-                "edited": edited, "edit": edit if self._memory_site else "site",
+                "edited": edited, "edit": edit if self._memory_site else "site", "total_variation": tv,
                 "note": "mean change in probability at the aligned position when the feature's part is removed "
-                        "(dp = p_clean - p_without; drop: the mean log-probability drop); heads: the values of that "
+                        "(dp = p_clean - p_without; drop: the mean log-probability drop; total_variation: the mean "
+                        "total variation distance between the two distributions); heads: the values of that "
                         "head alone (on_top_tokens: mean log-prob drop on the top tokens, dp_on_top_tokens: their "
                         "summed probability change)"}
 

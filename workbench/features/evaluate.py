@@ -44,9 +44,8 @@ from ..decoding.translator import TranslationModel
 from .baselines import Moments, PCABaseline, RandomTopK
 from .dictionary import SparseDictionary
 from .sites import ablation_hooks, site_of, site_rows, splice_hooks
+from .stats import DENSE
 
-DENSE = 0.10
-"""A feature firing on more than this share of tokens counts as dense."""
 SAMPLE_ROWS = 16384
 """Rows of the density text kept to fit the random dictionary's scale."""
 

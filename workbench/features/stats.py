@@ -34,6 +34,8 @@ from ..training.distributed import Dist, init_distributed
 from .dictionary import SparseDictionary
 from .sites import site_mask, site_of, site_rows
 
+DENSE = 0.10
+"""A feature firing on more than this share of tokens counts as dense (cards and dashboards)."""
 BIN_EDGES = torch.logspace(-12, 8, 81, base=2.0)
 """Histogram bin edges of non-zero activations: 4 bins per octave; values outside land in the end bins."""
 
