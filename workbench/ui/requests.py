@@ -74,8 +74,6 @@ HEAVY = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_HEAVY_W
                            thread_name_prefix="workbench-heavy", initializer=_lower_priority)
 
 
-
-
 class Ticket:
     """What a running job sees of its request: whether it is still wanted, and where its progress goes."""
 
