@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..core.batching import teacher_forced
+from ..corpus.data import MIXTURES, dataset_files, read_parallel
 from .gradients import evaluating
 
 
@@ -84,8 +85,6 @@ def gold_confidence(model, sources: Sequence[Sequence[int]], outputs: Sequence[S
 def held_out_text(train_config: dict | None, *, limit: int = 200) -> tuple[list[str], list[str], str]:
     """The first `limit` validation pairs of the data a checkpoint was trained on (its stored training config),
     read from the local data folder only (nothing downloads), and their name; ValueError when there are none."""
-    from ..corpus.data import MIXTURES, dataset_files, read_parallel
-
     if not train_config or not train_config.get("dataset"):
         raise ValueError("this checkpoint stores no training dataset (meta.json train_config), so it has no "
                          "held-out text to measure its confidence on")
