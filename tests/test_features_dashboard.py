@@ -163,16 +163,22 @@ def test_direct_effect_is_the_forward_pass_with_frozen_norms():
 @pytest.mark.slow
 @pytest.mark.parametrize("site", sorted(p.name for p in (CKPT / "features").glob("*") if (p / "cfg.json").is_file()))
 def test_shipped_features_raise_tokens_the_model_gives_real_probability(site):
-    """For a seeded sample of 6 live features per shipped dictionary (all of them: scripts/check_feature_effects.py),
-    the token whose probability the feature adds most has a clean probability of at least 0.05 (the mean over its
-    8 top contexts): the ranking picks tokens the model predicts there, not tail tokens."""
+    """Issue 38's check on 8 seeded live features per shipped dictionary (every feature: far too slow for a test;
+    scripts/check_feature_effects.py runs any number): the top raised token should have a mean clean probability
+    of at least 0.05 over the feature's 8 top contexts. It does not hold for every feature (see docs/features.md:
+    from 3 of these 8 on dec.0 to 68 % of 100 on hook_memory; the rest move the distribution little and raise
+    plausible alternatives at p 0.01-0.05), so this asserts what holds: the ranking by change in probability passes
+    it more often than the old ranking by mean log-prob drop, which picks tail tokens (0 of 30 on dec.2)."""
     tm = load(CKPT)
     fd = FeatureData.load(tm, CKPT / "features" / site)
     live = (fd.stats.count > 0).nonzero().flatten()
-    pick = live[torch.randperm(live.numel(), generator=torch.Generator().manual_seed(0))[:6]].tolist()
+    pick = live[torch.randperm(live.numel(), generator=torch.Generator().manual_seed(0))[:8]].tolist()
+    new = old = 0
     for f in pick:
-        top = fd.output_effects(f, contexts=8, heads=False)["tokens"][0]
-        assert top["p_clean"] >= 0.05, (site, f, top)
+        e = fd.output_effects(f, contexts=8, heads=False, top=tm.model.cfg.tgt_vocab)
+        new += e["tokens"][0]["p_clean"] >= 0.05
+        old += max(e["tokens"] + e["lowers"], key=lambda t: t["drop"])["p_clean"] >= 0.05
+    assert new > old, (site, new, old)
 
 
 def test_sentence_features_and_charts(fd):
