@@ -105,3 +105,30 @@ def test_a_links_dictionary_and_feature_are_checked(session):
     assert view.feature == 3 and session.message.count("feature=") == 1
     href = next(o for o in view.content if "features-sentence" in o.css_classes).object
     assert "href='?site=hook_memory&feature=" in href and "&fq=&fout=0'" in href  # the link's other keys too
+
+
+def test_the_dictionary_picker_names_each_dictionary_and_switches(session, entries, tmp_path):
+    """Issue 37 point 3: a picker whose labels carry the architecture, width, L0 and FVU (from the card), that sets
+    the site and starts at its first feature; the page never shows a server path."""
+    import json
+    import shutil
+
+    root = entries[0].path / "features"
+    second = root / "enc_copy"
+    shutil.copytree(root / "hook_memory", second)
+    (second / "eval.json").write_text(json.dumps({"l0": 4.0, "fvu": 0.25}))
+    try:
+        view = FeaturesView(session=Session(entries, checkpoint="alpha", sentence=SENTENCE))
+        view.show()
+        picker = view._site_picker
+        assert set(picker.options.values()) == {"enc_copy", "hook_memory"}
+        assert picker.value == "enc_copy" and view.site == ""  # no site asked for: the first, and the picker says so
+        label = next(k for k, v in picker.options.items() if v == "enc_copy")
+        assert label == "enc_copy — topk 48, L0 4, FVU 0.250"
+        view.feature = 5
+        picker.value = "hook_memory"
+        assert view.site == "hook_memory" and view.feature == 0
+        page = " ".join(str(getattr(o, "object", "")) for o in view.content)
+        assert str(entries[0].path) not in page
+    finally:
+        shutil.rmtree(second)

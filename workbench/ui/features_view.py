@@ -20,6 +20,7 @@ page's request path (`LazyTab`). Added by `Workbench(extra_tabs=[TAB])`.
 from __future__ import annotations
 
 import html
+import json
 import threading
 from pathlib import Path
 from urllib.parse import quote
@@ -44,6 +45,22 @@ def sites_of(tm) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if (p / "cfg.json").is_file() and (p / "sae_weights.safetensors").is_file())
+
+
+def site_label(directory: Path) -> str:
+    """A dictionary as the picker names it: site, architecture and width, and its card's L0 and FVU."""
+    try:
+        cfg = json.loads((directory / "cfg.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return directory.name
+    arch = str(cfg.get("architecture", "?")).replace("_", " ")  # SAELens's name: "topk", "topk skip transcoder"
+    label = f"{directory.name} — {arch} {cfg.get('d_sae', '?')}"
+    try:
+        card = json.loads((directory / "eval.json").read_text(encoding="utf-8"))
+        label += f", L0 {card['l0']:.0f}, FVU {card['fvu']:.3f}"
+    except (OSError, ValueError, KeyError, TypeError):
+        label += " (no card)"
+    return label
 
 
 def feature_data(tm, directory: Path) -> FeatureData:
@@ -73,11 +90,12 @@ def explore(r, site: str, feature: int, query: str, output: int = 0, href: str =
     tm = r.model
     dirs = {p.name: p for p in sites_of(tm)}
     if not dirs:
-        return {"message": f"No dictionaries ship with this checkpoint ({html.escape(str(tm.meta.get('path', '')))}"
-                           "/features/ is empty): train one with `workbench features train`."}
+        return {"message": "No dictionaries ship with this checkpoint (its features/ folder is empty or missing): "
+                           "train one with `workbench features train`."}  # no server path: it reaches the page
     name = site if site in dirs else next(iter(dirs))
     fd = feature_data(tm, dirs[name])
-    out: dict = {"sites": list(dirs), "site": name, "n": fd.n_features}
+    out: dict = {"sites": list(dirs), "site": name, "n": fd.n_features,
+                 "site_labels": {site_label(path): site for site, path in dirs.items()}}
     target = None if fd.site.side == "src" else tm.tgt_tokenizer.decode(list(r.out_ids[:-1]))
     out["sentence"] = sentence_features_html(fd.sentence(r.request.sentence, target),
                                              link=href.replace("{site}", quote(name)))
@@ -111,7 +129,12 @@ class FeaturesView(LazyTab):
         super().__init__(**params)
         self._link = None  # the page's link (`bind_link`): a feature's link is this page on that feature
         self._link_feature: int | None = None  # a link's feature, checked when the tab first shows a dashboard
+        self._site_picker = pn.widgets.Select(name="Dictionary", options={}, width=380,
+                                              css_classes=["features-site"])
+        self._syncing = False  # the picker is being set from an answer, not by the user
+        self._site_picker.param.watch(self._picked_site, "value")
         self._controls = pn.Row(
+            self._site_picker,
             pn.widgets.IntInput.from_param(self.param.feature, name="Feature", width=120,
                                            css_classes=["features-id"]),
             pn.widgets.TextInput.from_param(self.param.query, name="Search by token", width=220,
@@ -145,6 +168,13 @@ class FeaturesView(LazyTab):
                 link.bind(key, self, name, check=self._feature_check)
             else:
                 link.bind(key, self, name, late=name in self.url_late)
+
+    def _picked_site(self, event) -> None:
+        """A dictionary chosen in the picker: its first feature (ids differ between dictionaries). The picker's
+        own updates from an answer (`render`) are not choices."""
+        if self._syncing or not event.new or event.new == self.site:
+            return
+        self.param.update(site=event.new, feature=0)
 
     def _feature_check(self, feature: int) -> tuple[int, list[str]]:
         self._link_feature = feature  # checked against the dictionary when the tab shows it
@@ -217,6 +247,14 @@ class FeaturesView(LazyTab):
                 self._link.write()
         if "message" in answer:
             return [self._controls, pn.pane.Markdown(_md_escape(answer["message"]), css_classes=["features-note"])]
+        self._syncing = True
+        try:
+            if self._site_picker.options != answer["site_labels"]:
+                self._site_picker.options = answer["site_labels"]
+            if self._site_picker.value != answer["site"]:
+                self._site_picker.value = answer["site"]
+        finally:
+            self._syncing = False
         objs = [self._controls,
                 pn.pane.Markdown(f"**{answer['site']}** ({answer['n']} features; dictionaries here: "
                                  f"{', '.join(answer['sites'])}). Features active on each token of the sentence:",
