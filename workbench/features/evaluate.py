@@ -369,9 +369,16 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         without = timing.get("baseline_share_without_bleu")
         if without is None and timing.get("card_seconds_without_bleu"):
             without = timing["baseline_seconds"] / timing["card_seconds_without_bleu"]
-        lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures (BLEU included), "
-                  f"{timing['baseline_seconds']:.0f} s more for the baselines ({timing['baseline_share']:.0%} of it"
-                  + (f"; {without:.0%} of the card's time without BLEU" if without is not None else "") + ")."]
+        if result.get("bleu_rerun", True):
+            lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures (BLEU "
+                      f"included), {timing['baseline_seconds']:.0f} s more for the baselines "
+                      f"({timing['baseline_share']:.0%} of it"
+                      + (f"; {without:.0%} of the card's time without BLEU" if without is not None else "") + ")."]
+        else:
+            lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures without BLEU "
+                      f"(its BLEU figures come from an earlier run on the same weights and settings, "
+                      f"{result.get('bleu_seconds', 0):.0f} s then), {timing['baseline_seconds']:.0f} s more for the "
+                      f"baselines ({timing['baseline_share']:.0%})."]
     if "bleu_clean" in result:
         lines += ["", f"BLEU on {result['bleu_split']} ({result['bleu_sentences']} sentences, beam {result['beam']}, "
                   f"length penalty {result['length_penalty']} {result['alpha']}, the checkpoint's settings): "
