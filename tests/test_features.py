@@ -260,8 +260,8 @@ def test_evaluation_of_known_dictionaries_on_the_shipped_model(shared_data):
     assert pca["components"] == 128 and pca["fvu"] == pytest.approx(0, abs=1e-4)
     assert pca["delta_ce"] == pytest.approx(0, abs=1e-3) and rnd["fvu"] > 0.01 and rnd["l0"] <= 128
     t = r["timing"]
-    assert t["card_seconds"] > 0 and t["baseline_share"] == pytest.approx(t["baseline_seconds"] / t["card_seconds"],
-                                                                         rel=0.05, abs=0.01)
+    assert t["card_seconds"] > 0 and t["baseline_seconds"] > 0  # the share itself: from the unrounded seconds
+    assert t["baseline_share"] == pytest.approx(t["baseline_seconds"] / t["card_seconds"], abs=0.1 / t["card_seconds"])
     zero = _exact_relu_sae("hook_memory", 128)
     with torch.no_grad():
         zero.W_dec.zero_()
