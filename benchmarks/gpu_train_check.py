@@ -81,7 +81,8 @@ def main() -> int:
     Path(a.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"fp32 tail loss {mean32:.4f}, bf16 {mean16:.4f}: relative difference {tail_rel:.4f} "
           f"(tolerance {TOLERANCE}); tokens/s fp32 {runs['off']['tokens_per_s_median']:.0f}, "
-          f"bf16 {runs['bf16']['tokens_per_s_median']:.0f}; wall {runs['off']['wall_s']} s / {runs['bf16']['wall_s']} s")
+          f"bf16 {runs['bf16']['tokens_per_s_median']:.0f}; "
+          f"wall {runs['off']['wall_s']} s / {runs['bf16']['wall_s']} s")
     return 0 if result["agree"] else 1
 
 
