@@ -132,3 +132,22 @@ def test_the_dictionary_picker_names_each_dictionary_and_switches(session, entri
         assert str(entries[0].path) not in page
     finally:
         shutil.rmtree(second)
+
+
+def test_search_covers_source_and_output_sides_of_the_shipped_dictionaries():
+    """Issue 37 point 3: "Hund" finds the encoder-side features that fire on it, "dog" decoder-side ones."""
+    from workbench.ui.features_view import search_all, sites_of
+
+    tm = load(Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en")
+    dirs = {p.name: p for p in sites_of(tm)}
+    hund, dog = search_all(tm, dirs, "Hund"), search_all(tm, dirs, "dog")
+    assert hund and {h["side"] for h in hund} == {"src"} and hund[0]["matches"] == hund[0]["of"]
+    assert dog and {h["side"] for h in dog} == {"tgt"}
+
+
+def test_a_typed_feature_past_the_end_is_said_and_shown_as_the_last(session):
+    view = FeaturesView(session=session)
+    view.show()
+    view.feature = 99999
+    assert view.feature == 47 and view._feature_box.value == 47
+    assert "Feature 99999 does not exist" in session.message and "0–47" in session.message

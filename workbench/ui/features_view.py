@@ -108,9 +108,32 @@ def explore(r, site: str, feature: int, query: str, output: int = 0, href: str =
     out["feature"] = feature
     out["dashboard"] = feature_dashboard(fd, feature)
     if query.strip():
-        hits = fd.search(query)
-        out["hits"] = hits
+        out["hits"] = search_all(tm, dirs, query)
+        out["href_template"] = href
     return out
+
+
+def _hit_html(hit: dict, template: str) -> str:
+    """One search hit: its dictionary and feature as a link to that feature's dashboard, and how it matched."""
+    href = html.escape(template.format(site=quote(hit["site"]), feature=hit["feature"]))
+    side = "source" if hit["side"] == "src" else "output"
+    return (f"<li><a href='{href}' data-feature='{hit['feature']}' data-site='{html.escape(hit['site'])}'>"
+            f"{html.escape(hit['site'])} #{hit['feature']}</a> ({side} side): {hit['matches']} of its {hit['of']} "
+            f"top contexts, mean {hit['mean']:.3f}</li>")
+
+
+def search_all(tm, dirs: dict[str, Path], query: str, limit: int = 20) -> list[dict]:
+    """Features of every dictionary of the checkpoint whose top contexts fire on `query`: encoder-side
+    dictionaries match it among source pieces, decoder-side ones among output pieces, so a source word ("Hund")
+    and a target word ("dog") both find theirs; ranked by the share of contexts that match, then the mean."""
+    hits = []
+    for name, path in dirs.items():
+        fd = feature_data(tm, path)
+        if fd.stats is None:
+            continue
+        hits += [{**h, "site": name, "side": fd.site.side} for h in fd.search(query, limit=limit)]
+    hits.sort(key=lambda h: (-h["matches"] / h["of"], -h["mean"]))
+    return hits[:limit]
 
 
 class FeaturesView(LazyTab):
@@ -132,11 +155,17 @@ class FeaturesView(LazyTab):
         self._site_picker = pn.widgets.Select(name="Dictionary", options={}, width=380,
                                               css_classes=["features-site"])
         self._syncing = False  # the picker is being set from an answer, not by the user
+        # start=0: a negative id is refused by the box itself (it keeps the last good one); the end is checked when
+        # the dictionary is known (`render`)
+        self._feature_box = pn.widgets.IntInput(name="Feature", value=self.feature, width=120, start=0,
+                                                css_classes=["features-id"])
+        self._feature_box.param.watch(self._typed_feature, "value")
+        self.param.watch(lambda _e: self._show_feature(self.feature), "feature")  # the current one: an answer may
+        # have replaced the value this event carries (an id past the end) before this watcher runs
         self._site_picker.param.watch(self._picked_site, "value")
         self._controls = pn.Row(
             self._site_picker,
-            pn.widgets.IntInput.from_param(self.param.feature, name="Feature", width=120,
-                                           css_classes=["features-id"]),
+            self._feature_box,
             pn.widgets.TextInput.from_param(self.param.query, name="Search by token", width=220,
                                             placeholder="e.g. Hund", css_classes=["features-search"]))
         self._picker = pn.widgets.Select.from_param(self.param.output, name="Why this word: output token",
@@ -168,6 +197,18 @@ class FeaturesView(LazyTab):
                 link.bind(key, self, name, check=self._feature_check)
             else:
                 link.bind(key, self, name, late=name in self.url_late)
+
+    def _typed_feature(self, event) -> None:
+        if not self._syncing and event.new is not None and event.new != self.feature:
+            self.feature = event.new
+
+    def _show_feature(self, feature: int) -> None:
+        """The box shows the feature (a link's, a clicked one, or the one shown instead of an id past the end)."""
+        self._syncing = True
+        try:
+            self._feature_box.value = feature
+        finally:
+            self._syncing = False
 
     def _picked_site(self, event) -> None:
         """A dictionary chosen in the picker: its first feature (ids differ between dictionaries). The picker's
@@ -243,6 +284,16 @@ class FeaturesView(LazyTab):
                                                        f"{answer['n']} features)"]
             with param.parameterized.discard_events(self):  # the answer already shows it: no second computation
                 self.feature = answer["feature"]
+            self._show_feature(answer["feature"])
+            if self._link is not None:
+                self._link.write()
+        elif "feature" in answer and answer["feature"] != self.feature:
+            # a feature typed past the dictionary's end: said, and the box and the URL show the one shown
+            self.session.notes = [*self.session.notes, f"Feature {self.feature} does not exist: this dictionary has "
+                                                       f"features 0–{answer['n'] - 1}; showing {answer['feature']}."]
+            with param.parameterized.discard_events(self):
+                self.feature = answer["feature"]
+            self._show_feature(answer["feature"])
             if self._link is not None:
                 self._link.write()
         if "message" in answer:
@@ -263,10 +314,8 @@ class FeaturesView(LazyTab):
         if "note" in answer:
             objs.append(pn.pane.Markdown(_md_escape(answer["note"])))
         if "hits" in answer:
-            rows = "".join(f"<li><a href='{html.escape(answer['href'].format(feature=h['feature']))}' "
-                           f"data-feature='{h['feature']}'>"
-                           f"#{h['feature']}</a>: {h['matches']} of its {h['of']} top contexts, mean "
-                           f"{h['mean']:.3f}</li>" for h in answer["hits"]) or "<li>no feature fires on it</li>"
+            rows = "".join(_hit_html(h, answer["href_template"]) for h in answer["hits"]) \
+                or "<li>no feature of any dictionary fires on it</li>"
             objs.append(pn.pane.HTML(f"<ul class='features-hits'>{rows}</ul>", sizing_mode="stretch_width"))
         if "why" in answer:
             objs.append(self._why(answer["why"], answer.get("feature")))
