@@ -51,3 +51,22 @@ def test_the_glossary_defines_every_term_once_with_an_anchor():
     link = term("ALTI+")
     assert f'href="#{anchor("ALTI+")}"' in link and "title=" in link and "ALTI+" in link
     assert "<" not in term("AER", shown="<b>x</b>").split(">", 1)[1].rsplit("<", 1)[0]  # shown text escaped
+
+
+def test_every_control_has_a_tooltip_written_for_users():
+    """The controls' tooltips (their params' docs) say what the control does in a sentence, not a developer note."""
+    from workbench.ui.evidence_view import EvidenceView
+    from workbench.ui.features_view import FeaturesView
+    from workbench.ui.graph_view import GraphView
+    from workbench.ui.session import Session
+    from workbench.ui.why_view import WhyView
+
+    controls = {Session: ["checkpoint", "sentence", "target", "beam", "alpha", "kind", "layer", "head", "token",
+                          "words", "view", "ablate"],
+                GraphView: ["position", "threshold", "max_nodes", "contexts"],
+                FeaturesView: ["site", "feature", "query", "output"], WhyView: ["position", "corrupted"],
+                EvidenceView: ["roles"]}
+    for cls, names in controls.items():
+        for name in names:
+            doc = cls.param[name].doc or ""
+            assert len(doc.split()) >= 8 and "-1:" not in doc and "''" not in doc, (cls.__name__, name, doc)

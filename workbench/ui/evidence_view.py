@@ -109,7 +109,8 @@ class EvidenceView(LazyTab):
     """Alignment, source shares and head roles of the session's current sentence and model."""
 
     method = param.Selector(default="attention weights", objects=list(METHOD_LABELS))
-    roles = param.Boolean(default=True, doc="Also measure and draw every head's role (once per checkpoint)")
+    roles = param.Boolean(default=True, doc=("Also show what each head mostly does (aligns words, attends to the end "
+                                             "of the sentence, to the previous word…), measured once per model."))
 
     title = "Evidence"
     redraws = ("method", "roles")

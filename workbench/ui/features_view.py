@@ -137,10 +137,14 @@ def search_all(tm, dirs: dict[str, Path], query: str, limit: int = 20) -> list[d
 
 
 class FeaturesView(LazyTab):
-    site = param.String(default="", doc="The dictionary (a folder under CHECKPOINT/features/)")
-    feature = param.Integer(default=0, bounds=(0, None), doc="The feature whose dashboard is shown")
-    query = param.String(default="", doc="Search features by the token they fire on")
-    output = param.Selector(default=0, objects={"0": 0}, doc="The output token whose features are listed")
+    site = param.String(default="", doc=("The sparse dictionary to read: which activation of the model it splits into "
+                                         "features."))
+    feature = param.Integer(default=0, bounds=(0, None), doc=("A feature's number: its dashboard shows where it fires "
+                                                              "and which output words it raises."))
+    query = param.String(default="", doc=("Find the features that fire on a word, in the source (e.g. Hund) or the "
+                                          "output (e.g. dog)."))
+    output = param.Selector(default=0, objects={"0": 0}, doc=("The output word to explain by the features that drive "
+                                                              "it most."))
 
     title = "Features"
     follows = ("version",)

@@ -131,11 +131,15 @@ def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, pro
 class GraphView(LazyTab):
     """The attribution graph of the chosen output token of the session's current sentence and model."""
 
-    position = param.Selector(default=0, objects={"0": 0}, doc="The output token whose logit the graph explains")
+    position = param.Selector(default=0, objects={"0": 0}, doc=("The output word to explain: the graph shows which "
+                                                                "parts of the model pushed it up or down."))
     threshold = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
-                             doc="Keep the fewest nodes holding this share of the influence on the logit")
-    max_nodes = param.Integer(default=100, bounds=(5, 400), doc="At most this many nodes (the most influential)")
-    contexts = param.Boolean(default=True, doc="Also show where each head and FFN writes most in a test corpus")
+                             doc=("Keep the fewest nodes that together carry this share of the influence on the word "
+                                  "(0.8 = 80 %)."))
+    max_nodes = param.Integer(default=100, bounds=(5, 400), doc=("Draw at most this many nodes, the most influential "
+                                                                 "first."))
+    contexts = param.Boolean(default=True, doc=("When a node is tapped, also show the test sentences where that head "
+                                                "or feed-forward layer writes most."))
     node = param.Integer(default=-1, bounds=(-1, None), doc="The tapped node (its index in the graph; -1: none)")
 
     title = "Graph"

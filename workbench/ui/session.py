@@ -37,21 +37,37 @@ EXAMPLE = EXAMPLES["de"]
 class Session(param.Parameterized):
     """One user's state. Views read it and set its inputs; only an applied answer writes the outputs."""
 
-    checkpoint = param.Selector(default=None, objects=[], doc="Label of the checkpoint (from the discovered list)")
-    sentence = param.String(default=EXAMPLE, doc="Source sentence")
-    target = param.String(default="", doc="Optional target for teacher-forced inspection ('' = translate)")
-    beam = param.Integer(default=1, bounds=(1, 10), doc="Beam size (1 = greedy)")
-    alpha = param.Number(default=1.0, bounds=(0.0, 2.0), step=0.1, doc="Length-penalty exponent")
+    checkpoint = param.Selector(default=None, objects=[], doc=("The trained model to look inside. Models found under "
+                                                               "checkpoints/ and the folders given at start."))
+    sentence = param.String(default=EXAMPLE, doc=("The sentence to translate, in the model's source language. Press "
+                                                  "Translate or leave the box to run it."))
+    target = param.String(default="", doc=("Leave empty to let the model translate. Type a translation to see how the "
+                                           "model reads that one instead (teacher forcing)."))
+    beam = param.Integer(default=1, bounds=(1, 10), doc=("How many candidate translations the search keeps at each "
+                                                         "step. 1 = greedy: always the single best next word."))
+    alpha = param.Number(default=1.0, bounds=(0.0, 2.0), step=0.1, doc=("How much longer translations are favoured "
+                                                                        "when candidates are compared: 0 = not at "
+                                                                        "all, 1 = by average score per word."))
 
     kind = param.Selector(default="cross", objects={"encoder self": "enc_self", "decoder self": "dec_self",
-                                                     "cross": "cross"})
-    layer = param.Selector(default=0, objects={"0": 0}, doc="Layer of the selected kind")
-    head = param.Selector(default=-1, objects={"all (mean)": -1}, doc="-1: mean of all heads")
-    token = param.Selector(default=-1, objects={"none": -1}, doc="Selected query token (-1: none), highlighted")
-    words = param.Boolean(default=False, doc="Merge sub-word pieces into words")
+                                                     "cross": "cross"},
+                          doc="Which attention to show: source words reading each other (encoder self), the output "
+                              "so far (decoder self), or the output reading the source (cross).")
+    layer = param.Selector(default=0, objects={"0": 0},
+                           doc="Which layer: low layers sit near the words, high layers near the output.")
+    head = param.Selector(default=-1, objects={"all (mean)": -1}, doc=("One attention head, or the mean of all heads "
+                                                                       "of the layer. Each head can attend to "
+                                                                       "different things."))
+    token = param.Selector(default=-1, objects={"none": -1}, doc=("Highlight one row: what this token attends to (also "
+                                                                  "set by tapping a heatmap row)."))
+    words = param.Boolean(default=False, doc=("Show whole words instead of the sub-word pieces the model reads "
+                                              "(attention summed over each word's pieces)."))
     view = param.Selector(default="heatmap", objects={"heatmap": "heatmap", "head view (lines)": "lines",
-                                                      "model view (grid)": "grid"})
-    ablate = param.List(default=[], item_type=str, doc="Ablated heads as kind:layer:head")
+                                                      "model view (grid)": "grid"},
+                          doc="Heatmap: one cell per (query, key), darker = more attention. Lines: the same as links. "
+                              "Grid: every layer and head at once.")
+    ablate = param.List(default=[], item_type=str, doc=("Heads switched off (their output set to zero), to see how the "
+                                                        "translation changes without them."))
 
     autorun = param.Boolean(default=True, doc="Run the model whenever an input changes")
     background = param.Boolean(default=False, doc="Run model work in worker threads (served) instead of inline")

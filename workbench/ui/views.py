@@ -562,7 +562,9 @@ class CompareView(LazyTab):
     run when there is one, see `loader.partner`), and the tab says why it was chosen, or that none fits.
     """
 
-    other = param.Selector(default=None, objects=[], allow_None=True, doc="Checkpoint B")
+    other = param.Selector(default=None, objects=[], allow_None=True, doc=("The model to compare with: it reads the "
+                                                                           "same output, so both attention maps line "
+                                                                           "up row by row."))
 
     title = "Comparison"
     follows = ("version", "kind", "layer", "head", "words")

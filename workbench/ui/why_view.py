@@ -316,8 +316,10 @@ def _delta(result) -> np.ndarray:
 class WhyView(LazyTab):
     """Direct logit attribution of the chosen output token, and patching against a changed source."""
 
-    position = param.Selector(default=0, objects={"0": 0}, doc="The output token to explain")
-    corrupted = param.String(default="", doc="The sentence with one word changed (same number of tokens)")
+    position = param.Selector(default=0, objects={"0": 0}, doc=("The output word to explain: which heads and layers "
+                                                                "made the model write it."))
+    corrupted = param.String(default="", doc=("The sentence with one word changed: the page measures which parts of "
+                                              "the model carry the difference to the output."))
 
     title = "Why"
     follows = ("version",)
