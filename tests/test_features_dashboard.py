@@ -222,3 +222,17 @@ def test_aligned_positions_count_a_start_token_that_is_the_padding_id():
     assert got == want
     assert 0 in got[:5]  # the start row wins somewhere: masking it by id would move those
     assert got[5] < 2
+
+
+def test_the_raised_tokens_chart_draws_the_ranking_it_lists():
+    """Bars are the probability each token gains (the dashboard's ranking), not the log-prob drop, which would put
+    a tail token with a tiny probability above a likely one."""
+    from workbench.charts.features import output_tokens_figure
+
+    effects = {"contexts": 8, "tokens": [
+        {"token": "▁running", "id": 5, "dp": 0.30, "p_clean": 0.43, "drop": 0.9},
+        {"token": "▁robe", "id": 6, "dp": 0.0004, "p_clean": 0.0005, "drop": 2.5}]}
+    fig = output_tokens_figure(effects)
+    (bars,) = fig.renderers
+    assert list(bars.data_source.data["dp"]) == [0.30, 0.0004] and bars.glyph.right == "dp"
+    assert "probability it adds" in fig.xaxis.axis_label

@@ -39,17 +39,22 @@ def activation_histogram(left: Sequence[float], right: Sequence[float], counts: 
 
 
 def output_tokens_figure(effects: dict[str, Any], *, width: int = 420, height: int | None = None):
-    """The tokens whose log-probability drops most without the feature (what it raises)."""
+    """The tokens the feature raises most: the probability it adds (clean minus without the feature, mean over its
+    top contexts; the order the dashboard ranks them in), the clean probability and the log-prob drop on hover."""
     toks = effects.get("tokens", [])
     labels = [f"{t['token']} ({t['id']})" for t in toks]
     fig = figure(y_range=list(reversed(labels)) or ["-"], width=width, height=height or max(180, 20 * len(labels) + 80),
                  title=f"output tokens it raises ({effects.get('contexts', 0)} contexts)",
                  tools="save", toolbar_location="above", name="feature_output_tokens")
     if toks:
-        src = ColumnDataSource({"y": labels, "drop": [t["drop"] for t in toks]})
-        fig.hbar(y="y", right="drop", height=0.8, color=RAISE, source=src)
-        fig.add_tools(HoverTool(tooltips=[("token", "@y"), ("log-prob drop", "@drop{0.000}")]))
-    fig.xaxis.axis_label = "mean log-prob drop when removed"
+        src = ColumnDataSource({"y": labels, "dp": [t.get("dp", t["drop"]) for t in toks],
+                                "p_clean": [t.get("p_clean", float("nan")) for t in toks],
+                                "drop": [t["drop"] for t in toks]})
+        fig.hbar(y="y", right="dp", height=0.8, color=RAISE, source=src)
+        fig.add_tools(HoverTool(tooltips=[("token", "@y"), ("probability it adds", "@dp{0.0000}"),
+                                          ("clean probability", "@p_clean{0.000}"),
+                                          ("log-prob drop without it", "@drop{0.000}")]))
+    fig.xaxis.axis_label = "probability it adds (clean − without it)"
     return fig
 
 
