@@ -34,3 +34,28 @@ def make_batch(cfg, batch=3, src_len=7, tgt_len=6, seed=1, pad=True):
         src[0, src_len - 2 :] = cfg.pad_id
         tgt[1, tgt_len - 2 :] = cfg.pad_id
     return src, tgt
+
+
+def graph_model(norm_first: bool, seed: int = 2):
+    """A tiny model with every norm weight/bias and projection bias random, so bias paths are not zero (the
+    attribution-graph tests)."""
+    from workbench import presets
+
+    m = make_model(presets.tiny(vocab=50, norm_first=norm_first, enc_final_norm=True, dec_final_norm=True), seed=seed)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return m
+
+
+def one_sentence(cfg, s=8, t=6, seed=1):
+    """One unpadded (1, s) source ending in EOS and (1, t) decoder input starting with the start id."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, cfg.src_vocab, (1, s), generator=g)
+    tgt = torch.randint(4, cfg.tgt_vocab, (1, t), generator=g)
+    src[0, -1], tgt[0, 0] = cfg.eos_id, cfg.start_id
+    return src, tgt

@@ -5,32 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import ROOT, SHARED_DATA, make_model
+from model_helpers import ROOT, SHARED_DATA, graph_model, one_sentence
 
-from workbench import presets
 from workbench.analysis.decompose import direct_logit_attribution
 from workbench.analysis.graph import AttributionGraph, attribution_graph, faithfulness_check, node_influence
 
 
-def _model(norm_first: bool):
-    """A tiny model with every norm weight/bias and projection bias random, so bias paths are not zero."""
-    m = make_model(presets.tiny(vocab=50, norm_first=norm_first, enc_final_norm=True, dec_final_norm=True), seed=2)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return m
+def _model(norm_first: bool = False):
+    return graph_model(norm_first)
 
 
 def _sentence(cfg, s=8, t=6, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, cfg.src_vocab, (1, s), generator=g)
-    tgt = torch.randint(4, cfg.tgt_vocab, (1, t), generator=g)
-    src[0, -1], tgt[0, 0] = cfg.eos_id, cfg.start_id
-    return src, tgt
+    return one_sentence(cfg, s, t, seed)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -6,29 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from model_helpers import make_model
+from model_helpers import graph_model, one_sentence
 
-from workbench import presets
 from workbench.analysis.graph import attribution_graph, remove_nodes
 from workbench.analysis.graph_trust import gradient_x_activation, graph_trust, top_sets_vs_baselines
 
 
 def _model(norm_first: bool = False):
-    m = make_model(presets.tiny(vocab=50, norm_first=norm_first, enc_final_norm=True, dec_final_norm=True), seed=2)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return m
+    return graph_model(norm_first)
 
 
 def _sentence(cfg, s=8, t=6, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, cfg.src_vocab, (1, s), generator=g)
-    tgt = torch.randint(4, cfg.tgt_vocab, (1, t), generator=g)
-    src[0, -1], tgt[0, 0] = cfg.eos_id, cfg.start_id
-    return src, tgt
+    return one_sentence(cfg, s, t, seed)
 
 
 @pytest.mark.parametrize("target", ["runner-up", "demeaned"])

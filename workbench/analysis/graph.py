@@ -459,6 +459,21 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
 # ---------------------------------------------------------------------------------------- interventions
 
 
+def node_write(model, node: dict[str, Any]) -> tuple[str, tuple]:
+    """The hook point and (after the batch axis) index of a node's write: an embedding's position, a head's
+    output at its position, an FFN's output there. Bias and error nodes have no write of their own."""
+    if node["kind"] not in ("embed", "head", "ffn"):
+        raise ValueError(f"node {node['label']} is a {node['kind']} node: only embed, head and ffn nodes "
+                         "can be removed")
+    stream = model.stream(node["stack"])
+    if node["kind"] == "embed":
+        return stream.hook_embed.name, (node["position"],)
+    if node["kind"] == "head":
+        block = stream.layers[node["layer"]].sublayer(node["block"]).block
+        return block.hook_result.name, (node["head"], node["position"])
+    return stream.layers[node["layer"]].ffn.hook_out.name, (node["position"],)
+
+
 def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[int]]) -> torch.Tensor:
     """The real model's logit (difference) with each set of nodes' writes zeroed, one set per row of one batch
     (embeddings: that position's embedding; heads: that head's output at that position; FFNs: the FFN's output
@@ -468,18 +483,7 @@ def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[
     edits: dict[str, list[tuple[int, tuple]]] = {}
     for row, nodes in enumerate(node_sets):
         for j in nodes:
-            n = graph.nodes[j]
-            stream = model.stream(n["stack"]) if n["stack"] is not None else None
-            if n["kind"] == "embed":
-                name, idx = stream.hook_embed.name, (n["position"],)
-            elif n["kind"] == "head":
-                block = stream.layers[n["layer"]].sublayer(n["block"]).block
-                name, idx = block.hook_result.name, (n["head"], n["position"])
-            elif n["kind"] == "ffn":
-                name, idx = stream.layers[n["layer"]].ffn.hook_out.name, (n["position"],)
-            else:
-                raise ValueError(f"node {j} ({n['label']}) is a {n['kind']} node: only embed, head and ffn nodes "
-                                 "can be removed")
+            name, idx = node_write(model, graph.nodes[j])
             edits.setdefault(name, []).append((row, idx))
 
     def zero(assign):

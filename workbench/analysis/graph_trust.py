@@ -19,7 +19,7 @@ import torch
 
 from .attribution import spearman
 from .gradients import run_with_grads
-from .graph import AttributionGraph, attribution_graph, removable, remove_nodes
+from .graph import AttributionGraph, attribution_graph, node_write, removable, remove_nodes
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,6 @@ class GraphTrust:
 
         return pd.DataFrame({"node": self.nodes, "label": self.labels, "kind": self.kinds,
                              "predicted": self.predicted, "real": self.real})
-
-
-def _node_hook(model, node: dict) -> tuple[str, tuple]:
-    """The hook point and index of a node's write (what `remove_nodes` zeroes)."""
-    stream = model.stream(node["stack"])
-    if node["kind"] == "embed":
-        return stream.hook_embed.name, (node["position"],)
-    if node["kind"] == "head":
-        block = stream.layers[node["layer"]].sublayer(node["block"]).block
-        return block.hook_result.name, (node["head"], node["position"])
-    return stream.layers[node["layer"]].ffn.hook_out.name, (node["position"],)
 
 
 def graph_trust(model, src, tgt, graph: AttributionGraph, top: int = 20) -> GraphTrust:
@@ -72,7 +61,7 @@ def graph_trust(model, src, tgt, graph: AttributionGraph, top: int = 20) -> Grap
 
 def gradient_x_activation(model, src, tgt, graph: AttributionGraph, nodes: Sequence[int]) -> np.ndarray:
     """Gradient × activation of each node's write in the real model (one backward pass), for the graph's target."""
-    names = sorted({_node_hook(model, graph.nodes[j])[0] for j in nodes})
+    names = sorted({node_write(model, graph.nodes[j])[0] for j in nodes})
     position, token, baseline = graph.position, graph.token, graph.baseline_token
     demeaned = graph.meta.get("target") == "demeaned"
 
@@ -86,7 +75,7 @@ def gradient_x_activation(model, src, tgt, graph: AttributionGraph, nodes: Seque
     _, acts, grads = run_with_grads(model, src_t, tgt_t, metric, names=names)
     out = []
     for j in nodes:
-        name, idx = _node_hook(model, graph.nodes[j])
+        name, idx = node_write(model, graph.nodes[j])
         out.append(float((acts[name][0][idx].double() * grads[name][0][idx].double()).sum()))
     return np.array(out)
 
