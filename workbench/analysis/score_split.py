@@ -74,6 +74,22 @@ def split_hooks(model, layer: int) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def cross_inputs(model, trace, layer: int) -> tuple[tuple[list[str], list[dict[str, Any]], torch.Tensor], ...]:
+    """What cross-attention block `layer` reads, as components, from a trace holding `split_hooks(model, layer)`:
+    ((query labels, info, parts (A, B, T, D)), (key labels, info, parts (K, B, S, D))), every norm frozen; the
+    query parts sum to the block's input (pre-norm: its input norm's output), the key parts to the memory."""
+    sub = model.dec[layer].sublayer("cross_attn")
+    q_labels, q_info, q_parts = stream_components(model, trace, "dec", layer + 1, before=path_of(sub.block))
+    k_labels, k_info, k_parts = stream_components(model, trace, "enc", len(model.enc))
+    if model.cfg.norm_first:  # the block reads its input norm of the stream
+        norm = sub.norm
+        scale = trace[norm.hook_scale.name]
+        q_parts = torch.cat([frozen_norm(q_parts, norm, scale), norm.bias.detach().double().expand_as(q_parts[:1])])
+        q_labels = [*q_labels, f"{path_of(norm)}.bias"]
+        q_info = [*q_info, {"stack": "dec", "kind": "norm_bias", "layer": layer, "head_index": None}]
+    return (q_labels, q_info, q_parts), (k_labels, k_info, k_parts)
+
+
 @torch.no_grad()
 def split_cross_scores(model, src: torch.Tensor, tgt: torch.Tensor, layer: int, *, trace=None) -> ScoreSplit:
     """The split for one sentence (src (1, S), tgt = decoder input (1, T)) at decoder `layer`, all heads."""
@@ -88,16 +104,8 @@ def split_cross_scores(model, src: torch.Tensor, tgt: torch.Tensor, layer: int, 
             _, trace = model.run_with_cache(src.to(model.device), tgt.to(model.device), names=split_hooks(model, layer))
         finally:
             model.train(was)
-    sub = model.dec[layer].sublayer("cross_attn")
-    attn = sub.block
-    q_labels, q_info, q_parts = stream_components(model, trace, "dec", layer + 1, before=path_of(attn))
-    k_labels, k_info, k_parts = stream_components(model, trace, "enc", len(model.enc))
-    if model.cfg.norm_first:  # the block reads its input norm of the stream
-        norm = sub.norm
-        scale = trace[norm.hook_scale.name]
-        q_parts = torch.cat([frozen_norm(q_parts, norm, scale), norm.bias.detach().double().expand_as(q_parts[:1])])
-        q_labels = [*q_labels, f"{path_of(norm)}.bias"]
-        q_info = [*q_info, {"stack": "dec", "kind": "norm_bias", "layer": layer, "head_index": None}]
+    attn = model.dec[layer].cross_attn
+    (q_labels, q_info, q_parts), (k_labels, k_info, k_parts) = cross_inputs(model, trace, layer)
     h, dh = attn.n_heads, attn.d_head
     w_q = attn.q_proj.weight.detach().double().view(h, dh, -1)  # (H, Dh, D)
     w_k = attn.k_proj.weight.detach().double().view(h, dh, -1)

@@ -1,0 +1,380 @@
+"""Why a head attends, term by term: the QK attribution of one cross-attention edge (issue 36, point 4; Kamath et
+al. 2025, "Tracing attention computation: attention QK attribution").
+
+    qk = qk_attribution(model, src, tgt, layer=0, head=2, t=3, s=5)   # decoder position t reading source piece s
+    qk.score, qk.total                  # the model's own hook_scores there, and the sum of every term (tested 1e-5)
+    qk.frame()                          # query_side, key_side, value, kinds, positions: sorted by |value|
+    qk.top(10)                          # [(query side, key side, value)]
+    qk.key_totals()                     # each key-side part summed over the query side, by |value|
+    dicts = [SparseDictionary.load(d) for d in ("features/hook_memory", "features/dec.1.ffn")]
+    qk = qk_attribution(model, src, tgt, layer=2, head=0, t=3, s=5, dictionaries=dicts)   # feature by feature
+
+The pre-softmax score of head h of decoder layer l's cross-attention at (t, s) is
+    score = (W_Q x_t + b_Q) · (W_K m_s + b_K) / √d_h,
+x_t what the block reads at t (post-norm: the stream after the self-attention norm; pre-norm: the block's input
+norm of the stream), m_s the encoder memory at s (`hook_memory`, after the encoder's final norm if any). Both are
+sums of parts, every layer norm on the way frozen at the scale the clean run had (`decompose.stream_components`:
+token and position embeddings, each head, each FFN, each block's output bias and norm bias), so
+    score = Σ_a Σ_k (W_Q x_a) · (W_K m_k) / √d_h
+with b_Q one more part of the query side and b_K one more of the key side: the frame holds every pair, the
+query-bias × key-part and query-part × key-bias terms and b_Q · b_K. Nothing is approximated; the terms sum to the
+score to float rounding (the parts are float64, the model's score float32).
+
+Parts, and how far back "where it came from" goes (one hop):
+- embeddings and FFNs are parts at their own position (`from` = t on the query side, s on the key side). An FFN
+  at s reads the stream at s, which earlier heads have mixed: its part is position s's, not the word's.
+- with `by_position` (default) each attention head's write at p is split by the key p' it read:
+  Σ_p' probs[p, p'] (v_p' W_O^h), v with its bias, each piece through the same frozen norms. "enc_self:3:2 <- 4"
+  is what encoder head 3:2 moved from source position 4 into position s; "cross:0:1 <- 4" (query side) what an
+  earlier cross-attention head moved from source position 4 into the decoder stream at t. The value at p' is the
+  stream at p', itself mixed: one hop, not a path to the embedding.
+- `dictionaries` (sparse autoencoders and transcoders, `features.dictionary`) replace the parts they cover with
+  their features at that position, each feature a_f W_dec[f] through the same frozen norms, plus the decoder bias,
+  the skip term (skip transcoders) and the error (what the dictionary misses; exact by construction):
+  an SAE on `hook_memory` replaces the whole key side; an SAE on an attention block's `hook_out` replaces that
+  block's heads and output bias; a transcoder on an FFN ("dec.1.ffn", "enc.2.ffn") replaces that FFN. A dictionary
+  at a site that does not reach this edge (a decoder layer at or above `layer`) is listed in `meta["unused"]`.
+
+Decoders that start with the pad id (Marian) are fine: nothing here masks query positions; the source key `s` must
+be a real token (not padding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..core.hooks import path_of
+from ..features.dictionary import SparseDictionary
+from ..features.sites import Site, site_of
+from .decompose import _events, _one, frozen_norm
+from .score_split import cross_inputs, split_hooks
+
+QUERY_BIAS, KEY_BIAS = "b_Q", "b_K"
+_BLOCK_OF_KIND = {"enc_self": "self_attn", "dec_self": "self_attn", "cross": "cross_attn"}
+
+
+@dataclass
+class QKAttribution:
+    """One cross-attention edge's pre-softmax score as query part × key part terms."""
+
+    layer: int
+    head: int
+    t: int  # decoder (query) position
+    s: int  # source (key) position
+    query_labels: list[str]
+    query_info: list[dict[str, Any]]
+    key_labels: list[str]
+    key_info: list[dict[str, Any]]
+    terms: torch.Tensor  # (A, K) float64: query part a × key part k, biases included
+    score: float  # the model's hook_scores at (head, t, s)
+    probability: float  # the model's hook_probs there
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        """The sum of every term: the score, to float rounding."""
+        return float(self.terms.sum())
+
+    def _order(self, k: int | None) -> torch.Tensor:
+        flat = self.terms.flatten()
+        order = flat.abs().argsort(descending=True)
+        return order if k is None else order[:k]
+
+    def top(self, k: int = 10) -> list[tuple[str, str, float]]:
+        """The k largest terms by |value|: (query side, key side, value)."""
+        n = self.terms.size(1)
+        return [(self.query_labels[i // n], self.key_labels[i % n], float(self.terms.flatten()[i]))
+                for i in self._order(k).tolist()]
+
+    def frame(self, k: int | None = None):
+        """A pandas DataFrame, one row per term (the k largest with `k`), sorted by |value|: query_side, key_side,
+        value, query_kind, key_kind, query_from / key_from (the position a part carries: see the module doc; None
+        for biases), query_feature / key_feature (a dictionary feature's id, else None)."""
+        import pandas as pd  # optional: only the tabular view needs it
+
+        n = self.terms.size(1)
+        flat = self.terms.flatten()
+        rows = []
+        for i in self._order(k).tolist():
+            a, b = divmod(i, n)
+            qi, ki = self.query_info[a], self.key_info[b]
+            rows.append({"query_side": self.query_labels[a], "key_side": self.key_labels[b], "value": float(flat[i]),
+                         "query_kind": qi["kind"], "key_kind": ki["kind"], "query_from": qi.get("from"),
+                         "key_from": ki.get("from"), "query_feature": qi.get("feature"),
+                         "key_feature": ki.get("feature")})
+        return pd.DataFrame(rows)
+
+    def query_totals(self) -> list[tuple[str, float]]:
+        """Each query-side part's share of the score (its terms summed over the key side), by |value|."""
+        return _ranked(self.query_labels, self.terms.sum(1))
+
+    def key_totals(self) -> list[tuple[str, float]]:
+        """Each key-side part's share of the score (its terms summed over the query side), by |value|."""
+        return _ranked(self.key_labels, self.terms.sum(0))
+
+
+def _ranked(labels: list[str], values: torch.Tensor) -> list[tuple[str, float]]:
+    return [(labels[i], float(values[i])) for i in values.abs().argsort(descending=True).tolist()]
+
+
+# ---------------------------------------------------------------------------------------------- dictionaries
+
+
+@dataclass(frozen=True)
+class _Cover:
+    """What one dictionary replaces: the whole key side (memory), an attention block's heads and bias, or an FFN."""
+
+    dictionary: SparseDictionary
+    site: Site
+    what: str  # "memory", "attention" or "ffn"
+    stack: str | None = None
+    path: str | None = None  # the block's module path
+
+
+def _covers(model, dictionaries: Iterable[SparseDictionary]) -> list[_Cover]:
+    out = []
+    blocks = {}
+    for stack in ("enc", "dec"):
+        for _, sub in model.stream(stack).sublayers():
+            blocks[sub.block.hook_out.name] = (stack, sub)
+    for d in dictionaries:
+        site = site_of(d)
+        if site.hook_in == model.hook_memory.name and not site.transcoder:
+            out.append(_Cover(d, site, "memory"))
+            continue
+        if site.transcoder and site.hook_out in blocks and not blocks[site.hook_out][1].is_attention:
+            stack, sub = blocks[site.hook_out]
+            out.append(_Cover(d, site, "ffn", stack, path_of(sub.block)))
+            continue
+        if not site.transcoder and site.hook_in in blocks and blocks[site.hook_in][1].is_attention:
+            stack, sub = blocks[site.hook_in]
+            out.append(_Cover(d, site, "attention", stack, path_of(sub.block)))
+            continue
+        raise ValueError(f"a dictionary at {site.name!r} does not write one part of an attention score; QK attribution "
+                         "takes SAEs on hook_memory or on an attention block's hook_out, and FFN transcoders")
+    if len({c.site.name for c in out}) < len(out):
+        raise ValueError(f"two dictionaries at one site: {[c.site.name for c in out]}")
+    return out
+
+
+def _feature_parts(cover: _Cover, trace, position: int) -> tuple[list[str], list[dict], torch.Tensor]:
+    """The dictionary's raw writes at `position`: each active feature a_f W_dec[f], b_dec, the skip term, the error;
+    they sum to the site's real value there exactly (float64)."""
+    d, site = cover.dictionary, cover.site
+    x = trace[site.hook_in][0, position]
+    y = (trace[site.hook_out] if site.transcoder else trace[site.hook_in])[0, position].double()
+    with torch.no_grad():
+        acts = d.encode(x.to(d.W_enc.device, d.W_enc.dtype)).double().cpu()
+        skip = d.skip(x.to(d.W_enc.device, d.W_enc.dtype))
+    active = acts.nonzero().flatten()
+    w_dec = d.W_dec.detach().double().cpu()
+    feats = acts[active, None] * w_dec[active]  # (F, D)
+    layer = _layer(site.name)
+    base = {"stack": "enc" if site.side == "src" else "dec", "layer": layer, "head_index": None, "site": site.name,
+            "from": position}
+    labels = [f"{site.name} f{int(f)}" for f in active.tolist()]
+    info = [{**base, "kind": "feature", "feature": int(f), "activation": float(acts[f])} for f in active.tolist()]
+    parts = [feats, d.b_dec.detach().double().cpu()[None]]
+    labels.append(f"{site.name} b_dec")
+    info.append({**base, "kind": "dict_bias"})
+    if isinstance(skip, torch.Tensor):
+        parts.append(skip.detach().double().cpu()[None])
+        labels.append(f"{site.name} skip")
+        info.append({**base, "kind": "dict_skip"})
+    recon = torch.cat(parts).sum(0)
+    parts.append((y.cpu() - recon)[None])
+    labels.append(f"{site.name} error")
+    info.append({**base, "kind": "dict_error"})
+    return labels, info, torch.cat(parts)
+
+
+def _layer(name: str) -> int | None:
+    p = name.split(".")
+    return int(p[1]) if len(p) > 1 and p[1].isdigit() else None
+
+
+# ------------------------------------------------------------------------------------------------- the parts
+
+
+def _norms_after(events: list[tuple], path: str, position: int) -> list[tuple[Any, torch.Tensor]]:
+    """The frozen norms (module, scale at `position`) that a write of block `path` passes through, in order."""
+    start = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path)
+    return [(ev[2], ev[3][0, position]) for ev in events[start + 1:] if ev[0] == "norm"]
+
+
+def _through(x: torch.Tensor, chain: list[tuple[Any, torch.Tensor]]) -> torch.Tensor:
+    for norm, scale in chain:
+        x = frozen_norm(x, norm, scale.cpu())
+    return x
+
+
+def _block(model, info: dict[str, Any]):
+    kind = info["kind"]
+    name = "ffn" if kind == "ffn" else _BLOCK_OF_KIND.get(kind.removesuffix("_bias"))
+    return model.stream(info["stack"]).layers[info["layer"]].sublayer(name).block
+
+
+def _expand(model, trace, labels, info, parts, *, position: int, events: list[tuple], covers: list[_Cover],
+            by_position: bool) -> tuple[list[str], list[dict], torch.Tensor]:
+    """The parts of one side at one position (parts (N, D), every norm applied), with heads split by the key they
+    read and the blocks a dictionary covers replaced by its features; the result sums to the same vector."""
+    by_path = {c.path: c for c in covers if c.what != "memory"}
+    out_l: list[str] = []
+    out_i: list[dict] = []
+    out_p: list[torch.Tensor] = []
+    done: set[str] = set()
+    for label, inf, part in zip(labels, info, parts):
+        kind = inf["kind"]
+        if kind in ("embed", "ffn"):
+            inf = {**inf, "from": position}
+        block = _block(model, inf) if kind in ("ffn", *_BLOCK_OF_KIND, *(k + "_bias" for k in _BLOCK_OF_KIND)) \
+            else None
+        path = None if block is None else path_of(block)
+        if path in by_path:  # the dictionary's features stand for this block's whole write
+            if path not in done:
+                done.add(path)
+                f_l, f_i, f_p = _feature_parts(by_path[path], trace, position)
+                out_l += f_l
+                out_i += f_i
+                out_p.append(_through(f_p, _norms_after(events, path, position)))
+            continue
+        if by_position and kind in _BLOCK_OF_KIND and isinstance(inf["head_index"], int):
+            h = inf["head_index"]
+            probs = trace[block.hook_probs.name][0, h, position].double().cpu()  # (K,)
+            v = trace[block.hook_v.name][0, h].double().cpu()  # (K, Dh)
+            raw = probs[:, None] * (v @ block.head_weights().detach().double().cpu()[h])  # (K, D)
+            keep = probs.nonzero().flatten()  # masked keys (causal, padding) carry exactly nothing
+            side = "dec" if kind == "dec_self" else "enc"
+            out_p.append(_through(raw[keep], _norms_after(events, path, position)))
+            for p in keep.tolist():
+                out_l.append(f"{label} <- {p}")
+                out_i.append({**inf, "from": p, "from_side": side, "weight": float(probs[p])})
+            continue
+        out_l.append(label)
+        out_i.append(inf)
+        out_p.append(part[None])
+    return out_l, out_i, torch.cat(out_p)
+
+
+# ---------------------------------------------------------------------------------------------- the analysis
+
+
+def qk_hooks(model, layer: int, dictionaries: Sequence[SparseDictionary] = (), by_position: bool = True) -> list[str]:
+    """The hook points one forward must capture for `qk_attributions` at decoder `layer`."""
+    names = split_hooks(model, layer)
+    block = model.dec[layer].cross_attn
+    names.append(block.hook_probs.name)
+    if by_position:
+        for stack, layers in (("enc", len(model.enc)), ("dec", layer + 1)):
+            for _, sub in model.stream(stack).sublayers(layers):
+                if sub.is_attention and sub.block is not block:
+                    names += [sub.block.hook_probs.name, sub.block.hook_v.name]
+    for d in dictionaries:
+        names += site_of(d).hooks
+    return list(dict.fromkeys(names))
+
+
+def _check_edge(model, src, tgt, layer, head, t, s) -> tuple[int, int]:
+    if not 0 <= layer < len(model.dec):
+        raise ValueError(f"layer {layer} out of range: the decoder has {len(model.dec)} layers")
+    heads = model.dec[layer].cross_attn.n_heads
+    if not 0 <= head < heads:
+        raise ValueError(f"head {head} out of range: decoder layer {layer}'s cross-attention has {heads} heads")
+    if not -tgt.size(1) <= t < tgt.size(1):
+        raise ValueError(f"t={t} out of range for a decoder input of {tgt.size(1)} positions")
+    if not -src.size(1) <= s < src.size(1):
+        raise ValueError(f"s={s} out of range for a source of {src.size(1)} pieces")
+    t, s = t % tgt.size(1), s % src.size(1)
+    if int(src[0, s]) == model.cfg.pad_id:
+        raise ValueError(f"source position {s} is padding: its score is the mask value, not a dot product")
+    return t, s
+
+
+@torch.no_grad()
+def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]], *,
+                    dictionaries: Sequence[SparseDictionary] | None = None, by_position: bool = True,
+                    trace=None) -> list[QKAttribution]:
+    """`qk_attribution` of many edges (layer, head, t, s) of one sentence, from one forward pass (or `trace`, holding
+    `qk_hooks(model, layer, ...)` for every layer asked)."""
+    src, tgt = _one(src, "src").to(model.device), _one(tgt, "tgt").to(model.device)
+    edges = [tuple(int(x) for x in e) for e in edges]
+    covers = _covers(model, dictionaries or ())
+    if trace is None:
+        names = []
+        for layer in sorted({e[0] for e in edges}):
+            if not 0 <= layer < len(model.dec):
+                raise ValueError(f"layer {layer} out of range: the decoder has {len(model.dec)} layers")
+            names += qk_hooks(model, layer, [c.dictionary for c in covers], by_position)
+        was = model.training
+        model.eval()  # dropout would make the parts sum to nothing reproducible
+        try:
+            _, trace = model.run_with_cache(src, tgt, names=list(dict.fromkeys(names)))
+        finally:
+            model.train(was)
+    memory = next((c for c in covers if c.what == "memory"), None)
+    enc_events = _events(model, "enc", len(model.enc), trace)
+    cache: dict[int, tuple] = {}
+    out = []
+    for layer, head, t, s in edges:
+        t, s = _check_edge(model, src, tgt, layer, head, t, s)
+        if layer not in cache:
+            cache[layer] = (*cross_inputs(model, trace, layer), _query_events(model, trace, layer))
+        (q_labels, q_info, q_parts), (k_labels, k_info, k_parts), q_events = cache[layer]
+        attn = model.dec[layer].cross_attn
+        # the query side: the decoder stream the block reads at t
+        reach = [c for c in covers if c.what != "memory" and any(ev[0] == "write" and ev[1] == c.path
+                                                                   for ev in (q_events if c.stack == "dec"
+                                                                              else enc_events))]
+        ql, qi, qp = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].cpu(), position=t, events=q_events,
+                             covers=[c for c in reach if c.stack == "dec"], by_position=by_position)
+        if memory is not None:  # an SAE on the memory: its features are the key side
+            kl, ki, kp = _feature_parts(memory, trace, s)
+        else:
+            kl, ki, kp = _expand(model, trace, k_labels, k_info, k_parts[:, 0, s].cpu(), position=s,
+                                 events=enc_events, covers=[c for c in reach if c.stack == "enc"],
+                                 by_position=by_position)
+        h, dh = attn.n_heads, attn.d_head
+        w_q = attn.q_proj.weight.detach().double().cpu().view(h, dh, -1)[head]  # (Dh, D)
+        w_k = attn.k_proj.weight.detach().double().cpu().view(h, dh, -1)[head]
+        zero = torch.zeros(dh, dtype=torch.float64)
+        b_q = zero if attn.q_proj.bias is None else attn.q_proj.bias.detach().double().cpu().view(h, dh)[head]
+        b_k = zero if attn.k_proj.bias is None else attn.k_proj.bias.detach().double().cpu().view(h, dh)[head]
+        q = torch.cat([qp @ w_q.T, b_q[None]])  # (A + 1, Dh)
+        k = torch.cat([kp @ w_k.T, b_k[None]])  # (K + 1, Dh)
+        terms = q @ k.T / math.sqrt(dh)
+        bias_info = {"stack": None, "kind": "qk_bias", "layer": layer, "head_index": head, "from": None}
+        unused = [c.site.name for c in covers if c not in reach and c is not memory]
+        out.append(QKAttribution(
+            layer, head, t, s, [*ql, QUERY_BIAS], [*qi, {**bias_info, "stack": "dec"}], [*kl, KEY_BIAS],
+            [*ki, {**bias_info, "stack": "enc"}], terms,
+            float(trace[attn.hook_scores.name][0, head, t, s]), float(trace[attn.hook_probs.name][0, head, t, s]),
+            {"by_position": by_position, "dictionaries": [c.site.name for c in covers if c.site.name not in unused],
+             "unused": unused}))
+    return out
+
+
+def _query_events(model, trace, layer: int) -> list[tuple]:
+    """The decoder stream's events up to cross-attention block `layer`, plus (pre-norm) the block's input norm."""
+    sub = model.dec[layer].sublayer("cross_attn")
+    events = _events(model, "dec", layer + 1, trace)
+    stop = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path_of(sub.block))
+    events = events[:stop]
+    if model.cfg.norm_first:
+        events.append(("norm", path_of(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
+    return events
+
+
+def qk_attribution(model, src, tgt, *, layer: int, head: int, t: int, s: int,
+                   dictionaries: Sequence[SparseDictionary] | None = None, by_position: bool = True,
+                   trace=None) -> QKAttribution:
+    """The pre-softmax score of cross-attention head `head` of decoder `layer` at decoder position `t` (query) and
+    source position `s` (key), as query part × key part terms (module doc). `src`: one source (S,) or (1, S);
+    `tgt`: its decoder input (start token first) (T,) or (1, T)."""
+    return qk_attributions(model, src, tgt, [(layer, head, t, s)], dictionaries=dictionaries,
+                           by_position=by_position, trace=trace)[0]
+
