@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from ..core.heads import hook_name
+from ..core.model import evaluating
 from .attribution import spearman, token_attribution
-from .gradients import evaluating
 
 METHODS = ("attention", "saliency", "input_x_gradient", "integrated_gradients", "occlusion", "memory_patching")
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from ..core.heads import Head, kind_of
 from ..core.hooks import path_of
-from .gradients import evaluating
+from ..core.model import evaluating
 
 METHODS = ("eap", "eap-ig")
 

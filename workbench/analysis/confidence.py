@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from ..core.batching import teacher_forced
+from ..core.model import evaluating
 from ..corpus.data import MIXTURES, dataset_files, read_parallel
-from .gradients import evaluating
 
 
 def smoothed_gold_mass(vocab: int, smoothing: float) -> float:

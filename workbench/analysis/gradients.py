@@ -11,27 +11,13 @@ correct), and the model's own parameters need not require grad.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
 from ..core.hooks import HookPoint, NameFilter
+from ..core.model import evaluating
 from ..core.trace import Trace
-
-
-@contextmanager
-def evaluating(model) -> Iterator[None]:
-    """Eval mode for the block, the model's mode restored after; no toggle when it is in eval mode already
-    (eval()/train() visit every module: slower than a small model's backward pass)."""
-    was = model.training
-    if was:
-        model.eval()
-    try:
-        yield
-    finally:
-        if was:
-            model.train()
 
 
 def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable[[torch.Tensor], torch.Tensor],

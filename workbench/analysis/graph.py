@@ -47,7 +47,7 @@ import torch
 from ..core.batching import decoder_input
 from ..core.hooks import path_of
 from ..core.layers import Sublayer
-from .gradients import evaluating
+from ..core.model import evaluating
 
 NODE_KINDS = ("embed", "bias", "error", "head", "ffn", "logit")
 

@@ -34,9 +34,10 @@ from ..core.config import DecodeConfig
 from ..core.heads import Head, block_path, kind_of, stack_of
 from ..core.hooks import path_of
 from ..core.masks import real_positions
+from ..core.model import evaluating
 from ..decoding.search import decode_config, generate
 from .generation_trace import decoding_setup, source_side
-from .gradients import evaluating, run_with_grads
+from .gradients import run_with_grads
 
 FAMILIES = ("resid_enc", "resid_dec", "head_enc", "head_dec_self", "head_cross", "head", "pattern", "cross_kv")
 DIRECTIONS = ("noising", "denoising")

@@ -61,6 +61,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.hook_q_input = HookPoint()  # (B, Lq, H, D): what each head's query reads; only when listened to
+        self.hook_k_input = HookPoint()  # (B, Lk, H, D): what each head's key reads
+        self.hook_v_input = HookPoint()  # (B, Lk, H, D): what each head's value reads
         self.hook_q = HookPoint()  # (B, H, Lq, Dh)
         self.hook_k = HookPoint()  # (B, H, Lk, Dh)
         self.hook_v = HookPoint()  # (B, H, Lk, Dh)
@@ -75,9 +78,25 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = x.shape
         return x.view(b, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, Dh)
 
+    def _split_inputs(self) -> bool:
+        return self.hook_q_input.is_active() or self.hook_k_input.is_active() or self.hook_v_input.is_active()
+
+    def _per_head(self, lin: nn.Linear, point: HookPoint, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, Dh) projection of per-head inputs: `x` (B, L, D) copied once per head through `point`, so an
+        edge into one head's query, key or value is read or edited there (TransformerLens's split qkv input)."""
+        b, length, d = x.shape
+        xh = point(x.unsqueeze(2).expand(b, length, self.n_heads, d))  # (B, L, H, D)
+        out = torch.einsum("blhd,hed->bhle", xh, lin.weight.view(self.n_heads, self.d_head, d))
+        return out if lin.bias is None else out + lin.bias.view(1, self.n_heads, 1, self.d_head)
+
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention: one GEMM over the concatenated weights instead of three (each projection called as
-        a module when a plain PyTorch hook watches one of them, so that hook sees and may edit its output)."""
+        a module when a plain PyTorch hook watches one of them, so that hook sees and may edit its output; per
+        head when a hook listens to the per-head inputs)."""
+        if self._split_inputs():
+            return (self._per_head(self.q_proj, self.hook_q_input, x),
+                    self._per_head(self.k_proj, self.hook_k_input, x),
+                    self._per_head(self.v_proj, self.hook_v_input, x))
         if observed(self.q_proj) or observed(self.k_proj) or observed(self.v_proj):
             return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
@@ -85,8 +104,17 @@ class MultiHeadAttention(nn.Module):
         q, k, v = F.linear(x, w, b).chunk(3, dim=-1)
         return self._heads(q), self._heads(k), self._heads(v)
 
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        """Cross-attention queries from the decoder stream, hooked."""
+        if self._split_inputs():
+            return self.hook_q(self._per_head(self.q_proj, self.hook_q_input, x))
+        return self.hook_q(self._heads(self.q_proj(x)))
+
     def project_kv(self, x: torch.Tensor) -> KVCache:
         """Keys and values from `x`, hooked: used for cross-attention memory (once per sentence)."""
+        if self._split_inputs():
+            return KVCache(self.hook_k(self._per_head(self.k_proj, self.hook_k_input, x)),
+                           self.hook_v(self._per_head(self.v_proj, self.hook_v_input, x)))
         if observed(self.k_proj) or observed(self.v_proj):
             return KVCache(self.hook_k(self._heads(self.k_proj(x))), self.hook_v(self._heads(self.v_proj(x))))
         w = torch.cat([self.k_proj.weight, self.v_proj.weight])
@@ -114,7 +142,7 @@ class MultiHeadAttention(nn.Module):
         Returns the block output and the (new) self-attention cache.
         """
         if static_kv is not None or memory is not None:
-            q = self.hook_q(self._heads(self.q_proj(x)))
+            q = self.project_q(x)
             kv = static_kv if static_kv is not None else self.project_kv(memory)  # type: ignore[arg-type]
             k, v, new_cache = kv.k, kv.v, None
         else:

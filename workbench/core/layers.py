@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,10 @@ class LayerNorm(nn.LayerNorm):
     `hook_in` (B, L, D) is what the norm reads: for post-norm layers the pre-norm sum x + sublayer(x).
     `hook_scale` (B, L, 1) is sqrt(var + eps), the divisor; listening to it (to read it, or to freeze it
     at another run's value) takes an explicit path, otherwise the fused kernel runs.
+
+    With its scale frozen the norm is affine: `linear(x, scale)` + bias. `linear` and its adjoint `linear_t`
+    are the one home of the frozen norm: the explicit path, the replacement model, graphs, circuits, ALTI+ and
+    the residual decompositions all use them.
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
@@ -59,11 +64,21 @@ class LayerNorm(nn.LayerNorm):
         if not self.hook_scale.is_active():
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         dtype = x.dtype
-        xf = x.float()  # as the fused kernel, accumulate in fp32 for half types
+        xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x  # as the fused kernel: fp32 for halves
         centered = xf - xf.mean(-1, keepdim=True)
-        scale = self.hook_scale(((centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()).to(dtype)).float()
-        out = centered / scale * self.weight.float() + self.bias.float()
+        scale = self.hook_scale(((centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()).to(dtype))
+        out = self.linear(xf, scale.to(xf.dtype)) + self.bias.to(xf.dtype)
         return out.to(dtype)
+
+    def linear(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The norm's linear part at a fixed `scale` (broadcast over the last axis): (x - mean x) / scale * weight,
+        in x's dtype. The norm's output is this plus `bias`."""
+        return (x - x.mean(-1, keepdim=True)) / scale * self.weight.to(x.dtype)
+
+    def linear_t(self, g: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The adjoint of `linear` applied to `g` (a gradient at the norm's output): centre(g * weight / scale)."""
+        y = g * self.weight.to(g.dtype) / scale
+        return y - y.mean(-1, keepdim=True)
 
 
 class FeedForward(nn.Module):
@@ -74,11 +89,12 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.activation = ACTIVATIONS[cfg.activation]
         self.act_dropout = Dropout(cfg.act_dropout)
+        self.hook_pre = HookPoint()  # (B, L, F): before the activation
         self.hook_hidden = HookPoint()  # (B, L, F): after the activation
         self.hook_out = HookPoint()  # (B, L, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.hook_hidden(self.activation(self.up_proj(x)))
+        hidden = self.hook_hidden(self.activation(self.hook_pre(self.up_proj(x))))
         return self.hook_out(self.down_proj(self.act_dropout(hidden)))
 
 
@@ -124,6 +140,23 @@ class _Layer(nn.Module):
                 return sub
         raise ValueError(f"{type(self).__name__} has no sub-layer {name!r}; it has {self.SUBLAYERS}")
 
+    def compose(self, x: torch.Tensor, block: Callable[[Sublayer, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The layer's residual lines, in order: the one place that says how its blocks compose.
+
+        `block(sub, h)` is what sub-layer `sub` writes given what it reads, `h`. Pre-norm (norm_first): the block
+        reads its norm's output and its write is added to the stream. Post-norm (the paper's, Marian's, FSMT's):
+        the block reads the stream, and the norm comes after the add (hook_norm_{sub} and hook_resid_{sub} then
+        hold the same tensor; the norm hook runs first, so an edit there reaches the resid hook and the rest).
+        The forward pass calls it with the real blocks; analyses call it with frozen or decomposed ones.
+        """
+        x = self.hook_resid_in(x)
+        for sub in self.sublayers():
+            if self.norm_first:
+                x = sub.hook_resid(x + self.dropout(block(sub, sub.hook_norm(sub.norm(x)))))
+            else:
+                x = sub.hook_resid(sub.hook_norm(sub.norm(x + self.dropout(block(sub, x)))))
+        return x
+
 
 def _attention(cfg: ModelConfig, stack: str) -> MultiHeadAttention:
     return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.heads(stack), bias=cfg.bias, dropout=cfg.attn_dropout)
@@ -156,18 +189,10 @@ class EncoderLayer(_Layer):
         self.hook_resid_ffn = HookPoint()  # (B, S, D): the layer's output
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.hook_resid_in(x)
-        if self.norm_first:
-            h = self.hook_norm_self_attn(self.self_attn_norm(x))
-            x = self.hook_resid_self_attn(x + self.dropout(self.self_attn(h, mask=mask)[0]))
-            h = self.hook_norm_ffn(self.ffn_norm(x))
-            x = self.hook_resid_ffn(x + self.dropout(self.ffn(h)))
-        else:
-            x = x + self.dropout(self.self_attn(x, mask=mask)[0])
-            x = self.hook_resid_self_attn(self.hook_norm_self_attn(self.self_attn_norm(x)))
-            x = x + self.dropout(self.ffn(x))
-            x = self.hook_resid_ffn(self.hook_norm_ffn(self.ffn_norm(x)))
-        return x
+        def block(sub: Sublayer, h: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(h, mask=mask)[0] if sub.name == "self_attn" else self.ffn(h)
+
+        return self.compose(x, block)
 
 
 class DecoderLayer(_Layer):
@@ -203,22 +228,17 @@ class DecoderLayer(_Layer):
         cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
         """`cross_kv`: the memory's keys/values for this layer; `cache`: earlier self-attention K/V."""
-        x = self.hook_resid_in(x)
-        if self.norm_first:
-            h = self.hook_norm_self_attn(self.self_attn_norm(x))
-            a, cache = self.self_attn(h, causal=True, cache=cache)
-            x = self.hook_resid_self_attn(x + self.dropout(a))
-            h = self.hook_norm_cross_attn(self.cross_attn_norm(x))
-            x = self.hook_resid_cross_attn(x + self.dropout(self.cross_attn(h, static_kv=cross_kv, mask=src_mask)[0]))
-            h = self.hook_norm_ffn(self.ffn_norm(x))
-            x = self.hook_resid_ffn(x + self.dropout(self.ffn(h)))
-        else:
-            a, cache = self.self_attn(x, causal=True, cache=cache)
-            x = x + self.dropout(a)
-            x = self.hook_resid_self_attn(self.hook_norm_self_attn(self.self_attn_norm(x)))
-            x = x + self.dropout(self.cross_attn(x, static_kv=cross_kv, mask=src_mask)[0])
-            x = self.hook_resid_cross_attn(self.hook_norm_cross_attn(self.cross_attn_norm(x)))
-            x = x + self.dropout(self.ffn(x))
-            x = self.hook_resid_ffn(self.hook_norm_ffn(self.ffn_norm(x)))
-        assert cache is not None
-        return x, cache
+        new_cache = cache
+
+        def block(sub: Sublayer, h: torch.Tensor) -> torch.Tensor:
+            nonlocal new_cache
+            if sub.name == "self_attn":
+                out, new_cache = self.self_attn(h, causal=True, cache=cache)
+                return out
+            if sub.name == "cross_attn":
+                return self.cross_attn(h, static_kv=cross_kv, mask=src_mask)[0]
+            return self.ffn(h)
+
+        x = self.compose(x, block)
+        assert new_cache is not None
+        return x, new_cache

@@ -160,6 +160,10 @@ class Transformer(nn.Module):
     def hook_points(self) -> dict[str, HookPoint]:
         return dict(self._hook_points)
 
+    def refresh_hook_points(self) -> None:
+        """Re-read the hook points from the module tree, after a splice (`core.splice`) added or removed some."""
+        self._hook_points = name_hook_points(self)
+
     def hook_names(self, spec: NameFilter = None) -> list[str]:
         """Hook-point names in module order; `spec` filters by name, glob, list or predicate."""
         return select_names(self._hook_points, spec)
@@ -318,6 +322,21 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode for the block, the model's mode restored after; no toggle when it is in eval mode already
+    (eval()/train() visit every module: slower than a small model's backward pass). The one eval-mode context:
+    analyses, the replacement model and the app use it."""
+    was = model.training
+    if was:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was:
+            model.train()
 
 
 def _check_ids(ids: torch.Tensor, vocab: int, side: str) -> None:

@@ -1,0 +1,161 @@
+"""The replacement model: the model's own modules, run with chosen parts frozen at a clean run's values.
+
+    rm = ReplacementModel(model, src, tgt, freeze=FREEZABLE, dtype=torch.float64)
+    logits = rm()                                   # the frozen model on the clean input: equals model(src, tgt)
+    with rm.frozen():                               # the freezing hooks, for anything run inside the block
+        out = rm.model(other_src, tgt)              # (same lengths) attention, norms and gates held at the clean run
+    rm.clean[name]                                  # what the clean run wrote at hook point `name` (batch axis kept)
+
+Freezing is done with the model's hook points, never by re-deriving the forward pass: `hook_probs` returns the clean
+attention pattern (so nothing flows into queries and keys), each norm's `hook_scale` returns the clean divisor (the
+norm is then affine: `LayerNorm.linear` + bias), and each FFN's `hook_hidden` returns its pre-activation times the
+clean gate activation(pre) / pre (the ReLU mask for ReLU models). What is left is linear in the residual streams,
+which is what attribution graphs (circuit-tracer's local replacement model, Ameisen et al. 2025), EAP circuits with
+frozen norms and ALTI+ decompose. With `freeze=()` it is the model itself (in `dtype`).
+
+fp64: `dtype=torch.float64` runs a float64 copy of the model (the caller's model is never converted), so
+completeness checks hold to ~1e-12 instead of fp32's ~1e-6.
+
+Per-head query, key and value inputs (`hook_q_input` / `hook_k_input` / `hook_v_input`, (B, L, H, D)) and each
+sub-layer's write (`Sublayer.block.hook_out`) are ordinary hook points: an edge from any upstream node into a
+head's query, key or value is read and edited there, inside `rm.frozen()` or not. How the blocks of a layer compose
+(pre- or post-norm) is said once, by `_Layer.compose`, which the forward pass runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from .hooks import HookPoint
+from .layers import Sublayer
+from .model import evaluating
+
+FREEZABLE = ("attention", "norms", "gates")
+"""What can be frozen: attention patterns (`hook_probs`), layer-norm scales (`hook_scale`), FFN gates."""
+
+
+def _norms(model) -> list[Any]:
+    """Every layer norm of the model, in module order (embedding norms, sub-layer norms, final norms)."""
+    from .layers import LayerNorm
+
+    return [m for m in model.modules() if isinstance(m, LayerNorm)]
+
+
+def capture_names(model, freeze: Iterable[str] = FREEZABLE) -> list[str]:
+    """The hook points a clean run records for `freeze`: attention probabilities, norm scales, FFN pre-activations
+    and activations."""
+    names: list[str] = []
+    for stack in ("enc", "dec"):
+        for _, sub in model.stream(stack).sublayers():
+            if sub.is_attention and "attention" in freeze:
+                names.append(sub.block.hook_probs.name)
+            if not sub.is_attention and "gates" in freeze:
+                names += [sub.block.hook_pre.name, sub.block.hook_hidden.name]
+    if "norms" in freeze:
+        names += [norm.hook_scale.name for norm in _norms(model)]
+    return names
+
+
+def gate_of(pre: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """activation(pre) / pre, 0 where pre is 0: the factor a frozen FFN multiplies its pre-activation by."""
+    nonzero = pre != 0
+    return torch.where(nonzero, hidden / torch.where(nonzero, pre, torch.ones_like(pre)), torch.zeros_like(pre))
+
+
+class ReplacementModel:
+    """`model` with `freeze` ⊆ FREEZABLE held at the run on (`src`, `tgt`), in `dtype` (see the module docstring).
+
+    `names` adds hook points to record in the clean run (`clean[name]`); `rm.model` is the module that runs (the
+    caller's model, or its float64 copy)."""
+
+    def __init__(self, model, src: torch.Tensor, tgt: torch.Tensor, *, freeze: Iterable[str] = FREEZABLE,
+                 dtype: torch.dtype = torch.float32, names: Iterable[str] = ()) -> None:
+        freeze = tuple(freeze)
+        unknown = sorted(set(freeze) - set(FREEZABLE))
+        if unknown:
+            raise ValueError(f"cannot freeze {', '.join(unknown)}: choose from {', '.join(FREEZABLE)}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self.freeze = freeze
+        self.dtype = dtype
+        self.model = model if model.output_proj.weight.dtype == dtype else _copy_as(model, dtype)
+        self.src, self.tgt = src.to(self.model.device), tgt.to(self.model.device)
+        wanted = list(dict.fromkeys([*capture_names(self.model, freeze), *names]))
+        with evaluating(self.model), torch.no_grad():
+            self.logits, trace = self.model.run_with_cache(self.src, self.tgt, names=wanted)
+        self.clean: dict[str, torch.Tensor] = {name: trace[name] for name in wanted}
+        self._gates: dict[str, torch.Tensor] = {}
+        if "gates" in freeze:
+            for _, sub in self.sublayers():
+                if not sub.is_attention:
+                    ffn = sub.block
+                    self._gates[ffn.hook_hidden.name] = gate_of(self.clean[ffn.hook_pre.name],
+                                                                self.clean[ffn.hook_hidden.name])
+
+    # -- what the clean run fixed -----------------------------------------------------------------------------
+    def sublayers(self, stack: str | None = None) -> list[tuple[int, Sublayer]]:
+        """(layer, sub-layer) of one stack, or of the encoder then the decoder, in the order they write."""
+        stacks = ("enc", "dec") if stack is None else (stack,)
+        return [item for s in stacks for item in self.model.stream(s).sublayers()]
+
+    def scale(self, norm) -> torch.Tensor:
+        """The clean divisor of `norm`, (B, L, 1)."""
+        return self.clean[norm.hook_scale.name]
+
+    def probs(self, block) -> torch.Tensor:
+        """The clean attention pattern of `block`, (B, H, Lq, Lk)."""
+        return self.clean[block.hook_probs.name]
+
+    def gate(self, ffn) -> torch.Tensor:
+        """The clean gate of `ffn`, (B, L, F): its activation over its pre-activation."""
+        return self._gates[ffn.hook_hidden.name]
+
+    # -- running it ---------------------------------------------------------------------------------------------
+    def hooks(self) -> list[tuple[str, Any]]:
+        """(hook name, function) pairs that hold the frozen parts; a batch of any size reuses the clean values."""
+        spec: list[tuple[str, Any]] = []
+
+        def hold(value: torch.Tensor):
+            def fn(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+                return value.expand_as(x) if value.shape != x.shape else value
+            return fn
+
+        for name, value in self.clean.items():
+            if name.endswith((".hook_probs", ".hook_scale")):
+                spec.append((name, hold(value)))
+        for name, gate in self._gates.items():
+            pre_name = name[: -len("hook_hidden")] + "hook_pre"
+            seen: list[torch.Tensor] = []
+
+            def keep(x: torch.Tensor, hook: HookPoint, seen=seen) -> None:
+                seen.append(x)
+
+            def gated(x: torch.Tensor, hook: HookPoint, seen=seen, gate=gate) -> torch.Tensor:
+                return seen.pop() * (gate.expand_as(x) if gate.shape != x.shape else gate)
+
+            spec += [(pre_name, keep), (name, gated)]
+        return spec
+
+    @contextlib.contextmanager
+    def frozen(self, extra: Iterable[tuple[str, Any]] = ()) -> Iterator[None]:
+        """Run the block with the frozen parts held (plus `extra` (name, function) hooks, after them)."""
+        with evaluating(self.model), self.model.hooks([*self.hooks(), *extra]):
+            yield
+
+    def __call__(self, src: torch.Tensor | None = None, tgt: torch.Tensor | None = None,
+                 extra: Iterable[tuple[str, Any]] = ()) -> torch.Tensor:
+        """Logits of the frozen model on (`src`, `tgt`) (default: the clean input), with `extra` hooks."""
+        src = self.src if src is None else src.to(self.model.device)
+        tgt = self.tgt if tgt is None else tgt.to(self.model.device)
+        with self.frozen(extra):
+            return self.model(src, tgt)
+
+
+def _copy_as(model, dtype: torch.dtype):
+    twin = copy.deepcopy(model)
+    return twin.to(dtype)
