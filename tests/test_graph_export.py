@@ -1,0 +1,311 @@
+"""Attribution graphs as circuit-tracer's graph files: the export validates against the schema generated from
+circuit-tracer's pydantic models, reads back to the adjacency's entries on the kept edges, is pruned exactly as
+circuit-tracer's own `prune_graph` (a copy below, run on the same matrix in its node order) prunes, places every
+node where the viewer can draw it, and plugs in feature nodes; on a tiny model and on the shipped de->en model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import jsonschema
+import pytest
+import torch
+from model_helpers import ROOT, graph_model, one_sentence
+
+from workbench.analysis.graph import AttributionGraph, attribution_graph
+from workbench.analysis.graph_export import (
+    SCHEMA,
+    circuit_tracer_graph,
+    graph_rows,
+    prune_graph,
+    token_probability,
+    validate_circuit_tracer,
+    write_circuit_tracer,
+)
+from workbench.core.batching import decoder_input
+
+# --------------------------------------------------------------------------- circuit-tracer's pruning, verbatim
+# From circuit_tracer/graph.py (github.com/safety-research/circuit-tracer, d797c824, MIT licence): its node order
+# is features, errors, tokens, logits; `graph` needs adjacency_matrix, input_tokens, logit_tokens,
+# selected_features and logit_probabilities.
+
+
+def _normalize_matrix(matrix):
+    normalized = matrix.abs()
+    return normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-10)
+
+
+def _compute_influence(A, logit_weights, max_iter=1000):
+    current_influence = logit_weights @ A
+    influence = current_influence
+    iterations = 0
+    while current_influence.any():
+        if iterations >= max_iter:
+            raise RuntimeError("no convergence")
+        current_influence = current_influence @ A
+        influence += current_influence
+        iterations += 1
+    return influence
+
+
+def _compute_edge_influence(pruned_matrix, logit_weights):
+    normalized_pruned = _normalize_matrix(pruned_matrix)
+    pruned_influence = _compute_influence(normalized_pruned, logit_weights)
+    pruned_influence += logit_weights
+    return normalized_pruned * pruned_influence[:, None]
+
+
+def _find_threshold(scores, threshold):
+    sorted_scores = torch.sort(scores, descending=True).values
+    cumulative_score = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    threshold_index = torch.searchsorted(cumulative_score, threshold)
+    threshold_index = min(threshold_index, len(cumulative_score) - 1)
+    return sorted_scores[threshold_index]
+
+
+def circuit_tracer_prune_graph(graph, node_threshold=0.8, edge_threshold=0.98):
+    n_tokens = len(graph.input_tokens)
+    n_logits = len(graph.logit_tokens)
+    n_features = len(graph.selected_features)
+    logit_weights = torch.zeros(graph.adjacency_matrix.shape[0], dtype=graph.adjacency_matrix.dtype)
+    logit_weights[-n_logits:] = graph.logit_probabilities
+    node_influence = _compute_influence(_normalize_matrix(graph.adjacency_matrix), logit_weights)
+    node_mask = node_influence >= _find_threshold(node_influence, node_threshold)
+    node_mask[-n_logits - n_tokens:] = True
+    pruned_matrix = graph.adjacency_matrix.clone()
+    pruned_matrix[~node_mask] = 0
+    pruned_matrix[:, ~node_mask] = 0
+    edge_scores = _compute_edge_influence(pruned_matrix, logit_weights)
+    edge_mask = edge_scores >= _find_threshold(edge_scores.flatten(), edge_threshold)
+    old_node_mask = node_mask.clone()
+    node_mask[: -n_logits - n_tokens] &= edge_mask[:, : -n_logits - n_tokens].any(0)
+    node_mask[:n_features] &= edge_mask[:n_features].any(1)
+    while not torch.all(node_mask == old_node_mask):
+        old_node_mask[:] = node_mask
+        edge_mask[~node_mask] = False
+        edge_mask[:, ~node_mask] = False
+        node_mask[: -n_logits - n_tokens] &= edge_mask[:, : -n_logits - n_tokens].any(0)
+        node_mask[:n_features] &= edge_mask[:n_features].any(1)
+    sorted_scores, sorted_indices = torch.sort(node_influence, descending=True)
+    cumulative_scores = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    final_scores = torch.zeros_like(node_influence)
+    final_scores[sorted_indices] = cumulative_scores
+    return node_mask, edge_mask, final_scores
+
+
+class _CTGraph(NamedTuple):
+    adjacency_matrix: torch.Tensor
+    input_tokens: list
+    logit_tokens: list
+    selected_features: list
+    logit_probabilities: torch.Tensor
+
+
+def in_circuit_tracer_order(g: AttributionGraph) -> tuple[_CTGraph, torch.Tensor]:
+    """Our graph permuted into circuit-tracer's node order (heads and FFNs as its features; the bias with the
+    errors: nodes without inputs) and the permutation (new index -> ours)."""
+    kinds = [n["kind"] for n in g.nodes]
+    groups = [[i for i, k in enumerate(kinds) if k in ks] for ks in (("head", "ffn"), ("error", "bias"), ("embed",),
+                                                                      ("logit",))]
+    perm = torch.tensor([i for grp in groups for i in grp])
+    adj = g.adjacency[perm][:, perm]
+    return _CTGraph(adj, groups[2], groups[3], groups[0], torch.tensor([0.37], dtype=adj.dtype)), perm
+
+
+# --------------------------------------------------------------------------------------------------- the tests
+
+
+def round_trip(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_tiny_graph_exports_validates_and_reads_back(norm_first):
+    m = graph_model(norm_first)
+    src, tgt = one_sentence(m.cfg)
+    g = attribution_graph(m, src, tgt, position=4, src_tokens=[f"s{i}" for i in range(8)],
+                          tgt_tokens=["<s>", "a", "b", "c", "d"])
+    p = token_probability(m, src, tgt, g)
+    with torch.no_grad():
+        assert p == pytest.approx(float(m(src, tgt[:, :5])[0, 4].softmax(-1)[g.token]), rel=1e-5)
+    data = round_trip(circuit_tracer_graph(g, slug="tiny", token_prob=p, token_str="tok"))
+    validate_circuit_tracer(data)
+    assert data["metadata"]["prompt_tokens"] == [f"s{i}" for i in range(8)] + ["<s>", "a", "b", "c", "d"]
+    assert data["qParams"]["linkType"] == "both" and data["metadata"]["node_threshold"] == 0.8
+
+    # the file names nodes of the graph: map them back through the layout and compare every link with A
+    kept = prune_graph(g)
+    rows = graph_rows(g)
+    exported = {n["node_id"]: n for n in data["nodes"]}
+    S = 8
+    back = {}
+    for i, node in enumerate(g.nodes):
+        if not kept.node_mask[i]:
+            continue
+        k = node["kind"]
+        ctx = 0 if node["position"] is None else node["position"] + (S if node["stack"] == "dec" else 0)
+        layer = {"embed": "E", "bias": "E", "logit": str(len(rows))}.get(k)
+        if k == "head":
+            layer = str(rows[node["stack"], node["layer"], node["block"]])
+        elif k == "ffn":
+            layer = str(rows[node["stack"], node["layer"], "ffn"])
+        elif k == "error":
+            layer = str(rows[node["stack"], node["layer"], "ffn"])
+        feature = {"embed": ctx, "bias": -1, "error": -1, "ffn": 0, "logit": g.token}.get(k, node["head"])
+        back[f"{layer}_{feature}_{ctx}"] = i
+    assert set(exported) <= set(back)
+    links = {(back[x["source"]], back[x["target"]]): x["weight"] for x in data["links"]}
+    assert len(links) == len(data["links"]) > 0
+    known = set(back.values())
+    want = {(s, t) for t, s in kept.edge_mask.nonzero().tolist() if s in known and t in known}
+    assert set(links) == want
+    for (s, t), w in links.items():
+        assert w == float(g.adjacency[t, s]) and w != 0
+    # every exported node but embeddings and the logit has a link; every kept one is exported when it does
+    linked = {x for pair in links for x in pair}
+    for node_id, n in exported.items():
+        assert back[node_id] in linked or n["feature_type"] in ("embedding", "logit")
+    # the logit node as the viewer parses it (util-cg.js: the token between quotes, the probability after "(p=")
+    logit = [n for n in data["nodes"] if n["feature_type"] == "logit"]
+    assert len(logit) == 1 and logit[0]["is_target_logit"] and logit[0]["token_prob"] == p
+    assert logit[0]["clerp"].split('"')[1] == "tok"
+    assert float(logit[0]["clerp"].split("(p=")[1].split(")")[0]) == pytest.approx(p, abs=5e-4)
+    assert logit[0]["ctx_idx"] == S + 4 and int(logit[0]["layer"]) == 1 + max(
+        int(n["layer"]) for n in data["nodes"] if n["layer"] != "E" and n["feature_type"] != "logit")
+
+
+@pytest.mark.parametrize("thresholds", [(0.8, 0.98), (0.5, 0.9), (0.95, 0.995)])
+def test_pruning_is_circuit_tracers(thresholds):
+    m = graph_model(False)
+    src, tgt = one_sentence(m.cfg, s=7, t=6, seed=3)
+    g = attribution_graph(m, src, tgt, position=5, target="runner-up")
+    ours = prune_graph(g, *thresholds)
+    ct, perm = in_circuit_tracer_order(g)
+    node_mask, edge_mask, scores = circuit_tracer_prune_graph(ct, *thresholds)
+    assert torch.equal(ours.node_mask[perm], node_mask)
+    assert torch.equal(ours.edge_mask[perm][:, perm], edge_mask)
+    assert torch.allclose(ours.cumulative_scores[perm], scores, rtol=1e-9, atol=1e-12)
+    assert 0 < int(node_mask.sum()) < len(g.nodes) and 0 < int(edge_mask.sum())
+    with pytest.raises(ValueError, match="edge_threshold"):
+        prune_graph(g, 0.8, 1.5)
+
+
+def test_feature_nodes_plug_in_and_clashes_are_refused():
+    """A feature-level graph's nodes: on the row of their sub-layer (or the stack's top row without one), typed as
+    circuit-tracer types its transcoder features, with their activation."""
+    nodes = [
+        {"kind": "embed", "stack": "enc", "layer": None, "head": None, "block": None, "position": 0, "token": "Hund",
+         "label": "src 0 Hund"},
+        {"kind": "embed", "stack": "dec", "layer": None, "head": None, "block": None, "position": 0, "token": "<s>",
+         "label": "tgt 0 <s>"},
+        {"kind": "ffn", "stack": "enc", "layer": 0, "head": None, "block": "ffn", "position": 0, "token": "Hund",
+         "label": "enc.0.ffn @0"},
+        {"kind": "feature", "stack": "enc", "layer": None, "block": None, "position": 0, "feature": 17,
+         "activation": 2.5, "token": "Hund", "label": "hook_memory #17 @0"},
+        {"kind": "feature", "stack": "dec", "layer": 1, "block": "ffn", "position": 0, "feature": 905,
+         "activation": 0.75, "token": "<s>", "label": "dec.1.ffn #905 @0"},
+        {"kind": "head", "stack": "dec", "layer": 1, "head": 2, "block": "cross_attn", "position": 0, "token": "<s>",
+         "label": "cross:1:2 @0"},
+        {"kind": "logit", "stack": "dec", "layer": None, "head": None, "block": None, "position": 0, "token": 5,
+         "label": "logit @0"},
+    ]
+    a = torch.zeros(7, 7, dtype=torch.float64)
+    a[2, 0], a[3, 2], a[5, 3], a[4, 5], a[4, 1], a[6, 4] = 1.0, 0.8, 0.6, 0.5, 0.2, 0.9
+    g = AttributionGraph(nodes, a, a.sum(1), 0.9, 0, 5, meta={"target": "logit"})
+    data = round_trip(circuit_tracer_graph(g, slug="features", token_prob=0.4, token_str="dog",
+                                           node_threshold=1.0, edge_threshold=1.0))
+    validate_circuit_tracer(data)
+    by_label = {n["clerp"].split(" “")[0]: n for n in data["nodes"]}
+    rows = graph_rows(g)
+    assert list(rows) == [("enc", 0, "ffn"), ("dec", 1, "cross_attn"), ("dec", 1, "ffn")]
+    memory, transcoder = by_label["hook_memory #17 @0"], by_label["dec.1.ffn #905 @0"]
+    assert (memory["layer"], memory["feature"], memory["ctx_idx"], memory["activation"]) == ("0", 17, 0, 2.5)
+    assert (transcoder["layer"], transcoder["feature"], transcoder["ctx_idx"]) == ("2", 905, 1)
+    assert memory["feature_type"] == transcoder["feature_type"] == "cross layer transcoder"
+    assert by_label["cross:1:2 @0"]["layer"] == "1" and by_label["cross:1:2 @0"]["activation"] is None
+    assert len(data["links"]) == 6 and data["nodes"][-1]["layer"] == "3"
+
+    clash = [dict(n) for n in nodes]
+    clash[3].update(feature=0, layer=0, block="ffn")  # feature 0 on enc.0.ffn's row at position 0: the FFN's own id
+    with pytest.raises(ValueError, match="share a"):
+        circuit_tracer_graph(AttributionGraph(clash, a, a.sum(1), 0.9, 0, 5), slug="x", token_prob=0.4,
+                             node_threshold=1.0, edge_threshold=1.0)
+    odd = [dict(n) for n in nodes]
+    odd[5]["kind"] = "mystery"
+    with pytest.raises(ValueError, match="cannot place"):
+        circuit_tracer_graph(AttributionGraph(odd, a, a.sum(1), 0.9, 0, 5), slug="x", token_prob=0.4,
+                             node_threshold=1.0, edge_threshold=1.0)
+    with pytest.raises(ValueError, match="slug"):
+        circuit_tracer_graph(g, slug="a/b", token_prob=0.4)
+    with pytest.raises(ValueError, match="token_prob"):
+        circuit_tracer_graph(g, slug="a", token_prob=1.5)
+
+
+def test_the_schema_is_circuit_tracers_and_catches_a_broken_file():
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    assert "d797c824c0ffe3a0274071e32d92962a36656212" in schema["$comment"]
+    assert set(schema["$defs"]["Node"]["required"]) == {"node_id", "feature", "layer", "ctx_idx", "feature_type",
+                                                         "jsNodeId"}
+    m = graph_model(True)
+    src, tgt = one_sentence(m.cfg)
+    g = attribution_graph(m, src, tgt, position=2)
+    data = round_trip(circuit_tracer_graph(g, slug="s", token_prob=0.2))
+    for breaking in (lambda d: d["nodes"][0].update(layer=3), lambda d: d["metadata"].pop("prompt"),
+                     lambda d: d["links"][0].update(weight="big"), lambda d: d.pop("qParams")):
+        bad = round_trip(data)
+        breaking(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            validate_circuit_tracer(bad)
+    bad = round_trip(data)
+    bad["links"][0]["source"] = "nowhere"
+    with pytest.raises(ValueError, match="nowhere"):
+        validate_circuit_tracer(bad)
+
+
+def test_shipped_model_graph_file_and_its_index(tmp_path):
+    """On the shipped de->en model: the file on disk validates, lists the source and decoder pieces as its prompt,
+    draws the encoder below the decoder, and graph-metadata.json indexes it as circuit-tracer's server expects."""
+    from workbench.decoding.translator import load
+
+    tm = load(ROOT / "checkpoints" / "multi30k-de-en")
+    text = "Ein Hund läuft über eine grüne Wiese."
+    src_ids, _ = tm.encode_source(text)
+    out = tm.translate([text], return_tokens=True, beam=1)[0].tokens
+    position = 2
+    cfg = tm.model.cfg
+    src = torch.tensor([src_ids])
+    tgt = torch.tensor([decoder_input(list(out)[: position + 1], cfg.start_id)])
+    src_pieces = tm.src_tokenizer.pieces(src_ids)
+    tgt_pieces = ["<s>", *tm.tgt_tokenizer.pieces(list(out)[:position])]
+    g = attribution_graph(tm.model, src, tgt, position=position, token=int(out[position]), src_tokens=src_pieces,
+                          tgt_tokens=tgt_pieces)
+    p = token_probability(tm.model, src, tgt, g)
+    piece = tm.tgt_tokenizer.pieces([int(out[position])])[0]
+    path = write_circuit_tracer(circuit_tracer_graph(g, slug="hund", token_prob=p, token_str=piece), tmp_path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    validate_circuit_tracer(data)
+    assert data["metadata"]["prompt_tokens"] == src_pieces + tgt_pieces
+    S = len(src_pieces)
+    heads = [n for n in data["nodes"] if n["feature_type"] == "attention head"]
+    assert heads and all(0 <= n["feature"] < 4 for n in heads)
+    enc_rows = {int(n["layer"]) for n in data["nodes"] if n["layer"] != "E" and n["ctx_idx"] < S}
+    dec_rows = {int(n["layer"]) for n in data["nodes"] if n["layer"] != "E" and n["ctx_idx"] >= S
+                and n["feature_type"] != "logit"}
+    assert enc_rows and dec_rows and max(enc_rows) < min(dec_rows) and max(dec_rows) < 4 * 2 + 4 * 3
+    assert all(0 <= n["ctx_idx"] < S + position + 1 for n in data["nodes"])
+    kept = prune_graph(g)
+    assert len(data["links"]) == int(kept.edge_mask.sum()) and 0 < p <= 1
+    weights = sorted(abs(x["weight"]) for x in data["links"])
+    assert weights[0] > 0
+
+    index = json.loads((tmp_path / "graph-metadata.json").read_text(encoding="utf-8"))
+    assert [x["slug"] for x in index["graphs"]] == ["hund"] and index["graphs"][0] == data["metadata"]
+    other = circuit_tracer_graph(g, slug="hund-2", token_prob=p, token_str=piece, node_threshold=0.5)
+    write_circuit_tracer(other, tmp_path)
+    write_circuit_tracer(circuit_tracer_graph(g, slug="hund", token_prob=p, token_str=piece), tmp_path)
+    index = json.loads((tmp_path / "graph-metadata.json").read_text(encoding="utf-8"))
+    assert [x["slug"] for x in index["graphs"]] == ["hund-2", "hund"]
+    assert len(other["nodes"]) < len(data["nodes"])
+    assert Path(tmp_path / "hund-2.json").is_file()
