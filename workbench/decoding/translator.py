@@ -4,6 +4,9 @@
     tm.translate(["Ein Hund läuft.", ""])             # -> ["A dog is running.", ""]
     r = tm.translate(["Ein Hund läuft."], beam=5, n_best=3, return_traces=True)[0]
     r.text, r.score, r.pieces, r.n_best, r.trace["dec.2.cross_attn.hook_probs"]
+    with workbench.features.splice(tm.model, sae):    # a dictionary at its site (see core.splice)
+        tm.translate(["Ein Hund läuft."], steer={"hook_memory": {12: 5.0}})   # clamp feature 12 to 5
+        tm.translate(["Ein Hund läuft."], steer={"hook_memory": {12: "+5"}})  # add 5 to it
 
 Input policy (chosen to match Marian and CTranslate2, which keep one output line per input line):
 - empty and whitespace-only inputs give "" without running the model, in place;
@@ -15,6 +18,7 @@ Input policy (chosen to match Marian and CTranslate2, which keep one output line
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,6 +33,7 @@ from ..checkpoint.tokenizer import Tokenizer
 from ..core.batching import TeacherForced, decoder_input, pad_sequences, teacher_forced, token_batches
 from ..core.config import DecodeConfig, config_keys
 from ..core.model import Transformer
+from ..core.splice import Steer, steering_hooks
 from ..core.trace import Trace
 from .search import Generation, generate
 
@@ -141,19 +146,34 @@ class TranslationModel:
         return_tokens: bool = False,
         return_scores: bool = False,
         return_traces: bool = False,
+        steer: Steer | None = None,
         **options: Any,
     ) -> list[str] | list[Translation]:
         """Translate sentences; `options` override DecodeConfig fields (beam=, n_best=, alpha=, ...).
 
         Returns one string per input, or `Translation` objects when any return_* flag is set.
         A single string is accepted and treated as a list of one.
+
+        `steer` {site: {feature: edit}} edits dictionary features at every position while decoding (greedy or
+        beam, with the KV cache): a number clamps the feature to it, a signed string adds ("+5", "-2"; "=-2"
+        clamps to -2). Each site needs a dictionary spliced in (`workbench.features.splice`); the edit is the
+        hook `core.splice.steering_hooks` puts on `<site>.sae.hook_acts`, so writing it as your own hook there gives
+        the same output, and an edit of 0 ("+0") gives the unsteered output bit for bit.
         """
         if isinstance(texts, str):
             texts = [texts]
         cfg = self.config_with(**options)
         rich = return_tokens or return_scores or return_traces
-        results = self._translate(list(texts), cfg, traces=return_traces)
+        with self._steering(steer):
+            results = self._translate(list(texts), cfg, traces=return_traces)
         return results if rich else [r.text for r in results]
+
+    def _steering(self, steer: Steer | None) -> contextlib.AbstractContextManager[None]:
+        """The steering hooks active for a block (nothing when `steer` is empty); bad sites or features raise here,
+        before any sentence is decoded."""
+        if not steer:
+            return contextlib.nullcontext()
+        return self.model.hooks(steering_hooks(self.model, steer))
 
     def encode_batch(self, sources: Sequence[str], outputs: Sequence[str | Sequence[int]] | None = None
                      ) -> TeacherForced:
@@ -247,27 +267,33 @@ class TranslationModel:
         return Translation(source=source if isinstance(source, str) else "", text=text, tokens=out_ids,
                            pieces=pieces, source_tokens=src_ids, log_prob=log_prob, trace=captured, truncated=cut)
 
-    def translate_lines(self, lines: Iterable[str], *, chunk: int = 512, **options: Any) -> Iterator[str]:
+    def translate_lines(self, lines: Iterable[str], *, chunk: int = 512, steer: Steer | None = None,
+                        **options: Any) -> Iterator[str]:
         """Stream: one output line per input line, in order, holding at most `chunk` lines at a time.
 
-        Warnings name input lines counting from 1 (as editors and `sed -n` do).
+        Warnings name input lines counting from 1 (as editors and `sed -n` do). `steer`: as `translate`'s.
         """
         if chunk < 1:
             raise ValueError(f"chunk ({chunk}) must be at least 1")
         cfg = self.config_with(**options)
+        self._steering(steer)  # bad sites or features raise before the first line is translated
         buffer: list[str] = []
         offset = 1
         for line in lines:
             buffer.append(line)
             if len(buffer) >= chunk:
-                yield from self._texts(buffer, cfg, offset)
+                yield from self._texts(buffer, cfg, offset, steer)
                 offset += len(buffer)
                 buffer = []
         if buffer:
-            yield from self._texts(buffer, cfg, offset)
+            yield from self._texts(buffer, cfg, offset, steer)
 
-    def _texts(self, lines: list[str], cfg: DecodeConfig, first_line: int) -> Iterator[str]:
-        yield from (r.text for r in self._translate(lines, cfg, traces=False, first_index=first_line, label="line"))
+    def _texts(self, lines: list[str], cfg: DecodeConfig, first_line: int, steer: Steer | None) -> Iterator[str]:
+        # the hooks are entered and left around the chunk, not across a yield: a context variable set inside a
+        # generator would leak into the caller's code between lines
+        with self._steering(steer):
+            results = self._translate(lines, cfg, traces=False, first_index=first_line, label="line")
+        yield from (r.text for r in results)
 
     def _translate(
         self, texts: list[str], cfg: DecodeConfig, *, traces: bool, first_index: int = 0, label: str = "sentence"

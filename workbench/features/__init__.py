@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .attribution import FeatureAttribution, ablate_features, feature_attribution
 from .dictionary import DictionaryConfig, SparseDictionary, fvu
-from .sites import Site, capture_site, resolve_site, site_of, site_rows, splice_hooks
+from .sites import Site, capture_site, resolve_site, site_of, site_rows, splice, splice_hooks, unsplice
 from .stream import ActivationStream
 
 __all__ = ["ActivationStream", "DictionaryConfig", "FeatureAttribution", "Site", "SparseDictionary",
            "ablate_features", "capture_site", "feature_attribution", "fvu", "resolve_site", "site_of", "site_rows",
-           "splice_hooks"]
+           "splice", "splice_hooks", "unsplice"]

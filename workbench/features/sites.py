@@ -5,6 +5,8 @@
     x, y = site_rows(model, batch, site)                   # (N, d_in), (N, d_out) or None: real tokens only
     with model.hooks(splice_hooks(site, dictionary)):      # the dictionary's reconstruction replaces the site
         logits = model(src, tgt_in)
+    with splice(model, dictionary) as sae:                 # its features as hook points: sae.hook_acts.name is
+        ...                                                # "hook_memory.sae.hook_acts" (see core.splice)
 
 Encoder-side sites (`enc.*`, `hook_src_*`, `hook_memory`) have one row per real source token; decoder-side
 ones one row per teacher-forced decoder position (the start token and each reference token).
@@ -19,6 +21,7 @@ from typing import Literal
 import torch
 
 from ..core.model import Transformer
+from ..core.splice import Spliced, attach, detach
 from ..corpus.data import Batch
 from .dictionary import SparseDictionary
 
@@ -74,6 +77,30 @@ def site_of(dictionary: SparseDictionary) -> Site:
     if cfg.transcoder:
         return Site(cfg.hook_name_out.rsplit(".hook_out", 1)[0], cfg.hook_name, cfg.hook_name_out)
     return Site(cfg.hook_name, cfg.hook_name)
+
+
+def splice(model: Transformer, dictionary: SparseDictionary) -> Spliced:
+    """Splice `dictionary` in at its site (from its config), as `core.splice.attach`: its activations,
+    reconstruction and error become hook points `<site>.sae.hook_acts` / `.hook_recons` / `.hook_error`, readable and
+    editable by `model.hooks`, `register_forward_hook` and nnsight, while the model's outputs stay bit-identical
+    until something edits them.
+
+    `with splice(model, d) as sae:` removes it at the end of the block (prefer this on a model other threads use:
+    the module tree is shared, though an unedited splice changes no output); `splice(model, d)` alone keeps it
+    until `unsplice(model, d)`. The dictionary is moved to the model's device."""
+    site = site_of(dictionary)
+    resolve_site(model, site.name)  # an unknown site or layer raises with the closest names
+    cfg = dictionary.cfg
+    if cfg.d_in != model.cfg.d_model or cfg.out_dim != model.cfg.d_model:
+        raise ValueError(f"the dictionary for {site.name} maps {cfg.d_in} -> {cfg.out_dim}, but the model's width "
+                         f"is {model.cfg.d_model}: it belongs to another model")
+    return attach(model, site.name, dictionary.to(model.device))
+
+
+def unsplice(model: Transformer, dictionary_or_site: SparseDictionary | str) -> None:
+    """Remove a splice made by `splice(model, d)` (by the dictionary or its site's name)."""
+    name = dictionary_or_site if isinstance(dictionary_or_site, str) else site_of(dictionary_or_site).name
+    detach(model, name)
 
 
 class _Stop(Exception):

@@ -1,0 +1,238 @@
+"""A spliced dictionary's activations, reconstruction and error as hook points (core.splice, features.splice), and
+steering translations with them: bit-identical outputs while nothing edits, the same values through the workbench's
+hooks, plain PyTorch hooks and nnsight, edits equal to the plain replacement, and steering during greedy and beam
+search equal to the same edit written as a hook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from model_helpers import make_batch, make_model
+
+from workbench import presets
+from workbench.core.splice import FeatureEdit, parse_steer, splice_at, steering_hooks
+from workbench.decoding.translator import load
+from workbench.features import DictionaryConfig, SparseDictionary, site_of, splice, splice_hooks, unsplice
+from workbench.features.sites import capture_site
+
+CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+SOURCES = ["Ein Mann mit einem roten Hut sitzt auf einer Bank.", "Zwei Hunde spielen im Schnee.",
+           "Eine Frau liest ein Buch im Park."]
+
+
+def _dictionary(model, transcoder: bool, seed: int = 0, n: int = 48, k: int = 6) -> SparseDictionary:
+    d = model.cfg.d_model
+    site_in = model.stream("dec").layers[1].sublayer("ffn").hook_block_in.name
+    cfg = DictionaryConfig(site_in if transcoder else "hook_memory", d_in=d, d_sae=n, k=k,
+                           d_out=d if transcoder else None, skip=transcoder,
+                           hook_name_out=model.dec[1].ffn.hook_out.name if transcoder else None)
+    torch.manual_seed(seed)
+    dic = SparseDictionary(cfg)
+    with torch.no_grad():
+        dic.b_enc.normal_(0, 0.1)
+        dic.b_dec.normal_(0, 0.3)
+        if transcoder:
+            dic.W_skip.normal_(0, 0.2)
+    return dic.eval()
+
+
+@pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
+def model_and_batch(request):
+    cfg = presets.tiny(vocab=50, norm_first=request.param)
+    return make_model(cfg), *make_batch(cfg)
+
+
+def _add_zero(x, hook):
+    return x + 0.0
+
+
+@pytest.mark.parametrize("transcoder", [False, True], ids=["sae", "transcoder"])
+def test_a_splice_is_part_of_the_tree_and_leaves_outputs_bit_identical(model_and_batch, transcoder):
+    model, src, tgt = model_and_batch
+    d = _dictionary(model, transcoder)
+    names, keys = model.hook_names(), set(model.state_dict())
+    with torch.no_grad():
+        clean = model(src, tgt)
+        with splice(model, d) as sae:
+            site = site_of(d).name
+            assert model.get_submodule(site).sae is sae
+            new = set(model.hook_names()) - set(names)
+            assert new == {f"{site}.sae.hook_acts", f"{site}.sae.hook_recons", f"{site}.sae.hook_error"}
+            assert set(model.state_dict()) == keys  # the dictionary's weights are not the model's
+            assert torch.equal(model(src, tgt), clean)
+            # every point listened to, each edit adding an exact zero: still the clean output, bit for bit
+            with model.hooks({f"{site}.sae.*": _add_zero}):
+                assert torch.equal(model(src, tgt), clean)
+    assert model.hook_names() == names and splice_at(model, site_of(d).name) is None
+
+
+@pytest.mark.parametrize("transcoder", [False, True], ids=["sae", "transcoder"])
+def test_the_hook_points_hold_the_dictionary_s_values_and_zeroing_the_error_is_the_replacement(
+        model_and_batch, transcoder):
+    model, src, tgt = model_and_batch
+    d = _dictionary(model, transcoder)
+    site = site_of(d)
+    acts = capture_site(model, src, tgt, site)
+    x, y = acts[site.hook_in], acts[site.hook_out or site.hook_in]
+    with torch.no_grad():
+        with model.hooks(splice_hooks(site, d)):
+            replaced = model(src, tgt)
+        with splice(model, d) as sae:
+            _, trace = model.run_with_cache(src, tgt, names=f"{site.name}.sae.*")
+            with model.hooks({sae.hook_error.name: lambda e, h: torch.zeros_like(e)}):
+                no_error = model(src, tgt)
+    torch.testing.assert_close(trace[sae.hook_acts.name], d.encode(x))
+    torch.testing.assert_close(trace[sae.hook_recons.name], d(x))
+    torch.testing.assert_close(trace[sae.hook_error.name], y - d(x))
+    assert (no_error - model(src, tgt)).abs().max() > 1e-3  # the random dictionary is a poor one: a real change
+    torch.testing.assert_close(no_error, replaced, atol=1e-5, rtol=1e-5)
+
+
+def test_a_feature_edit_adds_its_decoder_direction_and_plain_hooks_edit_as_the_workbench_s(model_and_batch):
+    model, src, tgt = model_and_batch
+    d = _dictionary(model, transcoder=False)
+
+    def add_to_7(acts, hook):
+        acts[..., 7] += 2.5
+        return acts
+
+    with torch.no_grad():
+        with model.hooks({"hook_memory": lambda x, h: x + 2.5 * d.W_dec[7]}):
+            direction = model(src, tgt)
+        with splice(model, d) as sae:
+            with model.hooks({sae.hook_acts.name: add_to_7}):
+                edited = model(src, tgt)
+            seen = {}
+            handle = sae.hook_acts.register_forward_hook(lambda m, a, out: add_to_7(out, m))
+            read = sae.hook_recons.register_forward_hook(lambda m, a, out: seen.setdefault("recons", out.clone()))
+            try:
+                plain = model(src, tgt)
+            finally:
+                handle.remove()
+                read.remove()
+            assert torch.equal(model(src, tgt), model(src, tgt))  # the plain hooks are gone, the splice stays
+    assert torch.equal(plain, edited)
+    torch.testing.assert_close(edited, direction, atol=1e-5, rtol=1e-5)
+    x = model.encode(src).memory
+    torch.testing.assert_close(seen["recons"], d(x) + 2.5 * d.W_dec[7], atol=1e-5, rtol=1e-5)
+
+
+def test_nnsight_reads_and_edits_the_features():
+    nnsight = pytest.importorskip("nnsight")
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg)
+    d = _dictionary(model, transcoder=True)
+    with splice(model, d) as sae:
+        name = sae.hook_acts.name
+        with torch.no_grad():
+            _, trace = model.run_with_cache(src, tgt, names=name)
+            with model.hooks({name: lambda a, h: a * 0.0}):
+                expected = model(src, tgt)
+        wrapped = nnsight.NNsight(model)
+        with torch.no_grad():
+            with wrapped.trace(src, tgt):
+                acts = wrapped.dec[1].ffn.sae.hook_acts.output.save()
+            with wrapped.trace(src, tgt):
+                wrapped.dec[1].ffn.sae.hook_acts.output[:] = 0.0
+                edited = wrapped.output.save()
+    torch.testing.assert_close(acts, trace[name])
+    torch.testing.assert_close(edited, expected)
+
+
+def test_splices_are_shared_counted_and_refused_when_they_clash():
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    d, other = _dictionary(model, False), _dictionary(model, False, seed=1)
+    with splice(model, d) as first, splice(model, d) as second:
+        assert first is second and first.users == 2
+        with pytest.raises(ValueError, match="already carries another dictionary"):
+            splice(model, other)
+    assert splice_at(model, "hook_memory") is None
+    kept = splice(model, d)  # permanent until unsplice
+    assert splice_at(model, "hook_memory") is kept.splice
+    unsplice(model, d)
+    assert splice_at(model, "hook_memory") is None
+    with pytest.raises(ValueError, match="no dictionary is spliced at hook_memory"):
+        unsplice(model, "hook_memory")
+    wide = SparseDictionary(DictionaryConfig("hook_memory", d_in=cfg.d_model + 1, d_sae=8, k=2))
+    with pytest.raises(ValueError, match="belongs to another model"):
+        splice(model, wide)
+
+
+def test_steering_specs_parse_and_bad_ones_say_what_is_wrong():
+    assert parse_steer({"hook_memory": {3: 5, 4: "+2", 5: "-1.5", 6: "=-2"}}) == {"hook_memory": {
+        3: FeatureEdit(5.0), 4: FeatureEdit(2.0, add=True), 5: FeatureEdit(-1.5, add=True), 6: FeatureEdit(-2.0)}}
+    for bad, match in [({"s": {1: "five"}}, "signed number"), ({"s": {"1": 2.0}}, "feature ids are ints"),
+                       ({"s": 2.0}, "must map feature ids"), ({"s": {1: "+nan"}}, "finite")]:
+        with pytest.raises(ValueError, match=match):
+            parse_steer(bad)
+    model = make_model(presets.tiny(vocab=50))
+    with pytest.raises(ValueError, match="needs a dictionary spliced there"):
+        steering_hooks(model, {"hook_memory": {1: 2.0}})
+    with pytest.raises(ValueError, match="no site 'hook_memroy'.*closest: \\['hook_memory'"):
+        steering_hooks(model, {"hook_memroy": {1: 2.0}})
+    with splice(model, _dictionary(model, False, n=48)):
+        with pytest.raises(ValueError, match=r"features \[48\] are out of range; its dictionary has 48"):
+            steering_hooks(model, {"hook_memory": {48: 2.0}})
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    tm = load(CKPT)
+    features = CKPT / "features"
+    return tm, {name: SparseDictionary.load(features / name) for name in ("hook_memory", "dec.1.cross_attn.hook_out",
+                                                                          "dec.1.ffn")}
+
+
+@pytest.mark.parametrize("beam", [1, 4], ids=["greedy", "beam"])
+def test_steering_at_zero_is_bit_identical_and_equals_the_edit_written_as_a_hook(shipped, beam):
+    tm, dicts = shipped
+    plain = tm.translate(SOURCES, beam=beam, return_scores=True)
+    with splice(tm.model, dicts["hook_memory"]) as enc, splice(tm.model, dicts["dec.1.cross_attn.hook_out"]) as dec, \
+            splice(tm.model, dicts["dec.1.ffn"]) as ffn:
+        zero = tm.translate(SOURCES, beam=beam, return_scores=True,
+                            steer={"hook_memory": {5: "+0"}, "dec.1.cross_attn.hook_out": {9: "+0"},
+                                   "dec.1.ffn": {3: "-0"}})
+        steer = {"hook_memory": {100: 1.0}, "dec.1.cross_attn.hook_out": {9: "+20"}, "dec.1.ffn": {3: 4.0}}
+        steered = tm.translate(SOURCES, beam=beam, return_scores=True, steer=steer)
+
+        def clamp(feature, value, add=False):
+            def fn(acts, hook):
+                acts[..., feature] = acts[..., feature] + value if add else value
+            return fn
+
+        with tm.model.hooks({enc.hook_acts.name: clamp(100, 1.0), dec.hook_acts.name: clamp(9, 20.0, add=True),
+                             ffn.hook_acts.name: clamp(3, 4.0)}):
+            by_hook = tm.translate(SOURCES, beam=beam, return_scores=True)
+    assert [(r.tokens, r.score) for r in zero] == [(r.tokens, r.score) for r in plain]
+    assert [(r.tokens, r.score) for r in steered] == [(r.tokens, r.score) for r in by_hook]
+    assert [r.text for r in steered] != [r.text for r in plain]
+
+
+def test_steered_search_agrees_with_steered_teacher_forcing(shipped):
+    """The KV cache: each step's steered decoder site equals the steered full recompute over the same prefix."""
+    tm, dicts = shipped
+    steer = {"dec.1.cross_attn.hook_out": {9: "+20"}, "hook_memory": {100: 1.0}}
+    with splice(tm.model, dicts["hook_memory"]), splice(tm.model, dicts["dec.1.cross_attn.hook_out"]):
+        r = tm.translate(SOURCES[2:], beam=1, return_tokens=True, steer=steer)[0]
+        b = tm.encode_batch(SOURCES[2:], [r.tokens])
+        with torch.no_grad(), tm.model.hooks(steering_hooks(tm.model, steer)):
+            logits = tm.model(b.src, b.tgt_in)
+    assert logits[0].argmax(-1).tolist() == r.tokens
+    assert r.text != tm.translate(SOURCES[2:], beam=1)[0]  # the steering changed the output
+
+
+def test_translate_lines_steers_chunk_by_chunk_and_leaves_no_hook_behind(shipped):
+    tm, dicts = shipped
+    steer = {"hook_memory": {100: 1.0}}
+    with splice(tm.model, dicts["hook_memory"]):
+        whole = tm.translate(SOURCES, steer=steer)
+        streamed = tm.translate_lines(iter(SOURCES), chunk=2, steer=steer)
+        first = next(streamed)
+        assert tm.model.hook_memory.sae.hook_acts.is_active() is False  # between lines, nothing listens
+        assert [first, *streamed] == whole
+        with pytest.raises(ValueError, match="out of range"):
+            tm.translate(SOURCES, steer={"hook_memory": {8192: 1.0}})
