@@ -318,26 +318,27 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
             model.train(was)
     memory = next((c for c in covers if c.what == "memory"), None)
     enc_events = _events(model, "enc", len(model.enc), trace)
-    cache: dict[int, tuple] = {}
+    inputs: dict[int, tuple] = {}  # per layer: what its cross-attention reads, as components
+    sides: dict[tuple, tuple] = {}  # the expanded parts of one side at one position (shared by many edges)
     out = []
     for layer, head, t, s in edges:
         t, s = _check_edge(model, src, tgt, layer, head, t, s)
-        if layer not in cache:
-            cache[layer] = (*cross_inputs(model, trace, layer), _query_events(model, trace, layer))
-        (q_labels, q_info, q_parts), (k_labels, k_info, k_parts), q_events = cache[layer]
+        if layer not in inputs:
+            inputs[layer] = (*cross_inputs(model, trace, layer), _query_events(model, trace, layer))
+        (q_labels, q_info, q_parts), (k_labels, k_info, k_parts), q_events = inputs[layer]
         attn = model.dec[layer].cross_attn
-        # the query side: the decoder stream the block reads at t
         reach = [c for c in covers if c.what != "memory" and any(ev[0] == "write" and ev[1] == c.path
                                                                    for ev in (q_events if c.stack == "dec"
                                                                               else enc_events))]
-        ql, qi, qp = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].cpu(), position=t, events=q_events,
-                             covers=[c for c in reach if c.stack == "dec"], by_position=by_position)
-        if memory is not None:  # an SAE on the memory: its features are the key side
-            kl, ki, kp = _feature_parts(memory, trace, s)
-        else:
-            kl, ki, kp = _expand(model, trace, k_labels, k_info, k_parts[:, 0, s].cpu(), position=s,
-                                 events=enc_events, covers=[c for c in reach if c.stack == "enc"],
-                                 by_position=by_position)
+        if ("q", layer, t) not in sides:  # the query side: the decoder stream the block reads at t
+            sides["q", layer, t] = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].cpu(), position=t,
+                                           events=q_events, covers=[c for c in reach if c.stack == "dec"],
+                                           by_position=by_position)
+        if ("k", s) not in sides:  # the key side: the memory at s (the same for every decoder layer)
+            sides["k", s] = _feature_parts(memory, trace, s) if memory is not None else _expand(
+                model, trace, k_labels, k_info, k_parts[:, 0, s].cpu(), position=s, events=enc_events,
+                covers=[c for c in reach if c.stack == "enc"], by_position=by_position)
+        (ql, qi, qp), (kl, ki, kp) = sides["q", layer, t], sides["k", s]
         h, dh = attn.n_heads, attn.d_head
         w_q = attn.q_proj.weight.detach().double().cpu().view(h, dh, -1)[head]  # (Dh, D)
         w_k = attn.k_proj.weight.detach().double().cpu().view(h, dh, -1)[head]
@@ -378,3 +379,146 @@ def qk_attribution(model, src, tgt, *, layer: int, head: int, t: int, s: int,
     return qk_attributions(model, src, tgt, [(layer, head, t, s)], dictionaries=dictionaries,
                            by_position=by_position, trace=trace)[0]
 
+
+
+# ------------------------------------------------------------------------------- does a head attend to the word?
+
+OWN = ("source token at s", "heads reading s", "FFN at s")
+"""Key-side parts that carry the source piece at s itself (at one hop): its token embedding, what encoder heads
+moved from s into s, the FFNs at s. The other categories: "position at s", "other positions" (what heads moved from
+elsewhere), "biases", and with a memory dictionary "word feature" (a feature whose top corpus contexts are mostly
+this very piece), "other feature", "dictionary error"."""
+GROUPS = ("alignment head, argmax", "same head, random source piece", "other cross heads, argmax")
+READINGS = ("top pair", "key total", "key total, biases aside")
+"""Which key-side part of an edge is "the top one": the key side of the single largest term; the key part whose
+terms summed over the query side are largest; the same without the bias parts (b_K, norm and block biases, a
+dictionary's b_dec), which are (nearly) the same at every source piece and so hardly decide between them."""
+
+
+def key_category(info: dict[str, Any], label: str, s: int, word_feature: bool | None = None) -> str:
+    """Which kind of key-side part this is, relative to the key position s (see `OWN`)."""
+    kind = info["kind"]
+    if kind == "embed":
+        return "source token at s" if label.endswith("_tok") else "position at s"
+    if kind == "ffn":
+        return "FFN at s"
+    if kind in _BLOCK_OF_KIND and isinstance(info.get("head_index"), int):
+        if info.get("from") is None:
+            return "heads, unsplit"
+        return "heads reading s" if info["from"] == s else "other positions"
+    if kind == "feature":
+        return "word feature" if word_feature else "other feature"
+    if kind == "dict_error":
+        return "dictionary error"
+    return "biases"
+
+
+def word_features(stats, piece: int, features: Iterable[int], *, share: float = 0.5) -> set[int]:
+    """The features among `features` whose top corpus contexts (`features.stats.FeatureStats`, a source-side
+    dictionary) fall on source piece `piece` at least `share` of the time."""
+    out = set()
+    for f in features:
+        ctx = stats.contexts(int(f))
+        if not ctx:
+            continue
+        hits = sum(1 for _, sent, pos in ctx
+                   if pos < len(stats.sentences_src[sent]) and stats.sentences_src[sent][pos] == piece)
+        if hits >= share * len(ctx):
+            out.add(int(f))
+    return out
+
+
+@dataclass
+class OwnWordCheck:
+    """How often the top key-side part of an edge is the source piece's own, for a head's argmax edges against
+    two controls: the same head at a random other source piece, and other cross-attention heads' argmax edges."""
+
+    layer: int
+    head: int
+    counts: dict[str, dict[str, dict[str, int]]]  # reading -> group -> key category -> edges (READINGS)
+    edges: dict[str, int]
+    feature_chance: float | None = None  # mean share of the active memory features at s that are word features
+    sentences: int = 0
+
+    def share(self, group: str, categories: Sequence[str] = OWN, reading: str = "top pair") -> float:
+        counts = self.counts[reading][group]
+        return sum(counts.get(c, 0) for c in categories) / max(self.edges[group], 1)
+
+    def frame(self):
+        """group, reading (READINGS), category, edges, share."""
+        import pandas as pd  # optional: only the tabular view needs it
+
+        rows = []
+        for reading, table in self.counts.items():
+            for group, counts in table.items():
+                for cat, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+                    rows.append({"group": group, "reading": reading, "category": cat, "edges": n,
+                                 "share": n / max(self.edges[group], 1)})
+        return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]]], *, layer: int, head: int,
+                   dictionary: SparseDictionary | None = None, stats=None, seed: int = 0) -> OwnWordCheck:
+    """For each decoder position of each (source ids, decoder input ids) sentence where head (`layer`, `head`)'s
+    argmax is a source piece (not the source's last piece, EOS), the QK attribution of that edge, of the same row at
+    a random other piece, and of a random other cross head's argmax edge at the same row; counted by the category of
+    the top key-side part (`key_category`). With a `dictionary` on `hook_memory` and its `stats`, the key side is its
+    features, a feature counting as the word's own when `word_features` says so."""
+    g = torch.Generator().manual_seed(seed)
+    others = [(lay, h) for lay in range(len(model.dec)) for h in range(model.dec[lay].cross_attn.n_heads)
+              if (lay, h) != (layer, head)]
+    dicts = [dictionary] if dictionary is not None else []
+    names = list(dict.fromkeys(n for lay in range(len(model.dec)) for n in qk_hooks(model, lay, dicts)))
+    counts = {reading: {grp: {} for grp in GROUPS} for reading in READINGS}
+    edges = dict.fromkeys(GROUPS, 0)
+    chance: list[float] = []
+    n_sent = 0
+    was = model.training
+    model.eval()
+    try:
+        for src_ids, tgt_ids in sentences:
+            src = torch.tensor([list(src_ids)], device=model.device)
+            tgt = torch.tensor([list(tgt_ids)], device=model.device)
+            _, trace = model.run_with_cache(src, tgt, names=names)
+            n_sent += 1
+            probs = {(lay, h): trace[model.dec[lay].cross_attn.hook_probs.name][0, h].cpu()
+                     for lay, h in [(layer, head), *others]}
+            S = src.size(1)
+            asked: list[tuple[str, tuple[int, int, int, int]]] = []
+            for t in range(tgt.size(1)):
+                s = int(probs[layer, head][t].argmax())
+                if s == S - 1 or S < 3:  # the row rests on EOS: the head is not aligning here
+                    continue
+                r = int(torch.randint(S - 2, (1,), generator=g))
+                r = r + 1 if r >= s else r  # a uniform other piece, EOS excluded
+                lay, h = others[int(torch.randint(len(others), (1,), generator=g))]
+                o = int(probs[lay, h][t, :-1].argmax())
+                asked += [(GROUPS[0], (layer, head, t, s)), (GROUPS[1], (layer, head, t, r)),
+                          (GROUPS[2], (lay, h, t, o))]
+            if not asked:
+                continue
+            results = qk_attributions(model, src, tgt, [e for _, e in asked], dictionaries=dicts, trace=trace)
+            for (group, (_, _, _, s)), qk in zip(asked, results):
+                piece = int(src[0, s])
+                feats = [i["feature"] for i in qk.key_info if i["kind"] == "feature"]
+                own = word_features(stats, piece, feats) if stats is not None else set()
+                if group == GROUPS[0] and feats:
+                    chance.append(len(own) / len(feats))
+
+                def cat(k: int, _s=s, _own=own, _qk=qk) -> str:
+                    inf = _qk.key_info[k]
+                    return key_category(inf, _qk.key_labels[k], _s, inf.get("feature") in _own)
+
+                sums = qk.terms.sum(0)
+                varying = torch.tensor([key_category(i, lab, s) != "biases"
+                                        for i, lab in zip(qk.key_info, qk.key_labels)])
+                picks = (int(qk.terms.abs().flatten().argmax()) % qk.terms.size(1), int(sums.abs().argmax()),
+                         int(sums.abs().masked_fill(~varying, -1).argmax()))
+                for reading, k in zip(READINGS, picks):
+                    c = cat(k)
+                    counts[reading][group][c] = counts[reading][group].get(c, 0) + 1
+                edges[group] += 1
+    finally:
+        model.train(was)
+    return OwnWordCheck(layer, head, counts, edges, sum(chance) / len(chance) if chance else None, n_sent)
