@@ -315,7 +315,8 @@ class FeatureData:
         for a decoder block's output (an SAE on dec.N.*.hook_out, a transcoder), through the later norms to the
         unembedding; for hook_memory, through each cross-attention head's OV circuit (W_V then W_O of that
         head, as if the head attended to the token alone) and then the same direct path. Norms are linearised
-        without their per-token 1/σ, so values are comparable within a feature, not across positions."""
+        without their per-token 1/σ, so values are comparable within a feature, not across positions. `logits`: the
+        whole (V,) effect, centred, that `raises` and `lowers` are the ends of (None without a direct path)."""
         f = self.check(feature)
         model, tok = self.tm.model, self.tm.tgt_tokenizer
         direction = self.d.W_dec[f]
@@ -344,15 +345,16 @@ class FeatureData:
             rows.sort(key=lambda r: -r["spread"])
             return {"feature": f, "path": "cross-attention OV circuits (every head, as if attending to the token "
                     "alone), then each layer's direct path to the logits", "raises": up, "lowers": down,
-                    "heads": rows}
+                    "heads": rows, "logits": total - total.mean()}
         writer = self._writer()
         if writer is None:
-            return {"feature": f, "path": None, "raises": [], "lowers": [], "heads": [],
+            return {"feature": f, "path": None, "raises": [], "lowers": [], "heads": [], "logits": None,
                     "note": f"{self.site.name} writes into no decoder block's output: it has no direct path to the "
                             "logits (an encoder site reaches them only through cross-attention of later layers)"}
-        up, down = ranked(self._to_logits(direction, self._direct_path(*writer)))
+        logits = self._to_logits(direction, self._direct_path(*writer))
+        up, down = ranked(logits)
         return {"feature": f, "path": f"dec.{writer[0]}.{writer[1]} output, then the later norms and the unembedding",
-                "raises": up, "lowers": down, "heads": []}
+                "raises": up, "lowers": down, "heads": [], "logits": logits - logits.mean()}
 
     # -- neighbours ----------------------------------------------------------------------------
     @torch.no_grad()
