@@ -7,7 +7,8 @@
 
 The local replacement model (circuit-tracer's, Ameisen et al. 2025) for an encoder-decoder: attention patterns,
 layer-norm scales and the FFN gates (activation(pre) / pre, the ReLU mask for ReLU models) are frozen at the clean
-run's values. What is left is linear in the residual streams, so every node's write decomposes exactly into the
+run's values — `core.replacement.ReplacementModel`, the model's own modules in float64 held by hooks, which circuits
+and the other decompositions share; the graph has no forward pass of its own. What is left is linear in the residual streams, so every node's write decomposes exactly into the
 writes of the nodes upstream of it. Nodes:
 
     embed   source and target embeddings, one per position (token + position, as `hook_{src,tgt}_embed`)
@@ -16,7 +17,7 @@ writes of the nodes upstream of it. Nodes:
     ffn     each FFN x position (`ffn.hook_out`)
     bias    every constant (norm biases, attention and FFN biases) in one node
     error   per (stack, layer, position): what the frozen model fails to reconstruct of that layer's node writes
-            (float rounding here: the freezing is exact at the clean point; transcoder features would put their
+            (float64 rounding, ~1e-13: the freezing is exact at the clean point; transcoder features would put their
             reconstruction error here)
     logit   the target logit (or logit difference), last
 
@@ -48,6 +49,7 @@ from ..core.batching import decoder_input
 from ..core.hooks import path_of
 from ..core.layers import Sublayer
 from ..core.model import evaluating
+from ..core.replacement import ReplacementModel
 
 NODE_KINDS = ("embed", "bias", "error", "head", "ffn", "logit")
 
@@ -118,18 +120,7 @@ def node_influence(adjacency: torch.Tensor) -> torch.Tensor:
     return total
 
 
-# ---------------------------------------------------------------------------------------------- linear algebra
-
-
-def _fn(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Frozen norm's linear part: (x - mean) / s * w; s broadcast per row."""
-    return (x - x.mean(-1, keepdim=True)) / s * w
-
-
-def _fnT(g: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Its transpose applied to a gradient: centre(g * w / s)."""
-    y = g * w / s
-    return y - y.mean(-1, keepdim=True)
+# ---------------------------------------------------------------------------------------------- the frozen model
 
 
 def _blocks(model, stack: str) -> list[tuple[tuple[str, int, str], Sublayer]]:
@@ -138,36 +129,14 @@ def _blocks(model, stack: str) -> list[tuple[tuple[str, int, str], Sublayer]]:
 
 
 def _capture_names(model) -> list[str]:
+    """What the graph reads of the clean run besides what the replacement model freezes: the embeddings, each
+    head's and FFN's write, what each FFN reads."""
     names = [model.stream("enc").hook_embed.name, model.stream("dec").hook_embed.name]
     for stack in ("enc", "dec"):
         for _, sub in _blocks(model, stack):
-            names.append(sub.norm.hook_scale.name)
-            if sub.is_attention:
-                names += [sub.block.hook_result.name, sub.block.hook_probs.name]
-            else:  # the FFN's gates need what it reads
-                names += [sub.block.hook_out.name, sub.block.hook_hidden.name, sub.hook_block_in.name]
-    for stack in ("enc", "dec"):
-        final = model.stream(stack).final_norm
-        if final is not None:
-            names.append(final.hook_scale.name)
+            names += [sub.block.hook_result.name] if sub.is_attention else [sub.block.hook_out.name,
+                                                                             sub.hook_block_in.name]
     return names
-
-
-class _Params:
-    """fp64 copies of the weights one block needs."""
-
-    def __init__(self, module, kind: str):
-        d = lambda t: None if t is None else t.detach().double()  # noqa: E731
-        if kind == "ffn":
-            self.w_up, self.b_up = d(module.up_proj.weight), d(module.up_proj.bias)
-            self.w_down, self.b_down = d(module.down_proj.weight), d(module.down_proj.bias)
-        else:
-            h, dh = module.n_heads, module.d_head
-            self.wv = d(module.v_proj.weight).view(h, dh, -1)  # (H, Dh, D): v_h = x @ wv[h].T
-            self.bv = None if module.v_proj.bias is None else d(module.v_proj.bias).view(h, dh)
-            self.wo = d(module.head_weights())  # (H, Dh, D): result_h = context_h @ wo[h]
-            self.bo = d(module.out_proj.bias)
-            self.ov = torch.einsum("hed,hef->hdf", self.wv, self.wo)  # (H, D, D): x -> result, per head
 
 
 def _tokens(ids, name: str) -> torch.Tensor:
@@ -176,6 +145,15 @@ def _tokens(ids, name: str) -> torch.Tensor:
     if t.dim() != 2 or t.size(0) != 1 or t.size(1) == 0:
         raise ValueError(f"{name} must be one non-empty sentence, (L,) or (1, L); got shape {tuple(t.shape)}")
     return t
+
+
+def _check_unpadded(model, src: torch.Tensor, tgt: torch.Tensor) -> None:
+    """One unpadded sentence. The decoder's start id may be the padding id (Marian's convention): position 0 then
+    holds it and is a position like any other."""
+    pad = model.cfg.pad_id
+    later = tgt[:, 1:] if model.cfg.start_id == pad else tgt
+    if bool((src == pad).any()) or bool((later == pad).any()):
+        raise ValueError("attribution_graph takes one unpadded sentence: its ids contain the padding id")
 
 
 # ---------------------------------------------------------------------------------------------------- the graph
@@ -208,252 +186,301 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     best other token: what decides the choice) or "demeaned" (the logit minus the mean logit over the vocabulary:
     free of what raises every logit alike). A raw logit is dominated by what every token shares, which the
     embeddings carry; the two others measure the choice itself (issue 38 point 4).
-    `src`, `tgt`: one sentence of ids. `src_tokens` / `tgt_tokens` (optional) label the nodes. `progress(done,
-    total)` is called after each sub-layer of the backward and the forward pass (an exception it raises, such as
-    a request path's cancellation, ends the construction there)."""
+    `src`, `tgt`: one sentence of ids (a decoder that starts with the padding id, as Marian's, is fine).
+    `src_tokens` / `tgt_tokens` (optional) label the nodes. `progress(done, total)` is called after each sub-layer
+    of the backward and the forward pass (an exception it raises, such as a request path's cancellation, ends the
+    construction there).
+
+    Everything runs on the replacement model (`core.replacement`): the model's own modules in float64 with attention,
+    norm scales and FFN gates frozen at the clean run. The gradients come from one backward pass through it; the
+    writes are decomposed by walking each layer with its own `compose` (so pre- and post-norm are said once, in
+    core) on a tensor whose rows are the nodes' contributions."""
     src, tgt = _tokens(src, "src").to(model.device), _tokens(tgt, "tgt").to(model.device)
     if not -tgt.size(1) <= position < tgt.size(1):
         raise ValueError(f"position {position} out of range for a target prefix of {tgt.size(1)} tokens")
-    if bool((src == model.cfg.pad_id).any()) or bool((tgt == model.cfg.pad_id).any()):
-        raise ValueError("attribution_graph takes one unpadded sentence: its ids contain the padding id")
-    position %= tgt.size(1)
-    tgt = tgt[:, : position + 1]  # later decoder positions cannot reach this logit (causal)
-    cfg = model.cfg
-    with evaluating(model), torch.no_grad():
-        logits, tr = model.run_with_cache(src, tgt, names=_capture_names(model))
-    row = logits[0, position].double()
-    if token is None:
-        token = int(row.argmax())
-    vocab = model.output_proj.weight.size(0)
-    for t in (token, baseline_token):
-        if t is not None and not 0 <= int(t) < vocab:
-            raise ValueError(f"token {t} out of range: the target vocabulary has {vocab} entries")
+    _check_unpadded(model, src, tgt)
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}; got {target!r}")
     if target != "logit" and baseline_token is not None:
         raise ValueError(f"target {target!r} chooses its own baseline: leave baseline_token out")
+    position %= tgt.size(1)
+    tgt = tgt[:, : position + 1]  # later decoder positions cannot reach this logit (causal)
+    vocab = model.output_proj.weight.size(0)
+    for t in (token, baseline_token):
+        if t is not None and not 0 <= int(t) < vocab:
+            raise ValueError(f"token {t} out of range: the target vocabulary has {vocab} entries")
+    rm = ReplacementModel(model, src, tgt, dtype=torch.float64, names=_capture_names(model))
+    row = rm.logits[0, position]
+    if token is None:
+        token = int(row.argmax())
     if target == "runner-up":
         baseline_token = int(row.clone().index_fill_(0, torch.tensor([token]), float("-inf")).argmax())
-    weight = model.output_proj.weight.detach().double()
-    bias = None if model.output_proj.bias is None else model.output_proj.bias.detach().double()
-    logit = float(row[token] - (0 if baseline_token is None else row[baseline_token]))
-    u = weight[token].clone()
-    out_bias = 0.0 if bias is None else float(bias[token])
+    coef = torch.zeros(vocab, dtype=torch.float64)  # the target as a combination of logits
+    coef[token] += 1
     if baseline_token is not None:
-        u -= weight[baseline_token]
-        out_bias -= 0.0 if bias is None else float(bias[baseline_token])
+        coef[baseline_token] -= 1
     if target == "demeaned":
-        logit = float(row[token] - row.mean())
-        u -= weight.mean(0)
-        out_bias -= 0.0 if bias is None else float(bias.mean())
+        coef -= 1.0 / vocab
+    logit = float(row @ coef)
+    builder = _Builder(rm, position, coef, src_tokens, tgt_tokens, progress)
+    return builder.build(logit, token, baseline_token, target)
 
-    x = {k: v[0].double() for k, v in tr.items()}  # drop the batch axis, fp64
-    S, T = src.size(1), tgt.size(1)
-    length = {"enc": S, "dec": T}
-    pre = cfg.norm_first
-    blocks = {s: _blocks(model, s) for s in ("enc", "dec")}
-    params = {key: _Params(sub.block, "attn" if sub.is_attention else "ffn")
-              for s in ("enc", "dec") for key, sub in blocks[s]}
 
-    def norm_of(sub: Sublayer):
-        n = sub.norm
-        return n.weight.detach().double(), n.bias.detach().double(), x[n.hook_scale.name]
+class _Builder:
+    """One graph: gradients from the frozen model's backward pass, then the contribution walk (see
+    `attribution_graph`). Split out of it for the two passes' shared state, not for reuse."""
 
-    finals = {}
-    for stack in ("enc", "dec"):
-        mod = model.stream(stack).final_norm
-        if mod is not None:
-            finals[stack] = (mod.weight.detach().double(), mod.bias.detach().double(), x[mod.hook_scale.name])
+    def __init__(self, rm: ReplacementModel, position: int, coef: torch.Tensor, src_tokens, tgt_tokens, progress):
+        self.rm, self.m, self.position, self.coef = rm, rm.model, position, coef
+        self.x = {k: v[0] for k, v in rm.clean.items()}  # drop the batch axis
+        self.length = {"enc": rm.src.size(1), "dec": rm.tgt.size(1)}
+        self.blocks = {s: _blocks(self.m, s) for s in ("enc", "dec")}
+        self.names = {"enc": src_tokens, "dec": tgt_tokens}
+        self.progress = progress
+        self.steps, self.total = 0, 2 * (len(self.blocks["enc"]) + len(self.blocks["dec"]))
 
-    # gates of each FFN: activation(pre) / pre, pre recomputed in fp64 from the captured input
-    gates, ffn_in = {}, {}
-    for stack in ("enc", "dec"):
-        for key, sub in blocks[stack]:
-            if sub.is_attention:
-                continue
-            i = key[1]
-            p = params[key]
-            xin = x[sub.hook_block_in.name]
-            pa = xin @ p.w_up.t() + (0 if p.b_up is None else p.b_up)
-            hid = x[sub.block.hook_hidden.name]
-            gates[stack, i] = torch.where(pa.abs() > 1e-30, hid / torch.where(pa.abs() > 1e-30, pa, 1.0), 0.0)
-            ffn_in[stack, i] = xin
+    def step(self) -> None:
+        self.steps += 1
+        if self.progress is not None:
+            self.progress(self.steps, self.total)
 
-    # ---------------------------------------------------------------------------------- backward: g per block
-    # g_node[block]: (L, D) gradient of the logit w.r.t. any write of that block at each position (all heads
-    # of one block at one position write to the same point); r[block]: each node's reading direction.
-    g_node: dict[tuple, torch.Tensor] = {}
-    r_dir: dict[tuple, torch.Tensor] = {}
-    D = cfg.d_model
-    G = torch.zeros(T, D, dtype=torch.float64)
-    G[position] = u
-    if "dec" in finals:
-        G = _fnT(G, finals["dec"][0], finals["dec"][2])
-    G_mem = torch.zeros(S, D, dtype=torch.float64)
-    g_emb = {}
-    total_steps = 2 * (len(blocks["enc"]) + len(blocks["dec"]))
-    steps = [0]
+    # -- backward: the gradient of the target at every write ---------------------------------------------------
+    def gradients(self) -> tuple[dict[tuple, torch.Tensor], dict[str, torch.Tensor]]:
+        """(L, D) gradient of the target with respect to each block's write (every head of a block writes to the
+        same place) and to each stack's embedding, in the frozen model: one backward pass."""
+        leaves: dict[str, torch.Tensor] = {}
 
-    def step() -> None:
-        steps[0] += 1
-        if progress is not None:
-            progress(steps[0], total_steps)
+        def tap(x, hook):
+            leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
+            return x + leaves[hook.name]
 
-    for stack in ("dec", "enc"):
-        if stack == "enc":
-            G = G_mem
-            if "enc" in finals:
-                G = _fnT(G, finals["enc"][0], finals["enc"][2])
-        for key, sub in reversed(blocks[stack]):
-            _, i, b = key
-            w, _, s = norm_of(sub)
-            p = params[key]
-            g = G if pre else _fnT(G, w, s)
-            g_node[key] = g
-            if b == "ffn":
-                r = ((g @ p.w_down) * gates[stack, i]) @ p.w_up  # (L, D)
-                back = r
+        names = [self.m.stream(s).hook_embed.name for s in ("enc", "dec")]
+        names += [sub.block.hook_out.name for s in ("enc", "dec") for _, sub in self.blocks[s]]
+        with torch.enable_grad():
+            logits = self.rm(extra=[(n, tap) for n in names])
+            grads = torch.autograd.grad(logits[0, self.position] @ self.coef, [leaves[n] for n in names])
+        g = {n: gr[0] for n, gr in zip(names, grads)}
+        return ({key: g[sub.block.hook_out.name] for s in ("enc", "dec") for key, sub in self.blocks[s]},
+                {s: g[self.m.stream(s).hook_embed.name] for s in ("enc", "dec")})
+
+    def reading(self, key, sub: Sublayer, g: torch.Tensor) -> torch.Tensor:
+        """Each node's reading direction: the gradient of g . (its write) with respect to what it reads. FFN (L, D):
+        the frozen FFN's backward at each position; heads (H, Lq, D): the head's OV circuit applied to g (the
+        pattern weights each key by its probability)."""
+        block = sub.block
+        if sub.is_attention:
+            return torch.einsum("hdf,qf->hqd", block.ov().detach(), g)
+        with torch.enable_grad(), self.rm.frozen():
+            inp = self.x[sub.hook_block_in.name][None].clone().requires_grad_(True)
+            return torch.autograd.grad(block(inp), inp, g[None])[0][0]
+
+    # -- the graph -------------------------------------------------------------------------------------------
+    def build(self, logit: float, token: int, baseline_token: int | None, target: str) -> AttributionGraph:
+        g_node, g_emb = self.gradients()
+        r_dir = {}
+        for stack in ("dec", "enc"):
+            for key, sub in reversed(self.blocks[stack]):
+                r_dir[key] = self.reading(key, sub, g_node[key])
+                self.step()
+        nodes, ids = self.nodes()
+        n = len(nodes)
+        self.A = torch.zeros(n, n, dtype=torch.float64)
+        self.attribution = torch.zeros(n, dtype=torch.float64)
+        self.ids = ids
+        memory = None
+        for stack in ("enc", "dec"):
+            stream = self.m.stream(stack)
+            rows = _Rows(self, stack, ids)
+            self.attribution[rows.node[: self.length[stack]]] = (g_emb[stack] * self.x[stream.hook_embed.name]).sum(-1)
+            c = rows.start(self.x[stream.hook_embed.name])
+
+            def block_fn(sub: Sublayer, h: torch.Tensor, rows=rows, stack=stack) -> torch.Tensor:
+                key = (stack, self._layer_of(sub, stack), sub.name)
+                out = self.edges_into(key, sub, h if sub.name != "cross_attn" else memory, rows,  # noqa: B023 (set by the encoder pass before the decoder runs)
+                                      g_node[key], r_dir[key])
+                self.step()
+                return out
+
+            with evaluating(self.m), torch.no_grad(), self.m.hooks(rows.norm_hooks()):
+                for layer in stream.layers:
+                    c = layer.compose(c, block_fn)
+            if stream.final_norm is not None:
+                with torch.no_grad():
+                    c = rows.norm(stream.final_norm, c)
+            if stack == "enc":
+                memory = (c, rows)
+        at = rows.pos == self.position
+        u = self.m.output_proj.weight.detach().t() @ self.coef  # (D,): the target's direction in the final stream
+        out_bias = 0.0 if self.m.output_proj.bias is None else float(self.m.output_proj.bias.detach() @ self.coef)
+        contrib = c[at, 0] @ u
+        bias_id, logit_id = ids["bias"], ids["logit"]
+        real = rows.node[at] >= 0
+        self.A[logit_id, rows.node[at][real]] = contrib[real]
+        self.A[logit_id, bias_id] = float(contrib[~real].sum()) + out_bias
+        for j in [bias_id, *ids["error"].values()]:  # sources: their attribution is the sum of their out-edges
+            self.attribution[j] = self.A[:, j].sum()
+        self.attribution[logit_id] = self.A[logit_id].sum()
+        cfg = self.m.cfg
+        meta = {"src_len": self.length["enc"], "tgt_len": self.length["dec"], "norm_first": cfg.norm_first,
+                "target": target}
+        nodes[logit_id]["token"] = token
+        return AttributionGraph(nodes, self.A, self.attribution, logit, self.position, token, baseline_token, meta)
+
+    def _layer_of(self, sub: Sublayer, stack: str) -> int:
+        for (_, i, _), other in self.blocks[stack]:
+            if other.block is sub.block:
+                return i
+        raise AssertionError("a sub-layer outside the model")
+
+    def edges_into(self, key, sub: Sublayer, h, rows: _Rows, g: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """Fill the edges into block `key`'s nodes from the rows it reads, `h` (rows, 1, D), or the memory's rows for
+        cross-attention; return the block's writes as rows (its nodes' rows hold their clean writes, the bias rows
+        its constant)."""
+        if sub.name == "cross_attn":
+            h, read_rows = h
+        else:
+            read_rows = rows
+        stack, i, _ = key
+        A, ids, block = self.A, self.ids, sub.block
+        bias_id = ids["bias"]
+        hs = h[:, 0]  # (n_read, D)
+        stream_in = torch.zeros(self.length[read_rows.stack], hs.size(1), dtype=hs.dtype)
+        stream_in.index_add_(0, read_rows.pos, hs)  # the input the block reads, as the rows rebuild it
+        out = torch.zeros(rows.n, 1, hs.size(1), dtype=hs.dtype)
+        own = rows.block_rows[key]
+        err_ids = torch.tensor([ids["error"][stack, i, q] for q in range(self.length[stack])])
+        real = read_rows.node >= 0
+        if sub.is_attention:
+            tids = ids["blocks"][key]  # (H, Lq)
+            H, Lq = tids.shape
+            probs = self.rm.probs(block)[0]  # (H, Lq, Lk)
+            write = self.x[block.hook_result.name]  # (H, Lq, D)
+            weights = probs[:, :, read_rows.pos] * torch.einsum("nd,hqd->hqn", hs, r)  # (H, Lq, n_read)
+            A[tids.reshape(-1, 1), read_rows.node[real].reshape(1, -1)] = weights[:, :, real].reshape(H * Lq, -1)
+            with self.rm.frozen(), self.m.capture([block.hook_result.name]) as seen:
+                self._call(sub, torch.zeros_like(stream_in), stack)
+                value_bias = seen[block.hook_result.name][0][0]  # (H, Lq, D): the heads' output on a zero input
+                self._call(sub, stream_in, stack)
+                recon = seen[block.hook_result.name][1][0]
+            A[tids.reshape(-1), bias_id] = (weights[:, :, ~real].sum(-1) + (g[None] * value_bias).sum(-1)).reshape(-1)
+            A[tids.reshape(-1), err_ids.repeat(H)] = ((write - recon) * g[None]).sum(-1).reshape(-1)
+            self.attribution[tids.reshape(-1)] = (g[None] * write).sum(-1).reshape(-1)
+            for node, row in zip(tids.reshape(-1).tolist(), probs.reshape(H * Lq, -1).tolist()):
+                self.nodes_list[node]["attention"] = [round(v, 4) for v in row]
+            out[own.reshape(-1), 0] = write.reshape(H * Lq, -1)
+            if block.out_proj.bias is not None:
+                out[rows.bias_rows, 0] += block.out_proj.bias.detach()
+            return out
+        tids = ids["blocks"][key]  # (L,)
+        write = self.x[block.hook_out.name]  # (L, D)
+        dots = (hs * r[read_rows.pos]).sum(-1)  # each row read at its own position
+        A[tids[read_rows.pos[real]], read_rows.node[real]] = dots[real]
+        with torch.no_grad(), self.rm.frozen():
+            const = block(torch.zeros_like(stream_in)[None])[0]  # the frozen FFN on a zero input: its constant
+            recon = block(stream_in[None])[0]
+        bias_dots = torch.zeros(len(tids), dtype=hs.dtype).index_add_(0, read_rows.pos[~real], dots[~real])
+        A[tids, bias_id] = bias_dots + (g * const).sum(-1)
+        A[tids, err_ids] = ((write - recon) * g).sum(-1)
+        self.attribution[tids] = (g * write).sum(-1)
+        out[own, 0] = write
+        return out
+
+    def _call(self, sub: Sublayer, inp: torch.Tensor, stack: str) -> None:
+        """Run an attention block of the frozen model on one input (L, D) (cross-attention: the memory)."""
+        with torch.no_grad():
+            if sub.name == "cross_attn":
+                q_in = torch.zeros(1, self.length["dec"], inp.size(1), dtype=inp.dtype)  # frozen pattern: unread
+                sub.block(q_in, memory=inp[None])
             else:
-                probs = x[sub.block.hook_probs.name]  # (H, Lq, Lk)
-                r = torch.einsum("hdf,qf->hqd", p.ov, g)  # (H, Lq, D)
-                back = torch.einsum("hqk,hqd->kd", probs, r)  # (Lk, D)
-            r_dir[key] = r
-            step()
-            if b == "cross_attn":
-                G_mem = G_mem + back
-                G = G if pre else g  # the decoder stream gets nothing back: queries are frozen
-                continue
-            if pre:
-                G = G + _fnT(back, w, s)
-            else:
-                G = g + back
-        g_emb[stack] = G
+                sub.block(inp[None], causal=stack == "dec" and sub.name == "self_attn")
 
-    # ----------------------------------------------------------------------------------- node list
-    nodes: list[dict[str, Any]] = []
+    def nodes(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The node list (embeddings, bias, errors, blocks' nodes, logit: the order every graph keeps) and where
+        each kind's nodes sit in it."""
+        nodes: list[dict[str, Any]] = []
 
-    def add(**n) -> int:
-        nodes.append(n)
-        return len(nodes) - 1
+        def add(**n) -> int:
+            nodes.append(n)
+            return len(nodes) - 1
 
-    def tok(stack, q):
-        names = src_tokens if stack == "enc" else tgt_tokens
-        return names[q] if names is not None and q < len(names) else None
+        def tok(stack, q):
+            names = self.names[stack]
+            return names[q] if names is not None and q < len(names) else None
 
-    emb_ids = {}
-    for stack, side in (("enc", "src"), ("dec", "tgt")):
-        emb_ids[stack] = [add(kind="embed", stack=stack, layer=None, head=None, block=None, position=q,
-                              token=tok(stack, q), label=f"{side} {q}" + (f" {tok(stack, q)}" if tok(stack, q)
-                                                                          is not None else ""))
-                          for q in range(length[stack])]
-    bias_id = add(kind="bias", stack=None, layer=None, head=None, block=None, position=None, token=None, label="bias")
-    err_ids = {}
-    for stack in ("enc", "dec"):
-        for i in range(len(getattr(model, stack))):
-            for q in range(length[stack]):
-                err_ids[stack, i, q] = add(kind="error", stack=stack, layer=i, head=None, block=None, position=q,
-                                           token=tok(stack, q), label=f"error {stack}.{i} @{q}")
-    block_ids = {}
-    for stack in ("enc", "dec"):
-        for key, sub in blocks[stack]:
-            _, i, b = key
-            L = length[stack]
-            if b == "ffn":
-                block_ids[key] = torch.tensor([add(kind="ffn", stack=stack, layer=i, head=None, block="ffn",
-                                                   position=q, token=tok("dec" if stack == "dec" else "enc", q),
-                                                   label=f"{path_of(sub.block)} @{q}") for q in range(L)])
-            else:
-                H = sub.block.n_heads
-                short = {"self_attn": f"{stack}_self", "cross_attn": "cross"}[b]
-                block_ids[key] = torch.tensor([[add(kind="head", stack=stack, layer=i, head=h, block=b, position=q,
-                                                    token=tok(stack, q), label=f"{short}:{i}:{h} @{q}")
-                                                for q in range(L)] for h in range(H)])  # (H, L)
-    logit_id = add(kind="logit", stack="dec", layer=None, head=None, block=None, position=position, token=token,
-                   label=f"logit @{position}")
-    N = len(nodes)
-    A = torch.zeros(N, N, dtype=torch.float64)
-    attribution = torch.zeros(N, dtype=torch.float64)
+        ids: dict[str, Any] = {"embed": {}, "error": {}, "blocks": {}}
+        for stack, side in (("enc", "src"), ("dec", "tgt")):
+            ids["embed"][stack] = [add(kind="embed", stack=stack, layer=None, head=None, block=None, position=q,
+                                       token=tok(stack, q), label=f"{side} {q}" + (f" {tok(stack, q)}" if tok(
+                                           stack, q) is not None else "")) for q in range(self.length[stack])]
+        ids["bias"] = add(kind="bias", stack=None, layer=None, head=None, block=None, position=None, token=None,
+                          label="bias")
+        for stack in ("enc", "dec"):
+            for i in range(len(self.m.stream(stack).layers)):
+                for q in range(self.length[stack]):
+                    ids["error"][stack, i, q] = add(kind="error", stack=stack, layer=i, head=None, block=None,
+                                                    position=q, token=tok(stack, q), label=f"error {stack}.{i} @{q}")
+        for stack in ("enc", "dec"):
+            for key, sub in self.blocks[stack]:
+                _, i, b = key
+                L = self.length[stack]
+                if b == "ffn":
+                    ids["blocks"][key] = torch.tensor([add(kind="ffn", stack=stack, layer=i, head=None, block="ffn",
+                                                           position=q, token=tok(stack, q),
+                                                           label=f"{path_of(sub.block)} @{q}") for q in range(L)])
+                else:
+                    short = {"self_attn": f"{stack}_self", "cross_attn": "cross"}[b]
+                    ids["blocks"][key] = torch.tensor([[add(kind="head", stack=stack, layer=i, head=h, block=b,
+                                                            position=q, token=tok(stack, q),
+                                                            label=f"{short}:{i}:{h} @{q}") for q in range(L)]
+                                                       for h in range(sub.block.n_heads)])  # (H, L)
+        ids["logit"] = add(kind="logit", stack="dec", layer=None, head=None, block=None, position=self.position,
+                           token=None, label=f"logit @{self.position}")
+        self.nodes_list = nodes
+        return nodes, ids
 
-    # ---------------------------------------------------------------------------------- forward: edges
-    memory = None
-    for stack in ("enc", "dec"):
-        L = length[stack]
-        emb = x[model.stream(stack).hook_embed.name]  # (L, D)
-        ids = torch.tensor(emb_ids[stack])
-        R = emb.clone()  # (n, D): each source node's contribution to the stream at its own position
-        pos = torch.arange(L)
-        Rb = torch.zeros(L, D, dtype=torch.float64)  # the bias node's contribution per position
-        attribution[ids] = (g_emb[stack] * emb).sum(-1)
-        for key, sub in blocks[stack]:
-            _, i, b = key
-            w, nb, s = norm_of(sub)
-            p = params[key]
-            g = g_node[key]
-            r = r_dir[key]
-            if b == "cross_attn":
-                rids, Rr, rpos, Rbr = memory
-            else:
-                rids, rpos = ids, pos
-                Rr, Rbr = (_fn(R, w, s[pos]), _fn(Rb, w, s) + nb) if pre else (R, Rb)
-            stream_r = torch.zeros(length["enc" if b == "cross_attn" else stack], D, dtype=torch.float64)
-            stream_r.index_add_(0, rpos, Rr)
-            stream_r += Rbr  # the reconstructed input the block reads
-            if b == "ffn":
-                tids = block_ids[key]  # (L,)
-                write = x[sub.block.hook_out.name]  # (L, D)
-                A[tids[rpos], rids] = (Rr * r[rpos]).sum(-1)
-                const = (gates[stack, i] * (0 if p.b_up is None else p.b_up)) @ p.w_down.t()
-                const = const + (0 if p.b_down is None else p.b_down)
-                A[tids, bias_id] = (Rbr * r).sum(-1) + (g * const).sum(-1)
-                hid = gates[stack, i] * (stream_r @ p.w_up.t() + (0 if p.b_up is None else p.b_up))
-                recon = hid @ p.w_down.t() + (0 if p.b_down is None else p.b_down)
-                err = ((write - recon) * g).sum(-1)  # (L,)
-                A[tids, torch.tensor([err_ids[stack, i, q] for q in range(L)])] = err
-                attribution[tids] = (g * write).sum(-1)
-                new_R, new_pos, new_ids = write, torch.arange(L), tids
-            else:
-                tids = block_ids[key]  # (H, Lq)
-                H, Lq = tids.shape
-                probs = x[sub.block.hook_probs.name]  # (H, Lq, Lk)
-                write = x[sub.block.hook_result.name]  # (H, Lq, D)
-                dots = torch.einsum("nd,hqd->hqn", Rr, r)  # (H, Lq, n)
-                A[tids.reshape(-1, 1), rids.reshape(1, -1)] = (probs[:, :, rpos] * dots).reshape(H * Lq, -1)
-                vb = 0.0 if p.bv is None else torch.einsum("he,hef->hf", p.bv, p.wo)[:, None]  # (H, 1, D)
-                A[tids.reshape(-1), bias_id] = (torch.einsum("hqk,kd,hqd->hq", probs, Rbr, r)
-                                                + (g[None] * vb).sum(-1)).reshape(-1)
-                recon = torch.einsum("hqk,kd,hdf->hqf", probs, stream_r, p.ov) + vb
-                err = ((write - recon) * g[None]).sum(-1)  # (H, Lq)
-                eids = torch.tensor([err_ids[stack, i, q] for q in range(Lq)])
-                A[tids.reshape(-1), eids.repeat(H)] = err.reshape(-1)
-                attribution[tids.reshape(-1)] = (g[None] * write).sum(-1).reshape(-1)
-                for h in range(H):
-                    for q in range(Lq):
-                        nodes[int(tids[h, q])]["attention"] = [round(float(v), 4) for v in probs[h, q]]
-                new_R, new_pos, new_ids = write.reshape(H * Lq, D), torch.arange(Lq).repeat(H), tids.reshape(-1)
-                if p.bo is not None:
-                    Rb = Rb + p.bo
-            step()
-            R = torch.cat([R, new_R])
-            pos = torch.cat([pos, new_pos])
-            ids = torch.cat([ids, new_ids])
-            if not pre:
-                R = _fn(R, w, s[pos])
-                Rb = _fn(Rb, w, s) + nb
-        if stack in finals:
-            w, nb, s = finals[stack]
-            R = _fn(R, w, s[pos])
-            Rb = _fn(Rb, w, s) + nb
-        if stack == "enc":
-            memory = (ids, R, pos, Rb)
-    at = pos == position
-    A[logit_id, ids[at]] = R[at] @ u
-    A[logit_id, bias_id] = float(Rb[position] @ u) + out_bias
-    # the sources' attributions are the sums of their out-edges (bias and errors have no write of their own)
-    for j in [bias_id, *err_ids.values()]:
-        attribution[j] = A[:, j].sum()
-    attribution[logit_id] = A[logit_id].sum()
-    meta = {"src_len": S, "tgt_len": T, "norm_first": pre, "target": target}
-    return AttributionGraph(nodes, A, attribution, logit, position, token, baseline_token, meta)
+
+class _Rows:
+    """The rows of one stack's contribution walk: one per source node (its embedding at its position, each head's
+    and FFN's write at its query position) and one bias row per position; `node` is each row's node id (-1: bias),
+    `pos` its position. Through a norm, a row is mapped by the norm's frozen linear part at its position's scale;
+    the bias rows also get the norm's bias."""
+
+    def __init__(self, builder: _Builder, stack: str, ids: dict[str, Any]) -> None:
+        self.b, self.stack = builder, stack
+        L = builder.length[stack]
+        node = [*ids["embed"][stack], *[-1] * L]
+        pos = [*range(L), *range(L)]
+        self.block_rows: dict[tuple, torch.Tensor] = {}
+        for key, _ in builder.blocks[stack]:
+            tids = ids["blocks"][key]
+            first = len(node)
+            node += tids.reshape(-1).tolist()
+            pos += (list(range(L)) * tids.size(0)) if tids.dim() == 2 else list(range(L))
+            self.block_rows[key] = torch.arange(first, len(node)).view(tids.shape)
+        self.node, self.pos = torch.tensor(node), torch.tensor(pos)
+        self.n = len(node)
+        self.bias_rows = torch.arange(L, 2 * L)
+        self.is_bias = (self.node < 0).to(torch.float64)[:, None, None]
+
+    def start(self, embed: torch.Tensor) -> torch.Tensor:
+        c = torch.zeros(self.n, 1, embed.size(-1), dtype=embed.dtype)
+        c[: embed.size(0), 0] = embed
+        return c
+
+    def norm(self, norm, c: torch.Tensor) -> torch.Tensor:
+        """A norm outside a layer (the stack's final norm): its frozen linear part, its bias on the bias rows."""
+        scale = self.b.rm.scale(norm)[0][self.pos][:, None]  # (rows, 1, 1)
+        return norm.linear(c, scale) + self.is_bias * norm.bias.detach()
+
+    def norm_hooks(self) -> list[tuple[str, Any]]:
+        """Hooks that make each layer norm act on rows: its scale per row's position, its bias on bias rows only."""
+        spec: list[tuple[str, Any]] = []
+        for _, sub in self.b.blocks[self.stack]:
+            scale = self.b.rm.scale(sub.norm)[0][self.pos][:, None]  # (rows, 1, 1)
+            spec.append((sub.norm.hook_scale.name, lambda x, hook, scale=scale: scale))
+            bias = sub.norm.bias.detach()
+            spec.append((sub.hook_norm.name, lambda x, hook, bias=bias: x - (1 - self.is_bias) * bias))
+        return spec
 
 
 # ---------------------------------------------------------------------------------------- interventions

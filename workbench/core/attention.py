@@ -183,6 +183,12 @@ class MultiHeadAttention(nn.Module):
         """Each head's slice of the output projection, (H, Dh, D): result_h = context_h @ W[h]."""
         return self.out_proj.weight.t().reshape(self.n_heads, self.d_head, -1)
 
+    def ov(self) -> torch.Tensor:
+        """Each head's value-output circuit, (H, D, D): for a value input x (B, L, D), head h writes x @ ov[h] at
+        each key position before its pattern mixes them (plus its value bias through W_O; the block's bias apart)."""
+        return torch.einsum("hed,hef->hdf", self.v_proj.weight.view(self.n_heads, self.d_head, -1),
+                            self.head_weights())
+
     def _by_head(self, context: torch.Tensor) -> torch.Tensor:
         # per-head terms summed: equals out_proj on the concatenated heads up to summation order
         raw = torch.einsum("bhld,hde->bhle", context, self.head_weights())

@@ -297,7 +297,8 @@ def hooks(
     merged: dict[HookPoint, tuple[HookFn, ...]] = dict(_ACTIVE.get() or {})
     for pattern, fns in items:
         fn_list = (fns,) if callable(fns) else tuple(fns)
-        for name in select_names(points, pattern):
+        exact = isinstance(pattern, str) and pattern in points  # the common case: no scan of every name
+        for name in (pattern,) if exact else select_names(points, pattern):
             point = points[name]
             merged[point] = merged.get(point, ()) + fn_list
     token = _ACTIVE.set(merged)

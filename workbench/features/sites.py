@@ -20,6 +20,7 @@ from typing import Literal
 
 import torch
 
+from ..core.masks import real_positions
 from ..core.model import Transformer
 from ..core.splice import Spliced, attach, detach
 from ..corpus.data import Batch
@@ -138,8 +139,9 @@ def capture_site(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, si
 
 
 def site_mask(batch: Batch, site: Site, pad_id: int) -> torch.Tensor:
-    """(B, L) True on real positions of the site's side."""
-    return batch.src != pad_id if site.side == "src" else batch.tgt_in != pad_id
+    """(B, L) True on real positions of the site's side. Decoder position 0 is real even when the start id is the
+    padding id (Marian's convention): `core.masks.real_positions` decides, as everywhere else."""
+    return real_positions(batch.src if site.side == "src" else batch.tgt_in, pad_id, decoder=site.side != "src")
 
 
 def site_rows(model: Transformer, batch: Batch, site: Site, *, extra: tuple[str, ...] = ()

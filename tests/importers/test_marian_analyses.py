@@ -1,0 +1,62 @@
+"""Pad-start models in the analyses (issue 36 point 1, issue 38 point 4): an imported Marian model's decoder starts
+with the padding id. Its attribution graph is built (decoder position 0 is a node like any other), is complete, and
+removing its nodes in the real model matches the frozen prediction where the model is linear; the replacement model
+reproduces it; a dictionary site keeps decoder position 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from importer_helpers import write_marian_dir
+
+from workbench.analysis.graph import attribution_graph, remove_nodes
+from workbench.core.replacement import ReplacementModel
+from workbench.corpus.data import Batch
+from workbench.features.sites import resolve_site, site_mask
+from workbench.importers.marian import import_marian
+
+pytest.importorskip("transformers", reason="the model is a real MarianMTModel, imported")
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("opus")
+    write_marian_dir(directory)
+    tm = import_marian(directory)
+    assert tm.model.cfg.start_id == tm.model.cfg.pad_id, "the point of the test: Marian starts with pad"
+    return tm
+
+
+def _sentence(tm):
+    src_ids = [*tm.src_tokenizer.encode("the cat sat on the mat ."), tm.model.cfg.eos_id]
+    out = tm.tgt_tokenizer.encode("the cat sat")
+    return torch.tensor([src_ids]), torch.tensor([[tm.model.cfg.start_id, *out]])
+
+
+def test_a_pad_start_decoder_gets_a_complete_graph_with_position_zero(marian):
+    src, tgt = _sentence(marian)
+    for position in (0, tgt.size(1) - 1):
+        g = attribution_graph(marian.model, src, tgt, position=position)
+        assert g.index(kind="embed", stack="dec", position=0), "decoder position 0 is a node"
+        assert abs(float(g.adjacency[-1].sum()) - g.logit) <= 1e-9 * max(1.0, abs(g.logit))
+        # removing the start token's embedding changes the real logit: position 0 is read, not masked
+        (start,) = g.index(kind="embed", stack="dec", position=0)
+        removed = remove_nodes(marian.model, src, tgt, g, [[start]])
+        assert abs(float(removed[0]) - g.logit) > 1e-6
+
+
+def test_the_replacement_model_reproduces_a_pad_start_model(marian):
+    src, tgt = _sentence(marian)
+    rm = ReplacementModel(marian.model, src, tgt, freeze=())
+    torch.testing.assert_close(rm(), marian.model(src, tgt), rtol=0, atol=1e-6)
+    frozen = ReplacementModel(marian.model, src, tgt, dtype=torch.float64)
+    torch.testing.assert_close(frozen(), frozen.logits, rtol=0, atol=1e-10)
+
+
+def test_a_decoder_site_keeps_position_zero(marian):
+    src, tgt = _sentence(marian)
+    site = resolve_site(marian.model, "dec.0.cross_attn.hook_out")
+    padded = torch.cat([tgt, torch.full((1, 2), marian.model.cfg.pad_id)], dim=1)
+    batch = Batch(src, padded, padded, [0], int(src.numel()), int(tgt.numel()))
+    mask = site_mask(batch, site, marian.model.cfg.pad_id)
+    assert mask[0].tolist() == [True] * tgt.size(1) + [False, False]
