@@ -25,6 +25,7 @@ from workbench.core.batching import decoder_input  # noqa: E402
 from workbench.ui import Workbench, graph_view, loader  # noqa: E402
 from workbench.ui.graph_view import TAB, GraphView, build_graph  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
+from workbench.ui.views import _md_escape  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
 
@@ -243,3 +244,72 @@ def test_the_graph_says_how_far_to_trust_it(session):
                                    graph, top=graph_view.TRUSTED_TOP)
     top = trust.labels[0]
     assert f"| {graph_view._md_escape(top)} | {trust.predicted[0]:+.3f} | {trust.real[0]:+.3f} |" in text
+
+
+def _qk_parts(view):
+    box = view._qk_box
+    note = next(o for o in box.objects if "graph-qk-note" in o.css_classes)
+    table = next(o for o in box.objects if "graph-qk-table" in o.css_classes)
+    select = next(w for row in box.objects if isinstance(row, pn.Row) for w in row.objects
+                  if "graph-qk-key" in w.css_classes)
+    return note.object, table.object, select
+
+
+def test_a_tapped_cross_attention_head_says_why_it_attends_there(session):
+    """Issue 36 point 4: tapping a cross-attention head lists the top query x key pairs of its score at the piece it
+    attends most (the terms are `qk_attribution`'s, the score the model's); another piece can be picked; tapping
+    another kind of node clears the table."""
+    view = GraphView(session=session)
+    view.param.update(position=2, threshold=1.0, max_nodes=400)
+    view.show()
+    nodes = _figure(view).select_one({"name": "graph_nodes"})
+    k = next(j for j, i in enumerate(nodes.data["index"]) if _node(view, i)["block"] == "cross_attn")
+    assert view._qk_box.objects == []
+    nodes.selected.indices = [k]  # the tap
+    node = _node(view, nodes.data["index"][k])
+    assert view.node == nodes.data["index"][k]
+    note, table, select = _qk_parts(view)
+    r = session.result
+    row = node["attention"]
+    s = max(range(len(row)), key=lambda j: row[j])
+    assert select.value == s
+    name = f"dec.{node['layer']}.cross_attn.hook_scores"
+    src = torch.tensor([list(r.src_ids)])
+    tgt = torch.tensor([decoder_input(r.out_ids[:3], r.model.model.cfg.start_id)])
+    with torch.no_grad():
+        _, cache = r.model.model.run_with_cache(src, tgt, names=[name])
+    score = float(cache[name][0, node["head"], node["position"], s])
+    assert _md_escape(f"score {score:.3f}") in note
+    assert _md_escape(f"reading source piece {s} ({r.src_pieces[s]!r})") in note
+    assert len(table) == graph_view.QK_TOP and list(table.columns) == ["query side", "key side", "term",
+                                                                       "share of score"]
+    terms = table["term"].abs().to_numpy()
+    assert (terms[:-1] >= terms[1:]).all()
+    # another source piece: the table follows it
+    other = (s + 1) % len(row)
+    select.value = other
+    assert view.qk_key == other
+    note, _, select = _qk_parts(view)
+    assert _md_escape(f"reading source piece {other} ") in note and select.value == other
+    # an FFN or embedding node: no table
+    nodes.selected.indices = [next(j for j, kind in enumerate(nodes.data["kind"]) if kind in ("ffn", "embed"))]
+    assert view._qk_box.objects == []
+
+
+def test_the_edge_table_names_features_on_the_shipped_checkpoint():
+    """With the checkpoint's dictionaries the pairs are features (named by the piece their top contexts hold)."""
+    from workbench.decoding.translator import load
+
+    tm = load(Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en")
+    src_ids = tm.encode_source("Ein Hund läuft durch den Park.")[0]
+    out_ids = [*tm.tgt_tokenizer.encode("A dog runs through the park."), tm.model.cfg.eos_id]
+    src_pieces, out_pieces = tm.src_tokenizer.pieces(src_ids), tm.tgt_tokenizer.pieces(out_ids)
+    answer = graph_view.edge_qk(tm, src_ids, out_ids, src_pieces, out_pieces, 4, 1, 0, 3, 1, True)
+    qk = answer["qk"]
+    assert abs(qk.total - qk.score) < 1e-5 * max(1.0, abs(qk.score))
+    assert "hook_memory" in answer["dictionaries"] and "dec.0.cross_attn.hook_out" in answer["dictionaries"]
+    keys = answer["table"]["key side"].tolist()
+    named = [k for k in keys if k.startswith("hook_memory f")]
+    assert named and all(k.endswith("%)") for k in named)
+    plain = graph_view.edge_qk(tm, src_ids, out_ids, src_pieces, out_pieces, 4, 1, 0, 3, 1, False)
+    assert plain["dictionaries"] == [] and plain["qk"].score == pytest.approx(qk.score, abs=1e-5)

@@ -162,6 +162,21 @@ def _covers(model, dictionaries: Iterable[SparseDictionary]) -> list[_Cover]:
     return out
 
 
+def qk_dictionaries(model, dictionaries: Iterable[SparseDictionary]) -> list[SparseDictionary]:
+    """The dictionaries QK attribution can expand (module doc), the first of each site: what a caller holding a
+    checkpoint's whole `features/` folder passes on."""
+    out, sites = [], set()
+    for d in dictionaries:
+        try:
+            (cover,) = _covers(model, [d])
+        except ValueError:
+            continue
+        if cover.site.name not in sites:
+            sites.add(cover.site.name)
+            out.append(d)
+    return out
+
+
 def _feature_parts(cover: _Cover, trace, position: int) -> tuple[list[str], list[dict], torch.Tensor]:
     """The dictionary's raw writes at `position`: each active feature a_f W_dec[f], b_dec, the skip term, the error;
     they sum to the site's real value there exactly (float64)."""
@@ -413,17 +428,24 @@ def key_category(info: dict[str, Any], label: str, s: int, word_feature: bool | 
     return "biases"
 
 
+def feature_piece(stats, feature: int, side: str = "src") -> tuple[int | None, float]:
+    """The piece a feature's top corpus contexts (`features.stats.FeatureStats`) fall on most, and the share of
+    them it takes: (piece id, share), (None, 0.0) for a feature with no contexts."""
+    sentences = stats.sentences_src if side == "src" else stats.sentences_tgt
+    pieces = [sentences[sent][pos] for _, sent, pos in stats.contexts(int(feature)) if pos < len(sentences[sent])]
+    if not pieces:
+        return None, 0.0
+    best = max(set(pieces), key=pieces.count)
+    return best, pieces.count(best) / len(stats.contexts(int(feature)))
+
+
 def word_features(stats, piece: int, features: Iterable[int], *, share: float = 0.5) -> set[int]:
-    """The features among `features` whose top corpus contexts (`features.stats.FeatureStats`, a source-side
-    dictionary) fall on source piece `piece` at least `share` of the time."""
+    """The features among `features` whose top corpus contexts (a source-side dictionary's stats) fall on source
+    piece `piece` at least `share` of the time."""
     out = set()
     for f in features:
-        ctx = stats.contexts(int(f))
-        if not ctx:
-            continue
-        hits = sum(1 for _, sent, pos in ctx
-                   if pos < len(stats.sentences_src[sent]) and stats.sentences_src[sent][pos] == piece)
-        if hits >= share * len(ctx):
+        top, frac = feature_piece(stats, f)
+        if top == piece and frac >= share:
             out.add(int(f))
     return out
 

@@ -41,10 +41,13 @@ from bokeh.layouts import row
 
 from ..analysis.graph import attribution_graph, component_contexts, graph_size
 from ..analysis.graph_trust import graph_trust
+from ..analysis.qk_attribution import feature_piece, qk_attribution, qk_dictionaries
 from ..charts.export import to_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
+from ..charts.qk import qk_caption, qk_pairs_table
 from ..core.batching import decoder_input
 from ..corpus.data import dataset_files
+from .features_view import feature_data, sites_of
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
 
@@ -128,6 +131,37 @@ def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, pro
                              progress=progress)
 
 
+QK_TOP = 12  # query x key pairs listed for a tapped cross-attention head
+
+
+def edge_qk(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, layer: int, head: int, t: int, s: int,
+            features: bool = True) -> dict:
+    """Why cross-attention head (layer, head) at decoder position t attends to source piece s, in the graph's
+    sentence: `analysis.qk_attribution` (with the checkpoint's dictionaries when `features` and it ships any), its
+    top pairs as a table, each feature named by the piece its top corpus contexts fall on most."""
+    src, tgt = sentence_tensors(tm, src_ids, out_ids, position)
+    fds = [feature_data(tm, d) for d in sites_of(tm)] if features else []
+    dicts = qk_dictionaries(tm.model, [fd.d for fd in fds])
+    start = time.perf_counter()
+    qk = qk_attribution(tm.model, src, tgt, layer=layer, head=head, t=t, s=s, dictionaries=dicts)
+    seconds = time.perf_counter() - start
+    names = {}
+    stats = {fd.site.name: fd for fd in fds if fd.d in dicts and fd.stats is not None}
+    top = qk.frame(k=QK_TOP)
+    for site, f in [(i.get("site"), i.get("feature")) for i in (*qk.query_info, *qk.key_info)
+                    if i["kind"] == "feature"]:
+        if site in stats and (site, f) not in names and f in set(top["query_feature"]) | set(top["key_feature"]):
+            fd = stats[site]
+            piece, share = feature_piece(fd.stats, f, fd.site.side)
+            tok = tm.src_tokenizer if fd.site.side == "src" else tm.tgt_tokenizer
+            names[site, f] = "" if piece is None else f"{tok.pieces([piece])[0]} {share:.0%}"
+    tgt_tokens = ["<s>", *out_pieces[:position]]
+    return {"qk": qk, "seconds": seconds, "caption": qk_caption(qk, list(src_pieces), tgt_tokens),
+            "table": qk_pairs_table(qk, src_tokens=list(src_pieces), tgt_tokens=tgt_tokens, k=QK_TOP,
+                                    feature_names=names),
+            "dictionaries": qk.meta["dictionaries"]}
+
+
 class GraphView(LazyTab):
     """The attribution graph of the chosen output token of the session's current sentence and model."""
 
@@ -141,6 +175,10 @@ class GraphView(LazyTab):
     contexts = param.Boolean(default=True, doc=("When a node is tapped, also show the test sentences where that head "
                                                 "or feed-forward layer writes most."))
     node = param.Integer(default=-1, bounds=(-1, None), doc="The tapped node (its index in the graph; -1: none)")
+    qk_key = param.Integer(default=-1, bounds=(-1, None), doc=("The source piece a tapped cross-attention head's "
+                                                               "score is explained at (-1: the piece it attends most)"))
+    qk_features = param.Boolean(default=True, doc=("Explain the score with the checkpoint's dictionary features "
+                                                   "(when it ships any) instead of whole heads and FFNs."))
 
     title = "Graph"
     follows = ("version",)
@@ -160,6 +198,10 @@ class GraphView(LazyTab):
         self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
         self._cost = ""
         self._picker = pn.Column(sizing_mode="stretch_width")
+        # why a tapped cross-attention head attends where it does (QK attribution): a light lane of its own
+        self._qk_lane = self.session.lane(f"GraphQK-{id(self)}")
+        self._qk_box = pn.Column(sizing_mode="stretch_width", css_classes=["graph-qk"])
+        self._qk_node = -1  # the node the shown attribution is of
         self._picker_many: bool | None = None
         self._bar = pn.indicators.Progress(value=0, max=1, width=240, css_classes=["graph-progress-bar"])
         self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
@@ -304,11 +346,14 @@ class GraphView(LazyTab):
                 + (f" Corpus contexts: {_md_escape(answer['corpus'])}." if answer["corpus"] else ""))
         self._export.filename = self.export_name()
         self._export.disabled = False
+        self._qk_box.objects, self._qk_node = [], -1
         self._select_node(fig)
+        self._qk_refresh()
         objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
                 # no margin of its own: the stretched row already spans the tab (a margin pushed it 5 px past the page)
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
                               css_classes=["graph-figure"], margin=0),
+                self._qk_box,
                 pn.pane.Bokeh(legend),
                 pn.Card(pn.pane.Markdown(trust_md(answer["trust"]), css_classes=["graph-trust"],
                                          sizing_mode="stretch_width"),
@@ -354,6 +399,53 @@ class GraphView(LazyTab):
 
     def _tapped(self, drawn: list[int], indices) -> None:
         self.node = drawn[indices[0]] if len(indices) else -1
+
+    # -- why a tapped cross-attention head attends where it does ------------------------------------
+    @param.depends("node", "qk_key", "qk_features", watch=True)
+    def _qk_refresh(self) -> None:
+        """A tapped cross-attention head: its score at the piece it attends most (or `qk_key`), split into query x
+        key pairs, computed in the tab's QK lane; any other node (or none) clears the table."""
+        a, r = self._answer, self._shown[0]
+        nodes = [] if a is None else a["graph"].nodes
+        n = nodes[self.node] if 0 <= self.node < len(nodes) else None
+        if n is None or r is None or n["kind"] != "head" or n["block"] != "cross_attn":
+            self._qk_lane.cancel()
+            self._qk_box.loading, self._qk_box.objects, self._qk_node = False, [], -1
+            return
+        row = [float(w) for w in n["attention"]]
+        if self.node != self._qk_node:  # a newly tapped head starts at the piece it attends most
+            self._qk_node = self.node
+            with param.discard_events(self):
+                self.qk_key = -1
+        s = self.qk_key if 0 <= self.qk_key < len(row) else max(range(len(row)), key=row.__getitem__)
+        self._qk_box.loading = True
+        self._qk_lane.submit(edge_qk, r.model, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, a["position"],
+                             n["layer"], n["head"], n["position"], s, bool(self.qk_features),
+                             done=lambda answer: self._qk_done(answer, row, s), failed=self._qk_done)
+
+    def _qk_done(self, answer, row=None, s=None) -> None:
+        self._qk_box.loading = False
+        if isinstance(answer, Exception):
+            self._qk_box.objects = [pn.pane.Markdown(f"*Why this head attends: failed ({_md_escape(str(answer))})*",
+                                                     css_classes=["graph-qk-error"])]
+            return
+        src = self._shown[0].src_pieces
+        keys = pn.widgets.Select(label="Explain its score at source piece", width=280, css_classes=["graph-qk-key"],
+                                 options={f"{k}: {src[k] if k < len(src) else k} ({w:.2f})": k
+                                          for k, w in enumerate(row)}, value=s)
+        keys.param.watch(lambda e: setattr(self, "qk_key", int(e.new)), "value")
+        feats = pn.widgets.Checkbox.from_param(self.param.qk_features, name="Dictionary features", align="end",
+                                               css_classes=["graph-qk-features"], margin=(5, 10, 12, 10))
+        used = ", ".join(answer["dictionaries"]) or "none (whole heads and FFNs)"
+        self._qk_box.objects = [
+            pn.pane.Markdown(f"**Why this head attends here** (QK attribution): {_md_escape(answer['caption'])}. "
+                             f"Query part × key part terms, largest first; a head's part is what it moved from the "
+                             f"piece after ←. Dictionaries: {_md_escape(used)}. "
+                             f"Computed in {answer['seconds']:.2f} s.", css_classes=["graph-qk-note"],
+                             sizing_mode="stretch_width"),
+            pn.Row(keys, feats),
+            pn.pane.DataFrame(answer["table"], index=False, css_classes=["graph-qk-table"],
+                              sizing_mode="stretch_width")]
 
     # -- export -------------------------------------------------------------------------------------
     def export_name(self) -> str:
