@@ -309,3 +309,22 @@ def test_shipped_model_graph_file_and_its_index(tmp_path):
     assert [x["slug"] for x in index["graphs"]] == ["hund-2", "hund"]
     assert len(other["nodes"]) < len(data["nodes"])
     assert Path(tmp_path / "hund-2.json").is_file()
+
+
+def test_the_graph_command_writes_a_file_per_output_token(tmp_path, capsys):
+    from workbench.cli import main
+
+    ckpt = str(ROOT / "checkpoints" / "multi30k-de-en")
+    assert main(["graph", ckpt, "Ein Hund läuft.", "--reference", "A dog runs.", "--position", "1", "--position",
+                 "3", "--target", "runner-up", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Ein-Hund-lauft-1.json", "Ein-Hund-lauft-3.json",
+                                                          "graph-metadata.json"]
+    data = json.loads((tmp_path / "Ein-Hund-lauft-1.json").read_text(encoding="utf-8"))
+    validate_circuit_tracer(data)
+    logit = next(n for n in data["nodes"] if n["feature_type"] == "logit")
+    assert logit["clerp"].startswith('Output "▁dog" (p=') and ' minus "' in logit["clerp"]
+    assert data["metadata"]["prompt_tokens"][-2:] == ["<s>", "▁A"]
+    assert "Ein-Hund-lauft-3.json" in capsys.readouterr().out
+    assert main(["graph", ckpt, "Ein Hund läuft.", "--reference", "A dog runs.", "--position", "9", "--out",
+                 str(tmp_path)]) == 2
+    assert "position 9 out of range" in capsys.readouterr().err

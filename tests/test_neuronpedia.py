@@ -151,3 +151,19 @@ def test_the_schema_is_saedashboards_and_catches_broken_batches(tm, tmp_path):
 def test_site_layer():
     assert [site_layer(s) for s in ("dec.1.ffn", "hook_memory", "enc.3.hook_resid_ffn", "dec.2.cross_attn.hook_out",
                                     "hook_tgt_embed")] == [1, 0, 3, 2, 0]
+
+
+def test_the_export_command(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.cli.features import feature_list
+
+    assert feature_list("0-2,7") == [0, 1, 2, 7] and feature_list(None) is None
+    with pytest.raises(ValueError, match="ranges"):
+        feature_list("3-1")
+    assert main(["features", "export-neuronpedia", str(CKPT / "features" / "dec.1.ffn"), "--checkpoint", str(CKPT),
+                 "--out", str(tmp_path), "--features", "0-1,52", "--batch-size", "5"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "batch-0.json")]
+    batch = json.loads((tmp_path / "batch-0.json").read_text(encoding="utf-8"))
+    validate_batch(batch)
+    assert [f["feature_index"] for f in batch["features"]] == [0, 1] and batch["model_id"] == "multi30k-de-en"
+    assert json.loads((tmp_path / "skipped_indexes.json").read_text(encoding="utf-8"))["skipped_indexes"] == [52]

@@ -36,13 +36,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from ..core.batching import decoder_input
 from .gradients import evaluating
-from .graph import AttributionGraph, node_influence
+from .graph import AttributionGraph, attribution_graph, node_influence
 
 SCHEMA = Path(__file__).with_name("schemas") / "circuit_tracer_graph.schema.json"
 BLOCK_ORDER = ("self_attn", "cross_attn", "ffn")
@@ -260,3 +264,46 @@ def write_circuit_tracer(data: dict[str, Any], directory: str | Path) -> Path:
     listing["graphs"] = [g for g in listing["graphs"] if g["slug"] != meta["slug"]] + [meta]
     index.write_text(json.dumps(listing, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def export_sentence(tm, source: str, out_dir: str | Path, *, reference: str | None = None,
+                    positions: Sequence[int] | None = None, slug: str | None = None, target: str = "logit",
+                    node_threshold: float = 0.8, edge_threshold: float = 0.98, scan: str = "attention-workbench",
+                    progress: Callable[[str], None] | None = None) -> list[Path]:
+    """Graph files of a sentence's output tokens: the model's translation (`tm`, a TranslationModel, with its
+    decoding settings), or `reference` teacher-forced; one file per output position (default: every one, the end of
+    sentence included), named `SLUG-POSITION.json`, all listed in `out_dir/graph-metadata.json` (the viewer's
+    graph menu). `target`: as `attribution_graph`'s."""
+    src_ids, _ = tm.encode_source(source)
+    if not src_ids:
+        raise ValueError("the source sentence is empty")
+    cfg = tm.model.cfg
+    if reference is None:
+        out_ids = list(tm.translate([source], return_tokens=True)[0].tokens)
+    else:
+        out_ids = [*tm.tgt_tokenizer.encode(reference)[: cfg.max_positions - 1], cfg.eos_id]
+    positions = range(len(out_ids)) if positions is None else positions
+    for p in positions:
+        if not 0 <= p < len(out_ids):
+            raise ValueError(f"position {p} out of range: the output has {len(out_ids)} tokens (0..{len(out_ids) - 1})")
+    if slug is None:  # ASCII from the sentence: accents dropped ("läuft" -> "lauft"), other runs -> "-"
+        plain = unicodedata.normalize("NFKD", source).encode("ascii", "ignore").decode()
+        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", plain).strip("-")[:40] or "sentence"
+    src_pieces = tm.src_tokenizer.pieces(src_ids)
+    out_pieces = tm.tgt_tokenizer.pieces(out_ids)
+    src = torch.tensor([src_ids], device=tm.device)
+    paths = []
+    for p in positions:
+        tgt = torch.tensor([decoder_input(out_ids[: p + 1], cfg.start_id)], device=tm.device)
+        g = attribution_graph(tm.model, src, tgt, position=p, token=int(out_ids[p]), target=target,
+                              src_tokens=src_pieces, tgt_tokens=["<s>", *out_pieces[:p]])
+        base = None if g.baseline_token is None else tm.tgt_tokenizer.pieces([g.baseline_token])[0]
+        prompt = f"{source} → {' '.join(out_pieces[:p])} [{out_pieces[p]}]"
+        data = circuit_tracer_graph(g, slug=f"{slug}-{p}", token_prob=token_probability(tm.model, src, tgt, g),
+                                    token_str=out_pieces[p], baseline_str=base, node_threshold=node_threshold,
+                                    edge_threshold=edge_threshold, scan=scan, prompt=prompt)
+        paths.append(write_circuit_tracer(data, out_dir))
+        if progress is not None:
+            progress(f"{paths[-1]}: {len(data['nodes'])} nodes, {len(data['links'])} links (output token {p}, "
+                     f"{out_pieces[p]!r})")
+    return paths

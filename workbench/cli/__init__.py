@@ -25,7 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "formation": ("workbench.cli.formation", "per-head AER, source share and roles at every snapshot of a run"),
     "align": ("workbench.cli.align", "word alignments of sentence pairs from a checkpoint (Pharaoh i-j per line)"),
     "aer": ("workbench.cli.aer", "alignment error rate, precision and recall of an alignment file against gold"),
-    "features": ("workbench.cli.features", "sparse dictionaries (SAEs, transcoders): train, eval, corpus stats"),
+    "features": ("workbench.cli.features", "sparse dictionaries (SAEs, transcoders): train, eval, corpus stats, "
+                 "Neuronpedia export"),
+    "graph": ("workbench.cli.graph", "attribution graphs of a translation's output tokens as circuit-tracer files"),
 }
 
 

@@ -3,6 +3,7 @@
     workbench features train CHECKPOINT --site hook_memory --out-dir runs/features/hook_memory [--k 32 ...]
     workbench features eval DICTIONARY --checkpoint CHECKPOINT [--card]      # FVU, ΔCE, ..., PCA/random baselines
     workbench features stats DICTIONARY --checkpoint CHECKPOINT             # dashboard statistics over a corpus
+    workbench features export-neuronpedia DICTIONARY --checkpoint CHECKPOINT --out DIR   # dashboards as batch-N.json
 
 `train` resumes from --out-dir's state with the same command (--fresh starts over); under
 `torchrun --nproc_per_node N -m workbench.cli features train ...` every rank streams its share of the corpus.
@@ -15,10 +16,13 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from ..decoding.translator import load
+from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
 from ..features.evaluate import evaluate_dictionary, seeds_of, write_card
+from ..features.neuronpedia import export_dashboards
 from ..features.stats import corpus_feature_stats_cli
 from ..features.train import FeatureTrainConfig, FeatureTrainer
 
@@ -70,13 +74,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="firings sampled uniformly per feature (examples across the activation quantiles)")
     s.add_argument("--out", default=None, help="output file (default: DICTIONARY/stats.safetensors)")
 
+    n = sub.add_parser("export-neuronpedia", help="feature dashboards as Neuronpedia batch files (batch-N.json, "
+                                                  "skipped_indexes.json), offline")
+    n.add_argument("dictionary", help="a dictionary directory with its stats.safetensors")
+    n.add_argument("--checkpoint", required=True)
+    n.add_argument("--out", required=True, help="directory for the batch files (created)")
+    n.add_argument("--features", default=None, metavar="A-B,C",
+                   help="features to export, e.g. 0-99,120 (default: all; dead ones go to skipped_indexes.json)")
+    n.add_argument("--batch-size", dest="batch_size", type=int, default=128, help="features per batch file")
+    n.add_argument("--model-id", dest="model_id", default=None, help="Neuronpedia model id (default: the "
+                                                                      "checkpoint directory's name)")
+    n.add_argument("--sae-set", dest="sae_set", default=None, help="Neuronpedia SAE set (default: the dictionary "
+                                                                    "directory's name)")
+
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "train":
         return _train(args)
     if args.action == "eval":
         return _eval(args)
+    if args.action == "export-neuronpedia":
+        return _export_neuronpedia(args)
     return _stats(args)
+
+
+def feature_list(spec: str | None) -> list[int] | None:
+    """'0-99,120' as [0, ..., 99, 120]; None: None (every feature)."""
+    if spec is None:
+        return None
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.strip().partition("-")
+        if not a.isdigit() or (b and not b.isdigit()) or (b and int(b) < int(a)):
+            raise ValueError(f"--features takes numbers and ranges such as 0-99,120; got {spec!r}")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def _export_neuronpedia(args: argparse.Namespace) -> int:
+    tm = load(args.checkpoint)
+    fd = FeatureData.load(tm, args.dictionary)
+    paths = export_dashboards(fd, args.out, model_id=args.model_id or Path(args.checkpoint).resolve().name,
+                              sae_set=args.sae_set, features=feature_list(args.features), batch_size=args.batch_size,
+                              progress=lambda done, total: print(f"\r{done}/{total} features", end="",
+                                                                 file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    for path in paths:
+        print(path)
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
