@@ -34,21 +34,28 @@ def _random_dictionary(architecture="topk", transcoder=False, d=16, n=64, k=5, s
         dic.b_dec.normal_()
         if skip:
             dic.W_skip.normal_(0, 0.3)  # zero at the start of training; non-zero here so the test sees it
+        if architecture in ("jumprelu", "batchtopk"):
+            dic.threshold.uniform_(0.0, 1.0)  # (one value per latent for JumpReLU; any values load the same)
     return dic
 
 
-@pytest.mark.parametrize("architecture,transcoder,skip", [("topk", False, False), ("relu", False, False),
-                                                          ("relu", True, False), ("relu", True, True)])
+@pytest.mark.parametrize("architecture,transcoder,skip", [
+    ("topk", False, False), ("relu", False, False), ("relu", True, False), ("relu", True, True),
+    ("jumprelu", False, False), ("batchtopk", False, False), ("jumprelu", True, False), ("batchtopk", True, True)])
 def test_sae_lens_loads_the_same_dictionary(tmp_path, architecture, transcoder, skip):
     sae_lens = pytest.importorskip("sae_lens")
     dic = _random_dictionary(architecture, transcoder, skip=skip)
     dic.save(tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "cfg.json").read_text())
     tc = "skip_transcoder" if skip else "transcoder"
-    assert cfg["architecture"] == {"topk": "topk", "relu": tc if transcoder else "standard"}[architecture]
+    jump = f"jumprelu_{tc}" if transcoder else "jumprelu"  # BatchTopK is saved as the JumpReLU it is at inference
+    assert cfg["architecture"] == {"topk": "topk", "relu": tc if transcoder else "standard", "jumprelu": jump,
+                                   "batchtopk": jump}[architecture]
     sae = sae_lens.SAE.load_from_disk(tmp_path / "d")
-    assert type(sae).__name__ == {"topk": "TopKSAE", "relu": ("SkipTranscoder" if skip else "Transcoder")
-                                  if transcoder else "StandardSAE"}[architecture]
+    relu_name = ("SkipTranscoder" if skip else "Transcoder") if transcoder else "StandardSAE"
+    jump_name = f"JumpReLU{relu_name}" if transcoder else "JumpReLUSAE"
+    assert type(sae).__name__ == {"topk": "TopKSAE", "relu": relu_name, "jumprelu": jump_name,
+                                  "batchtopk": jump_name}[architecture]
     assert sae.cfg.metadata.hook_name == dic.cfg.hook_name
     if transcoder:
         assert sae.cfg.metadata.hook_name_out == "dec.1.ffn.hook_out" and sae.cfg.d_out == 16
@@ -77,6 +84,44 @@ def test_bad_dictionary_directory_is_one_clear_error(tmp_path):
     (tmp_path / "d" / "cfg.json").write_text(json.dumps(cfg | {"architecture": "gated"}))
     with pytest.raises(ValueError, match="gated"):
         SparseDictionary.load(tmp_path / "d")
+
+
+def test_batchtopk_keeps_the_batchs_largest_activations_with_dense_autograds_gradients():
+    dic = _random_dictionary("batchtopk", transcoder=False)
+    x = torch.randn(50, 16)
+    out = dic.training_forward(x)
+    out.recon.pow(2).sum().backward()
+    sparse = {k: p.grad.clone() for k, p in dic.named_parameters() if p.grad is not None}
+    dic.zero_grad()
+    acts = dic.pre_activations(x).relu()  # the definition (Bussmann et al.): the k·B largest of the whole batch
+    keep = torch.zeros(acts.numel(), dtype=torch.bool)
+    keep[acts.flatten().topk(5 * 50).indices] = True
+    feats = acts * keep.view_as(acts)
+    assert int((feats > 0).sum(-1).max()) > 5 > int((feats > 0).sum(-1).min())  # rows differ: not per-row TopK
+    recon = dic.decode(feats)
+    recon.pow(2).sum().backward()
+    assert torch.allclose(out.recon, recon, atol=1e-5)
+    assert int((out.acts > 0).sum()) == 5 * 50
+    for k, g in sparse.items():
+        assert torch.allclose(g, getattr(dic, k).grad, atol=1e-4, rtol=1e-4), k
+
+
+def test_jumprelu_straight_through_gradients_are_sae_lens():
+    jump = pytest.importorskip("sae_lens.saes.jumprelu_sae")
+    dic = _random_dictionary("jumprelu", transcoder=False)
+    x = torch.randn(50, 16) * 2
+    out = dic.training_forward(x, bandwidth=0.3)
+    (out.recon.pow(2).sum() + 0.7 * out.l0).backward()
+    ours = {k: p.grad.clone() for k, p in dic.named_parameters()}
+    dic.zero_grad()
+    pre = dic.pre_activations(x)
+    feats = jump.JumpReLU.apply(pre, dic.threshold, 0.3, False)
+    l0 = jump.Step.apply(pre, dic.threshold, 0.3, False).sum(-1).mean()
+    (dic.decode(feats).pow(2).sum() + 0.7 * l0).backward()
+    assert float(out.l0.detach()) == pytest.approx(float(l0.detach()))
+    assert float(dic.threshold.grad.abs().sum()) > 0
+    for k, p in dic.named_parameters():
+        assert torch.allclose(ours[k], p.grad, atol=1e-4, rtol=1e-4), k
 
 
 @pytest.mark.parametrize("transcoder,skip", [(False, False), (True, False), (True, True)])
@@ -158,11 +203,16 @@ def _train_cfg(tmp_path, **over):
                                  "dead_after": 40} | over)
 
 
-@pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder", "topk-kl"])
+@pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder", "topk-kl", "batchtopk", "jumprelu",
+                                          "topk-cached"])
 def test_training_resumes_exactly(tmp_path, architecture):
     model, data = _tiny()
     tm = TranslationModel(model, None)
     extra = {"architecture": "relu", "target_l0": 6.0} if architecture.startswith("relu") else {}
+    if architecture in ("batchtopk", "jumprelu"):
+        extra = {"architecture": architecture}
+    if architecture == "topk-cached":
+        extra = {"cache": True}
     if architecture == "relu-skip-transcoder":
         extra |= {"site": "dec.1.ffn", "skip": True}
     if architecture == "topk-kl":  # the end-to-end term from step 4: the stop at 5 falls inside it
@@ -186,8 +236,8 @@ def test_training_resumes_exactly(tmp_path, architecture):
     for (k, a), b in zip(whole.state_dict().items(), out.state_dict().values()):
         assert torch.equal(a, b), k
     cfg = json.loads((tmp_path / "b" / "run" / "dictionary" / "cfg.json").read_text())
-    assert cfg["architecture"] == {"topk": "topk", "relu": "standard", "topk-kl": "topk"}.get(architecture,
-                                                                                             "skip_transcoder")
+    assert cfg["architecture"] == {"topk": "topk", "relu": "standard", "topk-kl": "topk", "topk-cached": "topk",
+                                   "batchtopk": "jumprelu", "jumprelu": "jumprelu"}.get(architecture, "skip_transcoder")
     if architecture == "relu-skip-transcoder":  # the linear term trained, and it is saved and loaded
         assert out.W_skip.abs().sum() > 0
         assert torch.equal(SparseDictionary.load(tmp_path / "b" / "run" / "dictionary").W_skip, out.W_skip)
@@ -211,18 +261,23 @@ def test_skip_transcoder_starts_at_the_least_squares_linear_map(tmp_path):
     assert torch.allclose(trainer.dictionary.b_dec, c, atol=1e-3)
 
 
-def test_training_reduces_the_reconstruction_error(tmp_path):
+@pytest.mark.parametrize("architecture", ["topk", "batchtopk", "jumprelu"])
+def test_training_reduces_the_reconstruction_error(tmp_path, architecture):
     model, data = _tiny()
     tm = TranslationModel(model, None)
-    trainer = FeatureTrainer(_train_cfg(tmp_path, activations=16 * 150, lr=1e-2, log_every=10, k=8),
-                             translation_model=tm, data=data)
+    trainer = FeatureTrainer(_train_cfg(tmp_path, activations=16 * 150, lr=1e-2, log_every=10, k=8,
+                                        architecture=architecture), translation_model=tm, data=data)
     dic = trainer.fit()
     x = torch.cat([site_rows(model, data.collate(idx, model.cfg), trainer.site)[0] for idx in data.batches(256)])
     with torch.no_grad():
         held = fvu(x, dic(x))
         assert held < 0.4 * trainer.log[0]["fvu"]
         assert held == pytest.approx(trainer.log[-1]["fvu"], abs=0.1)  # the logged batch FVU tells the truth
-        assert int((dic.encode(x) > 0).sum(-1).max()) <= 8
+        l0 = (dic.encode(x) > 0).sum(-1).double()
+        if architecture == "topk":
+            assert int(l0.max()) <= 8
+        else:  # the inference threshold (BatchTopK's estimate, JumpReLU's learned one) lands near the target L0
+            assert 4 <= float(l0.mean()) <= 12
 
 
 def _exact_relu_sae(hook, d):

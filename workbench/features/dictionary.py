@@ -1,4 +1,4 @@
-"""Sparse dictionaries: TopK and ReLU sparse autoencoders and transcoders, saved in SAELens's layout.
+"""Sparse dictionaries: TopK, BatchTopK, JumpReLU and ReLU sparse autoencoders and transcoders, in SAELens's layout.
 
     d = SparseDictionary(DictionaryConfig("hook_memory", d_in=128, d_sae=2048, architecture="topk", k=32))
     feats = d.encode(x)                  # (..., d_sae), at most k non-zero per row
@@ -12,6 +12,12 @@ parameter: `W_enc` (d_in, d_sae), `b_enc` (d_sae), `W_dec` (d_sae, d_out), `b_de
 
 - SAE (d_out = d_in): pre = (x - b_dec) @ W_enc + b_enc; TopK keeps the k largest pre-activations and
   applies ReLU to them (Gao et al. 2024); ReLU ("standard") applies ReLU to all.
+- JumpReLU (Rajamanoharan et al. 2024): a learned threshold θ per latent, f = ReLU(pre)·[pre > θ]; trained with
+  an L0 penalty through straight-through estimators of width `bandwidth` (SAELens's `JumpReLUSAE`, "jumprelu").
+- BatchTopK (Bussmann et al. 2024): in training, the k·B largest ReLU pre-activations of a batch of B rows (k per
+  row on average, more on rich rows, fewer on poor ones); at inference a JumpReLU whose threshold is the running
+  mean of the smallest activation the batch kept, one value for every latent. Saved as SAELens's JumpReLU, as
+  SAELens saves its `BatchTopKTrainingSAE` (the workbench keeps "batchtopk" and k in cfg.json's metadata).
 - Transcoder (Dunefsky et al. 2024; an FFN's input to its output): pre = x @ W_enc + b_enc (no b_dec
   subtracted: it lives in the output space), the same activations, out = f @ W_dec + b_dec.
 - Skip transcoder (Paulo et al. 2025; SAELens's `SkipTranscoder`): a transcoder plus a linear term,
@@ -20,13 +26,15 @@ parameter: `W_enc` (d_in, d_sae), `b_enc` (d_sae), `W_dec` (d_sae, d_out), `b_de
   are left the non-linear part to explain; `decode` gives the features' part (with b_dec), `skip` the linear
   one, and `forward` their sum.
 
-SAELens 6 has inference classes for TopK and ReLU SAEs and for ReLU transcoders with and without the skip
-term; a TopK transcoder is saved with architecture "topk_transcoder" (or "topk_skip_transcoder"), which SAELens
-loads once `workbench.features.sae_lens_classes.register()` has added those classes (SAELens's `register_sae_class`).
+SAELens 6 has inference classes for TopK, ReLU and JumpReLU SAEs and for ReLU and JumpReLU transcoders with and
+without the skip term; a TopK transcoder is saved with architecture "topk_transcoder" (or "topk_skip_transcoder"),
+which SAELens loads once `workbench.features.sae_lens_classes.register()` has added those classes (SAELens's
+`register_sae_class`).
 
 `training_forward` computes the same reconstruction for the training loop; for TopK it touches only the
 k chosen latents per row after one gradient-free dense encoder pass, so its backward costs O(B·k·d)
-instead of the O(B·d_sae·d) of autograd through dense matrices (see benchmarks/bench_features.py).
+instead of the O(B·d_sae·d) of autograd through dense matrices (see benchmarks/bench_features.py). BatchTopK and
+JumpReLU train through dense activations (a row's latent count is not fixed).
 """
 
 from __future__ import annotations
@@ -48,7 +56,11 @@ from torch import nn
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
-ARCHITECTURES = ("topk", "relu")
+ARCHITECTURES = ("topk", "relu", "jumprelu", "batchtopk")
+THRESHOLDED = ("jumprelu", "batchtopk")
+BATCH_TOPK_ROW_CAP = 4
+"""BatchTopK training: a row holds at most this many times k latents (its candidates for the batch's top k·B)."""
+"""Architectures whose inference is a JumpReLU with a `threshold` parameter (SAELens: "jumprelu")."""
 SAE_LENS_FORMAT = "6.0.0"
 """The SAELens config format written (SAELens reads files of version >= 6.0 without conversion)."""
 
@@ -60,8 +72,11 @@ class DictionaryConfig:
     d_in: int
     d_sae: int
     architecture: str = "topk"
-    """"topk" (k largest pre-activations, ReLU) or "relu" (ReLU with an L1 penalty in training)."""
+    """"topk" (k largest pre-activations, ReLU), "batchtopk" (k·B largest of a batch in training, a threshold at
+    inference), "jumprelu" (a learned threshold per latent, an L0 penalty steered to k in training) or "relu"
+    (ReLU with an L1 penalty in training)."""
     k: int = 32
+    """TopK: latents per row; BatchTopK: per row on average in training; JumpReLU: the L0 training aims at."""
     d_out: int | None = None
     """Transcoders: the output size; None: an autoencoder (d_out = d_in)."""
     hook_name_out: str | None = None
@@ -77,7 +92,7 @@ class DictionaryConfig:
             raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         if self.d_in < 1 or self.d_sae < 1:
             raise ValueError(f"d_in ({self.d_in}) and d_sae ({self.d_sae}) must be positive")
-        if self.architecture == "topk" and not 1 <= self.k <= self.d_sae:
+        if self.architecture != "relu" and not 1 <= self.k <= self.d_sae:
             raise ValueError(f"k ({self.k}) must lie in [1, d_sae = {self.d_sae}]")
         if (self.d_out is None) != (self.hook_name_out is None):
             raise ValueError("a transcoder needs both d_out and hook_name_out; an autoencoder neither")
@@ -96,7 +111,11 @@ class DictionaryConfig:
     def sae_lens_architecture(self) -> str:
         if self.transcoder:
             kind = "skip_transcoder" if self.skip else "transcoder"
+            if self.architecture in THRESHOLDED:
+                return f"jumprelu_{kind}"
             return kind if self.architecture == "relu" else f"topk_{kind}"
+        if self.architecture in THRESHOLDED:
+            return "jumprelu"
         return "topk" if self.architecture == "topk" else "standard"
 
     def to_sae_lens(self) -> dict[str, Any]:
@@ -104,6 +123,8 @@ class DictionaryConfig:
         metadata = {"sae_lens_version": SAE_LENS_FORMAT, "sae_lens_training_version": None,
                     "hook_name": self.hook_name, "model_name": self.model_name, "hook_head_index": None,
                     "workbench": {"architecture": self.architecture, **self.extra}}
+        if self.architecture in THRESHOLDED:  # SAELens's JumpReLU has no k: the workbench keeps its own
+            metadata["workbench"]["k"] = self.k
         out: dict[str, Any] = {
             "architecture": self.sae_lens_architecture, "d_in": self.d_in, "d_sae": self.d_sae, "dtype": "float32",
             "device": "cpu", "apply_b_dec_to_input": not self.transcoder, "normalize_activations": "none",
@@ -121,7 +142,8 @@ class DictionaryConfig:
         arch = cfg.get("architecture")
         known = {"topk": ("topk", False), "standard": ("relu", False), "transcoder": ("relu", True),
                  "topk_transcoder": ("topk", True), "skip_transcoder": ("relu", True),
-                 "topk_skip_transcoder": ("topk", True)}
+                 "topk_skip_transcoder": ("topk", True), "jumprelu": ("jumprelu", False),
+                 "jumprelu_transcoder": ("jumprelu", True), "jumprelu_skip_transcoder": ("jumprelu", True)}
         if arch not in known:
             raise ValueError(f"{where}: architecture {arch!r} is not one the workbench reads ({sorted(known)})")
         if cfg.get("normalize_activations", "none") != "none":
@@ -129,11 +151,14 @@ class DictionaryConfig:
                              "weights first (SAELens: fold_activation_norm_scaling_factor)")
         meta = dict(cfg.get("metadata") or {})
         extra = dict(meta.get("workbench") or {})
-        extra.pop("architecture", None)
+        saved_arch = extra.pop("architecture", None)
+        saved_k = extra.pop("k", None)
         architecture, transcoder = known[arch]
+        if architecture == "jumprelu" and saved_arch == "batchtopk":
+            architecture = "batchtopk"  # trained as BatchTopK, used as the JumpReLU it is saved as
         try:
             return cls(hook_name=meta["hook_name"], d_in=int(cfg["d_in"]), d_sae=int(cfg["d_sae"]),
-                       architecture=architecture, k=int(cfg.get("k", 32)),
+                       architecture=architecture, k=int(cfg.get("k", saved_k or 32)),
                        d_out=int(cfg["d_out"]) if transcoder else None,
                        hook_name_out=meta.get("hook_name_out") if transcoder else None,
                        skip=arch.endswith("skip_transcoder"),
@@ -152,14 +177,17 @@ class SparseDictionary(nn.Module):
         self.b_dec = nn.Parameter(torch.zeros(cfg.out_dim))
         if cfg.skip:
             self.W_skip = nn.Parameter(torch.zeros(cfg.out_dim, cfg.d_in))
+        if cfg.architecture in THRESHOLDED:
+            self.threshold = nn.Parameter(torch.zeros(cfg.d_sae))
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Unit-norm random decoder rows, encoder = decoder transposed (Gao et al. 2024, section 2.3)."""
         w = torch.randn(self.cfg.d_sae, self.cfg.out_dim, generator=generator)
-        # TopK: unit rows (kept so in training); ReLU: rows of norm 0.1, as Anthropic's April 2024 update starts
-        self.W_dec.copy_(w / w.norm(dim=1, keepdim=True) * (1.0 if self.cfg.architecture == "topk" else 0.1))
+        # TopK, BatchTopK, JumpReLU: unit rows (kept so in training); ReLU: rows of norm 0.1, as Anthropic's April
+        # 2024 update starts
+        self.W_dec.copy_(w / w.norm(dim=1, keepdim=True) * (0.1 if self.cfg.architecture == "relu" else 1.0))
         if self.cfg.transcoder:
             e = torch.randn(self.cfg.d_in, self.cfg.d_sae, generator=generator)
             self.W_enc.copy_(e / e.norm(dim=0, keepdim=True) * self.W_dec.norm(dim=1))
@@ -167,6 +195,8 @@ class SparseDictionary(nn.Module):
             self.W_enc.copy_(self.W_dec.T)
         self.b_enc.zero_()
         self.b_dec.zero_()
+        if self.cfg.architecture in THRESHOLDED:
+            self.threshold.zero_()  # the trainer sets it from its first batch
         if self.cfg.skip:
             self.W_skip.zero_()  # SAELens's start (the trainer then fits it by least squares on its first batch)
 
@@ -178,6 +208,8 @@ class SparseDictionary(nn.Module):
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         if self.cfg.architecture == "relu":
             return F.relu(pre)
+        if self.cfg.architecture in THRESHOLDED:  # SAELens's JumpReLUSAE.encode, operation for operation
+            return F.relu(pre) * (pre > self.threshold).to(pre.dtype)
         values, indices = pre.topk(self.cfg.k, dim=-1, sorted=False)
         return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
 
@@ -202,8 +234,8 @@ class SparseDictionary(nn.Module):
                              f"got shape {tuple(x.shape)}")
 
     # -- training ------------------------------------------------------------------------------
-    def training_forward(self, x: torch.Tensor, *, dead: torch.Tensor | None = None, k_aux: int = 0
-                         ) -> TrainingOutput:
+    def training_forward(self, x: torch.Tensor, *, dead: torch.Tensor | None = None, k_aux: int = 0,
+                         bandwidth: float = 0.05) -> TrainingOutput:
         """Reconstruction of rows x (B, d_in) with autograd, plus what the losses need.
 
         TopK: one dense pass without autograd picks each row's k latents; their pre-activations are then
@@ -211,17 +243,53 @@ class SparseDictionary(nn.Module):
         (`F.embedding_bag`), so nothing of size (B, d_sae) takes part in the backward pass. With `dead`
         (a bool mask of latents) and `k_aux`, the auxiliary reconstruction of the residual from the
         k_aux largest dead latents (Gao et al. 2024's AuxK) is returned too.
+
+        BatchTopK keeps the k·B largest ReLU pre-activations of the batch, through the same sparse path and with the
+        same AuxK term. JumpReLU gates by its threshold with straight-through estimators of width
+        `bandwidth` (Rajamanoharan et al. 2024): the reconstruction's gradient reaches the threshold through the
+        jump, and `TrainingOutput.l0` is the batch's mean L0 whose gradient reaches the threshold only (DeepMind's
+        form; SAELens's `jumprelu_ste_to_input=False`).
         """
-        if self.cfg.architecture == "relu":
+        arch = self.cfg.architecture
+        if arch == "batchtopk":
+            return self._batchtopk_forward(x, dead, k_aux)
+        if arch in ("relu", "jumprelu"):
             pre = self.pre_activations(x)
-            feats = F.relu(pre)
-            return TrainingOutput(self.decode(feats) + self.skip(x), feats, None, None)
+            l0 = None
+            if arch == "relu":
+                feats = F.relu(pre)
+            elif arch == "jumprelu":
+                feats = _JumpReLU.apply(pre, self.threshold, bandwidth)
+                l0 = _Step.apply(pre, self.threshold, bandwidth).sum(-1).mean()
+            return TrainingOutput(self.decode(feats) + self.skip(x), feats, None, None, l0)
         sae_in = x if self.cfg.transcoder else x - self.b_dec
         with torch.no_grad():
             pre_all = torch.addmm(self.b_enc, sae_in, self.W_enc)
             idx = pre_all.topk(self.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values  # (B, k)
         vals = _SelectedPre.apply(sae_in, self.W_enc, self.b_enc, idx, pre_all.gather(1, idx)).relu()
         recon = _SparseDecode.apply(vals, idx, self.W_dec) + self.b_dec + self.skip(x)
+        return TrainingOutput(recon, vals, idx, self._aux(sae_in, pre_all, dead, k_aux), None)
+
+    def _batchtopk_forward(self, x: torch.Tensor, dead: torch.Tensor | None, k_aux: int) -> TrainingOutput:
+        """BatchTopK through the sparse path: each row's `BATCH_TOPK_ROW_CAP`·k largest pre-activations are the
+        candidates, the k·B largest positive ones of the batch are kept (the rest of a row's slots carry zeros, with
+        zero gradient). A row may so hold up to 4k latents, and the batch k per row on average."""
+        sae_in = x if self.cfg.transcoder else x - self.b_dec
+        k, b = self.cfg.k, x.size(0)
+        with torch.no_grad():
+            pre_all = torch.addmm(self.b_enc, sae_in, self.W_enc)
+            cand = pre_all.topk(min(BATCH_TOPK_ROW_CAP * k, self.cfg.d_sae), dim=-1, sorted=False)
+            flat = cand.values.relu().flatten()
+            cut = flat.topk(min(k * b, flat.numel()), sorted=False).values.min()
+            idx, order = cand.indices.sort(dim=-1)  # (the sparse products want each row's ids in order)
+            pre = cand.values.gather(1, order)
+            keep = (pre >= cut) & (pre > 0)
+        vals = _SelectedPre.apply(sae_in, self.W_enc, self.b_enc, idx, pre).relu() * keep
+        recon = _SparseDecode.apply(vals, idx, self.W_dec) + self.b_dec + self.skip(x)
+        return TrainingOutput(recon, vals, idx, self._aux(sae_in, pre_all, dead, k_aux), None)
+
+    def _aux(self, sae_in: torch.Tensor, pre_all: torch.Tensor, dead: torch.Tensor | None, k_aux: int
+             ) -> torch.Tensor | None:
         aux = None
         if dead is not None and k_aux > 0 and bool(dead.any()):
             n = min(k_aux, int(dead.sum()))
@@ -231,11 +299,12 @@ class SparseDictionary(nn.Module):
                 aux_pre = masked.gather(1, aux_idx)
             aux_vals = _SelectedPre.apply(sae_in, self.W_enc, self.b_enc, aux_idx, aux_pre).relu()
             aux = _SparseDecode.apply(aux_vals, aux_idx, self.W_dec)
-        return TrainingOutput(recon, vals, idx, aux)
+        return aux
 
     @torch.no_grad()
     def normalize_decoder(self) -> None:
-        """Unit-norm decoder rows (TopK training keeps them so; ReLU training folds the norm into the L1 term)."""
+        """Unit-norm decoder rows (TopK, BatchTopK and JumpReLU training keep them so; ReLU training folds the norm
+        into the L1 term)."""
         self.W_dec.div_(self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-8))
 
     # -- files ---------------------------------------------------------------------------------
@@ -281,16 +350,54 @@ class SparseDictionary(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         kind = ("skip transcoder" if c.skip else "transcoder") if c.transcoder else "sae"
-        k = f", k={c.k}" if c.architecture == "topk" else ""
+        k = f", k={c.k}" if c.architecture != "relu" else ""
         return f"{kind} {c.architecture}{k}, {c.hook_name} {c.d_in} -> {c.d_sae} -> {c.out_dim}"
 
 
 @dataclass
 class TrainingOutput:
     recon: torch.Tensor  # (B, d_out)
-    acts: torch.Tensor  # TopK: (B, k) values of the chosen latents; ReLU: (B, d_sae)
+    acts: torch.Tensor  # TopK: (B, k) values of the chosen latents; the others: (B, d_sae)
     indices: torch.Tensor | None  # TopK: (B, k) latent ids
-    aux_recon: torch.Tensor | None  # TopK with dead latents: their reconstruction of the residual
+    aux_recon: torch.Tensor | None  # TopK, BatchTopK with dead latents: their reconstruction of the residual
+    l0: torch.Tensor | None = None  # JumpReLU: the batch's mean L0, differentiable in the threshold (STE)
+
+
+def _rectangle(u: torch.Tensor) -> torch.Tensor:
+    return ((u > -0.5) & (u < 0.5)).to(u.dtype)
+
+
+class _JumpReLU(torch.autograd.Function):
+    """pre·[pre > θ]; d/dpre = [pre > θ], d/dθ = -(θ/ε)·K((pre - θ)/ε) (the rectangle kernel K, width ε)."""
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return pre * (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        pre, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        g_t = -(threshold / eps) * _rectangle((pre - threshold) / eps) * g
+        return (pre > threshold).to(g.dtype) * g, g_t.sum(0), None
+
+
+class _Step(torch.autograd.Function):
+    """[pre > θ]; d/dθ = -(1/ε)·K((pre - θ)/ε), nothing to pre (the L0 penalty moves thresholds only)."""
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        pre, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        return None, (-(1.0 / eps) * _rectangle((pre - threshold) / eps) * g).sum(0), None
 
 
 def _row_sparse(idx: torch.Tensor, values: torch.Tensor, n: int, *, transpose: bool = False) -> torch.Tensor:

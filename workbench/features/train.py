@@ -37,8 +37,8 @@ from ..decoding.translator import TranslationModel, load
 from ..training.distributed import Dist, init_distributed
 from ..training.progress import make_progress
 from ..training.schedule import warmup_cosine
-from .dictionary import DictionaryConfig, SparseDictionary
-from .sites import Site, resolve_site, splice_hooks
+from .dictionary import THRESHOLDED, DictionaryConfig, SparseDictionary
+from .sites import Site, resolve_site, site_rows, splice_hooks
 from .stream import ActivationStream
 
 STATE_FILE = "state.pt"
@@ -74,9 +74,21 @@ class FeatureTrainConfig:
     dead_after: int = 1_000_000
     """Activations without firing after which a latent counts as dead (AuxK and the logs)."""
     l1: float = 1e-3
-    """ReLU: L1 coefficient (the start value when target_l0 is set)."""
+    """ReLU: L1 coefficient (the start value when target_l0 is set); JumpReLU: the start value of the L0
+    penalty's coefficient (on L0 / k, so that it does not depend on the scale of k)."""
     target_l0: float = 0.0
-    """ReLU: steer the L1 coefficient so the batch L0 approaches this (0: keep l1 fixed)."""
+    """ReLU: steer the L1 coefficient so the batch L0 approaches this (0: keep l1 fixed). JumpReLU: the L0
+    coefficient is always steered, to this or (0) to k."""
+    bandwidth: float = 0.05
+    """JumpReLU: width of the straight-through estimators' rectangle kernel (SAELens's default)."""
+    threshold_lr: float = 0.05
+    """BatchTopK: the inference threshold's running mean moves this fraction of the way to each batch's smallest
+    kept activation (SAELens's `topk_threshold_lr`, 0.01 there for runs of many thousand steps; the workbench's
+    runs are hundreds of steps, and at 0.01 the start, measured on the untrained dictionary, lingers)."""
+    cache: bool = False
+    """Read the site's activations over the whole corpus once into memory (Multi30k train: 0.45 M rows x d floats,
+    230 MB at d = 128; twice that for a transcoder) and draw shuffled batches from there, instead of running the
+    model on the corpus again every epoch."""
     kl_coef: float = 0.0
     """Weight of an end-to-end term in the last `kl_steps` steps (0: reconstruction only): the KL divergence of the
     model's next-token distribution with the dictionary spliced in from the clean model's, per target token of a
@@ -107,7 +119,7 @@ class FeatureTrainConfig:
 
 class FeatureTrainer:
     def __init__(self, cfg: FeatureTrainConfig, *, resume: bool = True, translation_model: TranslationModel | None
-                 = None, data: ParallelData | None = None) -> None:
+                 = None, data: ParallelData | None = None, cache: CachedActivations | None = None) -> None:
         self.cfg = cfg
         self.dist: Dist = init_distributed()
         if cfg.threads:
@@ -124,9 +136,15 @@ class FeatureTrainer:
             data = ParallelData.encode(src, tgt, self.tm.src_tokenizer, self.tm.tgt_tokenizer,
                                        max_len=self.model.cfg.max_positions - 1)
         self.data = data
-        self.stream = ActivationStream(self.model, data, self.site, buffer=cfg.buffer // self.dist.world,
-                                       batch=self.local_batch, max_tokens=cfg.max_tokens, seed=cfg.seed,
-                                       rank=self.dist.rank, world=self.dist.world)
+        if cache is not None or cfg.cache:
+            rows = cache if cache is not None else CachedActivations.read(self.model, data, self.site,
+                                                                          max_tokens=cfg.max_tokens)
+            self.stream = CachedStream(rows, batch=self.local_batch, seed=cfg.seed, rank=self.dist.rank,
+                                       world=self.dist.world)
+        else:
+            self.stream = ActivationStream(self.model, data, self.site, buffer=cfg.buffer // self.dist.world,
+                                           batch=self.local_batch, max_tokens=cfg.max_tokens, seed=cfg.seed,
+                                           rank=self.dist.rank, world=self.dist.world)
         d = self.model.cfg.d_model
         dcfg = DictionaryConfig(
             hook_name=self.site.hook_in, d_in=d, d_sae=cfg.d_sae, architecture=cfg.architecture, k=cfg.k,
@@ -260,9 +278,15 @@ class FeatureTrainer:
                 d.b_dec.copy_(total[:-1] / total[-1])
                 if d.cfg.skip:
                     self._init_skip(x, target)
+                if d.cfg.architecture in THRESHOLDED:
+                    # one threshold for every latent at which the first batch keeps k per row on average: BatchTopK's
+                    # first estimate, and JumpReLU's start at its target L0 rather than at every latent firing
+                    acts = d.pre_activations(x).relu().flatten()
+                    cut = acts.topk(min(d.cfg.k * x.size(0), acts.numel()), sorted=False).values.min()
+                    d.threshold.fill_(float(self._all_reduce(cut.reshape(1))) / self.dist.world)
         dead = self.since_fired >= c.dead_after
         k_aux = c.k_aux or d.cfg.d_in // 2
-        out = d.training_forward(x, dead=dead, k_aux=k_aux)
+        out = d.training_forward(x, dead=dead, k_aux=k_aux, bandwidth=c.bandwidth)
         # scale-free losses: sums over this rank's rows divided by the global batch's variance
         denom = self._all_reduce((target - target.mean(0)).pow(2).sum().detach()) / self.dist.world
         err = target - out.recon
@@ -281,15 +305,27 @@ class FeatureTrainer:
         if c.architecture == "relu":
             l1 = (out.acts * d.W_dec.norm(dim=1)).sum() / (x.size(0) * denom.sqrt() / math.sqrt(x.size(0)))
             loss = loss + self.l1 * l1
+        elif c.architecture == "jumprelu":
+            l1 = out.l0 / d.cfg.k  # the L0 penalty (Rajamanoharan et al. 2024), relative to the target
+            loss = loss + self.l1 * l1
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.dist.world > 1:
             for p in d.parameters():
-                self._all_reduce(p.grad)
-                p.grad /= self.dist.world
+                if p.grad is not None:  # (BatchTopK's threshold is no trained parameter)
+                    self._all_reduce(p.grad)
+                    p.grad /= self.dist.world
         self.optimizer.step()
-        if c.architecture == "topk":
+        if c.architecture != "relu":
             d.normalize_decoder()
+        if c.architecture == "jumprelu":
+            with torch.no_grad():
+                d.threshold.clamp_(min=0.0)  # below zero the gate would pass negative pre-activations (SAELens)
+        elif c.architecture == "batchtopk":
+            with torch.no_grad():  # the inference threshold: a running mean of the smallest kept activation
+                kept = out.acts[out.acts > 0]
+                low = self._all_reduce((kept.min() if kept.numel() else d.threshold[0]).reshape(1)) / self.dist.world
+                d.threshold.mul_(1 - c.threshold_lr).add_(c.threshold_lr * low)
         # firing counts and L0 over the global batch
         with torch.no_grad():
             if out.indices is not None:
@@ -302,8 +338,9 @@ class FeatureTrainer:
             l0 = float(fired.sum()) / c.batch
             self.since_fired += c.batch
             self.since_fired[fired > 0] = 0
-        if c.architecture == "relu" and c.target_l0 > 0:
-            self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / c.target_l0)))
+        if c.architecture == "relu" and c.target_l0 > 0 or c.architecture == "jumprelu":
+            target = c.target_l0 or d.cfg.k
+            self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / target)))
         self.step += 1
         return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0}
 
@@ -365,6 +402,68 @@ class FeatureTrainer:
                 "epochs": round(self.stream.epochs, 3), "world": self.dist.world, "config": self.cfg.to_dict(),
                 "final": self.log[-1] if self.log else {}}
         return self.dictionary.save(directory, files={"training.json": json.dumps(info, indent=1) + "\n"})
+
+
+class CachedActivations:
+    """A site's activations over a whole corpus, in memory: rows (N, d_in), or (N, d_in + d_out) for a transcoder."""
+
+    def __init__(self, rows: torch.Tensor, d_in: int, transcoder: bool) -> None:
+        self.rows, self.d_in, self.transcoder = rows, d_in, transcoder
+
+    @classmethod
+    @torch.no_grad()
+    def read(cls, model, data: ParallelData, site: Site, *, max_tokens: int = 4096) -> CachedActivations:
+        parts = []
+        for idx in data.batches(max_tokens, shuffle=False):
+            x, y = site_rows(model, data.collate(idx, model.cfg), site)
+            parts.append((x if y is None else torch.cat([x, y], 1)).cpu())
+        return cls(torch.cat(parts), model.cfg.d_model, site.transcoder)
+
+
+class CachedStream:
+    """`ActivationStream`'s interface over `CachedActivations`: each epoch a fresh permutation of every row (rank r
+    takes every world-th batch of it), so every activation is used once per epoch, as in the stream."""
+
+    def __init__(self, cache: CachedActivations, *, batch: int, seed: int = 0, rank: int = 0, world: int = 1
+                 ) -> None:
+        if cache.rows.size(0) < batch * world:
+            raise ValueError(f"the cache holds {cache.rows.size(0)} rows, fewer than one batch per rank")
+        self.cache, self.batch, self.rank, self.world = cache, batch, rank, world
+        self.gen = torch.Generator().manual_seed(seed)
+        self.epoch, self.pos = 0, 0  # pos: the next global batch of the epoch's permutation
+        self.perm = torch.randperm(cache.rows.size(0), generator=self.gen)
+        self.rows_read = 0
+
+    @property
+    def per_epoch(self) -> int:
+        return self.cache.rows.size(0) // (self.batch * self.world)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.pos == self.per_epoch:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self.perm = torch.randperm(self.cache.rows.size(0), generator=self.gen)
+        start = (self.pos * self.world + self.rank) * self.batch
+        rows = self.cache.rows[self.perm[start : start + self.batch]]
+        self.pos += 1
+        self.rows_read += rows.size(0)
+        if self.cache.transcoder:
+            return rows[:, : self.cache.d_in], rows[:, self.cache.d_in :]
+        return rows, None
+
+    @property
+    def epochs(self) -> float:
+        return self.epoch + self.pos / self.per_epoch
+
+    def state_dict(self) -> dict:
+        return {"cached": True, "gen": self.gen.get_state(), "epoch": self.epoch, "pos": self.pos,
+                "perm": self.perm.clone(), "rows_read": self.rows_read, "rows": self.cache.rows.size(0)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not state.get("cached") or state["rows"] != self.cache.rows.size(0):
+            raise ValueError("the saved state is not of a cached run over the same activations; pass --fresh")
+        self.gen.set_state(state["gen"])
+        self.epoch, self.pos, self.perm, self.rows_read = state["epoch"], state["pos"], state["perm"], state[
+            "rows_read"]
 
 
 @contextlib.contextmanager
