@@ -28,6 +28,7 @@ Added by `Workbench(extra_tabs=[TAB])`.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -40,6 +41,7 @@ import torch
 from bokeh.layouts import row
 
 from ..analysis.graph import attribution_graph, component_contexts, graph_size
+from ..analysis.graph_export import circuit_tracer_graph, token_probability
 from ..analysis.graph_trust import graph_trust
 from ..analysis.qk_attribution import feature_piece, qk_attribution, qk_dictionaries
 from ..charts.export import to_html
@@ -207,6 +209,9 @@ class GraphView(LazyTab):
         self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
                                                label="Export graph (offline HTML)", color="light",
                                                css_classes=["graph-export"], width=230, disabled=True)
+        self._export_ct = pn.widgets.FileDownload(callback=self.export_circuit_tracer, filename="graph.json",
+                                                  label="circuit-tracer JSON", color="light", width=170,
+                                                  css_classes=["graph-export-ct"], disabled=True)
         self._controls = pn.Row(
             pn.widgets.FloatSlider.from_param(self.param.threshold, name="Influence threshold", width=200,
                                               css_classes=["graph-threshold"]),
@@ -214,7 +219,7 @@ class GraphView(LazyTab):
                                            css_classes=["graph-cap"]),
             pn.widgets.Checkbox.from_param(self.param.contexts, name="Corpus contexts", align="end",
                                            css_classes=["graph-contexts"], margin=(5, 10, 12, 10)),
-            self._export)
+            self._export, self._export_ct)
         self.session.param.watch(self._follow, "result")
         self._follow()
 
@@ -308,7 +313,8 @@ class GraphView(LazyTab):
             ticket.check()
         return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
                 "src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces], "seconds": seconds,
-                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus, "trust": trust}
+                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus, "trust": trust,
+                "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
 
     def progress(self, done: int, total: int, what: str = "") -> None:
         self._box.loading = False  # the text (and the bar) say it is working
@@ -346,6 +352,7 @@ class GraphView(LazyTab):
                 + (f" Corpus contexts: {_md_escape(answer['corpus'])}." if answer["corpus"] else ""))
         self._export.filename = self.export_name()
         self._export.disabled = False
+        self._export_ct.filename, self._export_ct.disabled = self.export_name()[:-5] + ".json", False
         self._qk_box.objects, self._qk_node = [], -1
         self._select_node(fig)
         self._qk_refresh()
@@ -467,6 +474,16 @@ class GraphView(LazyTab):
         view = attribution_graph_view(a["graph"], a["keep"], src_tokens=a["src_tokens"], tgt_tokens=a["tgt_tokens"],
                                       width=1000, contexts=a["contexts"], corpus=a["corpus"])
         return StringIO(to_html(view, title=self.export_name()[:-5], caption=caption))
+
+    def export_circuit_tracer(self) -> StringIO:
+        """The graph shown as circuit-tracer's graph file (its viewer's JSON; pruned as circuit-tracer prunes, not by
+        this tab's threshold and cap): docs/analysis.md, "Graphs as files other tools read"."""
+        a, (r, _) = self._answer, self._shown
+        if a is None or r is None:
+            return StringIO("{}")
+        data = circuit_tracer_graph(a["graph"], slug=self.export_name()[:-5], token_prob=a["token_prob"],
+                                    token_str=a["piece"], prompt=f"{r.request.sentence} → {r.text} [{a['piece']}]")
+        return StringIO(json.dumps(data, ensure_ascii=False))
 
     def __panel__(self):
         return pn.Column(pn.pane.Markdown("Pick an output token: the graph of the components that wrote its logit. "
