@@ -121,6 +121,38 @@ def round_trip(data: dict) -> dict:
     return json.loads(json.dumps(data))
 
 
+def assert_reads_back(g: AttributionGraph, data: dict, *, src_len: int, enc_layers: int,
+                      node_threshold: float = 0.8, edge_threshold: float = 0.98) -> None:
+    """Map the file's nodes back to the graph through the documented layout (rows: encoder layer i's self-attention
+    2i, its FFN 2i + 1; decoder layer j's self-attention, cross-attention, FFN 2E + 3j + 0, 1, 2), then: every link
+    is the adjacency entry of a kept edge, every kept edge between exported nodes is a link, and every exported node
+    but the embeddings and the logit has one."""
+    kept = prune_graph(g, node_threshold, edge_threshold)
+    n_rows = 2 * enc_layers + 3 * len({n["layer"] for n in g.nodes if n["stack"] == "dec" and n["kind"] == "ffn"})
+    back = {}
+    for i, node in enumerate(g.nodes):
+        k = node["kind"]
+        ctx = 0 if node["position"] is None else node["position"] + (src_len if node["stack"] == "dec" else 0)
+        if k in ("head", "ffn", "error"):
+            block = "ffn" if k == "error" else node["block"]
+            row = (2 * node["layer"] + ("self_attn", "ffn").index(block) if node["stack"] == "enc" else
+                   2 * enc_layers + 3 * node["layer"] + ("self_attn", "cross_attn", "ffn").index(block))
+        layer = {"embed": "E", "bias": "E", "logit": str(n_rows)}.get(k) or str(row)
+        feature = {"embed": ctx, "bias": -1, "error": -1, "ffn": 0, "logit": g.token}.get(k, node["head"])
+        back[f"{layer}_{feature}_{ctx}"] = i
+    exported = {n["node_id"]: n for n in data["nodes"]}
+    assert set(exported) <= set(back) and all(kept.node_mask[back[x]] for x in exported)
+    links = {(back[x["source"]], back[x["target"]]): x["weight"] for x in data["links"]}
+    assert len(links) == len(data["links"]) > 0
+    known = {back[x] for x in exported}
+    assert set(links) == {(s, t) for t, s in kept.edge_mask.nonzero().tolist() if s in known and t in known}
+    for (s, t), w in links.items():
+        assert w == float(g.adjacency[t, s]) and w != 0
+    linked = {x for pair in links for x in pair}
+    for node_id, n in exported.items():
+        assert back[node_id] in linked or n["feature_type"] in ("embedding", "logit")
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_tiny_graph_exports_validates_and_reads_back(norm_first):
     m = graph_model(norm_first)
@@ -135,44 +167,13 @@ def test_tiny_graph_exports_validates_and_reads_back(norm_first):
     assert data["metadata"]["prompt_tokens"] == [f"s{i}" for i in range(8)] + ["<s>", "a", "b", "c", "d"]
     assert data["qParams"]["linkType"] == "both" and data["metadata"]["node_threshold"] == 0.8
 
-    # the file names nodes of the graph: map them back through the layout and compare every link with A
-    kept = prune_graph(g)
-    rows = graph_rows(g)
-    exported = {n["node_id"]: n for n in data["nodes"]}
-    S = 8
-    back = {}
-    for i, node in enumerate(g.nodes):
-        if not kept.node_mask[i]:
-            continue
-        k = node["kind"]
-        ctx = 0 if node["position"] is None else node["position"] + (S if node["stack"] == "dec" else 0)
-        layer = {"embed": "E", "bias": "E", "logit": str(len(rows))}.get(k)
-        if k == "head":
-            layer = str(rows[node["stack"], node["layer"], node["block"]])
-        elif k == "ffn":
-            layer = str(rows[node["stack"], node["layer"], "ffn"])
-        elif k == "error":
-            layer = str(rows[node["stack"], node["layer"], "ffn"])
-        feature = {"embed": ctx, "bias": -1, "error": -1, "ffn": 0, "logit": g.token}.get(k, node["head"])
-        back[f"{layer}_{feature}_{ctx}"] = i
-    assert set(exported) <= set(back)
-    links = {(back[x["source"]], back[x["target"]]): x["weight"] for x in data["links"]}
-    assert len(links) == len(data["links"]) > 0
-    known = set(back.values())
-    want = {(s, t) for t, s in kept.edge_mask.nonzero().tolist() if s in known and t in known}
-    assert set(links) == want
-    for (s, t), w in links.items():
-        assert w == float(g.adjacency[t, s]) and w != 0
-    # every exported node but embeddings and the logit has a link; every kept one is exported when it does
-    linked = {x for pair in links for x in pair}
-    for node_id, n in exported.items():
-        assert back[node_id] in linked or n["feature_type"] in ("embedding", "logit")
+    assert_reads_back(g, data, src_len=8, enc_layers=m.cfg.enc_layers)
     # the logit node as the viewer parses it (util-cg.js: the token between quotes, the probability after "(p=")
     logit = [n for n in data["nodes"] if n["feature_type"] == "logit"]
     assert len(logit) == 1 and logit[0]["is_target_logit"] and logit[0]["token_prob"] == p
     assert logit[0]["clerp"].split('"')[1] == "tok"
     assert float(logit[0]["clerp"].split("(p=")[1].split(")")[0]) == pytest.approx(p, abs=5e-4)
-    assert logit[0]["ctx_idx"] == S + 4 and int(logit[0]["layer"]) == 1 + max(
+    assert logit[0]["ctx_idx"] == 8 + 4 and int(logit[0]["layer"]) == 1 + max(
         int(n["layer"]) for n in data["nodes"] if n["layer"] != "E" and n["feature_type"] != "logit")
 
 
@@ -295,10 +296,8 @@ def test_shipped_model_graph_file_and_its_index(tmp_path):
                 and n["feature_type"] != "logit"}
     assert enc_rows and dec_rows and max(enc_rows) < min(dec_rows) and max(dec_rows) < 4 * 2 + 4 * 3
     assert all(0 <= n["ctx_idx"] < S + position + 1 for n in data["nodes"])
-    kept = prune_graph(g)
-    assert len(data["links"]) == int(kept.edge_mask.sum()) and 0 < p <= 1
-    weights = sorted(abs(x["weight"]) for x in data["links"])
-    assert weights[0] > 0
+    assert_reads_back(g, data, src_len=S, enc_layers=tm.model.cfg.enc_layers)
+    assert len(data["links"]) == int(prune_graph(g).edge_mask.sum()) and 0 < p <= 1
 
     index = json.loads((tmp_path / "graph-metadata.json").read_text(encoding="utf-8"))
     assert [x["slug"] for x in index["graphs"]] == ["hund"] and index["graphs"][0] == data["metadata"]
