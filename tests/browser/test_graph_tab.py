@@ -11,6 +11,7 @@ docs' come from `panel serve apps/attention.py` on the shipped checkpoints, open
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from test_app import TIMEOUT, open_app, submit, text
@@ -145,3 +146,38 @@ def test_graph_tab_draws_taps_links_and_exports(browser, app_server, tmp_path):
     page.wait_for_function("() => window.location.search.includes('gtok=0')", timeout=TIMEOUT)
     assert watch.errors == [] and watch.external == []
     ctx.close()
+
+
+# Select the first drawn cross-attention head, as a tap does (the server hears the selection and explains its score).
+SELECT_CROSS_JS = f"""() => {{ const src = ({NODES_JS})();
+    const i = src.data.label.findIndex(l => l.startsWith('cross:'));
+    if (i < 0) return null;
+    src.selected.indices = [i];
+    return src.data.label[i]; }}"""
+
+
+def test_a_tapped_cross_attention_head_lists_why_it_attends(browser, app_server):
+    """Issue 36 point 4: tapping a cross-attention head shows, under the graph, the top query x key pairs of its
+    score at the piece it attends most; picking another piece redraws the table."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    watch = open_graph(page, app_server + "?ckpt=demo&gthr=1.0&gcap=400")
+    label = page.evaluate(SELECT_CROSS_JS)
+    assert label is not None, "no cross-attention head drawn"
+    page.locator(".graph-qk-table").wait_for(timeout=TIMEOUT)
+    table = text(page, ".graph-qk-table")
+    assert "query side" in table and "key side" in table and "share of score" in table
+    note = text(page, ".graph-qk-note")
+    head = label.split(" @")[0]  # "cross:1:2 @3" -> "cross:1:2"
+    assert head in note and "sum to" in note
+    first = note.split("reading source piece ")[1].split(" ")[0]
+    select = page.locator(".graph-qk-key select")
+    other = next(v for v in select.locator("option").evaluate_all("os => os.map(o => o.textContent)")
+                 if not v.startswith(f"{first}:"))
+    select.select_option(label=other)
+    want = f"reading source piece {other.split(':')[0]} "
+    deadline = time.monotonic() + TIMEOUT / 1000
+    while want not in text(page, ".graph-qk-note") and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert want in text(page, ".graph-qk-note")
+    assert watch.errors == [] and watch.external == []
+    page.close()
