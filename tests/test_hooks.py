@@ -20,13 +20,13 @@ def documented_names(enc_layers: int, dec_layers: int) -> set[str]:
              "hook_tgt_tok", "hook_tgt_pos", "hook_tgt_embed", "hook_dec_out", "hook_logits"}
     for i in range(enc_layers):
         names |= {f"enc.{i}.self_attn.{a}" for a in ATTN}
-        names |= {f"enc.{i}.ffn.hook_pre", f"enc.{i}.ffn.hook_hidden", f"enc.{i}.ffn.hook_out"}
+        names |= {f"enc.{i}.ffn.hook_in", f"enc.{i}.ffn.hook_pre", f"enc.{i}.ffn.hook_hidden", f"enc.{i}.ffn.hook_out"}
         names |= {f"enc.{i}.hook_{r}" for r in
                   ("resid_in", "norm_self_attn", "resid_self_attn", "norm_ffn", "resid_ffn")}
         names |= {f"enc.{i}.{norm}.{n}" for norm in ("self_attn_norm", "ffn_norm") for n in NORM}
     for j in range(dec_layers):
         names |= {f"dec.{j}.{block}.{a}" for block in ("self_attn", "cross_attn") for a in ATTN}
-        names |= {f"dec.{j}.ffn.hook_pre", f"dec.{j}.ffn.hook_hidden", f"dec.{j}.ffn.hook_out"}
+        names |= {f"dec.{j}.ffn.hook_in", f"dec.{j}.ffn.hook_pre", f"dec.{j}.ffn.hook_hidden", f"dec.{j}.ffn.hook_out"}
         names |= {f"dec.{j}.hook_{r}" for r in ("resid_in", "norm_self_attn", "resid_self_attn", "norm_cross_attn",
                                                 "resid_cross_attn", "norm_ffn", "resid_ffn")}
         names |= {f"dec.{j}.{norm}.{n}" for norm in ("self_attn_norm", "cross_attn_norm", "ffn_norm") for n in NORM}
@@ -43,8 +43,8 @@ def test_glob_list_and_predicate_filters():
     model = make_model(presets.tiny(vocab=50))
     cross = ["dec.0.cross_attn.hook_probs", "dec.1.cross_attn.hook_probs"]
     assert model.hook_names("dec.*.cross_attn.hook_probs") == cross
-    assert set(model.hook_names(["hook_logits", "enc.1.ffn.*"])) == {"hook_logits", "enc.1.ffn.hook_pre",
-                                                                     "enc.1.ffn.hook_hidden", "enc.1.ffn.hook_out"}
+    ffn = {f"enc.1.ffn.{n}" for n in ("hook_in", "hook_pre", "hook_hidden", "hook_out")}
+    assert set(model.hook_names(["hook_logits", "enc.1.ffn.*"])) == {"hook_logits", *ffn}
     assert len(model.hook_names(lambda n: n.endswith("hook_probs"))) == 2 + 2 * 2
 
 

@@ -99,11 +99,12 @@ def block_terms(model, trace, kind: str, layer: int, *, dtype=torch.float32) -> 
         ones = torch.ones_like(x[..., :1])
         return BlockTerms(probs, f, ones, x, b_o.expand_as(x), trace[hooks["out"]].to(dtype))
     norm = getattr(stack[layer], "self_attn_norm" if kind != "cross" else "cross_attn_norm")
-    gamma = norm.weight.detach().to(dtype)
     sigma = trace[hooks["scale"]].to(dtype)  # (B, Lq, 1)
+    unit = torch.ones((), dtype=dtype, device=sigma.device)
 
-    def lin(z):  # the norm's linear part, without 1/σ
-        return (z - z.mean(-1, keepdim=True)) * gamma
+    def lin(z):  # the norm's linear part (`LayerNorm.linear`), without 1/σ
+        with torch.no_grad():
+            return norm.linear(z, unit)
 
     residual = lin(x) / sigma
     bias = lin(b_o) / sigma + norm.bias.detach().to(dtype)

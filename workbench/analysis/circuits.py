@@ -21,6 +21,10 @@ Phi_{u->d}(out_u corrupted); everything else (attention patterns, FFN activation
 run is reproduced exactly; "corrupted" means the corrupted input through this frozen-norm model (its metric next to
 the real corrupted run's is in each result's meta). Pre-norm models freeze their norms the same way.
 
+Every run is the model's own forward pass on the replacement model (`core.replacement`, norms frozen): senders are
+read at `hook_result`, `ffn.hook_out` and the embeddings, receivers edited at the per-head `hook_q_input` /
+`hook_k_input` / `hook_v_input`, `ffn.hook_in` and `hook_dec_out`; nothing of the forward pass is written here.
+
 Metric: the logit difference good - bad at the pair's position (`ContrastPair`). Scores follow EAP-IG's sign:
 (corrupted - clean) . d metric / d input, the first-order estimate of metric(edge patched) - metric(clean).
 """
@@ -34,11 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..core.heads import Head, kind_of
 from ..core.hooks import path_of
 from ..core.model import evaluating
+from ..core.replacement import ReplacementModel
 
 METHODS = ("eap", "eap-ig")
 
@@ -175,13 +179,12 @@ class EdgeGraph:
 # --------------------------------------------------------------------------------- the frozen-norm model
 
 
-def _fn(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return (x - x.mean(-1, keepdim=True)) / s * w
-
-
 class _Frozen:
-    """One sentence through the model with every norm scale frozen at the clean run's, senders and receivers
-    explicit. `run` is batched over rows, each with its own edge weights (1 = clean edge, 0 = corrupted)."""
+    """One sentence through the replacement model with every norm scale frozen at the clean run's
+    (`core.replacement`), senders and receivers at the model's own hook points: a sender's write is `hook_result`
+    (a head), `ffn.hook_out` or an embedding; a receiver's input is a head's `hook_q_input` / `hook_k_input` /
+    `hook_v_input`, an FFN's `hook_in`, or the decoder output at the last position (the logits). `run` is batched over
+    rows, each with its own edge weights (1 = clean edge, 0 = corrupted)."""
 
     def __init__(self, model, graph: EdgeGraph, pair: Pair) -> None:
         self.model, self.graph, self.cfg = model, graph, model.cfg
@@ -189,40 +192,16 @@ class _Frozen:
         self.src = pair.src.to(dev)
         self.tgt = pair.tgt[:, : pair.position + 1].to(dev)
         self.position, self.good, self.bad = pair.position, int(pair.good), int(pair.bad)
-        names = [n for n in model.hook_names("*hook_scale")]
         embeds = {stack: model.stream(stack).hook_embed.name for stack in ("enc", "dec")}
-        with evaluating(model), torch.no_grad():
-            logits, tr = model.run_with_cache(self.src, self.tgt, names=[*names, *embeds.values()])
-        self.scales = {n: tr[n][0] for n in names}
+        self.rm = ReplacementModel(model, self.src, self.tgt, freeze=("norms",), names=list(embeds.values()))
+        logits = self.rm.logits
         self.real_clean = float(logits[0, -1, self.good] - logits[0, -1, self.bad])
-        self.embeds = {stack: tr[name][0] for stack, name in embeds.items()}
+        self.embeds = {stack: self.rm.clean[name][0] for stack, name in embeds.items()}
         with evaluating(model), torch.no_grad():
             c_logits, c_tr = model.run_with_cache(pair.corrupted_src.to(dev), self.tgt, names=list(embeds.values()))
         self.real_corrupted = float(c_logits[0, -1, self.good] - c_logits[0, -1, self.bad])
         self.c_embeds = {stack: c_tr[name][0] for stack, name in embeds.items()}
         self.corrupted_outputs: dict[int, torch.Tensor] | None = None
-
-    # -- pieces ------------------------------------------------------------------------------------------
-    def _norm(self, mod):
-        """A norm with its scale frozen at the clean run's."""
-        return lambda x: _fn(x, mod.weight, self.scales[mod.hook_scale.name]) + mod.bias
-
-    def _lin_norm(self, mod):
-        """Its linear part (no bias): how it maps a difference of streams."""
-        return lambda x: _fn(x, mod.weight, self.scales[mod.hook_scale.name])
-
-    def _attn(self, attn, q_in, k_in, v_in, causal: bool) -> torch.Tensor:
-        """Per-head inputs (H, B, L, D) -> per-head outputs (H, B, Lq, D) (out_proj bias excluded)."""
-        H, dh = attn.n_heads, attn.d_head
-
-        def proj(lin, x):
-            w = lin.weight.view(H, dh, -1)
-            y = torch.einsum("hbld,hed->hble", x, w)
-            return y if lin.bias is None else y + lin.bias.view(H, 1, 1, dh)
-
-        q, k, v = proj(attn.q_proj, q_in), proj(attn.k_proj, k_in), proj(attn.v_proj, v_in)
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return torch.einsum("hbld,hde->hble", ctx, attn.head_weights())
 
     # -- the run -----------------------------------------------------------------------------------------
     def run(self, weights: torch.Tensor | None = None, *, src_embed: torch.Tensor | None = None,
@@ -231,113 +210,13 @@ class _Frozen:
         sender output (needs `corrupted_outputs`). `src_embed` (B, S, D) replaces the source embedding (IG).
         `leaves`: receiver inputs get a zero leaf each (returned for gradients). `track`: return each receiver's
         delta (clean - corrupted, propagated) for scoring. Also returns the senders' outputs of row 0."""
-        g = self.graph
-        pre = self.cfg.norm_first
         B = weights.size(0) if weights is not None else (src_embed.size(0) if src_embed is not None else batch)
-        coef = None if weights is None else (1 - weights)  # (B, n_s, n_r)
-        calls: list[tuple[torch.Tensor, list[int]]] = []
-        deltas: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
-        corr = self.corrupted_outputs
-        need_delta = coef is not None or track
-
-        def inputs(x, dstack, recv: list[int]) -> torch.Tensor:
-            """(R, B, L, D): the input of each receiver."""
-            ids, d = dstack
-            out = x[None].expand(len(recv), *x.shape)
-            if coef is not None and ids:
-                c = coef[:, ids][:, :, recv]  # (B, u, R)
-                nz = c.nonzero()
-                if len(nz) * 8 < c.numel():  # few patched edges (edge patching): only those rows change
-                    b_, u_, r_ = nz.T
-                    out = out.clone()
-                    out.index_put_((r_, b_), -(c[b_, u_, r_][:, None, None] * d[u_, b_]), accumulate=True)
-                elif len(nz):
-                    out = out - torch.einsum("bur,ubld->rbld", c, d)
-            if track and ids:
-                for r in recv:
-                    deltas[r] = d[:, 0] if d.size(1) == 1 else d.mean(1)
-            if leaves:
-                z = torch.zeros_like(out, requires_grad=True)
-                calls.append((z, list(recv)))
-                out = out + z
-            return out
-
-        def emit(x_add, sender: int, out: torch.Tensor, dstack):
-            """Register sender output (B, L, D); extend the delta stack."""
-            outputs[sender] = out[0].detach()
-            if need_delta:
-                ids, d = dstack
-                diff = (out - corr[sender])[None] if corr is not None else torch.zeros_like(out)[None]
-                dstack = (ids + [sender], torch.cat([d, diff]) if ids else diff)
-            return x_add + out, dstack
-
-        memory = None
-        logits_row = None
-        for stack in ("enc", "dec"):
-            L = self.src.size(1) if stack == "enc" else self.tgt.size(1)
-            D = self.cfg.d_model
-            emb_id = g.s_index["src_embed" if stack == "enc" else "tgt_embed"]
-            emb = self.embeds[stack].expand(B, L, D)
-            if stack == "enc" and src_embed is not None:
-                emb = src_embed
-            dstack: tuple[list[int], torch.Tensor] = ([], torch.zeros(0))
-            x = torch.zeros(B, L, D, dtype=emb.dtype, device=emb.device)
-            x, dstack = emit(x, emb_id, emb, dstack)
-            for i, layer in enumerate(getattr(self.model, stack)):
-                attention = [sub for sub in layer.sublayers() if sub.is_attention]
-                for sub in attention:
-                    b, attn = sub.name, sub.block
-                    kind = kind_of(path_of(attn))
-                    H = attn.n_heads
-                    heads = [str(Head(kind, i, h)) for h in range(H)]  # type: ignore[arg-type]
-                    rq = [g.r_index[f"{n}.q"] for n in heads]
-                    rk = [g.r_index[f"{n}.k"] for n in heads]
-                    rv = [g.r_index[f"{n}.v"] for n in heads]
-                    read = self._norm(sub.norm) if pre else (lambda t: t)
-                    if b == "cross_attn":
-                        mx, mstack = memory
-                        q_in = read(inputs(x, dstack, rq))
-                        kv = inputs(mx, mstack, rk + rv)
-                        k_in, v_in = kv[:H], kv[H:]
-                    else:
-                        qkv = read(inputs(x, dstack, rq + rk + rv))
-                        q_in, k_in, v_in = qkv[:H], qkv[H:2 * H], qkv[2 * H:]
-                    outs = self._attn(attn, q_in, k_in, v_in, causal=(stack == "dec" and b == "self_attn"))
-                    add = x
-                    for h in range(H):
-                        add, dstack = emit(add, g.s_index[heads[h]], outs[h], dstack)
-                    if attn.out_proj.bias is not None:
-                        add = add + attn.out_proj.bias
-                    x = add
-                    if not pre:
-                        x = self._norm(sub.norm)(x)
-                        if need_delta and dstack[0]:
-                            dstack = (dstack[0], self._lin_norm(sub.norm)(dstack[1]))
-                ffn, ffn_norm = layer.ffn, layer.ffn_norm
-                r = g.r_index[path_of(ffn)]
-                h_in = inputs(x, dstack, [r])[0]
-                if pre:
-                    h_in = self._norm(ffn_norm)(h_in)
-                out = ffn.down_proj(ffn.activation(ffn.up_proj(h_in)))
-                x, dstack = emit(x, g.s_index[path_of(ffn)], out, dstack)
-                if not pre:
-                    x = self._norm(ffn_norm)(x)
-                    if need_delta and dstack[0]:
-                        dstack = (dstack[0], self._lin_norm(ffn_norm)(dstack[1]))
-            final = self.model.stream(stack).final_norm
-            if final is not None:
-                x = self._norm(final)(x)
-                if need_delta and dstack[0]:
-                    dstack = (dstack[0], self._lin_norm(final)(dstack[1]))
-            if stack == "enc":
-                memory = (x, dstack)
-            else:
-                last = inputs(x[:, -1:], (dstack[0], dstack[1][:, :, -1:]) if dstack[0] else dstack,
-                              [g.r_index["logits"]])[0][:, 0]  # (B, D)
-                logits_row = self.model.output_proj(last)
-        metric = logits_row[:, self.good] - logits_row[:, self.bad]
-        return metric, calls, deltas, outputs
+        state = _EdgeState(self, None if weights is None else (1 - weights), leaves, track)
+        spec = state.hooks(src_embed)
+        with self.rm.frozen(spec):
+            logits = self.model(self.src.expand(B, -1), self.tgt.expand(B, -1))
+        metric = logits[:, -1, self.good] - logits[:, -1, self.bad]
+        return metric, state.calls, state.deltas, state.outputs
 
     def prepare(self) -> None:
         """Sender outputs of the corrupted input through the frozen-norm model (the donors)."""
@@ -349,6 +228,139 @@ class _Frozen:
             outs[self.graph.s_index["tgt_embed"]] = self.embeds["dec"]
             self.corrupted_outputs = outs
             self.corrupted_metric = float(m[0])
+
+
+class _EdgeState:
+    """The hooks of one `_Frozen.run`: they record each sender's write (and its difference to the corrupted run's,
+    carried through the frozen post-norms as the stream passes them), and at each receiver subtract the patched
+    edges' differences and add a gradient leaf. The model's forward pass runs; nothing of it is re-derived here."""
+
+    def __init__(self, net: _Frozen, coef: torch.Tensor | None, leaves: bool, track: bool) -> None:
+        self.net, self.g, self.coef, self.leaves, self.track = net, net.graph, coef, leaves, track
+        self.corr = net.corrupted_outputs
+        self.need_delta = coef is not None or track
+        self.calls: list[tuple[torch.Tensor, list[int]]] = []
+        self.deltas: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.stack: tuple[list[int], torch.Tensor | None] = ([], None)  # sender ids, (u, B, L, D) differences
+        self.memory: tuple[list[int], torch.Tensor | None] = ([], None)
+
+    # -- senders and the stream --------------------------------------------------------------------------
+    def emit(self, sender: int, out: torch.Tensor) -> None:
+        """Record sender output (B, L, D); extend the difference stack."""
+        self.outputs[sender] = out[0].detach()
+        if self.need_delta:
+            ids, d = self.stack
+            diff = (out - self.corr[sender])[None] if self.corr is not None else torch.zeros_like(out)[None]
+            self.stack = (ids + [sender], diff if d is None else torch.cat([d, diff]))
+
+    def through(self, norm) -> None:
+        """The stream passed `norm` (post-norm, or a final norm): so do the differences it carries."""
+        ids, d = self.stack
+        if self.need_delta and ids:
+            self.stack = (ids, norm.linear(d, self.net.rm.scale(norm)))
+
+    def receive(self, x: torch.Tensor, recv: list[int], stack, norm=None) -> torch.Tensor:
+        """The inputs of receivers `recv`, (R, B, L, D) from `x` (B, L, D) already read (pre-norm: through `norm`):
+        minus the patched edges' differences, plus a leaf each; the differences recorded for scoring."""
+        ids, d = stack
+        read = (lambda t: t) if norm is None else (lambda t: norm.linear(t, self.net.rm.scale(norm)))
+        out = x[None].expand(len(recv), *x.shape)
+        if self.coef is not None and ids:
+            c = self.coef[:, ids][:, :, recv]  # (B, u, R)
+            nz = c.nonzero()
+            if len(nz) * 8 < c.numel():  # few patched edges (edge patching): only those rows change
+                b_, u_, r_ = nz.T
+                out = out.clone()
+                out.index_put_((r_, b_), -read(c[b_, u_, r_][:, None, None] * d[u_, b_]), accumulate=True)
+            elif len(nz):
+                out = out - read(torch.einsum("bur,ubld->rbld", c, d))
+        if self.track and ids:
+            for r in recv:
+                self.deltas[r] = d[:, 0] if d.size(1) == 1 else d.mean(1)
+        if self.leaves:
+            z = torch.zeros_like(out, requires_grad=True)
+            self.calls.append((z, list(recv)))
+            out = out + read(z)
+        return out
+
+    # -- the hooks -----------------------------------------------------------------------------------------
+    def hooks(self, src_embed: torch.Tensor | None) -> list[tuple[str, object]]:
+        g, model = self.g, self.net.model
+        pre = self.net.cfg.norm_first
+        spec: list[tuple[str, object]] = []
+
+        def embed(stack: str):
+            sender = g.s_index["src_embed" if stack == "enc" else "tgt_embed"]
+
+            def fn(x, hook):
+                if stack == "enc" and src_embed is not None:
+                    x = src_embed
+                self.emit(sender, x)
+                return x
+            return fn
+
+        def heads(senders: list[int]):
+            def fn(x, hook):  # (B, H, L, D)
+                for h, sender in enumerate(senders):
+                    self.emit(sender, x[:, h])
+            return fn
+
+        def ffn_out(sender: int):
+            def fn(x, hook):
+                self.emit(sender, x)
+            return fn
+
+        def norm_passed(norm):
+            def fn(x, hook):
+                self.through(norm)
+            return fn
+
+        def split_input(recv: list[int], memory: bool, norm):
+            def fn(x, hook):  # (B, L, H, D): each head's copy of what the block reads
+                stack = self.memory if memory else self.stack
+                return self.receive(x[:, :, 0], recv, stack, norm).permute(1, 2, 0, 3)
+            return fn
+
+        def ffn_in(recv: int, norm):
+            def fn(x, hook):
+                return self.receive(x, [recv], self.stack, norm)[0]
+            return fn
+
+        def memory_done(x, hook):  # the encoder's differences are what cross-attention keys and values read
+            self.memory, self.stack = self.stack, ([], None)
+
+        def logits_in(x, hook):  # the decoder output; the logits read its last position
+            last = self.receive(x[:, -1:], [g.r_index["logits"]], (self.stack[0], None if self.stack[1] is None
+                                                                   else self.stack[1][:, :, -1:]))[0]
+            return torch.cat([x[:, :-1], last], dim=1)
+
+        for stack in ("enc", "dec"):
+            stream = model.stream(stack)
+            spec.append((stream.hook_embed.name, embed(stack)))
+            for i, sub in stream.sublayers():
+                read_norm = sub.norm if pre else None
+                if sub.is_attention:
+                    kind = kind_of(path_of(sub.block))
+                    names = [str(Head(kind, i, h)) for h in range(sub.block.n_heads)]  # type: ignore[arg-type]
+                    cross = sub.name == "cross_attn"
+                    for part in "qkv":
+                        recv = [g.r_index[f"{n}.{part}"] for n in names]
+                        from_memory = cross and part != "q"
+                        spec.append((getattr(sub.block, f"hook_{part}_input").name,
+                                     split_input(recv, from_memory, None if from_memory else read_norm)))
+                    spec.append((sub.block.hook_result.name, heads([g.s_index[n] for n in names])))
+                else:
+                    spec.append((sub.block.hook_in.name, ffn_in(g.r_index[path_of(sub.block)], read_norm)))
+                    spec.append((sub.block.hook_out.name, ffn_out(g.s_index[path_of(sub.block)])))
+                if not pre:
+                    spec.append((sub.hook_norm.name, norm_passed(sub.norm)))
+            if stream.final_norm is not None:
+                spec.append((stream.hook_out.name, norm_passed(stream.final_norm)))
+            if stack == "enc":
+                spec.append((stream.hook_out.name, memory_done))
+        spec.append((model.stream("dec").hook_out.name, logits_in))
+        return spec
 
 
 def _as_pair(p) -> Pair:

@@ -122,9 +122,9 @@ def _events(model, stack: str, layers: int, trace) -> list[tuple]:
 
 
 def frozen_norm(x: torch.Tensor, norm, scale: torch.Tensor) -> torch.Tensor:
-    """The norm's linear part with a fixed scale: (x - mean(x)) / scale * weight (no bias), float64."""
-    x = x.double()
-    return (x - x.mean(-1, keepdim=True)) / scale.double() * norm.weight.detach().double()
+    """The norm's linear part with a fixed scale, float64: `LayerNorm.linear` (no bias)."""
+    with torch.no_grad():
+        return norm.linear(x.double(), scale.double())
 
 
 def _point(model, stack: str, layers: int) -> str:

@@ -8,8 +8,8 @@
 The local replacement model (circuit-tracer's, Ameisen et al. 2025) for an encoder-decoder: attention patterns,
 layer-norm scales and the FFN gates (activation(pre) / pre, the ReLU mask for ReLU models) are frozen at the clean
 run's values — `core.replacement.ReplacementModel`, the model's own modules in float64 held by hooks, which circuits
-and the other decompositions share; the graph has no forward pass of its own. What is left is linear in the residual streams, so every node's write decomposes exactly into the
-writes of the nodes upstream of it. Nodes:
+and the other decompositions share; the graph has no forward pass of its own. What is left is linear in the residual
+streams, so every node's write decomposes exactly into the writes of the nodes upstream of it. Nodes:
 
     embed   source and target embeddings, one per position (token + position, as `hook_{src,tgt}_embed`)
     head    each head x query position of encoder self-, decoder self- and cross-attention (`hook_result`);

@@ -89,12 +89,13 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.activation = ACTIVATIONS[cfg.activation]
         self.act_dropout = Dropout(cfg.act_dropout)
+        self.hook_in = HookPoint()  # (B, L, D): what the FFN reads (post-norm: the stream; pre-norm: its norm's output)
         self.hook_pre = HookPoint()  # (B, L, F): before the activation
         self.hook_hidden = HookPoint()  # (B, L, F): after the activation
         self.hook_out = HookPoint()  # (B, L, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.hook_hidden(self.activation(self.hook_pre(self.up_proj(x))))
+        hidden = self.hook_hidden(self.activation(self.hook_pre(self.up_proj(self.hook_in(x)))))
         return self.hook_out(self.down_proj(self.act_dropout(hidden)))
 
 
