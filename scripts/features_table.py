@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from workbench.features.dictionary import ARCHITECTURE_NAMES, THRESHOLDED
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "features.md"
 README = ROOT / "README.md"
@@ -28,7 +30,9 @@ def _cards(checkpoint: Path):
         arch = cfg["metadata"]["workbench"]["architecture"]
         tc = ("skip transcoder" if "skip" in cfg["architecture"] else "transcoder") if cfg.get("d_out") else "SAE"
         k = f", k {cfg['k']}" if "k" in cfg else ""
-        kind = f"{'TopK' if arch == 'topk' else 'ReLU'} {tc}, {cfg['d_sae']} features{k}"
+        if arch in THRESHOLDED:
+            k = f", k {cfg['metadata']['workbench'].get('k')}" if arch == "batchtopk" else ""
+        kind = f"{ARCHITECTURE_NAMES.get(arch, arch)} {tc}, {cfg['d_sae']} features{k}"
         yield site.parent, e, t, kind
 
 

@@ -108,9 +108,13 @@ def test_batchtopk_keeps_the_batchs_largest_activations_with_dense_autograds_gra
 
 def test_jumprelu_straight_through_gradients_are_sae_lens():
     jump = pytest.importorskip("sae_lens.saes.jumprelu_sae")
-    dic = _random_dictionary("jumprelu", transcoder=False)
+    dic = _random_dictionary("jumprelu", transcoder=False, k=10)
+    with torch.no_grad():
+        dic.threshold.uniform_(1.0, 2.0)
     x = torch.randn(50, 16) * 2
     out = dic.training_forward(x, bandwidth=0.3)
+    # the sparse path sees each row's 4k = 40 largest: every latent near or above its threshold is among them
+    assert int((dic.pre_activations(x) > dic.threshold - 0.15).sum(-1).max()) < 40
     (out.recon.pow(2).sum() + 0.7 * out.l0).backward()
     ours = {k: p.grad.clone() for k, p in dic.named_parameters()}
     dic.zero_grad()

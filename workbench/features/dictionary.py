@@ -34,7 +34,7 @@ which SAELens loads once `workbench.features.sae_lens_classes.register()` has ad
 `training_forward` computes the same reconstruction for the training loop; for TopK it touches only the
 k chosen latents per row after one gradient-free dense encoder pass, so its backward costs O(B·k·d)
 instead of the O(B·d_sae·d) of autograd through dense matrices (see benchmarks/bench_features.py). BatchTopK and
-JumpReLU train through dense activations (a row's latent count is not fixed).
+JumpReLU take the same path over each row's 4k largest pre-activations (a row's latent count is not fixed).
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = ("topk", "relu", "jumprelu", "batchtopk")
 THRESHOLDED = ("jumprelu", "batchtopk")
-BATCH_TOPK_ROW_CAP = 4
-"""BatchTopK training: a row holds at most this many times k latents (its candidates for the batch's top k·B)."""
+ARCHITECTURE_NAMES = {"topk": "TopK", "batchtopk": "BatchTopK", "jumprelu": "JumpReLU", "relu": "ReLU"}
+ROW_CAP = 4
+"""BatchTopK and JumpReLU training: a row's candidates are its ROW_CAP·k largest pre-activations (for BatchTopK, the
+most a row may hold of the batch's top k·B)."""
 """Architectures whose inference is a JumpReLU with a `threshold` parameter (SAELens: "jumprelu")."""
 SAE_LENS_FORMAT = "6.0.0"
 """The SAELens config format written (SAELens reads files of version >= 6.0 without conversion)."""
@@ -245,23 +247,19 @@ class SparseDictionary(nn.Module):
         k_aux largest dead latents (Gao et al. 2024's AuxK) is returned too.
 
         BatchTopK keeps the k·B largest ReLU pre-activations of the batch, through the same sparse path and with the
-        same AuxK term. JumpReLU gates by its threshold with straight-through estimators of width
-        `bandwidth` (Rajamanoharan et al. 2024): the reconstruction's gradient reaches the threshold through the
-        jump, and `TrainingOutput.l0` is the batch's mean L0 whose gradient reaches the threshold only (DeepMind's
+        same AuxK term. JumpReLU (the same path, no AuxK) gates by its threshold with straight-through estimators
+        of width `bandwidth` (Rajamanoharan et al. 2024): the reconstruction's gradient reaches the threshold through
+        the jump, and `TrainingOutput.l0` is the batch's mean L0 whose gradient reaches the threshold only (DeepMind's
         form; SAELens's `jumprelu_ste_to_input=False`).
         """
         arch = self.cfg.architecture
         if arch == "batchtopk":
             return self._batchtopk_forward(x, dead, k_aux)
-        if arch in ("relu", "jumprelu"):
-            pre = self.pre_activations(x)
-            l0 = None
-            if arch == "relu":
-                feats = F.relu(pre)
-            elif arch == "jumprelu":
-                feats = _JumpReLU.apply(pre, self.threshold, bandwidth)
-                l0 = _Step.apply(pre, self.threshold, bandwidth).sum(-1).mean()
-            return TrainingOutput(self.decode(feats) + self.skip(x), feats, None, None, l0)
+        if arch == "jumprelu":
+            return self._jumprelu_forward(x, bandwidth)
+        if arch == "relu":
+            feats = F.relu(self.pre_activations(x))
+            return TrainingOutput(self.decode(feats) + self.skip(x), feats, None, None, None)
         sae_in = x if self.cfg.transcoder else x - self.b_dec
         with torch.no_grad():
             pre_all = torch.addmm(self.b_enc, sae_in, self.W_enc)
@@ -270,19 +268,37 @@ class SparseDictionary(nn.Module):
         recon = _SparseDecode.apply(vals, idx, self.W_dec) + self.b_dec + self.skip(x)
         return TrainingOutput(recon, vals, idx, self._aux(sae_in, pre_all, dead, k_aux), None)
 
-    def _batchtopk_forward(self, x: torch.Tensor, dead: torch.Tensor | None, k_aux: int) -> TrainingOutput:
-        """BatchTopK through the sparse path: each row's `BATCH_TOPK_ROW_CAP`·k largest pre-activations are the
-        candidates, the k·B largest positive ones of the batch are kept (the rest of a row's slots carry zeros, with
-        zero gradient). A row may so hold up to 4k latents, and the batch k per row on average."""
+    def _candidates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """sae_in, the dense pre-activations (no autograd), and each row's `ROW_CAP`·k largest: ids in order and
+        their pre-activations."""
         sae_in = x if self.cfg.transcoder else x - self.b_dec
-        k, b = self.cfg.k, x.size(0)
         with torch.no_grad():
             pre_all = torch.addmm(self.b_enc, sae_in, self.W_enc)
-            cand = pre_all.topk(min(BATCH_TOPK_ROW_CAP * k, self.cfg.d_sae), dim=-1, sorted=False)
-            flat = cand.values.relu().flatten()
-            cut = flat.topk(min(k * b, flat.numel()), sorted=False).values.min()
+            cand = pre_all.topk(min(ROW_CAP * self.cfg.k, self.cfg.d_sae), dim=-1, sorted=False)
             idx, order = cand.indices.sort(dim=-1)  # (the sparse products want each row's ids in order)
-            pre = cand.values.gather(1, order)
+        return sae_in, pre_all, idx, cand.values.gather(1, order)
+
+    def _jumprelu_forward(self, x: torch.Tensor, bandwidth: float) -> TrainingOutput:
+        """JumpReLU through the sparse path, over each row's `ROW_CAP`·k largest pre-activations: the gate, its
+        straight-through gradients and the L0 count see those candidates (a threshold steered to L0 = k lies far
+        inside them: the latents below are off, and further than the kernel's width from their thresholds)."""
+        sae_in, _, idx, pre = self._candidates(x)
+        sel = _SelectedPre.apply(sae_in, self.W_enc, self.b_enc, idx, pre)
+        th = self.threshold[idx]
+        feats = _JumpReLU.apply(sel, th, bandwidth)
+        l0 = _Step.apply(sel, th, bandwidth).sum(-1).mean()
+        recon = _SparseDecode.apply(feats, idx, self.W_dec) + self.b_dec + self.skip(x)
+        return TrainingOutput(recon, feats, idx, None, l0)
+
+    def _batchtopk_forward(self, x: torch.Tensor, dead: torch.Tensor | None, k_aux: int) -> TrainingOutput:
+        """BatchTopK through the sparse path: each row's `ROW_CAP`·k largest pre-activations are the candidates, the
+        k·B largest positive ones of the batch are kept (the rest of a row's slots carry zeros, with zero gradient).
+        A row may so hold up to 4k latents, and the batch k per row on average."""
+        sae_in, pre_all, idx, pre = self._candidates(x)
+        k, b = self.cfg.k, x.size(0)
+        with torch.no_grad():
+            flat = pre.relu().flatten()
+            cut = flat.topk(min(k * b, flat.numel()), sorted=False).values.min()
             keep = (pre >= cut) & (pre > 0)
         vals = _SelectedPre.apply(sae_in, self.W_enc, self.b_enc, idx, pre).relu() * keep
         recon = _SparseDecode.apply(vals, idx, self.W_dec) + self.b_dec + self.skip(x)
@@ -381,7 +397,7 @@ class _JumpReLU(torch.autograd.Function):
         pre, threshold = ctx.saved_tensors
         eps = ctx.bandwidth
         g_t = -(threshold / eps) * _rectangle((pre - threshold) / eps) * g
-        return (pre > threshold).to(g.dtype) * g, g_t.sum(0), None
+        return (pre > threshold).to(g.dtype) * g, _to_shape(g_t, threshold), None
 
 
 class _Step(torch.autograd.Function):
@@ -397,7 +413,12 @@ class _Step(torch.autograd.Function):
     def backward(ctx, g):
         pre, threshold = ctx.saved_tensors
         eps = ctx.bandwidth
-        return None, (-(1.0 / eps) * _rectangle((pre - threshold) / eps) * g).sum(0), None
+        return None, _to_shape(-(1.0 / eps) * _rectangle((pre - threshold) / eps) * g, threshold), None
+
+
+def _to_shape(g: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """A threshold per latent (d_sae,) sums its gradient over rows; one gathered per element keeps it."""
+    return g if threshold.dim() == g.dim() else g.sum(0)
 
 
 def _row_sparse(idx: torch.Tensor, values: torch.Tensor, n: int, *, transpose: bool = False) -> torch.Tensor:

@@ -42,7 +42,7 @@ from ..corpus.data import ParallelData, load_dataset
 from ..decoding.evaluate import score
 from ..decoding.translator import TranslationModel
 from .baselines import Moments, PCABaseline, RandomTopK
-from .dictionary import SparseDictionary
+from .dictionary import ARCHITECTURE_NAMES, THRESHOLDED, SparseDictionary
 from .sites import ablation_hooks, site_of, site_rows, splice_hooks
 from .stats import DENSE
 
@@ -300,12 +300,43 @@ def seeds_of(directory: str | Path) -> dict[str, Any]:
 GOALS = {"fvu": ("<=", 0.2), "l0": ("<=", 64), "dead_frac": ("<=", 0.10), "ce_recovered": (">=", 0.90)}
 BLEU_GOAL = 0.5
 """BLEU points the spliced model may lose against the clean one."""
+L0_GOAL, DEAD_GOAL, DENSE_GOAL, PCA_FVU_RATIO, DELTA_CE_GOAL = 16, 0.05, 0.01, 0.6, 0.05
+"""Issue 38's goals: L0 <= 16; dead <= 5 % and dense <= 1 % (on >= 200k tokens); FVU <= 0.6 x PCA-L0's and ΔCE <= its;
+ΔCE <= 0.05 nats on hook_memory (every cross-attention reads it) and for transcoders, whose L0 must also stay at or
+below the FFN's own active neurons."""
+
+
+def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each goal of issue 38 that applies to this card: what, the value, the bound, met or not."""
+    out = []
+
+    def add(what: str, value: float, op: str, bound: float) -> None:
+        out.append({"goal": what, "value": value, "op": op, "bound": bound,
+                    "met": bool(value <= bound if op == "<=" else value >= bound)})
+
+    add("L0", result["l0"], "<=", L0_GOAL)
+    pca = result.get("baselines", {}).get("pca")
+    if pca:
+        add(f"FVU <= {PCA_FVU_RATIO} x PCA-L0's FVU ({pca['fvu']:.4f})", result["fvu"], "<=",
+            PCA_FVU_RATIO * pca["fvu"])
+        add("ΔCE <= PCA-L0's ΔCE (nats)", result["delta_ce"], "<=", pca["delta_ce"])
+    if result["site"] == "hook_memory" or result.get("hook_out"):
+        add("ΔCE (nats)", result["delta_ce"], "<=", DELTA_CE_GOAL)
+    neurons = result.get("baselines", {}).get("ffn_neurons")
+    if neurons:
+        add("L0 <= the FFN's active neurons per token", result["l0"], "<=", neurons["l0"])
+    tokens = result.get("density_tokens", result["tokens"])
+    add(f"dead share (on {tokens:,} tokens)", result["dead_frac"], "<=", DEAD_GOAL)
+    if "dense_frac" in result:
+        add(f"dense share, firing on > 10 % of {tokens:,} tokens", result["dense_frac"], "<=", DENSE_GOAL)
+    return out
 
 
 def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     """eval.json and a README.md whose numbers are `result`'s and training.json's, never typed by hand."""
     directory = Path(directory)
     result = {**result, "seeds": result.get("seeds") or seeds_of(directory)}
+    result["goals"] = goals(result)
     (directory / "eval.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     cfg = json.loads((directory / "cfg.json").read_text(encoding="utf-8"))
     train_file = directory / "training.json"
@@ -315,8 +346,12 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     kind = ("skip transcoder" if "skip" in cfg["architecture"] else "transcoder") if cfg.get("d_out") \
         else "sparse autoencoder"
     k = f", k = {cfg['k']}" if "k" in cfg else ""
+    if arch in THRESHOLDED:
+        k = (f"; trained at k = {cfg['metadata']['workbench'].get('k')} per token on average, a threshold at "
+             "inference (saved as SAELens's JumpReLU)" if arch == "batchtopk" else
+             f"; L0 penalty steered to {tc.get('target_l0') or cfg['metadata']['workbench'].get('k')} in training")
     lines = [f"# {result['site']}", "",
-             f"{arch.upper() if arch == 'topk' else 'ReLU'} {kind} on `{result['hook_in']}`"
+             f"{ARCHITECTURE_NAMES.get(arch, arch)} {kind} on `{result['hook_in']}`"
              + (f" predicting `{result['hook_out']}`" if result.get("hook_out") else "")
              + f" of `{cfg['metadata'].get('model_name', '')}`: {cfg['d_in']} -> {cfg['d_sae']} features{k}. "
              "SAELens layout (`cfg.json`, `sae_weights.safetensors`): `sae_lens.SAE.load_from_disk(this directory)`"
@@ -324,17 +359,15 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
                 "transcoder class)." if cfg["architecture"].startswith("topk_") else " loads it."),
              "", f"## Held-out evaluation ({result['split']}, {result['sentences']} sentences, "
              f"{result['tokens']} tokens)",
-             "", "| metric | value | goal |", "|---|---|---|"]
-    for key, label in (("fvu", "fraction of variance unexplained"), ("l0", "L0 (features active per token)"),
-                       ("dead_frac", f"dead features (never fire on {result.get('density_tokens', result['tokens']):,}"
-                                     f" tokens of {result.get('density_split', result['split'])})"),
-                       ("ce_recovered", "CE recovered vs zero-ablation")):
-        op, goal = GOALS[key]
-        v = result[key]
-        shown = f"{v:.1%}" if key == "dead_frac" else f"{v:.4f}" if key != "l0" else f"{v:.1f}"
-        ok = v <= goal if op == "<=" else v >= goal
-        lines.append(f"| {label} | {shown} | {op} {f'{goal:.0%}' if key == 'dead_frac' else goal} "
-                     f"{'(met)' if ok else '(missed)'} |")
+             "", "| goal (issue 38) | value | bound | |", "|---|---|---|---|"]
+    for g in result.get("goals") or goals(result):
+        pct = "share" in g["goal"]
+        shown = (lambda v: f"{v:.1%}") if pct else (lambda v: f"{v:.1f}") if g["goal"].startswith("L0") else (
+            lambda v: f"{v:.4f}")
+        lines.append(f"| {g['goal']} | {shown(g['value'])} | {g['op']} {shown(g['bound'])} | "
+                     f"{'met' if g['met'] else '**missed**'} |")
+    lines += ["", f"CE recovered against zero ablation: {result['ce_recovered']:.1%}; against mean ablation: "
+              f"{result.get('ce_recovered_mean', float('nan')):.1%}."]
     lines += ["", f"Cross-entropy per target token (teacher-forced, nats): clean {result['ce_clean']:.4f}, spliced "
               f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}"
               + (f", mean-ablated {result['ce_mean_ablated']:.4f}" if "ce_mean_ablated" in result else "") + "."]
@@ -389,12 +422,21 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     if training:
         lines += ["", "## Training", "",
                   f"- {training['activations']:,} activations ({training['steps']} steps of {tc.get('batch')}) "
-                  f"streamed from `{tc.get('dataset')}:{tc.get('split')}` with teacher forcing, "
-                  f"{training['epochs']} epochs of its tokens; shuffle buffer {tc.get('buffer'):,} rows.",
+                  + (f"drawn from the site's activations over `{tc.get('dataset')}:{tc.get('split')}` (teacher "
+                     f"forcing), read once into memory and reshuffled every epoch, {training['epochs']} epochs."
+                     if tc.get("cache") else
+                     f"streamed from `{tc.get('dataset')}:{tc.get('split')}` with teacher forcing, "
+                     f"{training['epochs']} epochs of its tokens; shuffle buffer {tc.get('buffer'):,} rows."),
                   f"- Adam, peak lr {tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay; "
                   + (f"AuxK coefficient {tc.get('aux_coef'):.4g}, dead after {tc.get('dead_after'):,} activations."
-                     if arch == "topk" else f"L1 target L0 {tc.get('target_l0')}, final L1 coefficient "
-                     f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}."),
+                     if arch in ("topk", "batchtopk") else
+                     f"L0 penalty (straight-through, bandwidth {tc.get('bandwidth')}) steered to L0 "
+                     f"{tc.get('target_l0') or tc.get('k')}, final coefficient "
+                     f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}." if arch == "jumprelu" else
+                     f"L1 target L0 {tc.get('target_l0')}, final L1 coefficient "
+                     f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}.")
+                  + (f" Inference threshold: the running mean (rate {tc.get('threshold_lr')}) of each batch's "
+                     "smallest kept activation." if arch == "batchtopk" else ""),
                   *([f"- End-to-end term in the last {tc['kl_steps']} steps: {tc['kl_coef']:g} x KL(clean || spliced) "
                      "per target token of whole teacher-forced sentences, beside the reconstruction loss."]
                     if tc.get("kl_coef") and tc.get("kl_steps") else []),
