@@ -6,6 +6,8 @@ node where the viewer can draw it, and plugs in feature nodes; on a tiny model a
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,6 +20,7 @@ from workbench.analysis.graph import AttributionGraph, attribution_graph
 from workbench.analysis.graph_export import (
     SCHEMA,
     circuit_tracer_graph,
+    export_sentence,
     graph_rows,
     prune_graph,
     token_probability,
@@ -327,3 +330,71 @@ def test_the_graph_command_writes_a_file_per_output_token(tmp_path, capsys):
     assert main(["graph", ckpt, "Ein Hund läuft.", "--reference", "A dog runs.", "--position", "9", "--out",
                  str(tmp_path)]) == 2
     assert "position 9 out of range" in capsys.readouterr().err
+
+
+# circuit-tracer's formatData in Node: d3's few helpers it calls (max, min, sum, sort, jetpack's nestBy) and the page's
+# `util` stood in for; it prints, per file, what the viewer would draw.
+VIEWER_HARNESS = r"""
+const fs = require('fs');
+global.window = global;
+const acc = (f) => (typeof f === 'function' ? f : (d) => d);
+const finite = (a, f) => a.map(acc(f)).filter(x => x != null && !isNaN(x));
+global.d3 = {
+  max: (a, f) => { const v = finite(a, f); return v.length ? Math.max(...v) : undefined; },
+  min: (a, f) => { const v = finite(a, f); return v.length ? Math.min(...v) : undefined; },
+  sum: (a, f) => a.map(acc(f)).reduce((s, x) => s + (+x || 0), 0),
+  sort: (a, f) => [...a].sort((x, y) => { const u = f(x), v = f(y); return u < v ? -1 : u > v ? 1 : 0; }),
+  nestBy: (a, f) => {
+    const m = new Map();
+    a.forEach(d => { const k = f(d); if (!m.has(k)) m.set(k, []); m.get(k).push(d); });
+    return [...m.entries()].map(([k, v]) => Object.assign(v, {key: k}));
+  },
+};
+global.util = {params: {get: () => undefined, set: () => {}}, ppToken: (t) => t};
+eval(fs.readFileSync(process.argv[2], 'utf8'));
+(async () => {
+  const out = [];
+  for (const file of process.argv.slice(3)) {
+    const data = JSON.parse(fs.readFileSync(file, 'utf8'));
+    const g = await window.utilCg.formatData(data, {pinnedIds: [], isHideLayer: false});
+    out.push({nodes: g.nodes.map(d => ({id: d.node_id, stream: d.streamIdx, ctx: d.ctx_idx, type: d.feature_type,
+                                        layer: d.layer, pct: d.logitPct, token: d.logitToken, error: !!d.isError})),
+              links: g.links.map(l => [l.sourceNode.node_id, l.targetNode.node_id, l.weight])});
+  }
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run circuit-tracer's viewer code")
+def test_circuit_tracers_viewer_draws_every_node_and_link(tmp_path):
+    """The shipped model's graphs of every output token of a sentence, through the viewer's own formatData
+    (tests/data/circuit_tracer_util_cg.js): no node dropped or merged, every link attached, every node on a finite
+    row, the encoder's rows below the decoder's, the logit on top with its token and probability."""
+    from workbench.decoding.translator import load
+
+    tm = load(ROOT / "checkpoints" / "multi30k-de-en")
+    paths = export_sentence(tm, "Zwei Männer spielen Fußball im Park.", tmp_path)
+    harness = tmp_path / "harness.js"
+    harness.write_text(VIEWER_HARNESS, encoding="utf-8")
+    viewer = Path(__file__).parent / "data" / "circuit_tracer_util_cg.js"
+    done = subprocess.run(["node", str(harness), str(viewer), *map(str, paths)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    drawn = json.loads(done.stdout)
+    assert len(drawn) == len(paths) > 3
+    for path, g in zip(paths, drawn):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        src_len = data["metadata"]["prompt_tokens"].index("<s>")
+        assert sorted(n["id"] for n in g["nodes"]) == sorted(n["node_id"] for n in data["nodes"])
+        assert sorted(map(tuple, g["links"])) == sorted((x["source"], x["target"], x["weight"])
+                                                        for x in data["links"])
+        assert all(isinstance(n["stream"], int) and n["stream"] >= 0 for n in g["nodes"])
+        enc = [n["stream"] for n in g["nodes"] if n["type"] != "embedding" and n["ctx"] < src_len]
+        dec = [n["stream"] for n in g["nodes"] if n["type"] not in ("embedding", "logit") and n["ctx"] >= src_len]
+        assert not enc or not dec or max(enc) <= min(dec)
+        logit = [n for n in g["nodes"] if n["type"] == "logit"]
+        want = next(n for n in data["nodes"] if n["feature_type"] == "logit")
+        assert len(logit) == 1 and logit[0]["stream"] == 1 + max(n["stream"] for n in g["nodes"] if n is not logit[0])
+        assert logit[0]["pct"] == pytest.approx(want["token_prob"], abs=5e-4)
+        assert logit[0]["token"] == want["clerp"].split('"')[1]
+        assert all(n["error"] == (n["type"] == "mlp reconstruction error") for n in g["nodes"])
