@@ -236,3 +236,25 @@ def test_translate_lines_steers_chunk_by_chunk_and_leaves_no_hook_behind(shipped
         assert [first, *streamed] == whole
         with pytest.raises(ValueError, match="out of range"):
             tm.translate(SOURCES, steer={"hook_memory": {8192: 1.0}})
+
+
+def test_the_cli_steers_as_translate_does_and_refuses_bad_flags(shipped, tmp_path, capsys):
+    from workbench.cli import main
+
+    tm, dicts = shipped
+    src = tmp_path / "in.de"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    base = ["translate", "--checkpoint", str(CKPT), "--input", str(src), "--output", str(out)]
+    assert main(base + ["--steer", "hook_memory:100=1", "--steer", "dec.1.ffn:3=+2"]) == 0
+    with splice(tm.model, dicts["hook_memory"]), splice(tm.model, dicts["dec.1.ffn"]):
+        expected = tm.translate(SOURCES, steer={"hook_memory": {100: 1.0}, "dec.1.ffn": {3: "+2"}})
+    assert out.read_text(encoding="utf-8").splitlines() == expected != tm.translate(SOURCES)
+    for flags, message in [(["--steer", "hook_memory:8192=1"], "features [8192] are out of range"),
+                           (["--steer", "hook_memory=1"], "expected SITE:FEATURE=VALUE"),
+                           (["--steer", "hook_memory:a=1"], "the feature must be an integer id"),
+                           (["--steer", "dec.0.ffn:1=1"], "no dictionary for that site"),
+                           (["--steer", "hook_memory:1=x"], "signed number"),
+                           (["--dictionary", str(CKPT / "features" / "dec.1.ffn")], "for --steer only")]:
+        assert main(base + flags) == 2
+        assert message in capsys.readouterr().err

@@ -4,17 +4,26 @@ Invalid UTF-8 policy: by default a line that is not valid UTF-8 stops the run wi
 naming the line and byte offset (nothing is silently altered); `--errors replace` substitutes
 U+FFFD for the bad bytes and warns once per line instead (sacrebleu and Marian read input the
 same strict way by default).
+
+Steering: `--steer SITE:FEATURE=VALUE` (repeatable) edits a dictionary feature at every position while decoding:
+`hook_memory:12=5` clamps feature 12 of the hook_memory dictionary to 5, `dec.1.ffn:3=+2` adds 2 to it,
+`hook_memory:12==-2` clamps it to -2 (`TranslationModel.translate(steer=...)`). Each steered site's dictionary is
+`--dictionary DIR` (repeatable; its site comes from its cfg.json) or else the checkpoint's `features/SITE/`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from pathlib import Path
 
 from ..analysis.alignment import format_pharaoh
 from ..analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
 from ..decoding.evaluate import read_lines
-from ..decoding.translator import load
+from ..decoding.translator import TranslationModel, load
+from ..features.dictionary import SparseDictionary
+from ..features.sites import site_of, splice
 
 DECODE_FLAGS = ("beam", "n_best", "length_penalty", "alpha", "max_len_a", "max_len_b", "max_len", "min_len",
                 "no_repeat_ngram", "max_tokens")
@@ -51,20 +60,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alignments", action="store_true",
                    help="append ' ||| i-j ...' to each output: its word alignment to the source (0-based, source "
                         "first; the checkpoint's own aligner, as `workbench align` computes it)")
+    p.add_argument("--steer", action="append", default=[], metavar="SITE:FEATURE=VALUE",
+                   help="edit a dictionary feature at every position while decoding: VALUE clamps it (=-2 clamps "
+                        "to a negative), +VALUE or -VALUE adds; repeatable, e.g. --steer hook_memory:12=5")
+    p.add_argument("--dictionary", action="append", default=[], metavar="DIR",
+                   help="a dictionary for --steer (cfg.json + sae_weights.safetensors; its site from cfg.json); "
+                        "repeatable; a steered site without one reads the checkpoint's features/SITE/")
+
+
+def parse_steer_args(specs: list[str]) -> dict[str, dict[int, str]]:
+    """{site: {feature: value text}} from --steer SITE:FEATURE=VALUE flags; a malformed flag raises ValueError."""
+    steer: dict[str, dict[int, str]] = {}
+    for spec in specs:
+        left, eq, value = spec.partition("=")
+        site, colon, feature = left.rpartition(":")
+        if not (eq and colon and site and value):
+            raise ValueError(f"--steer {spec!r}: expected SITE:FEATURE=VALUE, e.g. hook_memory:12=5 or dec.1.ffn:3=+2")
+        try:
+            index = int(feature)
+        except ValueError:
+            raise ValueError(f"--steer {spec!r}: the feature must be an integer id, got {feature!r}") from None
+        steer.setdefault(site, {})[index] = value
+    return steer
+
+
+def steering_dictionaries(tm: TranslationModel, steer: dict, paths: list[str]) -> list[SparseDictionary]:
+    """The dictionaries to splice for `steer`: the --dictionary ones, then the checkpoint's features/SITE/."""
+    given = [SparseDictionary.load(p, device=tm.device) for p in paths]
+    by_site = {site_of(d).name: d for d in given}
+    root = Path(tm.meta.get("path", "")) / "features"
+    for site in steer:
+        if site not in by_site:
+            directory = root / site
+            if not (directory / "cfg.json").is_file():
+                shipped = sorted(p.name for p in root.iterdir() if (p / "cfg.json").is_file()) if root.is_dir() else []
+                raise ValueError(f"--steer {site}: no dictionary for that site (none at {directory}; the "
+                                 f"checkpoint has {shipped or 'none'}); give --dictionary DIR")
+            by_site[site] = SparseDictionary.load(directory, device=tm.device)
+    return list(by_site.values())
 
 
 def run(args: argparse.Namespace) -> int:
     tm = load(args.checkpoint, device=args.device)
     options = decode_options(args)
     tm.decode_config = tm.config_with(**options)  # validate before reading any input
+    steer = parse_steer_args(getattr(args, "steer", []))
+    if getattr(args, "dictionary", []) and not steer:
+        raise ValueError("--dictionary is read for --steer only; give a --steer SITE:FEATURE=VALUE too")
+    with contextlib.ExitStack() as spliced:
+        for d in steering_dictionaries(tm, steer, getattr(args, "dictionary", [])) if steer else []:
+            spliced.enter_context(splice(tm.model, d))
+        if steer:
+            tm.translate([], steer=steer)  # an unknown site or a feature out of range is refused before any input
+        return _run(tm, args, steer or None)
+
+
+def _run(tm: TranslationModel, args: argparse.Namespace, steer: dict | None) -> int:
     source = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
     sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
     try:
         lines = read_lines(source, errors=args.errors, name=args.input if args.input != "-" else "stdin")
         if args.alignments:
-            _translate_aligned(tm, lines, sink, args.chunk)
+            _translate_aligned(tm, lines, sink, args.chunk, steer)
         else:
-            for text in tm.translate_lines(lines, chunk=args.chunk):
+            for text in tm.translate_lines(lines, chunk=args.chunk, steer=steer):
                 sink.write(text + "\n")
         sink.flush()
     finally:
@@ -75,13 +134,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _translate_aligned(tm, lines, sink, chunk: int) -> None:
+def _translate_aligned(tm, lines, sink, chunk: int, steer: dict | None = None) -> None:
     """Chunk by chunk: translate, then align each output to its source (teacher-forced, as `workbench align`)."""
     spec = AlignmentSpec.from_dict(tm.alignment) if tm.alignment else fallback_spec(tm.model)
     buffer: list[str] = []
 
     def flush() -> None:
-        outputs = list(tm.translate_lines(buffer, chunk=chunk))
+        outputs = list(tm.translate_lines(buffer, chunk=chunk, steer=steer))
         links = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, buffer, outputs, spec, skip_long=True)
         for text, link in zip(outputs, links):
             sink.write(f"{text} ||| {format_pharaoh(link)}\n")

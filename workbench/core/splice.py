@@ -111,7 +111,14 @@ class Splice(nn.Module):
         delta: torch.Tensor | None = None
         if acts_on:
             edited = self.hook_acts(feats.clone())  # a copy: an in-place edit must not touch the clean features
-            delta = (edited - feats) @ d.W_dec  # exact zeros where nothing was edited
+            change = edited - feats  # exact zeros where nothing was edited, so the decoded edit is exactly 0
+            if change.device.type == "cpu":
+                # steering edits a few features: decode only the columns that changed (a host-side test is free on
+                # CPU; on an accelerator it would be a sync, and the dense product is cheap there)
+                cols = change.reshape(-1, change.size(-1)).ne(0).any(0).nonzero()[:, 0]
+                delta = change.index_select(-1, cols) @ d.W_dec.index_select(0, cols)
+            else:
+                delta = change @ d.W_dec
         if recons_on or error_on:
             skip = getattr(d, "skip", None)
             recons = d.decode(feats) + (skip(xf) if skip is not None else 0.0)
