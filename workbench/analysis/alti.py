@@ -79,7 +79,7 @@ def alti_hooks(model, kinds=("enc_self", "dec_self", "cross")) -> list[str]:
 def _block_hooks(model, kind: str, layer: int) -> dict[str, str | None]:
     sub = model.stream(stack_of(kind)).layers[layer].sublayer("cross_attn" if kind == "cross" else "self_attn")
     return {"probs": sub.block.hook_probs.name, "v": sub.block.hook_v.name, "resid": sub.hook_resid_before.name,
-            "out": sub.hook_resid.name, "scale": None if model.cfg.norm_first else sub.norm.hook_scale.name}
+            "out": sub.hook_resid.name, "scale": sub.norm.hook_scale.name if sub.norm_on_stream else None}
 
 
 def block_terms(model, trace, kind: str, layer: int, *, dtype=torch.float32) -> BlockTerms:

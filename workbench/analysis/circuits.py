@@ -287,7 +287,6 @@ class _EdgeState:
     # -- the hooks -----------------------------------------------------------------------------------------
     def hooks(self, src_embed: torch.Tensor | None) -> list[tuple[str, object]]:
         g, model = self.g, self.net.model
-        pre = self.net.cfg.norm_first
         spec: list[tuple[str, object]] = []
 
         def embed(stack: str):
@@ -339,7 +338,7 @@ class _EdgeState:
             stream = model.stream(stack)
             spec.append((stream.hook_embed.name, embed(stack)))
             for i, sub in stream.sublayers():
-                read_norm = sub.norm if pre else None
+                read_norm = None if sub.norm_on_stream else sub.norm  # pre-norm: the receiver reads through it
                 if sub.is_attention:
                     kind = kind_of(path_of(sub.block))
                     names = [str(Head(kind, i, h)) for h in range(sub.block.n_heads)]  # type: ignore[arg-type]
@@ -353,7 +352,7 @@ class _EdgeState:
                 else:
                     spec.append((sub.block.hook_in.name, ffn_in(g.r_index[path_of(sub.block)], read_norm)))
                     spec.append((sub.block.hook_out.name, ffn_out(g.s_index[path_of(sub.block)])))
-                if not pre:
+                if sub.norm_on_stream:
                     spec.append((sub.hook_norm.name, norm_passed(sub.norm)))
             if stream.final_norm is not None:
                 spec.append((stream.hook_out.name, norm_passed(stream.final_norm)))

@@ -85,7 +85,7 @@ def _capture_names(model, stack: str, layers: int) -> list[str]:
         names.append(stream.emb_norm.hook_scale.name)
     for _, sub in stream.sublayers(layers):
         names.append((sub.block.hook_result if sub.is_attention else sub.block.hook_out).name)
-        if not model.cfg.norm_first:
+        if sub.norm_on_stream:
             names.append(sub.norm.hook_scale.name)
     if stream.final_norm is not None and layers == len(stream.layers):
         names.append(stream.final_norm.hook_scale.name)
@@ -114,7 +114,7 @@ def _events(model, stack: str, layers: int, trace) -> list[tuple]:
         else:
             ev.append(("write", path, {"stack": stack, "kind": "ffn", "layer": i, "head_index": None},
                        trace[sub.block.hook_out.name]))
-        if not model.cfg.norm_first:
+        if sub.norm_on_stream:
             ev.append(("norm", path_of(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
     if stream.final_norm is not None and layers == len(stream.layers):
         ev.append(("norm", path_of(stream.final_norm), stream.final_norm, trace[stream.final_norm.hook_scale.name]))

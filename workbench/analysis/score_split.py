@@ -69,7 +69,7 @@ def split_hooks(model, layer: int) -> list[str]:
     names = _capture_names(model, "dec", layer + 1) + _capture_names(model, "enc", len(model.enc))
     sub = model.dec[layer].sublayer("cross_attn")
     names.append(sub.block.hook_scores.name)
-    if model.cfg.norm_first:
+    if not sub.norm_on_stream:
         names.append(sub.norm.hook_scale.name)
     return list(dict.fromkeys(names))
 
@@ -81,7 +81,7 @@ def cross_inputs(model, trace, layer: int) -> tuple[tuple[list[str], list[dict[s
     sub = model.dec[layer].sublayer("cross_attn")
     q_labels, q_info, q_parts = stream_components(model, trace, "dec", layer + 1, before=path_of(sub.block))
     k_labels, k_info, k_parts = stream_components(model, trace, "enc", len(model.enc))
-    if model.cfg.norm_first:  # the block reads its input norm of the stream
+    if not sub.norm_on_stream:  # the block reads its input norm of the stream
         norm = sub.norm
         scale = trace[norm.hook_scale.name]
         q_parts = torch.cat([frozen_norm(q_parts, norm, scale), norm.bias.detach().double().expand_as(q_parts[:1])])

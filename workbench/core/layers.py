@@ -112,10 +112,17 @@ class Sublayer:
     hook_resid: HookPoint  # the stream after this sub-layer has written (and, post-norm, been normalised)
     hook_resid_before: HookPoint  # the stream before it writes: the layer's hook_resid_in or the last hook_resid
     hook_block_in: HookPoint  # what the block reads: pre-norm its norm's output; post-norm the stream before it
+    norm_first: bool = False  # the layer's placement (see `_Layer.compose`)
 
     @property
     def is_attention(self) -> bool:
         return isinstance(self.block, MultiHeadAttention)
+
+    @property
+    def norm_on_stream(self) -> bool:
+        """True when the norm maps the stream itself (post-norm: after the add, so every upstream write passes
+        it); False when it maps only what the block reads (pre-norm). `_Layer.compose` is the definition."""
+        return not self.norm_first
 
 
 class _Layer(nn.Module):
@@ -130,7 +137,7 @@ class _Layer(nn.Module):
         for name in self.SUBLAYERS:
             norm, hook_norm = getattr(self, f"{name}_norm"), getattr(self, f"hook_norm_{name}")
             out.append(Sublayer(name, getattr(self, name), norm, hook_norm, getattr(self, f"hook_resid_{name}"),
-                                before, hook_norm if self.norm_first else before))
+                                before, hook_norm if self.norm_first else before, self.norm_first))
             before = out[-1].hook_resid
         return out
 
