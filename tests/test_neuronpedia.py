@@ -161,9 +161,10 @@ def test_the_export_command(tmp_path, capsys):
     with pytest.raises(ValueError, match="ranges"):
         feature_list("3-1")
     assert main(["features", "export-neuronpedia", str(CKPT / "features" / "dec.1.ffn"), "--checkpoint", str(CKPT),
-                 "--out", str(tmp_path), "--features", "0-1,52", "--batch-size", "5"]) == 0
+                 "--out", str(tmp_path), "--features", "0-1,52", "--batch-size", "5", "--layer", "7"]) == 0
     assert capsys.readouterr().out.split() == [str(tmp_path / "batch-0.json")]
     batch = json.loads((tmp_path / "batch-0.json").read_text(encoding="utf-8"))
     validate_batch(batch)
     assert [f["feature_index"] for f in batch["features"]] == [0, 1] and batch["model_id"] == "multi30k-de-en"
+    assert (batch["layer"], batch["sae_set"]) == (7, "dec.1.ffn")
     assert json.loads((tmp_path / "skipped_indexes.json").read_text(encoding="utf-8"))["skipped_indexes"] == [52]

@@ -86,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                       "checkpoint directory's name)")
     n.add_argument("--sae-set", dest="sae_set", default=None, help="Neuronpedia SAE set (default: the dictionary "
                                                                     "directory's name)")
+    n.add_argument("--layer", type=int, default=None, help="Neuronpedia layer (default: the site's layer, 0 for "
+                                                           "hook_memory and the embeddings)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +117,8 @@ def _export_neuronpedia(args: argparse.Namespace) -> int:
     tm = load(args.checkpoint)
     fd = FeatureData.load(tm, args.dictionary)
     paths = export_dashboards(fd, args.out, model_id=args.model_id or Path(args.checkpoint).resolve().name,
-                              sae_set=args.sae_set, features=feature_list(args.features), batch_size=args.batch_size,
+                              sae_set=args.sae_set, layer=args.layer, features=feature_list(args.features),
+                              batch_size=args.batch_size,
                               progress=lambda done, total: print(f"\r{done}/{total} features", end="",
                                                                  file=sys.stderr, flush=True))
     print(file=sys.stderr)
