@@ -20,6 +20,19 @@ Per-head query, key and value inputs (`hook_q_input` / `hook_k_input` / `hook_v_
 sub-layer's write (`Sublayer.block.hook_out`) are ordinary hook points: an edge from any upstream node into a
 head's query, key or value is read and edited there, inside `rm.frozen()` or not. How the blocks of a layer compose
 (pre- or post-norm) is said once, by `_Layer.compose`, which the forward pass runs.
+
+Dictionaries: `splices={site: dictionary}` (a hook point such as "hook_memory" or "dec.0.cross_attn.hook_out" for an
+SAE, an FFN path such as "dec.1.ffn" for a transcoder, as `core.splice.attach` takes them) are attached to the model
+inside `frozen()` and `rm()`, so `<site>.sae.hook_acts` / `hook_recons` / `hook_error` can be read and edited in
+`extra`. `clean[...]` holds those points' clean values (`rm.features[site].acts_name`), computed as the splice computes
+them (the dictionary in float32 on the site's input), without listening to the splice during the clean run: a listened
+splice hands its site's output through float32, which would round a float64 run. Freezing "features" (with
+`freeze=(*FREEZABLE, "features")`) makes the local replacement model of circuit-tracer: each site's output becomes
+its dictionary's reconstruction with the active set held at the clean run's (every active feature's activation
+equals its pre-activation there, for TopK, BatchTopK, JumpReLU and ReLU alike, so it is linear in what the
+dictionary reads), plus the clean error (y - reconstruction) as a constant, all in the replacement model's dtype. At
+the clean input that is the site's clean output; the gradient then flows through the active features only, so an
+attribution graph with feature nodes has one set of gradients for its nodes and edges.
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ import contextlib
 import copy
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -36,9 +49,12 @@ import torch
 from .hooks import HookPoint
 from .layers import Sublayer
 from .model import evaluating
+from .splice import attach, site_module
 
 FREEZABLE = ("attention", "norms", "gates")
 """What can be frozen: attention patterns (`hook_probs`), layer-norm scales (`hook_scale`), FFN gates."""
+FEATURES = "features"
+"""Also freezable, with `splices`: each dictionary's active set and error (see the module docstring)."""
 
 
 def _norms(model) -> list[Any]:
@@ -76,21 +92,39 @@ class ReplacementModel:
     caller's model, or its float64 copy)."""
 
     def __init__(self, model, src: torch.Tensor, tgt: torch.Tensor, *, freeze: Iterable[str] = FREEZABLE,
-                 dtype: torch.dtype = torch.float32, names: Iterable[str] = ()) -> None:
+                 dtype: torch.dtype = torch.float32, names: Iterable[str] = (),
+                 splices: Mapping[str, Any] | None = None) -> None:
         freeze = tuple(freeze)
-        unknown = sorted(set(freeze) - set(FREEZABLE))
+        unknown = sorted(set(freeze) - {*FREEZABLE, FEATURES})
         if unknown:
-            raise ValueError(f"cannot freeze {', '.join(unknown)}: choose from {', '.join(FREEZABLE)}")
+            raise ValueError(f"cannot freeze {', '.join(unknown)}: choose from {', '.join((*FREEZABLE, FEATURES))}")
+        if FEATURES in freeze and not splices:
+            raise ValueError("freezing features needs dictionaries: pass splices={site: dictionary}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self.freeze = freeze
         self.dtype = dtype
         self.model = model if model.output_proj.weight.dtype == dtype else _copy_as(model, dtype)
         self.src, self.tgt = src.to(self.model.device), tgt.to(self.model.device)
-        wanted = list(dict.fromkeys([*capture_names(self.model, freeze), *names]))
+        self.splices = dict(splices or {})
+        self.features: dict[str, SiteFeatures] = {}
+        site_names: list[str] = []
+        for site in self.splices:
+            module = site_module(self.model, site)
+            io = (module.name, module.name) if isinstance(module, HookPoint) else (module.hook_in.name,
+                                                                                   module.hook_out.name)
+            site_names += io
+        wanted = list(dict.fromkeys([*capture_names(self.model, freeze), *names, *site_names]))
         with evaluating(self.model), torch.no_grad():
             self.logits, trace = self.model.run_with_cache(self.src, self.tgt, names=wanted)
         self.clean: dict[str, torch.Tensor] = {name: trace[name] for name in wanted}
+        if self.splices:
+            with self._attached() as points:
+                for site, dictionary in self.splices.items():
+                    sf = SiteFeatures.of(site, site_module(self.model, site), dictionary, points[site], self.clean,
+                                         dtype)
+                    self.features[site] = sf
+                    self.clean[sf.acts_name], self.clean[sf.error_name] = sf.acts, sf.error
         self._gates: dict[str, torch.Tensor] = {}
         self._spec: list[tuple[str, Any]] | None = None
         if "gates" in freeze:
@@ -127,6 +161,9 @@ class ReplacementModel:
 
     def _freezing_hooks(self) -> list[tuple[str, Any]]:
         spec: list[tuple[str, Any]] = []
+        if FEATURES in self.freeze:
+            for sf in self.features.values():
+                spec += sf.hooks()
 
         def hold(value: torch.Tensor):
             def fn(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
@@ -152,8 +189,14 @@ class ReplacementModel:
     @contextlib.contextmanager
     def frozen(self, extra: Iterable[tuple[str, Any]] = ()) -> Iterator[None]:
         """Run the block with the frozen parts held (plus `extra` (name, function) hooks, after them)."""
-        with evaluating(self.model), self.model.hooks([*self.hooks(), *extra]):
+        with evaluating(self.model), self._attached(), self.model.hooks([*self.hooks(), *extra]):
             yield
+
+    @contextlib.contextmanager
+    def _attached(self) -> Iterator[dict[str, Any]]:
+        """The dictionaries attached to `self.model` ({site: Splice}); nothing when there are none."""
+        with contextlib.ExitStack() as stack:
+            yield {site: stack.enter_context(attach(self.model, site, d)) for site, d in self.splices.items()}
 
     def __call__(self, src: torch.Tensor | None = None, tgt: torch.Tensor | None = None,
                  extra: Iterable[tuple[str, Any]] = ()) -> torch.Tensor:
@@ -162,6 +205,75 @@ class ReplacementModel:
         tgt = self.tgt if tgt is None else tgt.to(self.model.device)
         with self.frozen(extra):
             return self.model(src, tgt)
+
+
+class SiteFeatures:
+    """One dictionary's site in the replacement model: what it read and wrote in the clean run, its active set and
+    activations (float32, as the splice computes them; `pre` in the model's dtype: on the active set it is the
+    activation), its error, and its weights in the model's dtype."""
+
+    def __init__(self, site: str, transcoder: bool, hook_in: str, hook_out: str, acts_name: str, error_name: str,
+                 acts: torch.Tensor, error: torch.Tensor, active: torch.Tensor, pre: torch.Tensor,
+                 residual: torch.Tensor, weights: dict[str, torch.Tensor | None]) -> None:
+        self.site, self.transcoder, self.hook_in, self.hook_out = site, transcoder, hook_in, hook_out
+        self.acts_name, self.error_name = acts_name, error_name
+        self.acts, self.error = acts, error  # (B, L, d_sae), (B, L, d_out): float32, the splice's values
+        self.active = active  # (B, L, d_sae) bool: the clean active set
+        self.pre = pre  # (B, L, d_sae) model dtype: pre-activations at the clean input
+        self.residual = residual  # (B, L, d_out) model dtype: y - reconstruction from the active set (the error)
+        self.W_enc, self.b_enc, self.W_dec, self.b_dec = (weights[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec"))
+        self.W_skip = weights["W_skip"]
+
+    @classmethod
+    def of(cls, site: str, module, dictionary, splice, clean: dict[str, torch.Tensor], dtype: torch.dtype
+           ) -> SiteFeatures:
+        transcoder = not isinstance(module, HookPoint)
+        hook_in, hook_out = (module.name, module.name) if not transcoder else (module.hook_in.name,
+                                                                             module.hook_out.name)
+        x, y = clean[hook_in], clean[hook_out]
+        with torch.no_grad():
+            xf = x.float()
+            acts = dictionary.encode(xf)
+            skip = getattr(dictionary, "skip", None)
+            error = y.float() - (dictionary.decode(acts) + (skip(xf) if skip is not None else 0.0))
+            weights = {k: (getattr(dictionary, k).detach().to(dtype) if getattr(dictionary, k, None) is not None
+                           else None) for k in ("W_enc", "b_enc", "W_dec", "b_dec")}
+            cfg = getattr(dictionary, "cfg", None)
+            weights["W_skip"] = (dictionary.W_skip.detach().to(dtype) if cfg is not None and cfg.skip else None)
+            out = cls(site, transcoder, hook_in, hook_out, splice.hook_acts.name, splice.hook_error.name, acts,
+                      error, acts != 0, torch.zeros(0), torch.zeros(0), weights)
+            out.pre = out.pre_activations(x)
+            out.residual = y - out.reconstruct(x, out.pre * out.active)
+        return out
+
+    def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """(…, d_sae): what each feature's activation is, on the active set, as a linear function of `x`."""
+        return (x if self.transcoder else x - self.b_dec) @ self.W_enc + self.b_enc
+
+    def reconstruct(self, x: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
+        out = acts @ self.W_dec + self.b_dec
+        return out if self.W_skip is None else out + x @ self.W_skip.T
+
+    def replaced(self, x: torch.Tensor) -> torch.Tensor:
+        """The site's output in the replacement model: the active features (linear in `x`) decoded, plus the clean
+        error."""
+        active = self.active if self.active.shape[:-1] == x.shape[:-1] else self.active.expand(*x.shape[:-1], -1)
+        residual = self.residual if self.residual.shape == x.shape else self.residual.expand(*x.shape[:-1], -1)
+        return self.reconstruct(x, self.pre_activations(x) * active) + residual
+
+    def hooks(self) -> list[tuple[str, Any]]:
+        """Hooks that replace the site's output by `replaced` (a transcoder: from the FFN's input)."""
+        if not self.transcoder:
+            return [(self.hook_in, lambda x, hook: self.replaced(x))]
+        seen: list[torch.Tensor] = []
+
+        def keep(x: torch.Tensor, hook: HookPoint) -> None:
+            seen.append(x)
+
+        def out(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+            return self.replaced(seen.pop())
+
+        return [(self.hook_in, keep), (self.hook_out, out)]
 
 
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

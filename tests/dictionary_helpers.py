@@ -1,0 +1,37 @@
+"""Small random dictionaries for a tiny model (the feature-graph and replacement-model tests): an SAE on hook_memory,
+an SAE on a cross-attention block's output and a skip transcoder on a decoder FFN, every bias random and non-zero."""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.features.dictionary import DictionaryConfig, SparseDictionary
+from workbench.features.sites import ffn_input_hook
+
+
+def random_dictionary(cfg: DictionaryConfig, seed: int) -> SparseDictionary:
+    d = SparseDictionary(cfg)
+    g = torch.Generator().manual_seed(seed)
+    d.reset_parameters(generator=g)
+    with torch.no_grad():
+        d.b_enc.copy_(0.1 * torch.randn(cfg.d_sae, generator=g))
+        d.b_dec.copy_(0.1 * torch.randn(cfg.out_dim, generator=g))
+        if cfg.skip:
+            d.W_skip.copy_(0.2 * torch.randn(cfg.out_dim, cfg.d_in, generator=g))
+        if cfg.architecture in ("jumprelu", "batchtopk"):
+            d.threshold.fill_(0.05)
+    return d.eval()
+
+
+def tiny_dictionaries(model, *, d_sae: int = 24, k: int = 4, architecture: str = "topk") -> dict[str, SparseDictionary]:
+    """{site: dictionary}: hook_memory and dec.1.cross_attn.hook_out SAEs, a dec.0.ffn skip transcoder."""
+    d = model.cfg.d_model
+    cross = model.dec[1].cross_attn.hook_out.name
+    ffn = model.dec[0].ffn
+    return {
+        model.hook_memory.name: random_dictionary(DictionaryConfig(model.hook_memory.name, d, d_sae, architecture,
+                                                                   k), 11),
+        cross: random_dictionary(DictionaryConfig(cross, d, d_sae, architecture, k), 12),
+        "dec.0.ffn": random_dictionary(DictionaryConfig(ffn_input_hook(model, "dec", 0), d, d_sae, architecture, k,
+                                                        d_out=d, hook_name_out=ffn.hook_out.name, skip=True), 13),
+    }
