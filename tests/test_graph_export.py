@@ -194,6 +194,13 @@ def test_pruning_is_circuit_tracers(thresholds):
     assert 0 < int(node_mask.sum()) < len(g.nodes) and 0 < int(edge_mask.sum())
     with pytest.raises(ValueError, match="edge_threshold"):
         prune_graph(g, 0.8, 1.5)
+    # the logit node says what the target is: here the difference to the runner-up (named by id without a label)
+    logit = next(n for n in circuit_tracer_graph(g, slug="r", token_prob=0.5)["nodes"] if n["feature_type"] == "logit")
+    assert logit["clerp"] == f'Output "{g.token}" (p=0.500) minus "{g.baseline_token}"'
+    demeaned = attribution_graph(m, src, tgt, position=5, target="demeaned")
+    logit = next(n for n in circuit_tracer_graph(demeaned, slug="d", token_prob=0.5, token_str="x")["nodes"]
+                 if n["feature_type"] == "logit")
+    assert logit["clerp"] == 'Output "x" (p=0.500) minus the mean logit'
 
 
 def test_feature_nodes_plug_in_and_clashes_are_refused():

@@ -192,10 +192,10 @@ def circuit_tracer_graph(graph: AttributionGraph, *, slug: str, token_prob: floa
     rows = graph_rows(graph)
     kept = prune_graph(graph, node_threshold, edge_threshold)
     token_str = str(graph.token) if token_str is None else token_str
-    target = graph.meta.get("target", "logit")
-    versus = {"runner-up": f' minus "{baseline_str}"', "demeaned": " minus the mean logit"}.get(target, "")
-    if target == "logit" and graph.baseline_token is not None:
-        versus = f' minus "{baseline_str if baseline_str is not None else graph.baseline_token}"'
+    baseline_str = str(graph.baseline_token) if baseline_str is None else baseline_str
+    versus = "" if graph.baseline_token is None else f' minus "{_process_token(baseline_str)}"'
+    if graph.meta.get("target") == "demeaned":
+        versus = " minus the mean logit"
 
     nodes: dict[int, dict[str, Any]] = {}
     for i in kept.node_mask.nonzero().flatten().tolist():
