@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.batching import decoder_input
-from .gradients import evaluating
+from ..core.model import evaluating
 from .graph import AttributionGraph, attribution_graph, node_influence
 
 SCHEMA = Path(__file__).with_name("schemas") / "circuit_tracer_graph.schema.json"
