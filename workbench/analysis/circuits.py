@@ -343,11 +343,11 @@ class _EdgeState:
                     kind = kind_of(path_of(sub.block))
                     names = [str(Head(kind, i, h)) for h in range(sub.block.n_heads)]  # type: ignore[arg-type]
                     cross = sub.name == "cross_attn"
-                    for part in "qkv":
+                    inputs = {"q": sub.block.hook_q_input, "k": sub.block.hook_k_input, "v": sub.block.hook_v_input}
+                    for part, point in inputs.items():
                         recv = [g.r_index[f"{n}.{part}"] for n in names]
                         from_memory = cross and part != "q"
-                        spec.append((getattr(sub.block, f"hook_{part}_input").name,
-                                     split_input(recv, from_memory, None if from_memory else read_norm)))
+                        spec.append((point.name, split_input(recv, from_memory, None if from_memory else read_norm)))
                     spec.append((sub.block.hook_result.name, heads([g.s_index[n] for n in names])))
                 else:
                     spec.append((sub.block.hook_in.name, ffn_in(g.r_index[path_of(sub.block)], read_norm)))

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .hooks import HookPoint
-from .layers import Sublayer
+from .layers import LayerNorm, Sublayer
 from .model import evaluating
 from .splice import attach, site_module
 
@@ -59,8 +59,6 @@ FEATURES = "features"
 
 def _norms(model) -> list[Any]:
     """Every layer norm of the model, in module order (embedding norms, sub-layer norms, final norms)."""
-    from .layers import LayerNorm
-
     return [m for m in model.modules() if isinstance(m, LayerNorm)]
 
 
