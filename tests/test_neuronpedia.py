@@ -75,6 +75,12 @@ def test_shipped_dictionary_exports_the_dashboards_numbers(tm, site, tmp_path):
         assert (e["n_prompts_total"], e["dataset"]) == (len(s.sentence_ids), "multi30k:train")
 
         top, quantile = fd.contexts(f), fd.quantile_contexts(f)
+        plain = fd.contexts(f, aligned=False) + fd.quantile_contexts(f, aligned=False)  # what the export reads
+        assert [(c.pieces, c.position, c.value, c.band) for c in plain] == [(c.pieces, c.position, c.value, c.band)
+                                                                           for c in top + quantile]
+        if fd.site.side == "src":
+            assert {(c.aligned, c.aligned_position) for c in plain} == {("", -1)}
+            assert all(c.aligned and c.aligned_position >= 0 for c in top)
         acts = e["activations"]
         assert len(acts) == len(top) + len(quantile) > 0
         for a, c in zip(acts, top + quantile):

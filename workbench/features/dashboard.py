@@ -128,14 +128,17 @@ class FeatureData:
             out.append(int(col.argmax()))
         return out
 
-    def contexts(self, feature: int, limit: int | None = None) -> list[Context]:
+    def contexts(self, feature: int, limit: int | None = None, *, aligned: bool = True) -> list[Context]:
+        """Its top contexts. `aligned=False` skips finding a source-side context's aligned output word (a forward
+        pass of the whole model): `aligned` is then "" and `aligned_position` -1."""
         f = self.check(feature)
-        return self._contexts(self._need_stats().contexts(f)[:limit])
+        return self._contexts(self._need_stats().contexts(f)[:limit], aligned)
 
-    def quantile_contexts(self, feature: int, *, bands: int = 5, per_band: int = 2) -> list[Context]:
+    def quantile_contexts(self, feature: int, *, bands: int = 5, per_band: int = 2,
+                          aligned: bool = True) -> list[Context]:
         """Contexts drawn from a uniform sample of the feature's firings (`stats.samples`), `per_band` from each
         of `bands` equal-count activation bands, weakest first: what it does when it fires weakly, not only at
-        its top. Empty for statistics written without samples."""
+        its top. Empty for statistics written without samples. `aligned`: as `contexts`'."""
         f = self.check(feature)
         found = self._need_stats().samples(f)  # ascending by value
         if not found:
@@ -150,26 +153,29 @@ class FeatureData:
             for i in sorted({lo + int(step * (j + 0.5)) for j in range(per_band)}):
                 picked.append(found[min(i, hi - 1)])
                 labels.append(f"{100 * b // bands}-{100 * (b + 1) // bands} %")
-        out = self._contexts(picked)
+        out = self._contexts(picked, aligned)
         for c, label in zip(out, labels):
             c.band = label
         return out
 
-    def _contexts(self, found: list[tuple[float, int, int]]) -> list[Context]:
+    def _contexts(self, found: list[tuple[float, int, int]], aligned: bool = True) -> list[Context]:
         if not found:
             return []
         s = self._need_stats()
         pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
         positions = [p for _, _, p in found]
-        aligned = self._aligned(self._batch(pairs), positions) if self.site.side == "src" else positions
+        if self.site.side == "src":
+            at = self._aligned(self._batch(pairs), positions) if aligned else [-1] * len(found)
+        else:
+            at = positions
         stok, ttok = self.tm.src_tokenizer, self.tm.tgt_tokenizer
         out = []
-        for (v, j, p), (si, ti), a in zip(found, pairs, aligned):
+        for (v, j, p), (si, ti), a in zip(found, pairs, at):
             pieces = stok.pieces(si + [self.tm.model.cfg.eos_id]) if self.site.side == "src" else \
                 ["<s>", *ttok.pieces(ti)]
             word_ids = [*ti, self.tm.model.cfg.eos_id]
-            out.append(Context(v, s.sentence_ids[j], p, pieces, ttok.pieces([word_ids[a]])[0], a,
-                               stok.decode(si), ttok.decode(ti)))
+            word = ttok.pieces([word_ids[a]])[0] if a >= 0 else ""
+            out.append(Context(v, s.sentence_ids[j], p, pieces, word, a, stok.decode(si), ttok.decode(ti)))
         return out
 
     # -- output effects ------------------------------------------------------------------------

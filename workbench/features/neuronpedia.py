@@ -99,8 +99,8 @@ def feature_dashboard(fd: FeatureData, feature: int, *, logits: int = 10, bands:
     f = fd.check(feature)
     summary = fd.summary(f)
     s = fd.stats
-    top = fd.contexts(f)
-    quantile = fd.quantile_contexts(f, bands=bands, per_band=per_band)
+    top = fd.contexts(f, aligned=False)  # Neuronpedia shows no aligned output word: no forward pass for it
+    quantile = fd.quantile_contexts(f, bands=bands, per_band=per_band, aligned=False)
     values = _values(fd, f, top + quantile) if top or quantile else []
     activations = [_activation(c, v, -1, top[0].value, -1) for c, v in zip(top, values)]
     by_label = {label: (lo, hi, share) for label, lo, hi, share in _bands(fd, f, bands)}
