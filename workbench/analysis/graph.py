@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import torch
 
@@ -195,6 +196,13 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     norm scales and FFN gates frozen at the clean run. The gradients come from one backward pass through it; the
     writes are decomposed by walking each layer with its own `compose` (so pre- and post-norm are said once, in
     core) on a tensor whose rows are the nodes' contributions."""
+    src, tgt, position = _target(model, src, tgt, position, token, baseline_token, target)
+    rm = ReplacementModel(model, src, tgt, dtype=torch.float64, names=_capture_names(model))
+    return _build(rm, position, token, baseline_token, target, src_tokens, tgt_tokens, progress)
+
+
+def _target(model, src, tgt, position: int, token: int | None, baseline_token: int | None, target: str):
+    """Checked (src, tgt cut after `position`, position >= 0): the arguments every graph takes."""
     src, tgt = _tokens(src, "src").to(model.device), _tokens(tgt, "tgt").to(model.device)
     if not -tgt.size(1) <= position < tgt.size(1):
         raise ValueError(f"position {position} out of range for a target prefix of {tgt.size(1)} tokens")
@@ -209,7 +217,13 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     for t in (token, baseline_token):
         if t is not None and not 0 <= int(t) < vocab:
             raise ValueError(f"token {t} out of range: the target vocabulary has {vocab} entries")
-    rm = ReplacementModel(model, src, tgt, dtype=torch.float64, names=_capture_names(model))
+    return src, tgt, position
+
+
+def _build(rm: ReplacementModel, position: int, token: int | None, baseline_token: int | None, target: str,
+           src_tokens, tgt_tokens, progress) -> AttributionGraph:
+    """The graph on a replacement model (with or without dictionaries): the target's coefficients, then the walk."""
+    vocab = rm.model.output_proj.weight.size(0)
     row = rm.logits[0, position]
     if token is None:
         token = int(row.argmax())
@@ -235,6 +249,7 @@ class _Builder:
         self.x = {k: v[0] for k, v in rm.clean.items()}  # drop the batch axis
         self.length = {"enc": rm.src.size(1), "dec": rm.tgt.size(1)}
         self.blocks = {s: _blocks(self.m, s) for s in ("enc", "dec")}
+        self.sites = _feature_sites(rm, self.blocks)  # block key or "memory" -> the dictionary's SiteFeatures
         self.names = {"enc": src_tokens, "dec": tgt_tokens}
         self.progress = progress
         self.steps, self.total = 0, 2 * (len(self.blocks["enc"]) + len(self.blocks["dec"]))
@@ -256,18 +271,25 @@ class _Builder:
 
         names = [self.m.stream(s).hook_embed.name for s in ("enc", "dec")]
         names += [sub.block.hook_out.name for s in ("enc", "dec") for _, sub in self.blocks[s]]
+        memory = self.m.stream("enc").hook_out.name
+        if "memory" in self.sites:  # the memory dictionary's output: its features' coefficients
+            names.append(memory)
         with torch.enable_grad():
             logits = self.rm(extra=[(n, tap) for n in names])
             grads = torch.autograd.grad(logits[0, self.position] @ self.coef, [leaves[n] for n in names])
         g = {n: gr[0] for n, gr in zip(names, grads)}
-        return ({key: g[sub.block.hook_out.name] for s in ("enc", "dec") for key, sub in self.blocks[s]},
-                {s: g[self.m.stream(s).hook_embed.name] for s in ("enc", "dec")})
+        out = {key: g[sub.block.hook_out.name] for s in ("enc", "dec") for key, sub in self.blocks[s]}
+        if "memory" in self.sites:
+            out["memory"] = g[memory]
+        return out, {s: g[self.m.stream(s).hook_embed.name] for s in ("enc", "dec")}
 
     def reading(self, key, sub: Sublayer, g: torch.Tensor) -> torch.Tensor:
         """Each node's reading direction: the gradient of g . (its write) with respect to what it reads. FFN (L, D):
         the frozen FFN's backward at each position; heads (H, Lq, D): the head's OV circuit applied to g (the
         pattern weights each key by its probability)."""
         block = sub.block
+        if key in self.sites:  # a dictionary's features read through their encoder rows (`_feature_edges`)
+            return g
         if sub.is_attention:
             return torch.einsum("hdf,qf->hqd", block.ov().detach(), g)
         with torch.enable_grad(), self.rm.frozen():
@@ -308,7 +330,7 @@ class _Builder:
                 with torch.no_grad():
                     c = rows.norm(stream.final_norm, c)
             if stack == "enc":
-                memory = (c, rows)
+                memory = (c, rows) if "memory" not in self.sites else self._memory_features(c, rows, g_node["memory"])
         at = rows.pos == self.position
         u = self.m.output_proj.weight.detach().t() @ self.coef  # (D,): the target's direction in the final stream
         out_bias = 0.0 if self.m.output_proj.bias is None else float(self.m.output_proj.bias.detach() @ self.coef)
@@ -317,7 +339,8 @@ class _Builder:
         real = rows.node[at] >= 0
         self.A[logit_id, rows.node[at][real]] = contrib[real]
         self.A[logit_id, bias_id] = float(contrib[~real].sum()) + out_bias
-        for j in [bias_id, *ids["error"].values()]:  # sources: their attribution is the sum of their out-edges
+        site_errors = [j for nd in ids["features"].values() for j in nd["errors"].tolist()]
+        for j in [bias_id, *ids["error"].values(), *site_errors]:  # sources: the sum of their out-edges
             self.attribution[j] = self.A[:, j].sum()
         self.attribution[logit_id] = self.A[logit_id].sum()
         cfg = self.m.cfg
@@ -347,8 +370,10 @@ class _Builder:
         stream_in = torch.zeros(self.length[read_rows.stack], hs.size(1), dtype=hs.dtype)
         stream_in.index_add_(0, read_rows.pos, hs)  # the input the block reads, as the rows rebuild it
         out = torch.zeros(rows.n, 1, hs.size(1), dtype=hs.dtype)
-        own = rows.block_rows[key]
         err_ids = torch.tensor([ids["error"][stack, i, q] for q in range(self.length[stack])])
+        if key in self.sites:
+            return self._feature_edges(key, sub, hs, rows, read_rows, stream_in, g, out, err_ids)
+        own = rows.block_rows[key]
         real = read_rows.node >= 0
         if sub.is_attention:
             tids = ids["blocks"][key]  # (H, Lq)
@@ -385,6 +410,76 @@ class _Builder:
         out[own, 0] = write
         return out
 
+    def _feature_edges(self, key, sub: Sublayer, hs: torch.Tensor, rows: _Rows, read_rows, stream_in: torch.Tensor,
+                       g: torch.Tensor, out: torch.Tensor, err_ids: torch.Tensor) -> torch.Tensor:
+        """Edges into a dictionary's features at block `key` (an SAE on an attention block's output, a transcoder on
+        an FFN) from the rows it reads, `hs` (n_read, D); the block's writes as rows: each feature's
+        activation x its decoder row, the site's error (y - reconstruction), b_dec on the bias rows, a skip
+        transcoder's linear term on every row it reads (a linear path, like the residual one)."""
+        sf, nd = self.sites[key], self.ids["features"][key]
+        q, f = nd["position"], nd["feature"]
+        enc = sf.W_enc[:, f]  # (D, n_f): each feature's encoder column
+        block = sub.block
+        if sub.is_attention:  # pre_f = enc_f . (sum_h P[h, q, k] (x_k OV_h) + constants - b_dec) + b_enc
+            probs = self.rm.probs(block)[0]  # (H, Lq, Lk)
+            per_head = torch.einsum("nd,hde,ej->hnj", hs, block.ov().detach(), enc)  # (H, n_read, n_f)
+            weights = torch.einsum("hjn,hnj->jn", probs[:, q][:, :, read_rows.pos], per_head)  # (n_f, n_read)
+            with self.rm.frozen(), self.m.capture([block.hook_result.name]) as seen:
+                self._call(sub, torch.zeros_like(stream_in), key[0])
+                self._call(sub, stream_in, key[0])
+            bias = 0.0 if block.out_proj.bias is None else block.out_proj.bias.detach()
+            const_out = seen[block.hook_result.name][0][0].sum(0) + bias  # (Lq, D): the block on a zero input
+            recon = seen[block.hook_result.name][1][0].sum(0) + bias  # on the input the rows rebuild
+            clean = self.x[block.hook_out.name]
+            const = ((const_out[q] - sf.b_dec) * enc.T).sum(-1) + sf.b_enc[f]
+            err = ((clean[q] - recon[q]) * enc.T).sum(-1)
+        else:  # a transcoder reads the FFN's input at its own position: pre_f = enc_f . x_q + b_enc
+            weights = (hs @ enc).T * (read_rows.pos[None, :] == q[:, None])  # (n_f, n_read)
+            const = sf.b_enc[f]
+            err = ((self.x[sub.hook_block_in.name][q] - stream_in[q]) * enc.T).sum(-1)
+        return self._feature_writes(sf, nd, g, weights, read_rows, const, err_ids[q], err, rows, hs, out)
+
+    def _feature_writes(self, sf, nd, g: torch.Tensor, weights: torch.Tensor, read_rows, const: torch.Tensor,
+                        err_node: torch.Tensor, err: torch.Tensor, rows, hs: torch.Tensor | None,
+                        out: torch.Tensor) -> torch.Tensor:
+        """Fill feature nodes' edges (each feature's coefficient, its decoder row . the gradient at the site's
+        output, times the part of its pre-activation that each row makes) and attributions; return the site's
+        writes as rows."""
+        A, fids, q, f, act = self.A, nd["ids"], nd["position"], nd["feature"], nd["activation"]
+        coef = (sf.W_dec[f] * g[q]).sum(-1)  # (n_f,)
+        real = read_rows.node >= 0
+        A[fids.reshape(-1, 1), read_rows.node[real].reshape(1, -1)] = coef[:, None] * weights[:, real]
+        A[fids, self.ids["bias"]] = coef * (weights[:, ~real].sum(1) + const)
+        A[fids, err_node] = coef * err
+        self.attribution[fids] = coef * act
+        if hs is not None and sf.W_skip is not None:  # the skip term: linear in what each row holds
+            out[:, 0] += hs @ sf.W_skip.T
+        out[rows.feature_rows[nd["key"]], 0] = act[:, None] * sf.W_dec[f]
+        out[rows.error_rows[nd["key"]], 0] = sf.residual[0]
+        out[rows.bias_rows, 0] += sf.b_dec
+        return out
+
+    def _memory_features(self, c: torch.Tensor, rows: _Rows, g: torch.Tensor) -> tuple[torch.Tensor, _MemoryRows]:
+        """The memory dictionary's features read the encoder's rows (after its final norm) at their position; the
+        memory cross-attention reads is then their writes, the site's errors and b_dec: the rows returned. The
+        rounding between the rows and the clean memory goes to the last encoder layer's error nodes."""
+        sf, nd = self.sites["memory"], self.ids["features"]["memory"]
+        q, f = nd["position"], nd["feature"]
+        enc = sf.W_enc[:, f]
+        hs = c[:, 0]
+        weights = (hs @ enc).T * (rows.pos[None, :] == q[:, None])
+        const = sf.b_enc[f] - (sf.b_dec[None] * enc.T).sum(-1)
+        stream = torch.zeros(self.length["enc"], hs.size(1), dtype=hs.dtype).index_add_(0, rows.pos, hs)
+        err = ((self.x[sf.hook_in][q] - stream[q]) * enc.T).sum(-1)
+        last = len(self.m.stream("enc").layers) - 1
+        err_node = (torch.tensor([self.ids["error"]["enc", last, int(p)] for p in q.tolist()], dtype=torch.long)
+                    if last >= 0 else torch.full_like(q, self.ids["bias"]))
+        mem = _MemoryRows(nd, self.length["enc"])
+        out = torch.zeros(mem.n, 1, hs.size(1), dtype=hs.dtype)
+        self._feature_writes(sf, nd, g, weights, rows, const, err_node, err, mem, None, out)
+        self.step()
+        return out, mem
+
     def _call(self, sub: Sublayer, inp: torch.Tensor, stack: str) -> None:
         """Run an attention block of the frozen model on one input (L, D) (cross-attention: the memory)."""
         with torch.no_grad():
@@ -419,11 +514,14 @@ class _Builder:
                 for q in range(self.length[stack]):
                     ids["error"][stack, i, q] = add(kind="error", stack=stack, layer=i, head=None, block=None,
                                                     position=q, token=tok(stack, q), label=f"error {stack}.{i} @{q}")
+        ids["features"] = {}
         for stack in ("enc", "dec"):
             for key, sub in self.blocks[stack]:
                 _, i, b = key
                 L = self.length[stack]
-                if b == "ffn":
+                if key in self.sites:
+                    ids["features"][key] = self._site_nodes(key, self.sites[key], stack, i, b, add, tok)
+                elif b == "ffn":
                     ids["blocks"][key] = torch.tensor([add(kind="ffn", stack=stack, layer=i, head=None, block="ffn",
                                                            position=q, token=tok(stack, q),
                                                            label=f"{path_of(sub.block)} @{q}") for q in range(L)])
@@ -433,10 +531,68 @@ class _Builder:
                                                             position=q, token=tok(stack, q),
                                                             label=f"{short}:{i}:{h} @{q}") for q in range(L)]
                                                        for h in range(sub.block.n_heads)])  # (H, L)
+            if stack == "enc" and "memory" in self.sites:
+                ids["features"]["memory"] = self._site_nodes("memory", self.sites["memory"], "enc", None, None, add,
+                                                             tok)
         ids["logit"] = add(kind="logit", stack="dec", layer=None, head=None, block=None, position=self.position,
                            token=None, label=f"logit @{self.position}")
         self.nodes_list = nodes
         return nodes, ids
+
+
+    def _site_nodes(self, key, sf, stack: str, layer: int | None, block: str | None, add, tok) -> dict[str, Any]:
+        """Nodes of a dictionary's site: its active features at each position (position-major, features in id
+        order), then one error node per position."""
+        active = sf.active[0].nonzero()  # (n_f, 2): position, feature
+        q, f = active[:, 0], active[:, 1]
+        act = sf.pre[0][q, f]  # on the active set the activation is the pre-activation (in the graph's dtype)
+        fids = [add(kind="feature", stack=stack, layer=layer, head=None, block=block, position=p, token=tok(stack, p),
+                    label=f"{sf.site}#{j} @{p}", site=sf.site, feature=j, activation=float(a), link=feature_link(
+                        sf.site, j)) for p, j, a in zip(q.tolist(), f.tolist(), act.tolist())]
+        eids = [add(kind="error", stack=stack, layer=layer, head=None, block=block, position=p, token=tok(stack, p),
+                    label=f"error {sf.site} @{p}", site=sf.site) for p in range(self.length[stack])]
+        return {"key": key, "ids": torch.tensor(fids, dtype=torch.long), "position": q, "feature": f,
+                "activation": act, "errors": torch.tensor(eids, dtype=torch.long)}
+
+
+def feature_link(site: str, feature: int) -> str:
+    """The app's link to a feature's dashboard (the Features tab at that site and feature), as a URL query."""
+    return "?" + urlencode({"tab": "features", "site": site, "feature": int(feature)})
+
+
+def _feature_sites(rm: ReplacementModel, blocks: dict[str, list]) -> dict[Any, Any]:
+    """{block key or "memory": SiteFeatures} for the dictionaries the replacement model carries. A feature graph
+    takes SAEs on attention blocks' outputs and on the memory, and transcoders on FFNs."""
+    out: dict[Any, Any] = {}
+    memory = rm.model.stream("enc").hook_out.name
+    for sf in rm.features.values():
+        if sf.hook_in == memory:
+            out["memory"] = sf
+            continue
+        found = [key for s in ("enc", "dec") for key, sub in blocks[s]
+                 if (sf.transcoder and not sub.is_attention and sf.hook_out == sub.block.hook_out.name)
+                 or (not sf.transcoder and sub.is_attention and sf.hook_in == sub.block.hook_out.name)]
+        if not found:
+            raise ValueError(f"a feature graph takes SAEs on attention blocks' outputs (…attn.hook_out) and on "
+                             f"hook_memory, and transcoders on FFNs; {sf.site} is neither")
+        out[found[0]] = sf
+    return out
+
+
+class _MemoryRows:
+    """The memory's rows when a dictionary sits on it: its features, its error per position, a bias row per
+    position (what cross-attention reads, as `_Rows` for a stack)."""
+
+    stack = "enc"
+
+    def __init__(self, nd: dict[str, Any], length: int) -> None:
+        n_f = len(nd["ids"])
+        self.node = torch.cat([nd["ids"], nd["errors"], torch.full((length,), -1, dtype=torch.long)])
+        self.pos = torch.cat([nd["position"], torch.arange(length), torch.arange(length)])
+        self.n = len(self.node)
+        self.feature_rows = {nd["key"]: torch.arange(n_f)}
+        self.error_rows = {nd["key"]: torch.arange(n_f, n_f + length)}
+        self.bias_rows = torch.arange(n_f + length, self.n)
 
 
 class _Rows:
@@ -451,7 +607,19 @@ class _Rows:
         node = [*ids["embed"][stack], *[-1] * L]
         pos = [*range(L), *range(L)]
         self.block_rows: dict[tuple, torch.Tensor] = {}
+        self.feature_rows: dict[tuple, torch.Tensor] = {}
+        self.error_rows: dict[tuple, torch.Tensor] = {}
         for key, _ in builder.blocks[stack]:
+            if key in ids["features"]:  # a dictionary's features, then its errors
+                nd = ids["features"][key]
+                first = len(node)
+                node += nd["ids"].tolist()
+                pos += nd["position"].tolist()
+                self.feature_rows[key] = torch.arange(first, len(node))
+                node += nd["errors"].tolist()
+                pos += list(range(L))
+                self.error_rows[key] = torch.arange(first + len(nd["ids"]), len(node))
+                continue
             tids = ids["blocks"][key]
             first = len(node)
             node += tids.reshape(-1).tolist()
