@@ -44,7 +44,7 @@ from ..core.hooks import path_of
 from ..core.model import evaluating
 from ..core.replacement import ReplacementModel
 
-METHODS = ("eap", "eap-ig")
+METHODS = ("eap", "eap-ig", "eap-ig-activations")
 
 
 @dataclass
@@ -205,13 +205,16 @@ class _Frozen:
 
     # -- the run -----------------------------------------------------------------------------------------
     def run(self, weights: torch.Tensor | None = None, *, src_embed: torch.Tensor | None = None,
-            leaves: bool = False, track: bool = False, batch: int = 1):
+            leaves: bool = False, track: bool = False, batch: int = 1, alpha: torch.Tensor | None = None):
         """Metric per row (B,). `weights` (B, senders, receivers): 1 keeps the clean edge, 0 patches in the corrupted
-        sender output (needs `corrupted_outputs`). `src_embed` (B, S, D) replaces the source embedding (IG).
+        sender output (needs `corrupted_outputs`). `alpha` (B,): every edge of row b weighted alpha[b] at once (each
+        receiver reads alpha x its senders' outputs + (1 - alpha) x their corrupted ones: EAP-IG over activations),
+        without the (B, senders, receivers) tensor. `src_embed` (B, S, D) replaces the source embedding (IG).
         `leaves`: receiver inputs get a zero leaf each (returned for gradients). `track`: return each receiver's
         delta (clean - corrupted, propagated) for scoring. Also returns the senders' outputs of row 0."""
-        B = weights.size(0) if weights is not None else (src_embed.size(0) if src_embed is not None else batch)
-        state = _EdgeState(self, None if weights is None else (1 - weights), leaves, track)
+        B = next((t.size(0) for t in (weights, alpha, src_embed) if t is not None), batch)
+        state = _EdgeState(self, None if weights is None else (1 - weights), leaves, track,
+                           None if alpha is None else (1 - alpha))
         spec = state.hooks(src_embed)
         with self.rm.frozen(spec):
             logits = self.model(self.src.expand(B, -1), self.tgt.expand(B, -1))
@@ -235,10 +238,12 @@ class _EdgeState:
     carried through the frozen post-norms as the stream passes them), and at each receiver subtract the patched
     edges' differences and add a gradient leaf. The model's forward pass runs; nothing of it is re-derived here."""
 
-    def __init__(self, net: _Frozen, coef: torch.Tensor | None, leaves: bool, track: bool) -> None:
+    def __init__(self, net: _Frozen, coef: torch.Tensor | None, leaves: bool, track: bool,
+                 uniform: torch.Tensor | None = None) -> None:
         self.net, self.g, self.coef, self.leaves, self.track = net, net.graph, coef, leaves, track
+        self.uniform = uniform  # (B,): one coefficient for every edge of a row
         self.corr = net.corrupted_outputs
-        self.need_delta = coef is not None or track
+        self.need_delta = coef is not None or track or uniform is not None
         self.calls: list[tuple[torch.Tensor, list[int]]] = []
         self.deltas: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -275,6 +280,8 @@ class _EdgeState:
                 out.index_put_((r_, b_), -read(c[b_, u_, r_][:, None, None] * d[u_, b_]), accumulate=True)
             elif len(nz):
                 out = out - read(torch.einsum("bur,ubld->rbld", c, d))
+        if self.uniform is not None and ids:
+            out = out - read(self.uniform[:, None, None] * d.sum(0))[None]
         if self.track and ids:
             for r in recv:
                 self.deltas[r] = d[:, 0] if d.size(1) == 1 else d.mean(1)
@@ -377,10 +384,11 @@ class EdgeScores:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _grads(net: _Frozen, src_embed: torch.Tensor | None, batch: int) -> dict[int, torch.Tensor]:
+def _grads(net: _Frozen, src_embed: torch.Tensor | None, batch: int,
+           alpha: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
     """d metric / d receiver input, summed over rows: {receiver: (L, D)}."""
     with torch.enable_grad():
-        m, calls, _, _ = net.run(src_embed=src_embed, leaves=True, batch=batch)
+        m, calls, _, _ = net.run(src_embed=src_embed, leaves=True, batch=batch, alpha=alpha)
         leaves = [z for z, _ in calls]
         grads = torch.autograd.grad(m.sum(), leaves)
     out = {}
@@ -391,9 +399,11 @@ def _grads(net: _Frozen, src_embed: torch.Tensor | None, batch: int) -> dict[int
 
 
 def edge_scores(model, pairs: Sequence, *, method: str = "eap-ig", steps: int = 16) -> EdgeScores:
-    """EAP or EAP-IG scores of every valid edge, averaged over `pairs` (see the module docstring). EAP-IG
+    """EAP or EAP-IG scores of every valid edge, averaged over `pairs` (see the module docstring). "eap-ig"
     integrates the gradients along the straight line from the corrupted to the clean source embedding, `steps`
-    points k/steps, k = 0..steps-1 (EAP-IG's convention), one batch per pair."""
+    points k/steps, k = 0..steps-1 (EAP-IG's convention), one batch per pair; "eap-ig-activations" along the line
+    from every sender's corrupted output to its clean one (each receiver reads alpha x clean + (1 - alpha) x
+    corrupted, Hanna et al. 2024's integration over activations, Marks et al.'s "ig" for SAE circuits)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not pairs:
@@ -408,6 +418,9 @@ def edge_scores(model, pairs: Sequence, *, method: str = "eap-ig", steps: int = 
                 _, _, deltas, _ = net.run(track=True)
             if method == "eap":
                 grads = _grads(net, None, 1)
+            elif method == "eap-ig-activations":
+                alphas = torch.arange(steps, dtype=torch.float32, device=net.src.device) / steps
+                grads = {r: g / steps for r, g in _grads(net, None, steps, alpha=alphas).items()}
             else:
                 clean, corr = net.embeds["enc"], net.c_embeds["enc"]
                 alphas = torch.arange(steps, dtype=clean.dtype, device=clean.device) / steps
@@ -454,25 +467,52 @@ def edge_patching(model, pairs: Sequence, edges: list[tuple[int, int]], *, batch
     return out / len(pairs)
 
 
-def circuit_metric(model, pairs: Sequence, circuits: list[list[tuple[int, int]]]) -> dict[str, Any]:
-    """Mean metric over pairs with only each circuit's edges clean (every other edge patched), next to the clean
-    and corrupted frozen-norm runs and the real corrupted run. `normalized`: (circuit - corrupted) / (clean -
-    corrupted) per circuit, on the means."""
+def flips(clean: torch.Tensor, corrupted: torch.Tensor) -> torch.Tensor:
+    """The stated rule for pairs a circuit is measured on: the clean run prefers `good` (clean > 0) and the real
+    corrupted run prefers `bad` (corrupted < 0), so the corruption flips the prediction. Elsewhere
+    clean - corrupted is small or of the wrong sign and a normalised score divides by noise."""
+    return (clean > 0) & (corrupted < 0)
+
+
+def _quartiles(x: torch.Tensor) -> dict[str, float]:
+    if not len(x):
+        return {"median": math.nan, "q1": math.nan, "q3": math.nan}
+    q = torch.quantile(x.double(), torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    return {"median": float(q[1]), "q1": float(q[0]), "q3": float(q[2])}
+
+
+def circuit_metric(model, pairs: Sequence, circuits: list[list[tuple[int, int]]], *,
+                   flipping_only: bool = True) -> dict[str, Any]:
+    """Each circuit's metric with only its edges clean (every other edge patched), per pair, next to the clean run,
+    the real corrupted run (the model on the corrupted source) and the frozen-norm corrupted run (every edge
+    patched). `normalized`: (circuit - real corrupted) / (clean - real corrupted) on the means: 1 = the circuit
+    does all the clean run does, 0 = no more than the real corrupted input; `normalized_frozen` the same against the
+    frozen-norm corrupted run, which is what the empty circuit gives (`normalized_frozen` of no edges is 0, of
+    every edge 1). `per_pair` (P, C) the normalised value per pair, `quartiles` its median and quartiles per circuit.
+    Pairs whose corruption does not flip the prediction (`flips`) are flagged in `flipping` and, with
+    `flipping_only`, left out of every mean and distribution (`n_pairs` counts those used)."""
     graph = EdgeGraph(model)
-    vals = torch.zeros(len(circuits), dtype=torch.float64)
-    clean = corr = real_corr = 0.0
+    rows, clean, corr, real = [], [], [], []
     with evaluating(model), torch.no_grad():
         for p in map(_as_pair, pairs):
             net = _Frozen(model, graph, p)
             net.prepare()
-            clean += net.real_clean
-            corr += net.corrupted_metric
-            real_corr += net.real_corrupted
-            vals += net.run(_weights(graph, circuits, keep=True))[0].double().cpu()
-    n = len(pairs)
-    vals, clean, corr, real_corr = vals / n, clean / n, corr / n, real_corr / n
-    return {"circuit": vals, "clean": clean, "corrupted": corr, "real_corrupted": real_corr,
-            "normalized": (vals - corr) / (clean - corr)}
+            clean.append(net.real_clean)
+            corr.append(net.corrupted_metric)
+            real.append(net.real_corrupted)
+            rows.append(net.run(_weights(graph, circuits, keep=True))[0].double().cpu())
+    vals = torch.stack(rows)  # (P, C)
+    clean_t, corr_t, real_t = (torch.tensor(v, dtype=torch.float64) for v in (clean, corr, real))
+    flipping = flips(clean_t, real_t)
+    use = flipping if flipping_only and bool(flipping.any()) else torch.ones_like(flipping)
+    v, c, f, r = vals[use], clean_t[use], corr_t[use], real_t[use]
+    per_pair = (v - r[:, None]) / (c - r)[:, None]
+    mean = v.mean(0)
+    return {"circuit": mean, "clean": float(c.mean()), "corrupted": float(f.mean()), "real_corrupted": float(r.mean()),
+            "normalized": (mean - r.mean()) / (c.mean() - r.mean()),
+            "normalized_frozen": (mean - f.mean()) / (c.mean() - f.mean()),
+            "per_pair": per_pair, "quartiles": [_quartiles(per_pair[:, k]) for k in range(per_pair.size(1))],
+            "flipping": flipping, "n_pairs": int(use.sum()), "flipping_only": flipping_only and bool(flipping.any())}
 
 
 def iterative_circuits(model, pairs: Sequence, sizes: Sequence[int], *, step: float = 0.2
@@ -534,19 +574,53 @@ def _removal_estimates(nets: list[_Frozen], circuit: list[tuple[int, int]]) -> t
     return est
 
 
+def node_scores(scores: EdgeScores) -> dict[str, float]:
+    """Each sender node's score: the sum of its out-edges' (patching its output everywhere, to first order)."""
+    g = scores.graph
+    total = (scores.scores * g.valid).sum(1)
+    return {name: float(total[i]) for i, name in enumerate(g.senders) if not name.endswith("_embed")}
+
+
+def node_circuit(graph: EdgeGraph, nodes: Sequence[str]) -> list[tuple[int, int]]:
+    """The edges of a circuit of whole nodes (heads and FFNs): every valid edge from a kept node or an embedding
+    into a kept node's query, key, value or input, or into the logits; a removed node's output is patched
+    everywhere."""
+    keep = set(nodes)
+    unknown = sorted(keep - set(graph.senders))
+    if unknown:
+        raise ValueError(f"unknown nodes {unknown[:5]}: nodes are heads (cross:0:1) and FFNs (dec.1.ffn)")
+    edges = [(u, r) for u, r in graph.edges()
+             if (graph.senders[u].endswith("_embed") or graph.senders[u] in keep)
+             and (graph.receivers[r] == "logits" or graph.receiver_node(r) in keep)]
+    return graph.connected(edges)
+
+
 def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: int, *, random_circuits: int = 10,
-                         seed: int = 0, search: str = "greedy", absolute: bool = False) -> dict[str, Any]:
+                         seed: int = 0, search: str = "greedy", absolute: bool = False,
+                         flipping_only: bool = True) -> dict[str, Any]:
     """Normalised faithfulness of a circuit of at most `n_edges` edges (`search`: "greedy", by score, see
     `EdgeGraph.greedy_edges`; "top": the top n by score; `absolute`: by |score|; "iterative": `iterative_circuits`,
-    which takes its own gradients and reads only `scores.graph`), next to `random_circuits` random sets of valid
-    edges of the circuit's size."""
+    which takes its own gradients and reads only `scores.graph`; "nodes": the whole-node circuit (`node_circuit`) of
+    the most important heads and FFNs by `node_scores`, as many as fit in n_edges), next to `random_circuits` random
+    sets of valid edges of the circuit's size. Normalised against the real corrupted run (`faithfulness`) and the
+    frozen-norm one (`faithfulness_frozen`); per-pair median and quartiles; pairs that do not flip left out with
+    `flipping_only` (see `circuit_metric`)."""
     graph = scores.graph
-    if search not in ("greedy", "top", "iterative"):
-        raise ValueError(f"search must be 'greedy', 'top' or 'iterative', got {search!r}")
+    if search not in ("greedy", "top", "iterative", "nodes"):
+        raise ValueError(f"search must be 'greedy', 'top', 'iterative' or 'nodes', got {search!r}")
     if search == "iterative":
         top = iterative_circuits(model, pairs, [n_edges])[n_edges]
     elif search == "greedy":
         top = graph.greedy_edges(scores.scores, n_edges, absolute=absolute)
+    elif search == "nodes":
+        ranked = sorted(node_scores(scores).items(), key=lambda kv: abs(kv[1]) if absolute else kv[1])
+        top, chosen = [], []
+        for name, _ in ranked:
+            edges = node_circuit(graph, [*chosen, name])
+            if len(edges) > n_edges:
+                break
+            chosen.append(name)
+            top = edges
     else:
         top = graph.top_edges(scores.scores, n_edges, absolute=absolute)
     n_edges = len(top)
@@ -554,8 +628,11 @@ def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: in
     g = torch.Generator().manual_seed(seed)
     rand = [[all_edges[j] for j in torch.randperm(len(all_edges), generator=g)[:n_edges].tolist()]
             for _ in range(random_circuits)]
-    res = circuit_metric(model, pairs, [top, *rand])
-    norm = res["normalized"]
+    res = circuit_metric(model, pairs, [top, *rand], flipping_only=flipping_only)
+    norm, frozen = res["normalized"], res["normalized_frozen"]
     return {"n_edges": n_edges, "fraction": n_edges / graph.n_edges, "faithfulness": float(norm[0]),
-            "random_faithfulness": [float(v) for v in norm[1:]], "clean": res["clean"], "corrupted": res["corrupted"],
-            "real_corrupted": res["real_corrupted"], "edges": [graph.edge_name(e) for e in top]}
+            "faithfulness_frozen": float(frozen[0]), "quartiles": res["quartiles"][0],
+            "random_faithfulness": [float(v) for v in norm[1:]],
+            "random_faithfulness_frozen": [float(v) for v in frozen[1:]], "clean": res["clean"],
+            "corrupted": res["corrupted"], "real_corrupted": res["real_corrupted"], "n_pairs": res["n_pairs"],
+            "not_flipping": int((~res["flipping"]).sum()), "edges": [graph.edge_name(e) for e in top]}
