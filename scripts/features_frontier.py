@@ -108,6 +108,8 @@ def main() -> None:
     p.add_argument("--activations", type=int, default=1_200_000)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--pca-rows", dest="pca_rows", type=int, default=200_000)
+    p.add_argument("--valid-limit", dest="valid_limit", type=int, default=0,
+                   help="measure on the first N sentences of Multi30k valid (0: all 1014)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--runs", default=str(ROOT / "runs" / "frontier"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "features_frontier.json"))
@@ -123,13 +125,15 @@ def main() -> None:
     tm = load(args.checkpoint)
     src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
 
-    def encoded(split):
-        s, t = load_dataset("multi30k", split, src_lang, tgt_lang)
+    def encoded(split, limit=0):
+        s, t = load_dataset("multi30k", split, src_lang, tgt_lang, limit=limit)
         return ParallelData.encode(s, t, tm.src_tokenizer, tm.tgt_tokenizer, max_len=tm.model.cfg.max_positions - 1)
 
-    train, valid = encoded("train"), encoded("valid")
+    train, valid = encoded("train"), encoded("valid", args.valid_limit)
     results |= {"checkpoint": Path(args.checkpoint).name, "d_sae": args.d_sae, "activations": args.activations,
-                "lr": args.lr, "eval_split": "multi30k:valid", "pca_fit": f"first {args.pca_rows} rows of the "
+                "lr": args.lr,
+                "eval_split": f"multi30k:valid[:{args.valid_limit}]" if args.valid_limit else "multi30k:valid",
+                "pca_fit": f"first {args.pca_rows} rows of the "
                 "training cache (multi30k:train, corpus order)", "threads": args.threads,
                 "note": "dead/dense counted on the valid split's tokens; ΔCE: teacher-forced, nats per target token"}
 
@@ -157,8 +161,8 @@ def main() -> None:
                 print(f"  PCA-{k}: FVU {r['pca'][str(k)]['fvu']:.4f}  ΔCE {r['pca'][str(k)]['delta_ce']:.4f}",
                       flush=True)
             save()
-        for arch in args.architectures:
-            for k in args.l0:
+        for k in sorted(args.l0, key=lambda k: (k != 16, k)):  # L0 16 first: the shipped dictionaries' choice
+            for arch in args.architectures:
                 name = f"{arch}_k{k}"
                 if name in r["runs"]:
                     continue
