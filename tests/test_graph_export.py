@@ -214,9 +214,9 @@ def test_feature_nodes_plug_in_and_clashes_are_refused():
         {"kind": "ffn", "stack": "enc", "layer": 0, "head": None, "block": "ffn", "position": 0, "token": "Hund",
          "label": "enc.0.ffn @0"},
         {"kind": "feature", "stack": "enc", "layer": None, "block": None, "position": 0, "feature": 17,
-         "activation": 2.5, "token": "Hund", "label": "hook_memory #17 @0"},
+         "activation": 2.5, "token": "Hund", "label": "hook_memory #17 @0", "site": "hook_memory"},
         {"kind": "feature", "stack": "dec", "layer": 1, "block": "ffn", "position": 0, "feature": 905,
-         "activation": 0.75, "token": "<s>", "label": "dec.1.ffn #905 @0"},
+         "activation": 0.75, "token": "<s>", "label": "dec.1.ffn #905 @0", "site": "dec.1.ffn"},
         {"kind": "head", "stack": "dec", "layer": 1, "head": 2, "block": "cross_attn", "position": 0, "token": "<s>",
          "label": "cross:1:2 @0"},
         {"kind": "logit", "stack": "dec", "layer": None, "head": None, "block": None, "position": 0, "token": 5,
@@ -237,6 +237,26 @@ def test_feature_nodes_plug_in_and_clashes_are_refused():
     assert memory["feature_type"] == transcoder["feature_type"] == "cross layer transcoder"
     assert by_label["cross:1:2 @0"]["layer"] == "1" and by_label["cross:1:2 @0"]["activation"] is None
     assert len(data["links"]) == 6 and data["nodes"][-1]["layer"] == "3"
+    assert (data["metadata"]["scan"], data["metadata"]["transcoder_list"]) == ("attention-workbench", [])
+
+    # where the viewer finds the features' files (features.circuit_tracer): circuit-tracer's custom scan, one
+    # folder per row, looked up as transcoder_list[the node's layer]
+    scans = {"hook_memory": "./data/features/hook_memory", "dec.1.ffn": "./data/features/dec.1.ffn"}
+    data = round_trip(circuit_tracer_graph(g, slug="features", token_prob=0.4, node_threshold=1.0, edge_threshold=1.0,
+                                           feature_scans=scans))
+    validate_circuit_tracer(data)
+    listed = data["metadata"]["transcoder_list"]
+    assert data["metadata"]["scan"].startswith("custom-") and len(listed) == 4
+    assert listed[int(memory["layer"])] == scans["hook_memory"] and listed[int(transcoder["layer"])] == scans[
+        "dec.1.ffn"] and listed[1] == listed[3] == ""
+    with pytest.raises(ValueError, match="lacks"):
+        circuit_tracer_graph(g, slug="f", token_prob=0.4, node_threshold=1.0, edge_threshold=1.0,
+                             feature_scans={"hook_memory": "./x"})
+    same_row = [dict(n) for n in nodes]
+    same_row[3].update(stack="dec", layer=1, block="ffn", feature=3)  # two dictionaries' features on one row
+    with pytest.raises(ValueError, match="two dictionaries"):
+        circuit_tracer_graph(AttributionGraph(same_row, a, a.sum(1), 0.9, 0, 5), slug="f", token_prob=0.4,
+                             node_threshold=1.0, edge_threshold=1.0, feature_scans=scans)
 
     clash = [dict(n) for n in nodes]
     clash[3].update(feature=0, layer=0, block="ffn")  # feature 0 on enc.0.ffn's row at position 0: the FFN's own id

@@ -180,10 +180,14 @@ def _finite(x: float) -> float | None:
 
 def circuit_tracer_graph(graph: AttributionGraph, *, slug: str, token_prob: float, token_str: str | None = None,
                          baseline_str: str | None = None, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-                         scan: str = "attention-workbench", prompt: str | None = None) -> dict[str, Any]:
+                         scan: str = "attention-workbench", prompt: str | None = None,
+                         feature_scans: dict[str, str] | None = None) -> dict[str, Any]:
     """The graph as circuit-tracer's graph file (a dict; `write_circuit_tracer` saves it), pruned by `prune_graph`.
     `token_prob`: the model's probability of the target token (the viewer shows it and sorts logits by it);
-    `token_str` / `baseline_str`: how the target token (and the baseline of a logit difference) read."""
+    `token_str` / `baseline_str`: how the target token (and the baseline of a logit difference) read.
+    `feature_scans` {site: folder}: where the viewer finds the feature files (`features.circuit_tracer`) of each
+    dictionary whose features are nodes (a feature node's `site`), e.g. "./data/features/hook_memory" under
+    circuit-tracer's server; written as its custom scan, one entry of `transcoder_list` per row."""
     if not slug or "/" in slug:
         raise ValueError(f"slug must be a non-empty file name without '/', got {slug!r}")
     if not 0 <= token_prob <= 1:
@@ -231,7 +235,22 @@ def circuit_tracer_graph(graph: AttributionGraph, *, slug: str, token_prob: floa
     connected = {x for link in links for x in (link["source"], link["target"])}
     used = [e for e in nodes.values() if e["node_id"] in connected or e["feature_type"] in ("embedding", "logit")]
     src_part, tgt_part = tokens[:src_len], tokens[src_len:]
-    metadata = {"slug": slug, "scan": scan, "transcoder_list": [],
+    transcoder_list: list[str] = []
+    if feature_scans:
+        by_row: dict[str, str] = {}
+        for i, e in nodes.items():
+            if graph.nodes[i]["kind"] != "feature" or e["node_id"] not in connected:
+                continue
+            site = graph.nodes[i].get("site")
+            if site not in feature_scans:
+                raise ValueError(f"feature node {graph.nodes[i].get('label')} is of site {site!r}, which "
+                                 f"feature_scans lacks (it has {sorted(feature_scans)})")
+            if by_row.setdefault(e["layer"], feature_scans[site]) != feature_scans[site]:
+                raise ValueError(f"row {e['layer']} holds features of two dictionaries: the viewer reads one per row")
+            by_row[e["layer"]] = feature_scans[site]
+        transcoder_list = [by_row.get(str(r), "") for r in range(len(rows) + 1)]
+        scan = "custom-" + scan  # the viewer then looks a feature up in transcoder_list[its row]
+    metadata = {"slug": slug, "scan": scan, "transcoder_list": transcoder_list,
                 "prompt_tokens": [_process_token(t) for t in tokens],
                 "prompt": prompt if prompt is not None else " ".join(src_part) + " → " + " ".join(tgt_part),
                 "node_threshold": node_threshold}

@@ -4,6 +4,7 @@
     workbench features eval DICTIONARY --checkpoint CHECKPOINT [--card]      # FVU, ΔCE, ..., PCA/random baselines
     workbench features stats DICTIONARY --checkpoint CHECKPOINT             # dashboard statistics over a corpus
     workbench features export-neuronpedia DICTIONARY --checkpoint CHECKPOINT --out DIR   # dashboards as batch-N.json
+    workbench features export-circuit-tracer DICTIONARY --checkpoint CHECKPOINT --out DIR  # feature files, INDEX.json
 
 `train` resumes from --out-dir's state with the same command (--fresh starts over); under
 `torchrun --nproc_per_node N -m workbench.cli features train ...` every rank streams its share of the corpus.
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from ..decoding.translator import load
+from ..features.circuit_tracer import export_circuit_tracer_features
 from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
 from ..features.evaluate import evaluate_dictionary, seeds_of, write_card
@@ -86,6 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                       "checkpoint directory's name)")
     n.add_argument("--sae-set", dest="sae_set", default=None, help="Neuronpedia SAE set (default: the dictionary "
                                                                     "directory's name)")
+    c = sub.add_parser("export-circuit-tracer", help="features as circuit-tracer's feature files (INDEX.json), for "
+                                                     "feature nodes in its graph viewer")
+    c.add_argument("dictionary", help="a dictionary directory with its stats.safetensors")
+    c.add_argument("--checkpoint", required=True)
+    c.add_argument("--out", required=True, help="directory for the files (created)")
+    c.add_argument("--features", default=None, metavar="A-B,C", help="features to export (default: all live ones)")
     n.add_argument("--layer", type=int, default=None, help="Neuronpedia layer (default: the site's layer, 0 for "
                                                            "hook_memory and the embeddings)")
 
@@ -97,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         return _eval(args)
     if args.action == "export-neuronpedia":
         return _export_neuronpedia(args)
+    if args.action == "export-circuit-tracer":
+        return _export_circuit_tracer(args)
     return _stats(args)
 
 
@@ -113,14 +123,24 @@ def feature_list(spec: str | None) -> list[int] | None:
     return out
 
 
+def _progress(done: int, total: int) -> None:
+    print(f"\r{done}/{total} features", end="", file=sys.stderr, flush=True)
+
+
+def _export_circuit_tracer(args: argparse.Namespace) -> int:
+    fd = FeatureData.load(load(args.checkpoint), args.dictionary)
+    paths = export_circuit_tracer_features(fd, args.out, features=feature_list(args.features), progress=_progress)
+    print(file=sys.stderr)
+    print(f"{len(paths)} feature files in {args.out}")
+    return 0
+
+
 def _export_neuronpedia(args: argparse.Namespace) -> int:
     tm = load(args.checkpoint)
     fd = FeatureData.load(tm, args.dictionary)
     paths = export_dashboards(fd, args.out, model_id=args.model_id or Path(args.checkpoint).resolve().name,
                               sae_set=args.sae_set, layer=args.layer, features=feature_list(args.features),
-                              batch_size=args.batch_size,
-                              progress=lambda done, total: print(f"\r{done}/{total} features", end="",
-                                                                 file=sys.stderr, flush=True))
+                              batch_size=args.batch_size, progress=_progress)
     print(file=sys.stderr)
     for path in paths:
         print(path)
