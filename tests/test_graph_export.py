@@ -258,6 +258,19 @@ def test_feature_nodes_plug_in_and_clashes_are_refused():
         circuit_tracer_graph(AttributionGraph(same_row, a, a.sum(1), 0.9, 0, 5), slug="f", token_prob=0.4,
                              node_threshold=1.0, edge_threshold=1.0, feature_scans=scans)
 
+    # without a block, a feature's row comes from its site (as analysis.qk_attribution labels its features), else
+    # the end of its layer (here dec.1's rows: cross-attention, and the FFN a dec.1.ffn site implies) or, entering
+    # a layer, the end of the one before (dec.0 has no row here: the stack's first)
+    for site, block, want in (("dec.1.cross_attn.hook_out", None, "1"), ("dec.1.ffn", None, "2"),
+                              ("dec.1.hook_resid_in", None, "1"), ("dec.1.hook_resid_cross_attn", None, "1"),
+                              ("hook_memory", None, "0")):
+        placed = [dict(n) for n in nodes]
+        placed[4].update(site=site, block=block, layer=None if site == "hook_memory" else 1,
+                         stack="enc" if site == "hook_memory" else "dec")
+        got = circuit_tracer_graph(AttributionGraph(placed, a, a.sum(1), 0.9, 0, 5), slug="p", token_prob=0.4,
+                                   node_threshold=1.0, edge_threshold=1.0)
+        assert next(n["layer"] for n in got["nodes"] if n["feature"] == 905) == want, site
+
     clash = [dict(n) for n in nodes]
     clash[3].update(feature=0, layer=0, block="ffn")  # feature 0 on enc.0.ffn's row at position 0: the FFN's own id
     with pytest.raises(ValueError, match="share a"):

@@ -27,8 +27,9 @@ How an encoder-decoder graph is laid out in a viewer made for one decoder stack:
                     parses for the token and its probability
 
 The bias node (every constant: norm, attention and FFN biases) has no position; it is drawn in the embedding row at
-ctx_idx 0. Feature nodes (kind "feature", from a feature-level graph) carry `stack`, `layer`, `block` (the sub-layer
-whose row they share; none: the stack's top row, e.g. an SAE on hook_memory), `position`, `feature` and optionally
+ctx_idx 0. Feature nodes (kind "feature", from a feature-level graph) carry `stack`, `layer`, `position`, `feature`,
+and optionally `block` (the sub-layer whose row they share; else read from `site`, their dictionary's site as
+`analysis.qk_attribution` names it; else the end of their layer, or the stack's top row for hook_memory) and
 `activation`.
 """
 
@@ -126,8 +127,8 @@ def token_probability(model, src: torch.Tensor, tgt: torch.Tensor, graph: Attrib
 def graph_rows(graph: AttributionGraph) -> dict[tuple[str, int], int]:
     """(stack, layer, block) -> row, in the order the residual streams are written (encoder, then decoder)."""
     keys = {(n["stack"], n["layer"], n["block"]) for n in graph.nodes if n["kind"] in ("head", "ffn")}
-    keys |= {(n["stack"], n["layer"], n["block"]) for n in graph.nodes
-             if n["kind"] == "feature" and n.get("layer") is not None and n.get("block") is not None}
+    keys |= {k for n in graph.nodes if n["kind"] == "feature" and (k := _feature_key(n))[1] is not None
+             and k[2] is not None}
     ordered = sorted(keys, key=lambda k: (k[0] != "enc", k[1], BLOCK_ORDER.index(k[2])))
     return {k: i for i, k in enumerate(ordered)}
 
@@ -166,12 +167,33 @@ def _place(node: dict[str, Any], rows: dict, src_len: int) -> tuple[str, int, in
     if kind == "ffn":
         return str(rows[node["stack"], node["layer"], "ffn"]), 0, ctx
     if kind == "feature":
-        if node.get("layer") is not None and node.get("block") is not None:
-            row = rows[node["stack"], node["layer"], node["block"]]
-        else:  # a site at the top of a stack (hook_memory): the stack's last row
-            row = max(r for (s, _, _), r in rows.items() if s == node["stack"])
-        return str(row), int(node["feature"]), ctx
+        return str(_feature_row(node, rows)), int(node["feature"]), ctx
     raise ValueError(f"node {node.get('label')} has kind {kind!r}, which the circuit-tracer export cannot place")
+
+
+_SITE_BLOCK = re.compile(r"^(?:enc|dec)\.\d+\.(?:hook_resid_)?(self_attn|cross_attn|ffn)\b")
+
+
+def _feature_key(node: dict[str, Any]) -> tuple[str, int | None, str | None]:
+    """(stack, layer, block) of a feature node: `block`, or read from its `site` (dec.1.ffn, dec.2.cross_attn.hook_out,
+    enc.0.hook_resid_self_attn), else None."""
+    block = node.get("block")
+    if block is None and node.get("site"):
+        m = _SITE_BLOCK.match(node["site"])
+        block = m.group(1) if m else None
+    return node["stack"], node.get("layer"), block
+
+
+def _feature_row(node: dict[str, Any], rows: dict) -> int:
+    """A feature node's row: its sub-layer's; without one, the last row of its layer (of the layer before, for the
+    stream entering a layer: hook_resid_in), or of its stack (hook_memory)."""
+    stack, layer, block = _feature_key(node)
+    if layer is not None and (stack, layer, block) in rows:
+        return rows[stack, layer, block]
+    ours = {i: r for (s, i, _), r in sorted(rows.items(), key=lambda kv: kv[1]) if s == stack}  # layer -> last row
+    if layer is not None and str(node.get("site", "")).endswith("hook_resid_in"):  # the stream entering the layer
+        return ours.get(layer - 1, min(r for (s, _, _), r in rows.items() if s == stack))
+    return ours[layer] if layer is not None else max(ours.values())
 
 
 def _finite(x: float) -> float | None:
