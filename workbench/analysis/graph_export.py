@@ -89,15 +89,17 @@ def prune_graph(graph: AttributionGraph, node_threshold: float = 0.8, edge_thres
     node_mask[graph.prune(node_threshold)] = True
     node_mask |= always
 
-    a = graph.adjacency
-    pruned = a.clone()
-    pruned[~node_mask] = 0
-    pruned[:, ~node_mask] = 0
-    normalised = pruned.abs() / pruned.abs().sum(1, keepdim=True).clamp(min=1e-10)
-    logit_weight = torch.zeros(n, dtype=a.dtype)
+    # circuit-tracer zeroes the dropped nodes' rows and columns of the whole matrix; the same scores come from the
+    # kept nodes' block alone (K x K, not N x N: feature graphs have thousands of nodes), the logit staying last
+    kept = node_mask.nonzero().flatten()
+    sub = graph.adjacency[kept][:, kept].abs()
+    normalised = sub / sub.sum(1, keepdim=True).clamp(min=1e-10)
+    logit_weight = torch.zeros(len(kept), dtype=sub.dtype)
     logit_weight[-1] = 1.0
-    edge_scores = normalised * (node_influence(pruned) + logit_weight)[:, None]
-    edge_mask = (edge_scores >= _find_threshold(edge_scores.flatten(), edge_threshold)) & (pruned != 0)
+    edge_scores = normalised * (node_influence(sub) + logit_weight)[:, None]
+    edge_mask = torch.zeros(n, n, dtype=torch.bool)
+    edge_mask[kept[:, None], kept[None, :]] = (edge_scores >= _find_threshold(edge_scores.flatten(), edge_threshold)) \
+        & (sub != 0)
 
     old = node_mask.clone()
     node_mask[needs_out] &= edge_mask[:, needs_out].any(0)
