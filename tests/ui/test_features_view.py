@@ -104,7 +104,7 @@ def test_a_links_dictionary_and_feature_are_checked(session):
     view.feature = 3  # a feature chosen later is not checked as the link's
     assert view.feature == 3 and session.message.count("feature=") == 1
     href = next(o for o in view.content if "features-sentence" in o.css_classes).object
-    assert "href='?site=hook_memory&feature=" in href and "&fq=&fout=0'" in href  # the link's other keys too
+    assert "href='?site=hook_memory&feature=" in href and "&fq=&fout=0&steer='" in href  # the link's other keys too
 
 
 def test_the_dictionary_picker_names_each_dictionary_and_switches(session, entries, tmp_path):
@@ -151,3 +151,30 @@ def test_a_typed_feature_past_the_end_is_said_and_shown_as_the_last(session):
     view.feature = 99999
     assert view.feature == 47 and view._feature_box.value == 47
     assert "Feature 99999 does not exist" in session.message and "0–47" in session.message
+
+
+def test_steering_shows_the_steered_translation_beside_the_plain_one(session):
+    """Issue 36 point 6: a value for the shown feature gives the sentence translated with it steered (the library's
+    `translate(steer=...)` with the dictionary spliced in), beside the plain translation; the value is in the URL."""
+    from workbench.features import splice
+    from workbench.ui.link import Link
+
+    view = FeaturesView(session=session)
+    link = Link("?feature=5&steer=%2B40")
+    view.bind_link(link)
+    link.finish()
+    view.show()
+    r = session.result
+    pane = next(o for o in view.content if "features-steer" in str(getattr(o, "object", "")))
+    d = SparseDictionary.load(Path(r.model.meta["path"]) / "features" / "hook_memory")
+    with splice(r.model.model, d):
+        steered = r.model.translate([SENTENCE], beam=r.request.beam, steer={"hook_memory": {5: "+40"}})[0]
+    assert "Steering feature #5</b> (+40 added on every word)" in pane.object
+    assert f"features-steer-plain'>{r.text}<" in pane.object and f"features-steer-steered'>{steered}" in pane.object
+    assert "steer=%2B40" in link.query() and r.model.model.hook_memory._modules.get("sae") is None
+    view.steer = "=-2"
+    assert "held at -2" in next(o for o in view.content if "features-steer" in str(getattr(o, "object", ""))).object
+    with pytest.raises(ValueError):
+        view.steer = "<b>5</b>"
+    view.steer = ""
+    assert not any("features-steer'" in str(getattr(o, "object", "")) for o in view.content)

@@ -64,7 +64,7 @@ def test_every_control_has_a_tooltip_written_for_users():
     controls = {Session: ["checkpoint", "sentence", "target", "beam", "alpha", "kind", "layer", "head", "token",
                           "words", "view", "ablate"],
                 GraphView: ["position", "threshold", "max_nodes", "contexts"],
-                FeaturesView: ["site", "feature", "query", "output"], WhyView: ["position", "corrupted"],
+                FeaturesView: ["site", "feature", "query", "output", "steer"], WhyView: ["position", "corrupted"],
                 EvidenceView: ["roles"]}
     for cls, names in controls.items():
         for name in names:

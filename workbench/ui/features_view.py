@@ -12,8 +12,12 @@ current sentence and one at a time.
   log-probability), each with the source piece (or decoder position) it fires on and a button that opens its
   dashboard, next to the dictionary's error and bias terms.
 
-The dictionary, the feature, the search and the "why this word" token are in the page's URL (`?site=NAME&feature=ID
-&fq=&fout=`, see `link.py`), so a link opens on them. Interactive work on the
+- Steering: a value for the shown feature ("5" clamps it at every position, "+5" / "-2" add to it) gives the
+  sentence's translation with the feature steered beside the plain one (`translate(steer=...)` with the dictionary
+  spliced in for the request: `features.splice`; the shared model's outputs stay unchanged for other sessions).
+
+The dictionary, the feature, the search, the "why this word" token and the steering value are in the page's URL
+(`?site=NAME&feature=ID&fq=&fout=&steer=`, see `link.py`), so a link opens on them. Interactive work on the
 page's request path (`LazyTab`). Added by `Workbench(extra_tabs=[TAB])`.
 """
 
@@ -29,13 +33,16 @@ import panel as pn
 import param
 
 from ..charts.features import feature_dashboard, sentence_features_html
+from ..core.splice import FeatureEdit
 from ..features.attribution import feature_attribution
 from ..features.dashboard import FeatureData
+from ..features.sites import splice
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
 
 _CACHE: dict[tuple[int, str], FeatureData] = {}
 WHY_TOP = 8  # features listed under "Why this word"
+STEER_PATTERN = r"^(|[+-]?\d+(\.\d+)?|=-?\d+(\.\d+)?)$"  # "", "5", "+5", "-2.5", "=-2": FeatureEdit.parse's
 _LOCK = threading.Lock()
 
 
@@ -83,10 +90,22 @@ def why_this_word(r, fd: FeatureData, output: int, *, top: int = WHY_TOP) -> dic
             "error": float(fa.error.sum()), "bias": float(fa.bias.sum()), "total": float(fa.total.sum())}
 
 
-def explore(r, site: str, feature: int, query: str, output: int = 0, href: str = "?site={site}&feature={feature}"
-            ) -> dict:
+def steer_sentence(r, fd: FeatureData, site: str, feature: int, text: str) -> dict:
+    """Result `r`'s sentence translated (its beam and alpha) plainly and with `feature` steered by `text` ("5" clamps,
+    "+5" adds), the dictionary spliced in for the two calls only."""
+    edit = FeatureEdit.parse(text)
+    tm, options = r.model, {"beam": r.request.beam, "alpha": r.request.alpha}
+    with splice(tm.model, fd.d):
+        plain = tm.translate([r.request.sentence], **options)[0]
+        steered = tm.translate([r.request.sentence], steer={site: {feature: edit}}, **options)[0]
+    return {"feature": feature, "edit": edit, "plain": plain, "steered": steered}
+
+
+def explore(r, site: str, feature: int, query: str, output: int = 0, href: str = "?site={site}&feature={feature}",
+            steer: str = "") -> dict:
     """The tab's answer for result `r`: sentence features, why output token `output` came out, the dashboard
-    of `feature`, search hits (figures). `href`: a feature's link, with `{site}` and `{feature}` to fill in."""
+    of `feature`, search hits, the sentence steered by `steer` (figures). `href`: a feature's link, with `{site}` and
+    `{feature}` to fill in."""
     tm = r.model
     dirs = {p.name: p for p in sites_of(tm)}
     if not dirs:
@@ -101,6 +120,8 @@ def explore(r, site: str, feature: int, query: str, output: int = 0, href: str =
                                              link=href.replace("{site}", quote(name)))
     out["href"] = href.replace("{site}", quote(name))
     out["why"] = why_this_word(r, fd, output)
+    if steer.strip():
+        out["steer"] = steer_sentence(r, fd, name, min(max(int(feature), 0), fd.n_features - 1), steer)
     if fd.stats is None:
         out["note"] = "This dictionary has no corpus statistics (stats.safetensors): dashboards need them."
         return out
@@ -145,11 +166,14 @@ class FeaturesView(LazyTab):
                                           "output (e.g. dog)."))
     output = param.Selector(default=0, objects={"0": 0}, doc=("The output word to explain by the features that drive "
                                                               "it most."))
+    steer = param.String(default="", regex=STEER_PATTERN, doc=(
+        "Translate the sentence with the shown feature steered: 5 holds it at 5 on every word, +5 or -2 adds to "
+        "it; empty turns steering off."))
 
     title = "Features"
     follows = ("version",)
-    redraws = ("site", "feature", "query", "output")
-    url = {"site": "site", "feature": "feature", "query": "fq", "output": "fout"}
+    redraws = ("site", "feature", "query", "output", "steer")
+    url = {"site": "site", "feature": "feature", "query": "fq", "output": "fout", "steer": "steer"}
     url_late = ("site", "output")
 
     def __init__(self, **params):
@@ -171,7 +195,9 @@ class FeaturesView(LazyTab):
             self._site_picker,
             self._feature_box,
             pn.widgets.TextInput.from_param(self.param.query, name="Search by token", width=220,
-                                            placeholder="e.g. Hund", css_classes=["features-search"]))
+                                            placeholder="e.g. Hund", css_classes=["features-search"]),
+            pn.widgets.TextInput.from_param(self.param.steer, name="Steer this feature", width=160,
+                                            placeholder="5 holds, +5 adds", css_classes=["features-steer-value"]))
         self._picker = pn.widgets.Select.from_param(self.param.output, name="Why this word: output token",
                                                     width=260, css_classes=["features-output"])
         self._sentence = None
@@ -235,7 +261,8 @@ class FeaturesView(LazyTab):
         r = self.session.result
         if r is None:
             return "*No sentence yet.*"
-        return r, self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1), self._href()
+        return (r, self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1), self._href(),
+                self.steer)
 
     def _href(self) -> str:
         """A feature's link: this whole page (`link.Link.href`) on this tab, with `{site}` and `{feature}` to fill
@@ -245,8 +272,8 @@ class FeaturesView(LazyTab):
         return (self._link.href(tab="features", site="SITEPLACEHOLDER", feature="FEATUREPLACEHOLDER")
                 .replace("SITEPLACEHOLDER", "{site}").replace("FEATUREPLACEHOLDER", "{feature}"))
 
-    def compute(self, r, site, feature, query, output, href="?site={site}&feature={feature}"):
-        return explore(r, site, feature, query, output, href)
+    def compute(self, r, site, feature, query, output, href="?site={site}&feature={feature}", steer=""):
+        return explore(r, site, feature, query, output, href, steer)
 
     def _open(self, feature: int) -> None:
         self.feature = feature
@@ -315,6 +342,8 @@ class FeaturesView(LazyTab):
                                  f"{', '.join(answer['sites'])}). Features active on each token of the sentence:",
                                  sizing_mode="stretch_width"),
                 pn.pane.HTML(answer["sentence"], css_classes=["features-sentence"], sizing_mode="stretch_width")]
+        if "steer" in answer:
+            objs.append(_steered(answer["steer"]))
         if "note" in answer:
             objs.append(pn.pane.Markdown(_md_escape(answer["note"])))
         if "hits" in answer:
@@ -326,6 +355,18 @@ class FeaturesView(LazyTab):
         if "dashboard" in answer:
             objs.append(pn.pane.Bokeh(answer["dashboard"], css_classes=["features-dashboard"]))
         return objs
+
+
+def _steered(steer: dict) -> pn.pane.HTML:
+    """The plain translation beside the steered one."""
+    edit = steer["edit"]
+    how = f"{edit.value:+g} added" if edit.add else f"held at {edit.value:g}"
+    same = " (unchanged)" if steer["steered"] == steer["plain"] else ""
+    return pn.pane.HTML(
+        f"<div class='features-steer'><b>Steering feature #{steer['feature']}</b> ({how} on every word):"
+        f"<table><tr><td>plain</td><td class='features-steer-plain'>{html.escape(steer['plain'])}</td></tr>"
+        f"<tr><td>steered</td><td class='features-steer-steered'>{html.escape(steer['steered'])}{same}</td></tr>"
+        "</table></div>", sizing_mode="stretch_width")
 
 
 def _shade(v: float, values: list[tuple[str, float]]) -> str:
