@@ -11,6 +11,7 @@ import torch
 from dictionary_helpers import tiny_dictionaries
 from model_helpers import graph_model, one_sentence
 
+from workbench.analysis import graph as graph_module
 from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
 from workbench.analysis.graph import attribution_graph
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
@@ -126,3 +127,17 @@ def test_the_feature_check_reports_predicted_and_real_drops(model):
     assert abs(out["logit"] - g.logit) < 1e-4
     top = sorted(g.attribution[feature_nodes(g)].tolist(), reverse=True)[:3]
     assert abs(out["top_predicted"] - sum(top)) < 1e-12
+
+
+def test_influence_solved_in_node_order_equals_the_power_series(model, monkeypatch):
+    src, tgt = one_sentence(model.cfg)
+    g = feature_graph(model, tiny_dictionaries(model), src, tgt, position=4)
+    monkeypatch.setattr(graph_module, "ORDERED_INFLUENCE", 10**9)
+    series = graph_module.node_influence(g.adjacency)
+    monkeypatch.setattr(graph_module, "ORDERED_INFLUENCE", 0)
+    ordered = graph_module.node_influence(g.adjacency)
+    torch.testing.assert_close(ordered, series, rtol=1e-12, atol=1e-15)
+    n = len(g.nodes)
+    perm = torch.cat([torch.arange(n - 2, -1, -1), torch.tensor([n - 1])])  # not a topological order: edges run up
+    moved = graph_module.node_influence(g.adjacency[perm][:, perm])  # the logit still last
+    torch.testing.assert_close(moved, series[perm], rtol=1e-12, atol=1e-15)

@@ -109,6 +109,10 @@ class AttributionGraph:
 
 def node_influence(adjacency: torch.Tensor) -> torch.Tensor:
     """Influence of every node on the last (logit) node: e_logit (B + B^2 + ...), B = |A| with rows summing to 1."""
+    if len(adjacency) > ORDERED_INFLUENCE:
+        ordered = _ordered_influence(adjacency)
+        if ordered is not None:
+            return ordered
     a = adjacency.abs()
     b = a / a.sum(1, keepdim=True).clamp(min=1e-30)
     cur = b[-1].clone()
@@ -119,6 +123,35 @@ def node_influence(adjacency: torch.Tensor) -> torch.Tensor:
             break
         total += cur
     return total
+
+
+ORDERED_INFLUENCE = 2048
+"""Above this many nodes (feature graphs: ~7,500 at 20 source and 24 target tokens) influence is solved in node order
+(`_ordered_influence`) rather than summed as a power series over a dense |A| (head graphs keep the series)."""
+
+
+def _ordered_influence(adjacency: torch.Tensor, chunk: int = 512) -> torch.Tensor | None:
+    """`node_influence` for a graph whose nodes are in topological order (every edge runs from a lower index to a
+    higher one, as the builder adds them), None for any other. Then y = e_logit + y B is solved from the last node
+    down, `chunk` nodes at a time: each chunk's part of y is what the finished later nodes send it, through a
+    triangular solve for the edges inside the chunk. Every entry of A is read once or twice, where the power series
+    reads it once per path length (2.5 s against 0.3 s at 7,500 nodes)."""
+    n = len(adjacency)
+    rowsum = torch.linalg.vector_norm(adjacency, 1, dim=1).clamp(min=1e-30)
+    y = torch.zeros(n, dtype=adjacency.dtype)
+    y[n - 1] = 1.0
+    for hi in range(n, 0, -chunk):
+        lo = max(hi - chunk, 0)
+        if bool(adjacency[lo:hi, lo:].triu().any()):
+            return None  # an edge from a node to itself or an earlier one
+        base = (y[hi:] / rowsum[hi:]) @ adjacency[hi:, lo:hi].abs()
+        if hi == n:
+            base[-1] += 1.0
+        inner = adjacency[lo:hi, lo:hi].abs() / rowsum[lo:hi, None]  # strictly lower triangular
+        eye = torch.eye(hi - lo, dtype=adjacency.dtype)
+        y[lo:hi] = torch.linalg.solve_triangular(eye - inner, base[None], upper=False, left=False)[0]
+    y[n - 1] -= 1.0
+    return y
 
 
 # ---------------------------------------------------------------------------------------------- the frozen model
@@ -422,8 +455,14 @@ class _Builder:
         block = sub.block
         if sub.is_attention:  # pre_f = enc_f . (sum_h P[h, q, k] (x_k OV_h) + constants - b_dec) + b_enc
             probs = self.rm.probs(block)[0]  # (H, Lq, Lk)
-            per_head = torch.einsum("nd,hde,ej->hnj", hs, block.ov().detach(), enc)  # (H, n_read, n_f)
-            weights = torch.einsum("hjn,hnj->jn", probs[:, q][:, :, read_rows.pos], per_head)  # (n_f, n_read)
+            ov_enc = torch.einsum("hde,ej->hdj", block.ov().detach(), enc)  # (H, D, n_f): OV_h W_enc[:, f]
+            # each feature's reading direction per key position, the heads mixed by the pattern: (Lk, D, n_f);
+            # then one product per key position (the heads summed first: H times fewer products than per head)
+            by_key = torch.einsum("hjk,hdj->kdj", probs[:, q], ov_enc)
+            weights = torch.zeros(len(f), len(read_rows.pos), dtype=hs.dtype)
+            for k in read_rows.pos.unique().tolist():
+                at = (read_rows.pos == k).nonzero()[:, 0]
+                weights[:, at] = (hs[at] @ by_key[k]).T
             with self.rm.frozen(), self.m.capture([block.hook_result.name]) as seen:
                 self._call(sub, torch.zeros_like(stream_in), key[0])
                 self._call(sub, stream_in, key[0])
@@ -434,7 +473,7 @@ class _Builder:
             const = ((const_out[q] - sf.b_dec) * enc.T).sum(-1) + sf.b_enc[f]
             err = ((clean[q] - recon[q]) * enc.T).sum(-1)
         else:  # a transcoder reads the FFN's input at its own position: pre_f = enc_f . x_q + b_enc
-            weights = (hs @ enc).T * (read_rows.pos[None, :] == q[:, None])  # (n_f, n_read)
+            weights = _same_position(hs, read_rows.pos, enc, q)
             const = sf.b_enc[f]
             err = ((self.x[sub.hook_block_in.name][q] - stream_in[q]) * enc.T).sum(-1)
         return self._feature_writes(sf, nd, g, weights, read_rows, const, err_ids[q], err, rows, hs, out)
@@ -447,9 +486,16 @@ class _Builder:
         writes as rows."""
         A, fids, q, f, act = self.A, nd["ids"], nd["position"], nd["feature"], nd["activation"]
         coef = (sf.W_dec[f] * g[q]).sum(-1)  # (n_f,)
-        real = read_rows.node >= 0
-        A[fids.reshape(-1, 1), read_rows.node[real].reshape(1, -1)] = coef[:, None] * weights[:, real]
-        A[fids, self.ids["bias"]] = coef * (weights[:, ~real].sum(1) + const)
+        if isinstance(weights, tuple):  # (feature index, row index, value) of the rows at each feature's position
+            jj, nn, vv = weights
+            real = read_rows.node[nn] >= 0
+            A[fids[jj[real]], read_rows.node[nn[real]]] = coef[jj[real]] * vv[real]
+            from_bias = torch.zeros(len(fids), dtype=vv.dtype).index_add_(0, jj[~real], vv[~real])
+        else:  # (n_f, n_read) dense
+            real = read_rows.node >= 0
+            A[fids.reshape(-1, 1), read_rows.node[real].reshape(1, -1)] = coef[:, None] * weights[:, real]
+            from_bias = weights[:, ~real].sum(1)
+        A[fids, self.ids["bias"]] = coef * (from_bias + const)
         A[fids, err_node] = coef * err
         self.attribution[fids] = coef * act
         if hs is not None and sf.W_skip is not None:  # the skip term: linear in what each row holds
@@ -467,7 +513,7 @@ class _Builder:
         q, f = nd["position"], nd["feature"]
         enc = sf.W_enc[:, f]
         hs = c[:, 0]
-        weights = (hs @ enc).T * (rows.pos[None, :] == q[:, None])
+        weights = _same_position(hs, rows.pos, enc, q)
         const = sf.b_enc[f] - (sf.b_dec[None] * enc.T).sum(-1)
         stream = torch.zeros(self.length["enc"], hs.size(1), dtype=hs.dtype).index_add_(0, rows.pos, hs)
         err = ((self.x[sf.hook_in][q] - stream[q]) * enc.T).sum(-1)
@@ -546,17 +592,35 @@ class _Builder:
         active = sf.active[0].nonzero()  # (n_f, 2): position, feature
         q, f = active[:, 0], active[:, 1]
         act = sf.pre[0][q, f]  # on the active set the activation is the pre-activation (in the graph's dtype)
+        link = feature_link(sf.site, 0)[: -1]  # the site's query up to the feature id (urlencode per node: 0.3 s)
         fids = [add(kind="feature", stack=stack, layer=layer, head=None, block=block, position=p, token=tok(stack, p),
-                    label=f"{sf.site}#{j} @{p}", site=sf.site, feature=j, activation=float(a), link=feature_link(
-                        sf.site, j)) for p, j, a in zip(q.tolist(), f.tolist(), act.tolist())]
+                    label=f"{sf.site}#{j} @{p}", site=sf.site, feature=j, activation=a, link=f"{link}{j}")
+                for p, j, a in zip(q.tolist(), f.tolist(), act.tolist())]
         eids = [add(kind="error", stack=stack, layer=layer, head=None, block=block, position=p, token=tok(stack, p),
                     label=f"error {sf.site} @{p}", site=sf.site) for p in range(self.length[stack])]
         return {"key": key, "ids": torch.tensor(fids, dtype=torch.long), "position": q, "feature": f,
                 "activation": act, "errors": torch.tensor(eids, dtype=torch.long)}
 
 
+def _same_position(hs: torch.Tensor, pos: torch.Tensor, enc: torch.Tensor, q: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(feature index j, row index n, enc[:, j] . hs[n]) for every row n at feature j's position `q[j]`: what a
+    dictionary reading its own position (a transcoder, the memory SAE) takes from each row."""
+    js, ns, vs = [], [], []
+    for p in q.unique().tolist():
+        jp, np_ = (q == p).nonzero()[:, 0], (pos == p).nonzero()[:, 0]
+        js.append(jp.repeat(len(np_)))
+        ns.append(np_.repeat_interleave(len(jp)))
+        vs.append((hs[np_] @ enc[:, jp]).reshape(-1))  # row-major: n outer, j inner
+    if not js:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, torch.zeros(0, dtype=hs.dtype)
+    return torch.cat(js), torch.cat(ns), torch.cat(vs)
+
+
 def feature_link(site: str, feature: int) -> str:
-    """The app's link to a feature's dashboard (the Features tab at that site and feature), as a URL query."""
+    """The app's link to a feature's dashboard (the Features tab at that site and feature), as a URL query (the
+    spelling of `ui.link`, which the analysis layer cannot import: `urlencode` of tab, site, feature)."""
     return "?" + urlencode({"tab": "features", "site": site, "feature": int(feature)})
 
 

@@ -23,10 +23,11 @@ head's query, key or value is read and edited there, inside `rm.frozen()` or not
 
 Dictionaries: `splices={site: dictionary}` (a hook point such as "hook_memory" or "dec.0.cross_attn.hook_out" for an
 SAE, an FFN path such as "dec.1.ffn" for a transcoder, as `core.splice.attach` takes them) are attached to the model
-inside `frozen()` and `rm()`, so `<site>.sae.hook_acts` / `hook_recons` / `hook_error` can be read and edited in
-`extra`. `clean[...]` holds those points' clean values (`rm.features[site].acts_name`), computed as the splice computes
-them (the dictionary in float32 on the site's input), without listening to the splice during the clean run: a listened
-splice hands its site's output through float32, which would round a float64 run. Freezing "features" (with
+inside `frozen(extra)` and `rm(extra=...)` when hooks are given, so `<site>.sae.hook_acts` / `hook_recons` /
+`hook_error` can be read and edited in `extra`. `clean[...]` holds those points' clean values
+(`rm.features[site].acts_name`), computed as the splice computes them (the dictionary in float32 on the site's
+input), without listening to the splice during the clean run: a listened splice hands its site's output through
+float32, which would round a float64 run. Freezing "features" (with
 `freeze=(*FREEZABLE, "features")`) makes the local replacement model of circuit-tracer: each site's output becomes
 its dictionary's reconstruction with the active set held at the clean run's (every active feature's activation
 equals its pre-activation there, for TopK, BatchTopK, JumpReLU and ReLU alike, so it is linear in what the
@@ -187,14 +188,18 @@ class ReplacementModel:
     @contextlib.contextmanager
     def frozen(self, extra: Iterable[tuple[str, Any]] = ()) -> Iterator[None]:
         """Run the block with the frozen parts held (plus `extra` (name, function) hooks, after them)."""
-        with evaluating(self.model), self._attached(), self.model.hooks([*self.hooks(), *extra]):
+        extra = list(extra)
+        with evaluating(self.model), self._attached(bool(extra)), self.model.hooks([*self.hooks(), *extra]):
             yield
 
     @contextlib.contextmanager
-    def _attached(self) -> Iterator[dict[str, Any]]:
-        """The dictionaries attached to `self.model` ({site: Splice}); nothing when there are none."""
+    def _attached(self, attaching: bool = True) -> Iterator[dict[str, Any]]:
+        """The dictionaries attached to `self.model` ({site: Splice}) when `attaching`. `frozen()` attaches them only
+        when it is given hooks, which may listen at their points: attaching renames the model's hook points
+        (8 ms a splice on the shipped model), and a graph runs the frozen model ~30 times."""
         with contextlib.ExitStack() as stack:
-            yield {site: stack.enter_context(attach(self.model, site, d)) for site, d in self.splices.items()}
+            yield {site: stack.enter_context(attach(self.model, site, d)) for site, d in self.splices.items()
+                   if attaching}
 
     def __call__(self, src: torch.Tensor | None = None, tgt: torch.Tensor | None = None,
                  extra: Iterable[tuple[str, Any]] = ()) -> torch.Tensor:
