@@ -9,13 +9,14 @@
 #    against the RWTH German–English gold alignments (Europarl: far from the captions the model saw), next to
 #    the *diagonal aligner* (target word j linked to source word j·S/T), the baseline a head must beat.
 # 2. **Source reliance.** How much of each output token comes from the source rather than the target prefix
-#    (ALTI+, Ferrando et al. 2022), by output position, and on a source the model cannot read.
+#    (ALTI+, Ferrando et al. 2022), by output position, and on sources the model cannot read (the control).
 # 3. **Roles and pruning.** Which heads are positional, aligners, EOS sinks or rare-word heads (thresholds
 #    printed with the result), and how much BLEU is lost as heads are removed least important first (Voita
 #    et al. 2019; Michel et al. 2019).
 # 4. **Formation.** What of this the early snapshot already has.
 #
-# Every number in the conclusions is printed by the cell that computes it.
+# Every number in the conclusions is printed by the cell that computes it, each causal claim beside its control;
+# `tests/analysis/test_evidence_claims.py` checks that the claims hold on the same side on a smaller set.
 
 # %% tags=["parameters"]
 import os
@@ -110,10 +111,12 @@ else:
 aer if aer is not None else None
 
 # %% [markdown]
-# ## 3. Source reliance by output position, and on a source the model cannot read
+# ## 3. Source reliance by output position, and on sources the model cannot read
 #
 # ALTI+ splits each output token's prediction into what comes from the source and what from the target
-# prefix. Teacher-forced on the model's own translations of the test sentences.
+# prefix. Teacher-forced on the model's own translations of the test sentences. The control for "the model leans
+# on the source" is a source it cannot read: the same test sentences with every word spelled backwards (same
+# length and punctuation, no German left), each translated and measured the same way, sentence by sentence.
 
 # %%
 sources = [tm.encode_source(s)[0] for s in test_src]
@@ -124,14 +127,26 @@ first, last = min(pos), max(p for p, (_, n) in pos.items() if n >= 5)
 print(f"mean source share of the output tokens: {np.mean(np.concatenate([s[:-1] for s in shares])):.3f}; "
       f"at position {first}: {pos[first][0]:.3f}, at position {last}: {pos[last][0]:.3f} "
       f"({pos[last][1]} tokens)")
-garbled = "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun ."
-out_g = tm.translate([garbled])[0]
-ev_g = sentence_evidence(tm, garbled, out_g, method="alti")
-clean_share = float(np.mean(np.concatenate([s[:-1] for s in shares])))
-print(f"{garbled!r} → {out_g!r}: mean source share {float(np.mean(ev_g.shares[:-1])):.3f} "
-      f"(test sentences: {clean_share:.3f}); lowest token {ev_g.pieces[int(np.argmin(ev_g.shares[:-1]))]!r} "
-      f"at {float(np.min(ev_g.shares[:-1])):.3f}")
-show(source_share_bars(ev_g.pieces, ev_g.shares, title="source share, a source outside the captions' vocabulary"))
+
+
+def backwards(sentence: str) -> str:
+    return " ".join(word[::-1] for word in sentence.split())
+
+
+N_UNREADABLE = 12 if QUICK else 100
+unreadable = [backwards(s) for s in test_src[:N_UNREADABLE]]
+u_sources = [tm.encode_source(s)[0] for s in unreadable]
+u_outputs = [tm.tgt_tokenizer.encode(t) + [tm.model.cfg.eos_id] for t in tm.translate(unreadable)]
+u_shares = output_source_shares(tm.model, u_sources, u_outputs)
+clean_mean = np.array([s[:-1].mean() for s in shares[:N_UNREADABLE]])
+unreadable_mean = np.array([s[:-1].mean() for s in u_shares])
+clean_share, unreadable_share = float(clean_mean.mean()), float(unreadable_mean.mean())
+lower_in = float((unreadable_mean < clean_mean).mean())
+print(f"{N_UNREADABLE} sentences: mean source share {clean_share:.3f} as written, {unreadable_share:.3f} spelled "
+      f"backwards; lower in {100 * lower_in:.0f} % of the sentences")
+print(f"e.g. {unreadable[0]!r} → {tm.translate([unreadable[0]])[0]!r}")
+ev_g = sentence_evidence(tm, unreadable[0], tm.translate([unreadable[0]])[0], method="alti")
+show(source_share_bars(ev_g.pieces, ev_g.shares, title="source share, a source spelled backwards"))
 pd.DataFrame({"position": list(pos), "source share": [v for v, _ in pos.values()],
               "tokens": [n for _, n in pos.values()]}).set_index("position").round(3).T
 
@@ -157,25 +172,32 @@ print(f"strongest previous-token head: {strongest_prev['head_id']}, argmax one "
       f"step back in {100 * strongest_prev['prev_top']:.0f} % of rows (Voita et al.'s test asks for 90 %)")
 
 # %% [markdown]
-# ## 5. Pruning: BLEU as heads are removed, least important first
+# ## 5. Pruning: BLEU as heads are removed, least important first, against random orders
 #
 # Importance: the change in the references' log-probability when one head alone is zeroed. Then, per kind,
-# the k least important heads are removed together and the test sentences decoded greedily. Voita et al.
-# 2019 removed 38 of 48 encoder heads of a Transformer-base EN–RU model for `-0.15` BLEU; Michel et al. 2019
-# found encoder–decoder attention the most sensitive to pruning.
+# the k least important heads are removed together, for every k, and the test sentences decoded greedily. Voita et
+# al. 2019 removed 38 of 48 encoder heads of a Transformer-base EN–RU model for `-0.15` BLEU; Michel et al. 2019
+# found encoder–decoder attention the most sensitive to pruning. The claim an ablation could refute: the ranking
+# is what makes pruning cheap, so removing the 8 least important heads of a kind must cost less BLEU than removing
+# 8 chosen at random (the control: ten random orders of the same heads; the claim survives when the ranking
+# costs less than at least 8 of the 10).
 
 # %%
 n_prune = 16 if QUICK else 150
-steps = [0, 8, 16] if QUICK else [0, 4, 8, 12, 16]
+steps = [0, 4, 8, 12, 16] if QUICK else list(range(17))  # every head count: the knee is placed, not guessed
 curve = pruning_curve(tm.model, sources[:n_prune], targets[:n_prune], detokenize=tm.detokenize,
-                      references=test_ref[:n_prune], steps=steps)
+                      references=test_ref[:n_prune], steps=steps, random_orders=10, random_steps=[8])
 show(pruning_chart(curve.table))
+control = {}
 for kind in ("enc_self", "dec_self", "cross"):
     k, share = curve.removable(kind)
-    worst = curve.table[(curve.table["kind"] == kind)]["d_bleu"].min()
+    worst = curve.curve(kind)["d_bleu"].min()
+    control[kind] = curve.versus_random(kind, 8)
     print(f"{kind}: {k} of 16 heads removable at <= 0.5 BLEU loss ({100 * share:.0f} %); all removed: "
-          f"{worst:+.1f} BLEU ({n_prune} sentences, unpruned {curve.baseline['bleu']:.1f})")
-curve.table.drop(columns="heads").round(2)
+          f"{worst:+.1f} BLEU ({n_prune} sentences, unpruned {curve.baseline['bleu']:.1f}); 8 least important "
+          f"removed {control[kind]['importance']:+.1f} BLEU, 8 random {control[kind]['random_mean']:+.1f} "
+          f"({control[kind]['random_at_least_as_good']} of 10 random orders did as well)")
+curve.curve("cross").drop(columns="heads").round(2)
 
 # %% [markdown]
 # ## What the numbers say
@@ -189,14 +211,20 @@ if aer is not None:
                  f"{100 * best['aer']:.1f} % AER against {100 * diagonal:.1f} % for the diagonal; {beat} of 16 "
                  f"heads beat the diagonal (step 512: {int((aer_early['aer'] < diagonal).sum())}).")
 trend = "falls" if pos[last][0] < pos[first][0] else "does not fall"
-lower = "lower than" if float(np.mean(ev_g.shares[:-1])) < clean_share else "no lower than"
+lower = "lower than" if unreadable_share < clean_share else "no lower than"
 lines.append(f"- Source reliance {trend} along the sentence: {pos[first][0]:.2f} of the first output token comes "
-             f"from the source, {pos[last][0]:.2f} at position {last}; the garbled source gives "
-             f"{float(np.mean(ev_g.shares[:-1])):.2f} on average, {lower} the test sentences' {clean_share:.2f}.")
+             f"from the source, {pos[last][0]:.2f} at position {last}. A source spelled backwards gives "
+             f"{unreadable_share:.2f} on average, {lower} the same sentences as written ({clean_share:.2f}), and "
+             f"lower in {100 * lower_in:.0f} % of them: the share measures reliance on a source the model can read.")
 k_enc, share_enc = curve.removable("enc_self")
 k_cross, share_cross = curve.removable("cross")
 lines.append(f"- {k_enc} of 16 encoder heads ({100 * share_enc:.0f} %) go for at most 0.5 BLEU, against Voita "
              f"et al.'s 38 of 48 (79 %); cross-attention: {k_cross} of 16 ({100 * share_cross:.0f} %).")
+c = control["cross"]
+verdict = "survives" if c["random_at_least_as_good"] <= 0.2 * c["random_draws"] else "fails"
+lines.append(f"- The importance ranking {verdict} its control: the 8 least important cross-attention heads removed "
+             f"cost {c['importance']:+.1f} BLEU, 8 random ones {c['random_mean']:+.1f} on average "
+             f"({c['random_at_least_as_good']} of {c['random_draws']} random orders did as well).")
 lines.append(f"- Roles: {sum(c['none'] for c in counts.values())} of 48 heads pass none of the tests; "
              f"{sum(c['eos'] for c in counts.values())} are EOS sinks, "
              f"{sum(c['previous'] for c in counts.values())} pass the 90 % previous-token test.")

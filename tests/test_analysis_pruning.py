@@ -69,3 +69,26 @@ def test_importance_order_and_removable_count():
     assert curve.removable("enc_self", max_loss=1.0) == (3, 0.75)
     with pytest.raises(KeyError, match="no curve for 'cross'"):
         curve.removable("cross")
+
+
+def test_random_orders_are_the_control_and_agree_where_order_cannot_matter():
+    model = make_model(presets.tiny(vocab=24), seed=2)
+    with torch.no_grad():
+        refs = [_text(h.tokens) for h in greedy(model, pad_sequences(SOURCES, 0), **DECODE).best]
+    targets = [[*[int(x) for x in r.split()], 2] if r else [2] for r in refs]
+    curve = pruning_curve(model, SOURCES, targets, detokenize=_text, references=refs, batch_size=4, kinds=("cross",),
+                          steps=[0, 2, 4, 8], random_orders=3, random_steps=[0, 4, 8], seed=1, **DECODE)
+    rnd = curve.curve("cross", "random")
+    assert sorted(set(rnd["draw"])) == [0, 1, 2] and sorted(set(rnd["removed"])) == [0, 4, 8]
+    imp = curve.curve("cross")
+    # no head removed, or every head: the same heads whatever the order, so the same BLEU
+    for k in (0, 8):
+        assert set(rnd[rnd["removed"] == k]["bleu"]) == {float(imp[imp["removed"] == k]["bleu"].iloc[0])}
+    # the draws are different orders
+    assert len(set(rnd[rnd["removed"] == 4]["heads"])) > 1
+    vs = curve.versus_random("cross", 4)
+    assert vs["random_draws"] == 3 and 0 <= vs["random_at_least_as_good"] <= 3
+    assert vs["random_mean"] == pytest.approx(float(rnd[rnd["removed"] == 4]["d_bleu"].mean()))
+    assert curve.removable("cross") == PruningCurve(imp, curve.importance).removable("cross")
+    with pytest.raises(KeyError, match="random_orders"):
+        curve.versus_random("cross", 2)

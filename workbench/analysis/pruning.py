@@ -42,10 +42,28 @@ class PruningCurve:
     baseline: dict = field(default_factory=dict)
     sentences: int = 0
 
+    def curve(self, kind: str, order: str = "importance"):
+        """The rows of one kind and order ("importance", or "random": every draw), by heads removed."""
+        t = self.table
+        keep = (t["kind"] == kind) & ((t["order"] == order) if "order" in t else order == "importance")
+        return t[keep].sort_values(["removed", "draw"] if "draw" in t else "removed")
+
+    def versus_random(self, kind: str, removed: int) -> dict[str, float]:
+        """The control: ΔBLEU with the `removed` least important heads gone, beside the random orders' at the same
+        count (their mean and how many did at least as well)."""
+        imp = self.curve(kind)
+        rnd = self.curve(kind, "random")
+        a, b = imp[imp["removed"] == removed], rnd[rnd["removed"] == removed]
+        if a.empty or b.empty:
+            raise KeyError(f"no {kind} rows at {removed} heads removed in both orders: pass random_orders and a "
+                           f"random_steps holding {removed}")
+        return {"removed": removed, "importance": float(a["d_bleu"].iloc[0]), "random_mean": float(b["d_bleu"].mean()),
+                "random_draws": len(b), "random_at_least_as_good": int((b["d_bleu"] >= a["d_bleu"].iloc[0]).sum())}
+
     def removable(self, kind: str, max_loss: float = 0.5) -> tuple[int, float]:
         """(heads, share of the kind's heads) removable with BLEU at most `max_loss` below the unpruned model's:
         the most removed before the curve first drops further (later recoveries do not count)."""
-        part = self.table[self.table["kind"] == kind].sort_values("removed")
+        part = self.curve(kind)
         if part.empty:
             raise KeyError(f"no curve for {kind!r}; kinds: {sorted(set(self.table['kind']))}")
         best = 0
@@ -68,13 +86,17 @@ def importance_order(importance, kind: str) -> list[int]:
 def pruning_curve(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
                   detokenize: Callable[[list[int]], str], references: Sequence[str],
                   kinds: Sequence[str] = KINDS, importance=None, steps: Sequence[int] | None = None,
-                  batch_size: int = 64, reuse_clean: bool = True,
+                  batch_size: int = 64, reuse_clean: bool = True, random_orders: int = 0,
+                  random_steps: Sequence[int] | None = None, seed: int = 0,
                   progress: Callable[[str, int, int], None] | None = None, **decode_options) -> PruningCurve:
     """BLEU/chrF of greedy outputs with the k least important heads of each kind removed, k = 0..all (or `steps`).
 
     `sources`/`targets` are token ids ending with EOS (targets for the importance pass), `references` the texts
     scored against. `importance`: a `head_importance` table to reuse (else measured here, teacher-forced only).
     `reuse_clean=False` re-encodes at every level (for the benchmark and the test that both agree).
+    `random_orders`: the control, so many random orders of each kind's heads (seeded by `seed`), removed at
+    `random_steps` (default: `steps`); their rows have `order` "random" and `draw` 0.. (the importance order's rows:
+    "importance", draw 0). A pruning claim is that the importance order beats these.
     """
     import pandas as pd
 
@@ -109,20 +131,26 @@ def pruning_curve(model, sources: Sequence[Sequence[int]], targets: Sequence[Seq
 
     base_bleu, base_chrf = run({}, decoder_only=True)
     rows = []
+    generator = torch.Generator().manual_seed(seed)
     for kind in kinds:
         ranked = importance.loc[importance_order(importance, kind)]
         total = len(ranked)
-        levels = sorted({int(k) for k in (steps if steps is not None else range(total + 1)) if 0 <= k <= total})
-        for n, k in enumerate(levels):
-            removed = [(kind, int(r["layer"]), int(r["head_index"])) for _, r in ranked.iloc[:k].iterrows()]
-            if k == 0:
-                bleu, chrf = base_bleu, base_chrf
-            else:
-                bleu, chrf = run(ablate_heads(removed), decoder_only=kind != "enc_self")
-            rows.append({"kind": kind, "removed": k, "total": total, "bleu": bleu, "chrf": chrf,
-                         "d_bleu": bleu - base_bleu, "d_chrf": chrf - base_chrf,
-                         "heads": " ".join(f"{layer}:{head}" for _, layer, head in removed)})
-            if progress is not None:
-                progress(kind, n + 1, len(levels))
+        heads = [(kind, int(r["layer"]), int(r["head_index"])) for _, r in ranked.iterrows()]
+        orders = [("importance", 0, heads, steps)]
+        orders += [("random", d, [heads[i] for i in torch.randperm(total, generator=generator).tolist()],
+                    random_steps if random_steps is not None else steps) for d in range(random_orders)]
+        for name, draw, ordered, chosen in orders:
+            levels = sorted({int(k) for k in (chosen if chosen is not None else range(total + 1)) if 0 <= k <= total})
+            for n, k in enumerate(levels):
+                removed = ordered[:k]
+                if k == 0:
+                    bleu, chrf = base_bleu, base_chrf
+                else:
+                    bleu, chrf = run(ablate_heads(removed), decoder_only=kind != "enc_self")
+                rows.append({"kind": kind, "order": name, "draw": draw, "removed": k, "total": total, "bleu": bleu,
+                             "chrf": chrf, "d_bleu": bleu - base_bleu, "d_chrf": chrf - base_chrf,
+                             "heads": " ".join(f"{layer}:{head}" for _, layer, head in removed)})
+                if progress is not None and name == "importance":
+                    progress(kind, n + 1, len(levels))
     table = pd.DataFrame(rows)
     return PruningCurve(table, importance, {"bleu": base_bleu, "chrf": base_chrf}, len(order))

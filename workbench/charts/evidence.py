@@ -156,6 +156,8 @@ def role_grid(roles, *, kinds: Sequence[str] | None = None, stacked: bool = Fals
 def pruning_chart(table, *, max_loss: float = 0.5):
     """BLEU and chrF against the share of a kind's heads removed (least important first), one line per kind; the
     dotted line is the unpruned BLEU minus `max_loss`."""
+    if "order" in table:
+        table = table[table["order"] == "importance"]  # the random-order control is a table, not a line here
     figs = []
     for metric in ("bleu", "chrf"):
         fig = figure(width=460, height=300, title=f"{metric.upper()} as heads are removed", tools="hover,save",
