@@ -9,7 +9,7 @@ import torch
 from model_helpers import graph_model, make_model, one_sentence
 
 from workbench import presets
-from workbench.analysis.qk_attribution import KEY_BIAS, QUERY_BIAS, qk_attribution, qk_attributions
+from workbench.analysis.qk_attribution import KEY_BIAS, QUERY_BIAS, qk_attribution, qk_attributions, qk_dictionaries
 from workbench.analysis.score_split import split_cross_scores
 from workbench.features.dictionary import DictionaryConfig, SparseDictionary
 from workbench.features.sites import resolve_site
@@ -166,3 +166,30 @@ def test_bad_edges_are_refused_with_the_reason():
     resid = SparseDictionary(DictionaryConfig(model.dec[0].hook_resid_ffn.name, 32, 16, k=2))
     with pytest.raises(ValueError, match="does not write one part"):
         qk_attribution(model, src, tgt, layer=1, head=0, t=0, s=0, dictionaries=[resid])
+
+
+def test_qk_dictionaries_keeps_what_it_can_expand_once_per_site():
+    model = graph_model(False)
+    mem, mem2 = _dictionary(model, "hook_memory", 1), _dictionary(model, "hook_memory", 2)
+    ffn = _dictionary(model, "dec.0.ffn", 3)
+    resid = SparseDictionary(DictionaryConfig(model.dec[0].hook_resid_ffn.name, 32, 16, k=2))
+    kept = qk_dictionaries(model, [resid, mem, ffn, mem2])
+    assert len(kept) == 2 and kept[0] is mem and kept[1] is ffn
+
+
+def test_the_contrast_picks_the_part_that_lifts_the_piece_above_the_others():
+    """By hand: three pieces of one row; "a" is large everywhere (cancels), "b" is large at piece 1 only, "c" exists
+    at the other pieces only and is negative there (its absence at 1 lifts 1 by less than b does)."""
+    from workbench.analysis.qk_attribution import QKAttribution, _contrast_top
+
+    def qk(s, parts):
+        labels = list(parts)
+        info = [{"kind": "ffn", "from": s, "label": lab} for lab in labels]
+        terms = torch.tensor([list(parts.values())], dtype=torch.float64)  # one query part
+        return QKAttribution(0, 0, 0, s, ["q"], [{"kind": "embed"}], labels, info, terms, 0.0, 0.0)
+
+    row = [qk(0, {"a": 5.0, "b": 0.1, "c": -1.0}), qk(1, {"a": 5.0, "b": 3.0}), qk(2, {"a": 5.2, "b": 0.2, "c": -1.5})]
+    label, info = _contrast_top(row, 1)
+    assert label == "b" and info["from"] == 1  # gain 3 - 0.15 = 2.85 against a's -0.1 and c's +1.25
+    label, info = _contrast_top(row, 2)
+    assert label == "a" and info["from"] == 2  # a: 5.2 - 5.0 = 0.2; b: 0.2 - 1.55 < 0; c: -1.5 + 0.5 = -1.0

@@ -65,12 +65,15 @@ def test_the_alignment_head_attends_for_the_piece_itself(tm):
     assert aligned > 0.5 and aligned > 2.5 * random_piece and aligned > 2.5 * other_heads
     token = [check.share(g, ("source token at s",)) for g in GROUPS]
     assert token[0] > 2 * max(token[1:])
+    # the softmax's view: what raises the argmax piece above the row's other pieces is that piece's own parts
+    contrast = [check.share(g, OWN, "contrast") for g in GROUPS]
+    assert contrast[0] > 0.9 and contrast[0] > contrast[1] + 0.2
 
 
 def test_with_the_memory_dictionary_the_top_feature_is_the_words_own_beyond_chance(tm):
     path = FEATURES / "hook_memory"
     check = own_word_check(tm.model, _sentences(tm), layer=0, head=2, dictionary=SparseDictionary.load(path),
-                           stats=FeatureStats.load(path / "stats.safetensors"))
+                           stats=FeatureStats.load(path / "stats.safetensors"), contrast=False)
     reading = "key total, biases aside"
     aligned, random_piece, other_heads = (check.share(g, ("word feature",), reading) for g in GROUPS)
     assert aligned > 3 * check.feature_chance and aligned > random_piece and aligned > other_heads

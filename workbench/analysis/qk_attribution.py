@@ -404,10 +404,13 @@ moved from s into s, the FFNs at s. The other categories: "position at s", "othe
 elsewhere), "biases", and with a memory dictionary "word feature" (a feature whose top corpus contexts are mostly
 this very piece), "other feature", "dictionary error"."""
 GROUPS = ("alignment head, argmax", "same head, random source piece", "other cross heads, argmax")
-READINGS = ("top pair", "key total", "key total, biases aside")
+READINGS = ("top pair", "key total", "key total, biases aside", "contrast")
 """Which key-side part of an edge is "the top one": the key side of the single largest term; the key part whose
 terms summed over the query side are largest; the same without the bias parts (b_K, norm and block biases, a
-dictionary's b_dec), which are (nearly) the same at every source piece and so hardly decide between them."""
+dictionary's b_dec), which are (nearly) the same at every source piece and so hardly decide between them; and
+("contrast", with `own_word_check(contrast=True)`) the key part that raises s most above the row's other pieces:
+its summed share at s minus its mean share at the other pieces (EOS excluded; a part absent at a piece counts 0),
+the softmax's own view, in which parts equal at every piece cancel."""
 
 
 def key_category(info: dict[str, Any], label: str, s: int, word_feature: bool | None = None) -> str:
@@ -479,14 +482,32 @@ class OwnWordCheck:
         return pd.DataFrame(rows)
 
 
+def _contrast_top(row: list[QKAttribution], s: int) -> tuple[str, dict[str, Any]]:
+    """The key part that raises piece s most above the row's other pieces: its summed share at s minus its mean
+    share at the others (absent: 0), with its info (from s, or from a piece that has it)."""
+    labels = list(dict.fromkeys(lab for qk in row for lab in qk.key_labels))
+    index = {lab: i for i, lab in enumerate(labels)}
+    totals = torch.zeros(len(row), len(labels), dtype=torch.float64)  # (pieces, parts)
+    for p, qk in enumerate(row):
+        totals[p, [index[lab] for lab in qk.key_labels]] = qk.terms.sum(0)
+    gain = totals[s] - (totals.sum(0) - totals[s]) / max(len(row) - 1, 1)
+    label = labels[int(gain.argmax())]
+    for qk in (row[s], *row):  # the piece's own info where it has the part
+        if label in qk.key_labels:
+            return label, qk.key_info[qk.key_labels.index(label)]
+    raise AssertionError(label)
+
+
 @torch.no_grad()
 def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]]], *, layer: int, head: int,
-                   dictionary: SparseDictionary | None = None, stats=None, seed: int = 0) -> OwnWordCheck:
+                   dictionary: SparseDictionary | None = None, stats=None, seed: int = 0,
+                   contrast: bool = True) -> OwnWordCheck:
     """For each decoder position of each (source ids, decoder input ids) sentence where head (`layer`, `head`)'s
     argmax is a source piece (not the source's last piece, EOS), the QK attribution of that edge, of the same row at
     a random other piece, and of a random other cross head's argmax edge at the same row; counted by the category of
     the top key-side part (`key_category`). With a `dictionary` on `hook_memory` and its `stats`, the key side is its
-    features, a feature counting as the word's own when `word_features` says so."""
+    features, a feature counting as the word's own when `word_features` says so. `contrast` adds the "contrast"
+    reading (READINGS), at the cost of attributing every piece of each row asked."""
     g = torch.Generator().manual_seed(seed)
     others = [(lay, h) for lay in range(len(model.dec)) for h in range(model.dec[lay].cross_attn.n_heads)
               if (lay, h) != (layer, head)]
@@ -520,8 +541,16 @@ def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]
                           (GROUPS[2], (lay, h, t, o))]
             if not asked:
                 continue
-            results = qk_attributions(model, src, tgt, [e for _, e in asked], dictionaries=dicts, trace=trace)
-            for (group, (_, _, _, s)), qk in zip(asked, results):
+            rows: dict[tuple[int, int, int], list[QKAttribution]] = {}
+            if contrast:  # every non-EOS piece of each row asked, in one call (each side expanded once per position)
+                wanted = list(dict.fromkeys(e[:3] for _, e in asked))
+                flat = qk_attributions(model, src, tgt, [(*row, p) for row in wanted for p in range(S - 1)],
+                                       dictionaries=dicts, trace=trace)
+                rows = {row: flat[i * (S - 1):(i + 1) * (S - 1)] for i, row in enumerate(wanted)}
+                results = [rows[e[:3]][e[3]] for _, e in asked]
+            else:
+                results = qk_attributions(model, src, tgt, [e for _, e in asked], dictionaries=dicts, trace=trace)
+            for (group, (lay, h, t, s)), qk in zip(asked, results):
                 piece = int(src[0, s])
                 feats = [i["feature"] for i in qk.key_info if i["kind"] == "feature"]
                 own = word_features(stats, piece, feats) if stats is not None else set()
@@ -537,8 +566,11 @@ def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]
                                         for i, lab in zip(qk.key_info, qk.key_labels)])
                 picks = (int(qk.terms.abs().flatten().argmax()) % qk.terms.size(1), int(sums.abs().argmax()),
                          int(sums.abs().masked_fill(~varying, -1).argmax()))
-                for reading, k in zip(READINGS, picks):
-                    c = cat(k)
+                cats = [cat(k) for k in picks]
+                if contrast:
+                    label, info = _contrast_top(rows[lay, h, t], s)
+                    cats.append(key_category(info, label, s, info.get("feature") in own))
+                for reading, c in zip(READINGS, cats):
                     counts[reading][group][c] = counts[reading][group].get(c, 0) + 1
                 edges[group] += 1
     finally:
