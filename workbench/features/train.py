@@ -85,6 +85,11 @@ class FeatureTrainConfig:
     """BatchTopK: the inference threshold's running mean moves this fraction of the way to each batch's smallest
     kept activation (SAELens's `topk_threshold_lr`, 0.01 there for runs of many thousand steps; the workbench's
     runs are hundreds of steps, and at 0.01 the start, measured on the untrained dictionary, lingers)."""
+    readout: bool = False
+    """hook_memory only: measure the reconstruction error through what reads the site, the key and value (times
+    output) projections of every decoder layer's cross-attention, ‖e R‖² with R R^T = Σ_l Ŵ_k,l^T Ŵ_k,l +
+    (Ŵ_o,l Ŵ_v,l)^T (Ŵ_o,l Ŵ_v,l) (each block scaled to unit Frobenius norm), instead of plain ‖e‖²: the
+    dictionary spends its L0 on the directions the decoder reads. The logged FVU stays the plain one."""
     cache: bool = False
     """Read the site's activations over the whole corpus once into memory (Multi30k train: 0.45 M rows x d floats,
     230 MB at d = 128; twice that for a transcoder) and draw shuffled batches from there, instead of running the
@@ -94,6 +99,8 @@ class FeatureTrainConfig:
     model's next-token distribution with the dictionary spliced in from the clean model's, per target token of a
     batch of whole teacher-forced sentences (`kl_tokens`), as Braun et al. 2024's "e2e + downstream" SAEs."""
     kl_steps: int = 0
+    kl_lr: float = 0.0
+    """The learning rate of the end-to-end phase, constant (0: the cosine schedule's, which is near zero by then)."""
     kl_tokens: int = 0
     """Padded tokens per side of the end-to-end term's sentence batch (0: `max_tokens`); its full forward and
     backward pass over the vocabulary costs several reconstruction steps, so a smaller batch keeps it cheap."""
@@ -106,7 +113,7 @@ class FeatureTrainConfig:
 
     # fields that may differ between the run that wrote a state and the one resuming it
     RESUMABLE_CHANGES = ("log_every", "save_every_s", "threads", "progress", "activations", "extra", "kl_coef",
-                         "kl_steps", "kl_tokens")
+                         "kl_steps", "kl_tokens", "kl_lr")
     """(`activations` and the `kl_*` settings may change, so a finished run can go on with an end-to-end phase.)"""
 
     @property
@@ -152,6 +159,12 @@ class FeatureTrainer:
             model_name=Path(cfg.checkpoint).name,
             extra={"site": self.site.name, "side": self.site.side, "corpus": f"{cfg.dataset}:{cfg.split}",
                    "checkpoint": str(cfg.checkpoint), **cfg.extra})
+        self.readout = None
+        if cfg.readout:
+            if self.site.hook_in != self.model.hook_memory.name:
+                raise ValueError(f"--readout weights the error by the cross-attentions' reads of "
+                                 f"{self.model.hook_memory.name}; {self.site.name} is read by more than linear maps")
+            self.readout = memory_readout(self.model)
         self.dictionary = SparseDictionary(dcfg)
         self.dictionary.reset_parameters(torch.Generator().manual_seed(cfg.seed))
         self.optimizer = torch.optim.Adam(self.dictionary.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=6.25e-10)
@@ -210,6 +223,8 @@ class FeatureTrainer:
     # -- one step ------------------------------------------------------------------------------
     def _lr(self) -> float:
         c = self.cfg
+        if c.kl_lr > 0 and c.kl_coef > 0 and self.step >= c.steps - c.kl_steps:
+            return c.kl_lr
         return warmup_cosine(self.step + 1, peak_lr=c.lr, warmup=c.warmup, total=c.steps, min_lr=c.lr * c.min_lr_frac)
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -292,6 +307,10 @@ class FeatureTrainer:
         err = target - out.recon
         mse = err.pow(2).sum() / denom
         loss = mse
+        if self.readout is not None:
+            mse = mse.detach()
+            r_denom = self._all_reduce(((target - target.mean(0)) @ self.readout).pow(2).sum()) / self.dist.world
+            loss = (err @ self.readout).pow(2).sum() / r_denom
         aux = torch.zeros(())
         if out.aux_recon is not None:
             e = err.detach()
@@ -402,6 +421,19 @@ class FeatureTrainer:
                 "epochs": round(self.stream.epochs, 3), "world": self.dist.world, "config": self.cfg.to_dict(),
                 "final": self.log[-1] if self.log else {}}
         return self.dictionary.save(directory, files={"training.json": json.dumps(info, indent=1) + "\n"})
+
+
+@torch.no_grad()
+def memory_readout(model) -> torch.Tensor:
+    """R (d, d) with ‖e R‖² the error e of the encoder output as every decoder cross-attention reads it: keys
+    W_k e and values through the output projection W_o W_v e, each block scaled to unit Frobenius norm."""
+    gram = 0
+    for layer in model.dec:
+        ca = layer.cross_attn
+        for m in (ca.k_proj.weight, ca.out_proj.weight @ ca.v_proj.weight):
+            m = m.double() / m.double().norm()
+            gram = gram + m.T @ m
+    return torch.linalg.cholesky(gram).float()  # gram = R R^T: ‖e R‖² = e gram e^T
 
 
 class CachedActivations:
