@@ -10,6 +10,7 @@ import torch
 from importer_helpers import write_marian_dir
 
 from workbench.analysis.graph import attribution_graph, remove_nodes
+from workbench.analysis.graph_trust import gradient_x_activation, graph_trust
 from workbench.core.replacement import ReplacementModel
 from workbench.corpus.data import Batch
 from workbench.features.sites import resolve_site, site_mask
@@ -43,6 +44,12 @@ def test_a_pad_start_decoder_gets_a_complete_graph_with_position_zero(marian):
         (start,) = g.index(kind="embed", stack="dec", position=0)
         removed = remove_nodes(marian.model, src, tgt, g, [[start]])
         assert abs(float(removed[0]) - g.logit) > 1e-6
+    # the trust table: predicted beside real removals, the start embedding among the embeddings reported apart
+    trust = graph_trust(marian.model, src, tgt, g, top=10)
+    assert start in trust.nodes and trust.kinds[trust.nodes.index(start)] == "embed"
+    assert len(trust.real) == len(trust.predicted) == len(trust.nodes)
+    gxa = gradient_x_activation(marian.model, src, tgt, g, trust.nodes[:5])
+    assert gxa.shape == (5,) and (abs(gxa) > 0).any()
 
 
 def test_the_replacement_model_reproduces_a_pad_start_model(marian):
