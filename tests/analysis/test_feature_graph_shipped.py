@@ -9,7 +9,7 @@ import pytest
 import torch
 from model_helpers import ROOT
 
-from workbench.analysis.feature_graph import feature_graph, feature_nodes, remove_features
+from workbench.analysis.feature_graph import feature_details, feature_graph, feature_nodes, remove_features
 from workbench.core.batching import decoder_input
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
 from workbench.decoding.translator import load
@@ -63,3 +63,16 @@ def test_complete_and_exact_on_the_shipped_model(shipped):
     with torch.no_grad():
         plain = float(model(src, tgt[:, : position + 1])[0, position, g.token])
     assert abs(float(remove_features(model, dicts, src, tgt, g, [[]])[0]) - plain) < 1e-5
+
+
+def test_a_feature_nodes_dashboard_is_looked_up_on_demand(shipped):
+    model, dicts, src, tgt = shipped
+    tm = load(CKPT)
+    g = feature_graph(tm.model, dicts, src, tgt, 3)
+    feats = feature_nodes(g)
+    node = g.nodes[feats[int(g.attribution[feats].argmax())]]
+    dirs = {site: CKPT / "features" / site for site in dicts}  # each directory is named for its site
+    out = feature_details(tm, dirs, node, contexts=3, effects=5)
+    assert out["link"] == node["link"] == f"?tab=features&site={node['site']}&feature={node['feature']}"
+    assert 0 < len(out["contexts"]) <= 3 and all(c["value"] > 0 for c in out["contexts"])
+    assert out["output_effects"]["feature"] == node["feature"] and len(out["output_effects"]["tokens"]) <= 5

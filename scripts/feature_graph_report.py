@@ -1,0 +1,175 @@
+"""Feature-level attribution graphs over test2016 (docs/analysis.md §12, issue 36 point 3): how small their pruned
+graphs are, and how far interventions on the real model confirm them.
+
+    nice python scripts/feature_graph_report.py --sentences 20 --sampled 100 --threads 1 \
+        --json docs/evidence/feature_graph.json
+
+The shipped multi30k-de-en and its shipped dictionaries (checkpoints/multi30k-de-en/features: SAEs on hook_memory
+and dec.{0..3}.cross_attn.hook_out, the dec.1.ffn skip transcoder). Greedy translations of test2016's first
+sentences. Two modes, as benchmarks/bench_graph.py: *every*, every output position of the first --sentences
+sentences; *sampled*, one position of each of the next --sampled sentences, drawn uniformly with a generator seeded by
+--seed. Per graph (target "logit"): node and feature counts, `prune(0.8)`'s size (the logit node included), the share
+of the influence held by the 100 most influential nodes, the share held by error nodes, the completeness error.
+Interventions at one position per sentence (7·i mod its length in every mode, the drawn one in sampled mode), for the
+targets "logit" and "demeaned": the real model's target drop with the graph's top-5 features by attribution clamped
+to 0 together (the dictionaries spliced in, errors kept: `feature_check`) next to 5 random active features (10
+draws), each beside the graph's prediction (the sum of their attributions); and the top-10 features one by one,
+predicted vs real, with their rank correlation. Records go to --records (JSON lines; a rerun resumes), the summary to
+--json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
+from workbench.decoding.translator import load
+from workbench.features.dictionary import SparseDictionary
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1]) if len(a) > 2 and np.std(ra) > 0 and np.std(rb) > 0 else float("nan")
+
+
+def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int) -> dict:
+    t = time.perf_counter()
+    g = feature_graph(model, dicts, src, tgt, pos)
+    seconds = time.perf_counter() - t
+    inf = g.influence[:-1]
+    total = float(inf.sum())
+    top100 = float(inf.sort(descending=True).values[:100].sum()) / total if total > 0 else 1.0
+    errors = [i for i, n in enumerate(g.nodes[:-1]) if n["kind"] == "error" and n.get("site")]
+    row = {"position": pos, "seconds": seconds, "nodes": len(g.nodes), "features": len(feature_nodes(g)),
+           "kept80": len(g.prune(0.8)), "top100_share": top100,
+           "site_error_share": float(inf[errors].sum()) / total if total > 0 else 0.0,
+           "rel_error": abs(float(g.adjacency[-1].sum()) - g.logit) / max(abs(g.logit), 1e-12)}
+    if check:
+        for target in ("logit", "demeaned"):
+            gt = g if target == "logit" else feature_graph(model, dicts, src, tgt, pos, target=target)
+            f = feature_check(model, dicts, src, tgt, gt, 5, random_sets=10, seed=seed)
+            feats = feature_nodes(gt)
+            top = [feats[j] for j in gt.attribution[feats].argsort(descending=True)[:10].tolist()]
+            real = remove_features(model, dicts, src, tgt, gt, [[], *[[i] for i in top]])
+            single_real = (real[0] - real[1:]).tolist()
+            single_pred = gt.attribution[top].tolist()
+            row[target] = {**f, "single_predicted": single_pred, "single_real": single_real,
+                           "single_spearman": spearman(single_pred, single_real),
+                           "top_kinds": [gt.nodes[i]["site"] for i in top[:5]]}
+    return row
+
+
+def summarise(records: list[dict]) -> dict:
+    out: dict = {}
+    for mode in ("every", "sampled"):
+        recs = [r for r in records if r["mode"] == mode]
+        if not recs:
+            continue
+        rows = [row for r in recs for row in r["rows"]]
+        kept = np.array([row["kept80"] for row in rows])
+        top100 = np.array([row["top100_share"] for row in rows])
+        s = {"sentences": len(recs), "graphs": len(rows),
+             "share_kept80_at_most_100_nodes": float((kept <= 100).mean()),
+             "share_top100_nodes_hold_80pct_influence": float((top100 >= 0.8).mean()),
+             "kept80_median_p90_max": [float(np.median(kept)), float(np.percentile(kept, 90)), int(kept.max())],
+             "top100_share_median": float(np.median(top100)),
+             "site_error_share_median": float(np.median([row["site_error_share"] for row in rows])),
+             "nodes_mean": float(np.mean([row["nodes"] for row in rows])),
+             "features_mean": float(np.mean([row["features"] for row in rows])),
+             "completeness_rel_error_max": max(row["rel_error"] for row in rows),
+             "graph_seconds_mean": statistics.mean(row["seconds"] for row in rows)}
+        if mode == "sampled":
+            w = np.array([r["tokens"] for r in recs], dtype=float)
+            s["share_kept80_at_most_100_nodes_token_weighted"] = float((w * (kept <= 100)).sum() / w.sum())
+        for target in ("logit", "demeaned"):
+            checks = [row[target] for row in rows if target in row]
+            if not checks:
+                continue
+            pooled_p = [p for c in checks for p in c["single_predicted"]]
+            pooled_r = [r for c in checks for r in c["single_real"]]
+            rhos = np.array([c["single_spearman"] for c in checks], dtype=float)
+            td = [c["top_drop"] for c in checks]
+            rd = [c["random_drop"] for c in checks]
+            s[f"interventions_{target}"] = {
+                "graphs": len(checks),
+                "top5_real_drop_mean_median": [float(np.mean(td)), float(np.median(td))],
+                "top5_predicted_mean_median": [float(np.mean([c["top_predicted"] for c in checks])),
+                                               float(np.median([c["top_predicted"] for c in checks]))],
+                "random5_real_drop_mean_median": [float(np.mean(rd)), float(np.median(rd))],
+                "random5_predicted_mean": float(np.mean([c["random_predicted"] for c in checks])),
+                "share_top_drop_over_3x_random": float(np.mean([a > 3 * max(b, 0.0) for a, b in zip(td, rd)])),
+                "single_top10_predicted_over_real_median": float(np.median(
+                    np.abs(pooled_p) / np.maximum(np.abs(pooled_r), 1e-6))),
+                "single_top10_spearman_median_quartiles": [float(np.nanmedian(rhos)),
+                                                           float(np.nanpercentile(rhos, 25)),
+                                                           float(np.nanpercentile(rhos, 75))],
+                "single_top10_pooled_spearman": spearman(pooled_p, pooled_r)}
+        out[mode] = s
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
+    ap.add_argument("--src", default=str(DATA / "test_2016_flickr.de"))
+    ap.add_argument("--sentences", type=int, default=20, help="every mode: every position of the first N")
+    ap.add_argument("--sampled", type=int, default=100, help="sampled mode: one position of each of the next N")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--records", default=str(ROOT / "runs" / "feature_graph_report" / "records.jsonl"))
+    ap.add_argument("--json", default=str(ROOT / "docs" / "evidence" / "feature_graph.json"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tm = load(args.checkpoint)
+    model = tm.model
+    dicts = [SparseDictionary.load(d) for d in sorted((Path(args.checkpoint) / "features").iterdir()) if d.is_dir()]
+    lines = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.sentences + args.sampled]
+    uniforms = torch.rand(len(lines), generator=torch.Generator().manual_seed(args.seed), dtype=torch.float64)
+    records_path = Path(args.records)
+    records_path.parent.mkdir(parents=True, exist_ok=True)
+    records = [json.loads(x) for x in records_path.read_text(encoding="utf-8").splitlines()] \
+        if records_path.exists() else []
+    done = {r["sentence"] for r in records}
+    todo = [i for i in range(len(lines)) if i not in done]
+    outs = {i: list(o.tokens) for i, o in zip(todo, tm.translate([lines[i] for i in todo], return_tokens=True,
+                                                                  beam=1))} if todo else {}
+    meta = {"checkpoint": Path(args.checkpoint).name, "dictionaries": [d.cfg.hook_name_out or d.cfg.hook_name
+                                                                       for d in dicts],
+            "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
+            "seed": args.seed, "sentences_every": args.sentences, "sentences_sampled": args.sampled}
+    with records_path.open("a", encoding="utf-8") as log:
+        for k, i in enumerate(todo):
+            toks = outs[i]
+            src = torch.tensor([tm.encode_source(lines[i])[0]])
+            tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
+            every = i < args.sentences
+            pick = (7 * i) % len(toks) if every else min(int(float(uniforms[i]) * len(toks)), len(toks) - 1)
+            positions = range(len(toks)) if every else [pick]
+            rows = [measure(model, dicts, src, tgt, p, p == pick, seed=i) for p in positions]
+            rec = {"mode": "every" if every else "sampled", "sentence": i, "tokens": len(toks), "pick": pick,
+                   "rows": rows}
+            records.append(rec)
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            if (k + 1) % 10 == 0 or k + 1 == len(todo):
+                summary = {"meta": meta, **summarise(records)}
+                Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+                print(json.dumps(summary), flush=True)
+    summary = {"meta": meta, **summarise(records)}
+    Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
