@@ -18,7 +18,7 @@ from workbench.corpus.data import ParallelData
 from workbench.decoding.translator import TranslationModel
 from workbench.features import ActivationStream, DictionaryConfig, SparseDictionary, fvu, resolve_site, splice_hooks
 from workbench.features.sites import capture_site, site_rows
-from workbench.features.train import FeatureTrainConfig, FeatureTrainer
+from workbench.features.train import FeatureTrainConfig, FeatureTrainer, memory_readout
 
 CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
 
@@ -208,7 +208,7 @@ def _train_cfg(tmp_path, **over):
 
 
 @pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder", "topk-kl", "batchtopk", "jumprelu",
-                                          "topk-cached"])
+                                          "topk-cached", "topk-readout"])
 def test_training_resumes_exactly(tmp_path, architecture):
     model, data = _tiny()
     tm = TranslationModel(model, None)
@@ -217,6 +217,8 @@ def test_training_resumes_exactly(tmp_path, architecture):
         extra = {"architecture": architecture}
     if architecture == "topk-cached":
         extra = {"cache": True}
+    if architecture == "topk-readout":
+        extra = {"readout": True}
     if architecture == "relu-skip-transcoder":
         extra |= {"site": "dec.1.ffn", "skip": True}
     if architecture == "topk-kl":  # the end-to-end term from step 4: the stop at 5 falls inside it
@@ -241,6 +243,7 @@ def test_training_resumes_exactly(tmp_path, architecture):
         assert torch.equal(a, b), k
     cfg = json.loads((tmp_path / "b" / "run" / "dictionary" / "cfg.json").read_text())
     assert cfg["architecture"] == {"topk": "topk", "relu": "standard", "topk-kl": "topk", "topk-cached": "topk",
+                                   "topk-readout": "topk",
                                    "batchtopk": "jumprelu", "jumprelu": "jumprelu"}.get(architecture, "skip_transcoder")
     if architecture == "relu-skip-transcoder":  # the linear term trained, and it is saved and loaded
         assert out.W_skip.abs().sum() > 0
@@ -251,6 +254,20 @@ def test_training_resumes_exactly(tmp_path, architecture):
         assert [r["kl"] > 0 for r in log] == [False, True, True]
     with pytest.raises(ValueError, match="--fresh"):
         FeatureTrainer(_train_cfg(tmp_path / "b", k=5, **extra), translation_model=tm, data=data)
+
+
+def test_readout_measures_the_error_as_the_cross_attentions_read_it(tmp_path):
+    model, data = _tiny()
+    r = memory_readout(model)
+    e = torch.randn(7, model.cfg.d_model)
+    direct = torch.zeros(7)
+    for layer in model.dec:  # keys, and values through the output projection, each block at unit Frobenius norm
+        for m in (layer.cross_attn.k_proj.weight, layer.cross_attn.out_proj.weight @ layer.cross_attn.v_proj.weight):
+            direct += (e @ (m / m.norm()).T).pow(2).sum(1)
+    assert torch.allclose((e @ r).pow(2).sum(1), direct, rtol=1e-4)
+    with pytest.raises(ValueError, match="cross-attentions"):
+        FeatureTrainer(_train_cfg(tmp_path, site="dec.1.cross_attn.hook_out", readout=True),
+                       translation_model=TranslationModel(model, None), data=data)
 
 
 def test_skip_transcoder_starts_at_the_least_squares_linear_map(tmp_path):
