@@ -177,32 +177,33 @@ def qk_dictionaries(model, dictionaries: Iterable[SparseDictionary]) -> list[Spa
     return out
 
 
-def _feature_parts(cover: _Cover, trace, position: int) -> tuple[list[str], list[dict], torch.Tensor]:
+def _feature_parts(cover: _Cover, trace, position: int, dev: torch.device) -> tuple[list[str], list[dict],
+                                                                                    torch.Tensor]:
     """The dictionary's raw writes at `position`: each active feature a_f W_dec[f], b_dec, the skip term, the error;
-    they sum to the site's real value there exactly (float64)."""
+    they sum to the site's real value there exactly (float64, on `dev`)."""
     d, site = cover.dictionary, cover.site
     x = trace[site.hook_in][0, position]
-    y = (trace[site.hook_out] if site.transcoder else trace[site.hook_in])[0, position].double()
+    y = (trace[site.hook_out] if site.transcoder else trace[site.hook_in])[0, position].double().to(dev)
     with torch.no_grad():
-        acts = d.encode(x.to(d.W_enc.device, d.W_enc.dtype)).double().cpu()
+        acts = d.encode(x.to(d.W_enc.device, d.W_enc.dtype)).double().to(dev)
         skip = d.skip(x.to(d.W_enc.device, d.W_enc.dtype))
     active = acts.nonzero().flatten()
-    w_dec = d.W_dec.detach().double().cpu()
+    w_dec = d.W_dec.detach().double().to(dev)
     feats = acts[active, None] * w_dec[active]  # (F, D)
     layer = _layer(site.name)
     base = {"stack": "enc" if site.side == "src" else "dec", "layer": layer, "head_index": None, "site": site.name,
             "from": position}
     labels = [f"{site.name} f{int(f)}" for f in active.tolist()]
     info = [{**base, "kind": "feature", "feature": int(f), "activation": float(acts[f])} for f in active.tolist()]
-    parts = [feats, d.b_dec.detach().double().cpu()[None]]
+    parts = [feats, d.b_dec.detach().double().to(dev)[None]]
     labels.append(f"{site.name} b_dec")
     info.append({**base, "kind": "dict_bias"})
     if isinstance(skip, torch.Tensor):
-        parts.append(skip.detach().double().cpu()[None])
+        parts.append(skip.detach().double().to(dev)[None])
         labels.append(f"{site.name} skip")
         info.append({**base, "kind": "dict_skip"})
     recon = torch.cat(parts).sum(0)
-    parts.append((y.cpu() - recon)[None])
+    parts.append((y - recon)[None])
     labels.append(f"{site.name} error")
     info.append({**base, "kind": "dict_error"})
     return labels, info, torch.cat(parts)
@@ -224,7 +225,7 @@ def _norms_after(events: list[tuple], path: str, position: int) -> list[tuple[An
 
 def _through(x: torch.Tensor, chain: list[tuple[Any, torch.Tensor]]) -> torch.Tensor:
     for norm, scale in chain:
-        x = frozen_norm(x, norm, scale.cpu())
+        x = frozen_norm(x, norm, scale.to(x.device))
     return x
 
 
@@ -253,16 +254,16 @@ def _expand(model, trace, labels, info, parts, *, position: int, events: list[tu
         if path in by_path:  # the dictionary's features stand for this block's whole write
             if path not in done:
                 done.add(path)
-                f_l, f_i, f_p = _feature_parts(by_path[path], trace, position)
+                f_l, f_i, f_p = _feature_parts(by_path[path], trace, position, parts.device)
                 out_l += f_l
                 out_i += f_i
                 out_p.append(_through(f_p, _norms_after(events, path, position)))
             continue
         if by_position and kind in _BLOCK_OF_KIND and isinstance(inf["head_index"], int):
             h = inf["head_index"]
-            probs = trace[block.hook_probs.name][0, h, position].double().cpu()  # (K,)
-            v = trace[block.hook_v.name][0, h].double().cpu()  # (K, Dh)
-            raw = probs[:, None] * (v @ block.head_weights().detach().double().cpu()[h])  # (K, D)
+            probs = trace[block.hook_probs.name][0, h, position].double().to(parts.device)  # (K,)
+            v = trace[block.hook_v.name][0, h].double().to(parts.device)  # (K, Dh)
+            raw = probs[:, None] * (v @ block.head_weights().detach().double()[h].to(parts.device))  # (K, D)
             keep = probs.nonzero().flatten()  # masked keys (causal, padding) carry exactly nothing
             side = "dec" if kind == "dec_self" else "enc"
             out_p.append(_through(raw[keep], _norms_after(events, path, position)))
@@ -332,6 +333,7 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
         finally:
             model.train(was)
     memory = next((c for c in covers if c.what == "memory"), None)
+    dev = model.device  # the parts are float64 on the model's device (its weights and norms are there); terms on CPU
     enc_events = _events(model, "enc", len(model.enc), trace)
     inputs: dict[int, tuple] = {}  # per layer: what its cross-attention reads, as components
     sides: dict[tuple, tuple] = {}  # the expanded parts of one side at one position (shared by many edges)
@@ -346,23 +348,23 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
                                                                    for ev in (q_events if c.stack == "dec"
                                                                               else enc_events))]
         if ("q", layer, t) not in sides:  # the query side: the decoder stream the block reads at t
-            sides["q", layer, t] = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].cpu(), position=t,
+            sides["q", layer, t] = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].to(dev), position=t,
                                            events=q_events, covers=[c for c in reach if c.stack == "dec"],
                                            by_position=by_position)
         if ("k", s) not in sides:  # the key side: the memory at s (the same for every decoder layer)
-            sides["k", s] = _feature_parts(memory, trace, s) if memory is not None else _expand(
-                model, trace, k_labels, k_info, k_parts[:, 0, s].cpu(), position=s, events=enc_events,
+            sides["k", s] = _feature_parts(memory, trace, s, dev) if memory is not None else _expand(
+                model, trace, k_labels, k_info, k_parts[:, 0, s].to(dev), position=s, events=enc_events,
                 covers=[c for c in reach if c.stack == "enc"], by_position=by_position)
         (ql, qi, qp), (kl, ki, kp) = sides["q", layer, t], sides["k", s]
         h, dh = attn.n_heads, attn.d_head
-        w_q = attn.q_proj.weight.detach().double().cpu().view(h, dh, -1)[head]  # (Dh, D)
-        w_k = attn.k_proj.weight.detach().double().cpu().view(h, dh, -1)[head]
-        zero = torch.zeros(dh, dtype=torch.float64)
-        b_q = zero if attn.q_proj.bias is None else attn.q_proj.bias.detach().double().cpu().view(h, dh)[head]
-        b_k = zero if attn.k_proj.bias is None else attn.k_proj.bias.detach().double().cpu().view(h, dh)[head]
+        w_q = attn.q_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]  # (Dh, D)
+        w_k = attn.k_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]
+        zero = torch.zeros(dh, dtype=torch.float64, device=dev)
+        b_q = zero if attn.q_proj.bias is None else attn.q_proj.bias.detach().double().to(dev).view(h, dh)[head]
+        b_k = zero if attn.k_proj.bias is None else attn.k_proj.bias.detach().double().to(dev).view(h, dh)[head]
         q = torch.cat([qp @ w_q.T, b_q[None]])  # (A + 1, Dh)
         k = torch.cat([kp @ w_k.T, b_k[None]])  # (K + 1, Dh)
-        terms = q @ k.T / math.sqrt(dh)
+        terms = (q @ k.T / math.sqrt(dh)).cpu()
         bias_info = {"stack": None, "kind": "qk_bias", "layer": layer, "head_index": head, "from": None}
         unused = [c.site.name for c in covers if c not in reach and c is not memory]
         out.append(QKAttribution(
