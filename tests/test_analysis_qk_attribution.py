@@ -193,3 +193,20 @@ def test_the_contrast_picks_the_part_that_lifts_the_piece_above_the_others():
     assert label == "b" and info["from"] == 1  # gain 3 - 0.15 = 2.85 against a's -0.1 and c's +1.25
     label, info = _contrast_top(row, 2)
     assert label == "a" and info["from"] == 2  # a: 5.2 - 5.0 = 0.2; b: 0.2 - 1.55 < 0; c: -1.5 + 0.5 = -1.0
+
+
+@pytest.mark.parametrize("changes", [
+    {"emb_norm": True}, {"bias": False}, {"positions": "learned", "norm_first": True},
+    {"enc_heads": 2, "dec_heads": 8, "enc_final_norm": True}, {"positions": "none", "dec_final_norm": True},
+], ids=["emb-norm", "no-bias", "learned-positions", "per-stack-heads", "no-positions"])
+def test_exact_across_architecture_switches(changes):
+    model = make_model(presets.tiny(vocab=40, **changes), seed=4)
+    src, tgt = one_sentence(model.cfg, s=6, t=5)
+    for layer in (0, 1):
+        scores = _scores(model, src, tgt, layer)
+        heads = model.dec[layer].cross_attn.n_heads
+        edges = [(layer, h, t, s) for h in (0, heads - 1) for t, s in ((0, 0), (4, 3), (2, 5))]
+        for qk, (_, h, t, s) in zip(qk_attributions(model, src, tgt, edges), edges):
+            _close(qk, scores[h, t, s])
+            n_enc = model.enc[0].self_attn.n_heads
+            assert sum(lab.startswith("enc_self:0:") and lab.endswith(" <- 0") for lab in qk.key_labels) == n_enc
