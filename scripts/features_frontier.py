@@ -1,7 +1,7 @@
 """Sweep dictionary architectures and L0 on a few sites and draw the frontier (FVU and ΔCE against L0) beside PCA.
 
     python scripts/features_frontier.py                                   # the sweep, resumable: finished runs skip
-    python scripts/features_frontier.py --plot-only                       # redraw the figure from the JSON
+    python scripts/features_frontier.py --plot-only                       # redraw the figure, print the table
 
 Every run trains on the site's activations over Multi30k train, read once into memory (`CachedActivations`), for
 `--activations` rows (a few minutes on one core), and is then measured on Multi30k valid with teacher forcing:
@@ -98,6 +98,24 @@ def plot(results: dict, png: Path) -> None:
     png.write_bytes(vlc.vegalite_to_png(chart.to_json(), scale=1.5))
 
 
+def table(results: dict) -> str:
+    """The frontier as a markdown table: per site and L0, each architecture's FVU / ΔCE beside PCA's."""
+    lines = ["| site | L0 | PCA: FVU / ΔCE | " + " | ".join(f"{a}: FVU / ΔCE (L0)" for a in ARCHS) + " |",
+             "|---|---|---|" + "---|" * len(ARCHS)]
+    for site, r in results["sites"].items():
+        for k in sorted(r["pca"], key=int):
+            p = r["pca"][k]
+            cells = []
+            for a in ARCHS:
+                run = r["runs"].get(f"{a}_k{k}")
+                cells.append(f"{run['fvu']:.3f} / {run['delta_ce']:.3f} ({run['l0']:.1f})" if run else "–")
+            lines.append(f"| `{site}` | {k} | {p['fvu']:.3f} / {p['delta_ce']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+ARCHS = ("topk", "batchtopk", "jumprelu")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
@@ -120,6 +138,7 @@ def main() -> None:
     results = json.loads(out.read_text()) if out.is_file() else {"sites": {}}
     if args.plot_only:
         plot(results, Path(args.png))
+        print(table(results))
         return
     torch.set_num_threads(args.threads)
     tm = load(args.checkpoint)
@@ -185,6 +204,7 @@ def main() -> None:
                       f"{m['dead_frac']:.1%}  dense {m['dense_frac']:.1%}  ({trainer.elapsed:.0f} s)", flush=True)
                 save()
     plot(results, Path(args.png))
+    print(table(results))
 
 
 if __name__ == "__main__":
