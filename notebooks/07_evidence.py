@@ -67,10 +67,12 @@ print(f"gold alignments: {'RWTH, ' + str(N_GOLD) + ' pairs' if have_gold else 'n
 # %% [markdown]
 # ## 1. One sentence: alignment by three methods
 #
-# Lines join each output word to source words; their width is the strength. The checkpoint has no aligner of
-# its own, so the default is fairseq's (the last layer's heads averaged, the row that predicts the word);
-# the methods differ in what they weigh: attention weights, value-weighted norms (Kobayashi et al. 2020),
-# ALTI+ contributions. The bars under it are each output token's source share.
+# Lines join each output word to source words; their width is the strength. The links are what `workbench align`
+# writes for the pair (`word_align.aligner` decides for both): with the checkpoint's own aligner (its
+# `alignment.json`: value-weighted norms, Kobayashi et al. 2020, of heads chosen on gold lines 1–150, grow-diag
+# symmetrization) for its own method, and with fairseq's default (the last layer's heads averaged, the row that
+# predicts the word) for the others: attention weights and ALTI+ contributions. The bars under it are each output
+# token's source share.
 
 # %%
 sentence = "Ein kleiner Hund läuft durch den Schnee ."

@@ -220,3 +220,31 @@ def test_symmetrize_by_hand():
     assert argmax_links(m) == {(0, 0), (0, 1)}
     assert argmax_links(m, symmetrize="intersect") == {(0, 0)}
     assert argmax_links(m, symmetrize="grow-diag") == {(0, 0), (0, 1), (1, 1)}  # each adds an unaligned word
+
+
+def test_the_evidence_view_draws_what_workbench_align_writes():
+    """One aligner for the CLI, the Evidence tab and notebook 07 (issue 38 point 6): the shipped checkpoint's
+    alignment.json symmetrizes (grow-diag), and `sentence_evidence` draws exactly the links `workbench align`'s
+    `align_pairs` writes with the spec it builds from no options; another method starts both from the fallback."""
+    import argparse
+
+    from workbench import load
+    from workbench.analysis.sentence_evidence import sentence_evidence
+    from workbench.analysis.word_align import align_pairs
+    from workbench.checkpoint.shipped import shipped
+    from workbench.cli.align import spec_of
+
+    tm = load(shipped("multi30k-de-en"))
+    sources = ["Ein Mann fährt mit dem Fahrrad durch die Stadt .", "Zwei Hunde spielen im Schnee ."]
+    outputs = tm.translate(sources)
+    no_options = argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None)
+    spec, _ = spec_of(tm, no_options)
+    assert spec.symmetrize == "grow-diag", "the point of the test: the stored aligner symmetrizes"
+    written = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, sources, outputs, spec)
+    drawn = [sentence_evidence(tm, s, o).links for s, o in zip(sources, outputs)]
+    assert drawn == written
+    other = argparse.Namespace(method="weights", shift=None, units=None, eos=None, symmetrize=None)
+    spec_w, origin = spec_of(tm, other)
+    assert "fallback" in origin and spec_w.method == "weights"
+    written_w = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, sources, outputs, spec_w)
+    assert [sentence_evidence(tm, s, o, method="weights").links for s, o in zip(sources, outputs)] == written_w

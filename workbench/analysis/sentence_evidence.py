@@ -6,8 +6,9 @@
     ev.pieces, ev.shares  # output pieces (EOS last) and each one's ALTI+ source share
 
 Words are the whitespace tokens of the two lines (`word_align`: source pieces summed into their word, target
-pieces averaged). The alignment uses the checkpoint's own aligner (`alignment.json`: its units, shift and EOS
-rule) with the chosen method, or fairseq's default (last layer, heads averaged, AWO) when it has none. The
+pieces averaged). The links are what `workbench align` writes for the pair: the checkpoint's own aligner
+(`alignment.json`: its units, shift, EOS rule and symmetrization), or fairseq's default (last layer, heads
+averaged, AWO) when it has none or another method is chosen (`word_align.aligner` decides, for both). The
 source shares are teacher-forced on the output as written (`source_share.output_source_shares`).
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from .alignment import Link
 from .source_share import LowShareThresholds, output_source_shares
-from .word_align import METHODS, AlignmentSpec, alignment_maps, encode_words, fallback_spec
+from .word_align import METHODS, AlignmentSpec, aligner, alignment_maps, encode_words
 
 
 @dataclass(frozen=True)
@@ -35,29 +36,27 @@ class SentenceEvidence:
     flags: list[bool]
 
 
-def aligner_spec(tm) -> AlignmentSpec:
-    """The checkpoint's own aligner (its alignment.json), else fairseq's default."""
-    spec = getattr(tm, "alignment", None)
-    if spec is None:
-        return fallback_spec(tm.model)
-    return spec if isinstance(spec, AlignmentSpec) else AlignmentSpec.from_dict(spec)
+def aligner_spec(tm, method: str | None = None) -> AlignmentSpec:
+    """The aligner `workbench align` uses with no options (`word_align.aligner`): the checkpoint's own
+    (alignment.json), else fairseq's default; another `method` starts from the default."""
+    return aligner(tm.model, getattr(tm, "alignment", None) or None, method)[0]
 
 
 def sentence_evidence(tm, source: str, output: str, *, method: str | None = None,
                       thresholds: LowShareThresholds | None = None) -> SentenceEvidence:
     """Alignment and source shares of one (source, output) pair of a `TranslationModel` (module docstring);
     `thresholds` flag the tokens with an unusually low source share (else nothing is flagged)."""
-    spec = aligner_spec(tm)
-    method = method or spec.method
-    if method not in METHODS:
+    if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    spec = aligner_spec(tm, method)
+    method = spec.method
     src, out = encode_words(tm.src_tokenizer, source), encode_words(tm.tgt_tokenizer, output)
     if not src.ids or not out.ids:
         raise ValueError("both the source and the output need at least one word")
     maps = alignment_maps(tm.model, [src], [out], method=method, shift=spec.shift)[0]
     combined = maps.combined(spec.units)[:, :-1]  # the source EOS column dropped
     weights = combined / np.maximum(combined.sum(-1, keepdims=True), 1e-30)
-    links = maps.links(units=spec.units, eos=spec.eos)
+    links = spec.links_of(maps)  # what `workbench align` writes for this pair, symmetrization included
     eos = tm.model.cfg.eos_id
     ids = [*out.ids, eos]
     shares = output_source_shares(tm.model, [[*src.ids, eos]], [ids])[0]

@@ -322,6 +322,11 @@ class AlignmentSpec:
                                  f"layers of {heads} cross-attention heads")
         return self
 
+    def links_of(self, maps: WordMaps) -> set[Link]:
+        """This aligner's links from one pair's maps: its units combined, its EOS rule, its symmetrization. The one
+        place a spec becomes links: `workbench align`, the Evidence tab and notebook 07 all come through here."""
+        return maps.links(units=self.units, eos=self.eos, symmetrize=self.symmetrize)
+
     def label(self) -> str:
         units = ",".join(f"{lay}" if h is None else f"{lay}:{h}" for lay, h in self.units)
         return f"{self.method} {self.shift.upper()} units {units} (eos {self.eos}, symmetrize {self.symmetrize})"
@@ -359,6 +364,26 @@ def fallback_spec(model) -> AlignmentSpec:
                          {"chosen": "fallback: fairseq's default (last layer, heads averaged, AWO)"})
 
 
+def aligner(model, stored: AlignmentSpec | dict | None, method: str | None = None) -> tuple[AlignmentSpec, str]:
+    """The aligner a checkpoint uses, and where it comes from: its stored spec (alignment.json) whole, else the
+    fallback. A `method` other than the stored one starts from the fallback (last layer, AWO, EOS dropped, no
+    symmetrization) with that method, because the stored units, shift, EOS rule and symmetrization were chosen
+    together with the stored method. `workbench align` and the Evidence tab both ask here."""
+    fallback = fallback_spec(model)
+    if stored is None:
+        base, origin = fallback, "the fallback aligner (no alignment.json)"
+    else:
+        base = stored if isinstance(stored, AlignmentSpec) else AlignmentSpec.from_dict(stored)
+        origin = "the checkpoint's alignment.json"
+    if method is not None and method != base.method:
+        _check(method, "awo")
+        origin = (f"the fallback aligner (alignment.json is a {base.method} aligner)" if stored is not None
+                  else "the fallback aligner (no alignment.json)")
+        base = AlignmentSpec(method, fallback.shift, fallback.eos, fallback.units, fallback.provenance,
+                             fallback.symmetrize)
+    return base, origin
+
+
 def too_long(model, src: Words, tgt: Words) -> bool:
     """Whether a pair has a side over the model's positions (source pieces + EOS, start + target pieces)."""
     room = model.cfg.max_positions - 1
@@ -387,7 +412,7 @@ def align_pairs(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str], tar
                           shift=spec.shift, batch_size=batch_size, heads=spec.needs_heads)
     out: list[set[Link]] = [set() for _ in sources]
     for k, m in zip(todo, maps):
-        out[k] = m.links(units=spec.units, eos=spec.eos, symmetrize=spec.symmetrize)
+        out[k] = spec.links_of(m)
     return out
 
 

@@ -37,10 +37,10 @@ from ..analysis.word_align import (
     SYMMETRIZE,
     AlignmentSpec,
     align_pairs,
+    aligner,
     alignment_maps,
     choose_units,
     encode_words,
-    fallback_spec,
     parse_units,
 )
 from ..checkpoint.format import save_alignment
@@ -98,13 +98,7 @@ def spec_of(tm: TranslationModel, args: argparse.Namespace) -> tuple[AlignmentSp
     alignment.json (else the fallback), whole. Options replace their own parts of it; a --method other than
     the stored one starts from the fallback (last layer, AWO, EOS dropped, no symmetrization) instead, because
     the stored units, shift, EOS rule and symmetrization were chosen together with the stored method."""
-    fallback = fallback_spec(tm.model)
-    base, origin = ((AlignmentSpec.from_dict(tm.alignment), "the checkpoint's alignment.json") if tm.alignment
-                    else (fallback, "the fallback aligner (no alignment.json)"))
-    if args.method and args.method != base.method:
-        origin = (f"the fallback aligner (alignment.json is a {base.method} aligner)" if tm.alignment
-                  else "the fallback aligner (no alignment.json)")
-        base = fallback
+    base, origin = aligner(tm.model, tm.alignment or None, args.method)
     changed = args.method or args.shift or args.units or args.eos or args.symmetrize
     spec = AlignmentSpec(args.method or base.method, args.shift or base.shift, args.eos or base.eos,
                          parse_units(args.units) if args.units else base.units,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..analysis.alignment import format_pharaoh
-from ..analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
+from ..analysis.word_align import align_pairs, aligner
 from ..decoding.evaluate import read_lines
 from ..decoding.translator import TranslationModel, load
 from ..features.dictionary import SparseDictionary
@@ -136,7 +136,7 @@ def _run(tm: TranslationModel, args: argparse.Namespace, steer: dict | None) -> 
 
 def _translate_aligned(tm, lines, sink, chunk: int, steer: dict | None = None) -> None:
     """Chunk by chunk: translate, then align each output to its source (teacher-forced, as `workbench align`)."""
-    spec = AlignmentSpec.from_dict(tm.alignment) if tm.alignment else fallback_spec(tm.model)
+    spec = aligner(tm.model, tm.alignment or None)[0]
     buffer: list[str] = []
 
     def flush() -> None:
