@@ -210,3 +210,53 @@ def test_exact_across_architecture_switches(changes):
             _close(qk, scores[h, t, s])
             n_enc = model.enc[0].self_attn.n_heads
             assert sum(lab.startswith("enc_self:0:") and lab.endswith(" <- 0") for lab in qk.key_labels) == n_enc
+
+
+def _self_scores(model, src, tgt, kind, layer):
+    block = (model.enc if kind == "enc_self" else model.dec)[layer].self_attn
+    _, trace = model.run_with_cache(src, tgt, names=[block.hook_scores.name])
+    return trace[block.hook_scores.name][0]
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_self_attention_edges_are_exact_too(norm_first):
+    """The same split for encoder and decoder self-attention: queries and keys read the same stream."""
+    model = graph_model(norm_first)
+    src, tgt = one_sentence(model.cfg, s=7, t=6)
+    for kind, pairs in (("enc_self", ((0, 0), (3, 6), (6, 2))), ("dec_self", ((0, 0), (5, 2), (3, 3)))):
+        for layer in (0, 1):
+            scores = _self_scores(model, src, tgt, kind, layer)
+            edges = [(layer, h, t, s) for h in (1, 2) for t, s in pairs]
+            for qk, (_, h, t, s) in zip(qk_attributions(model, src, tgt, edges, kind=kind), edges):
+                _close(qk, scores[h, t, s])
+                side = "src" if kind == "enc_self" else "tgt"
+                assert f"{side}_tok" in qk.query_labels and f"{side}_tok" in qk.key_labels
+                assert qk.meta["kind"] == kind
+                assert not any(lab.startswith(f"{kind}:{layer}:") for lab in qk.query_labels + qk.key_labels)
+                if kind == "dec_self" and layer == 1:  # an earlier cross head, split by the source piece it read
+                    assert sum(lab.startswith("cross:0:3 <- ") for lab in qk.key_labels) == src.size(1)
+    with pytest.raises(ValueError, match="causal"):
+        qk_attribution(model, src, tgt, layer=0, head=0, t=2, s=3, kind="dec_self")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        qk_attribution(model, src, tgt, layer=0, head=0, t=2, s=3, kind="self")
+
+
+def test_self_attention_with_dictionaries_and_a_pad_start_decoder():
+    model = graph_model(False)
+    src, tgt = one_sentence(model.cfg, s=7, t=5)
+    dicts = [_dictionary(model, "enc.0.ffn", 7), _dictionary(model, model.dec[0].cross_attn.hook_out.name, 8),
+             _dictionary(model, "hook_memory", 9)]
+    scores = _self_scores(model, src, tgt, "enc_self", 1)
+    qk = qk_attribution(model, src, tgt, layer=1, head=0, t=4, s=1, kind="enc_self", dictionaries=dicts)
+    _close(qk, scores[0, 4, 1])
+    assert any(lab.startswith("enc.0.ffn f") for lab in qk.query_labels + qk.key_labels)
+    assert sorted(qk.meta["unused"]) == sorted([model.dec[0].cross_attn.hook_out.name, "hook_memory"])
+    scores = _self_scores(model, src, tgt, "dec_self", 1)
+    qk = qk_attribution(model, src, tgt, layer=1, head=3, t=4, s=2, kind="dec_self", dictionaries=dicts)
+    _close(qk, scores[3, 4, 2])
+    assert any(i.get("site") == model.dec[0].cross_attn.hook_out.name for i in qk.key_info)
+    marian = make_model(presets.tiny(vocab=40, decoder_start_id=0), seed=3)
+    src, tgt = torch.tensor([[5, 6, 7, 8, 2]]), torch.tensor([[0, 9, 10, 11]])
+    scores = _self_scores(marian, src, tgt, "dec_self", 0)
+    for t in range(4):  # key 0 holds the pad id and is a real position
+        _close(qk_attribution(marian, src, tgt, layer=0, head=1, t=t, s=0, kind="dec_self"), scores[1, t, 0])

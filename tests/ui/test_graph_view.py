@@ -257,8 +257,8 @@ def _qk_parts(view):
 
 def test_a_tapped_cross_attention_head_says_why_it_attends_there(session):
     """Issue 36 point 4: tapping a cross-attention head lists the top query x key pairs of its score at the piece it
-    attends most (the terms are `qk_attribution`'s, the score the model's); another piece can be picked; tapping
-    another kind of node clears the table."""
+    attends most (the terms are `qk_attribution`'s, the score the model's); another piece can be picked; a decoder
+    self-attention head gets the same over its causal keys; tapping another kind of node clears the table."""
     view = GraphView(session=session)
     view.param.update(position=2, threshold=1.0, max_nodes=400)
     view.show()
@@ -291,6 +291,20 @@ def test_a_tapped_cross_attention_head_says_why_it_attends_there(session):
     assert view.qk_key == other
     note, _, select = _qk_parts(view)
     assert _md_escape(f"reading source piece {other} ") in note and select.value == other
+    # a self-attention head (decoder: causal, its keys the target prefix up to the query): the same, from its scores
+    picked = [_node(view, i) for i in nodes.data["index"]]
+    j = next(j for j, n in enumerate(picked) if (n["block"], n["stack"]) == ("self_attn", "dec") and n["position"])
+    nodes.selected.indices = [j]
+    node = _node(view, nodes.data["index"][j])
+    note, table, select = _qk_parts(view)
+    name = f"dec.{node['layer']}.self_attn.hook_scores"
+    with torch.no_grad():
+        _, cache = r.model.model.run_with_cache(src, tgt, names=[name])
+    s = select.value
+    assert len(select.options) == node["position"] + 1 and s <= node["position"]
+    score = float(cache[name][0, node["head"], node["position"], s])
+    assert _md_escape(f"dec_self:{node['layer']}:{node['head']}, output position {node['position']}") in note
+    assert _md_escape(f"score {score:.3f}") in note and _md_escape("reading decoder position") in note
     # an FFN or embedding node: no table
     nodes.selected.indices = [next(j for j, kind in enumerate(nodes.data["kind"]) if kind in ("ffn", "embed"))]
     assert view._qk_box.objects == []

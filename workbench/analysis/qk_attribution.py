@@ -8,6 +8,7 @@ al. 2025, "Tracing attention computation: attention QK attribution").
     qk.key_totals()                     # each key-side part summed over the query side, by |value|
     dicts = [SparseDictionary.load(d) for d in ("features/hook_memory", "features/dec.1.ffn")]
     qk = qk_attribution(model, src, tgt, layer=2, head=0, t=3, s=5, dictionaries=dicts)   # feature by feature
+    qk = qk_attribution(model, src, tgt, layer=1, head=3, t=4, s=2, kind="dec_self")       # self-attention too
 
 The pre-softmax score of head h of decoder layer l's cross-attention at (t, s) is
     score = (W_Q x_t + b_Q) · (W_K m_s + b_K) / √d_h,
@@ -35,8 +36,12 @@ Parts, and how far back "where it came from" goes (one hop):
   block's heads and output bias; a transcoder on an FFN ("dec.1.ffn", "enc.2.ffn") replaces that FFN. A dictionary
   at a site that does not reach this edge (a decoder layer at or above `layer`) is listed in `meta["unused"]`.
 
-Decoders that start with the pad id (Marian) are fine: nothing here masks query positions; the source key `s` must
-be a real token (not padding).
+Self-attention (`kind="enc_self"` or `"dec_self"`): the same split, queries and keys both reading the stream before
+the block (`score_split.block_input`), at positions t and s (decoder: s <= t); dictionaries on that stack's blocks
+expand both sides, a memory SAE does not reach it.
+
+Decoders that start with the pad id (Marian) are fine: nothing here masks query positions, nor the decoder's key 0;
+a source key must be a real token (not padding).
 """
 
 from __future__ import annotations
@@ -48,11 +53,12 @@ from typing import Any
 
 import torch
 
+from ..core.heads import check_kind, stack_of
 from ..core.hooks import path_of
 from ..features.dictionary import SparseDictionary
 from ..features.sites import Site, site_of
-from .decompose import _events, _one, frozen_norm
-from .score_split import cross_inputs, split_hooks
+from .decompose import _capture_names, _events, _one, frozen_norm, stream_components
+from .score_split import block_input, split_hooks
 
 QUERY_BIAS, KEY_BIAS = "b_Q", "b_K"
 _BLOCK_OF_KIND = {"enc_self": "self_attn", "dec_self": "self_attn", "cross": "cross_attn"}
@@ -229,7 +235,7 @@ def _through(x: torch.Tensor, chain: list[tuple[Any, torch.Tensor]]) -> torch.Te
     return x
 
 
-def _block(model, info: dict[str, Any]):
+def _writer(model, info: dict[str, Any]):
     kind = info["kind"]
     name = "ffn" if kind == "ffn" else _BLOCK_OF_KIND.get(kind.removesuffix("_bias"))
     return model.stream(info["stack"]).layers[info["layer"]].sublayer(name).block
@@ -248,7 +254,7 @@ def _expand(model, trace, labels, info, parts, *, position: int, events: list[tu
         kind = inf["kind"]
         if kind in ("embed", "ffn"):
             inf = {**inf, "from": position}
-        block = _block(model, inf) if kind in ("ffn", *_BLOCK_OF_KIND, *(k + "_bias" for k in _BLOCK_OF_KIND)) \
+        block = _writer(model, inf) if kind in ("ffn", *_BLOCK_OF_KIND, *(k + "_bias" for k in _BLOCK_OF_KIND)) \
             else None
         path = None if block is None else path_of(block)
         if path in by_path:  # the dictionary's features stand for this block's whole write
@@ -280,82 +286,118 @@ def _expand(model, trace, labels, info, parts, *, position: int, events: list[tu
 # ---------------------------------------------------------------------------------------------- the analysis
 
 
-def qk_hooks(model, layer: int, dictionaries: Sequence[SparseDictionary] = (), by_position: bool = True) -> list[str]:
-    """The hook points one forward must capture for `qk_attributions` at decoder `layer`."""
-    names = split_hooks(model, layer)
-    block = model.dec[layer].cross_attn
-    names.append(block.hook_probs.name)
+def _block(model, kind: str, layer: int):
+    """The attention block of `kind` ("cross", "enc_self", "dec_self") at `layer`, and its stack."""
+    stack = stack_of(check_kind(kind))
+    layers = model.stream(stack).layers
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"layer {layer} out of range: the {stack} stack has {len(layers)} layers")
+    return layers[layer].sublayer(_BLOCK_OF_KIND[kind]), stack
+
+
+def qk_hooks(model, layer: int, dictionaries: Sequence[SparseDictionary] = (), by_position: bool = True,
+             kind: str = "cross") -> list[str]:
+    """The hook points one forward must capture for `qk_attributions` of `kind` at `layer`."""
+    sub, stack = _block(model, kind, layer)
+    if kind == "cross":
+        names = split_hooks(model, layer)
+        reads = (("enc", len(model.enc)), ("dec", layer + 1))
+    else:
+        names = [*_capture_names(model, stack, layer + 1), sub.block.hook_scores.name]
+        names += [sub.norm.hook_scale.name] if model.cfg.norm_first else []
+        reads = ((stack, layer + 1),)
+    names.append(sub.block.hook_probs.name)
     if by_position:
-        for stack, layers in (("enc", len(model.enc)), ("dec", layer + 1)):
-            for _, sub in model.stream(stack).sublayers(layers):
-                if sub.is_attention and sub.block is not block:
-                    names += [sub.block.hook_probs.name, sub.block.hook_v.name]
+        for st, layers in reads:
+            for _, other in model.stream(st).sublayers(layers):
+                if other.is_attention and other.block is not sub.block:
+                    names += [other.block.hook_probs.name, other.block.hook_v.name]
     for d in dictionaries:
         names += site_of(d).hooks
     return list(dict.fromkeys(names))
 
 
-def _check_edge(model, src, tgt, layer, head, t, s) -> tuple[int, int]:
-    if not 0 <= layer < len(model.dec):
-        raise ValueError(f"layer {layer} out of range: the decoder has {len(model.dec)} layers")
-    heads = model.dec[layer].cross_attn.n_heads
+def _check_edge(model, src, tgt, kind, layer, head, t, s) -> tuple[int, int]:
+    sub, stack = _block(model, kind, layer)
+    heads = sub.block.n_heads
     if not 0 <= head < heads:
-        raise ValueError(f"head {head} out of range: decoder layer {layer}'s cross-attention has {heads} heads")
-    if not -tgt.size(1) <= t < tgt.size(1):
-        raise ValueError(f"t={t} out of range for a decoder input of {tgt.size(1)} positions")
-    if not -src.size(1) <= s < src.size(1):
-        raise ValueError(f"s={s} out of range for a source of {src.size(1)} pieces")
-    t, s = t % tgt.size(1), s % src.size(1)
-    if int(src[0, s]) == model.cfg.pad_id:
+        raise ValueError(f"head {head} out of range: {path_of(sub.block)} has {heads} heads")
+    q_len = src.size(1) if kind == "enc_self" else tgt.size(1)
+    k_len = tgt.size(1) if kind == "dec_self" else src.size(1)
+    if not -q_len <= t < q_len:
+        raise ValueError(f"t={t} out of range for {q_len} query positions")
+    if not -k_len <= s < k_len:
+        raise ValueError(f"s={s} out of range for {k_len} key positions")
+    t, s = t % q_len, s % k_len
+    if kind == "dec_self" and s > t:
+        raise ValueError(f"key {s} is after query {t}: decoder self-attention is causal, the score is masked")
+    if kind != "dec_self" and int(src[0, s]) == model.cfg.pad_id:
         raise ValueError(f"source position {s} is padding: its score is the mask value, not a dot product")
     return t, s
 
 
+def _reads(model, trace, kind: str, layer: int) -> tuple[tuple, tuple]:
+    """((query labels, info, parts (N, B, Lq, D), events), (the same for the keys)) of the block: what it reads, as
+    components, and the stream events up to it (with its pre-norm input norm), for splitting them further."""
+    sub, stack = _block(model, kind, layer)
+    events = _events(model, stack, layer + 1, trace)
+    stop = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path_of(sub.block))
+    events = events[:stop]
+    if model.cfg.norm_first:
+        events.append(("norm", path_of(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
+    query = (*block_input(model, trace, stack, layer, sub.name), events)
+    if kind != "cross":  # self-attention: queries and keys read the same stream
+        return query, query
+    return query, (*stream_components(model, trace, "enc", len(model.enc)),
+                   _events(model, "enc", len(model.enc), trace))
+
+
 @torch.no_grad()
-def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]], *,
+def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]], *, kind: str = "cross",
                     dictionaries: Sequence[SparseDictionary] | None = None, by_position: bool = True,
                     trace=None) -> list[QKAttribution]:
-    """`qk_attribution` of many edges (layer, head, t, s) of one sentence, from one forward pass (or `trace`, holding
-    `qk_hooks(model, layer, ...)` for every layer asked)."""
+    """`qk_attribution` of many edges (layer, head, t, s) of one kind in one sentence, from one forward pass (or
+    `trace`, holding `qk_hooks(model, layer, ..., kind=kind)` for every layer asked)."""
     src, tgt = _one(src, "src").to(model.device), _one(tgt, "tgt").to(model.device)
     edges = [tuple(int(x) for x in e) for e in edges]
     covers = _covers(model, dictionaries or ())
     if trace is None:
         names = []
         for layer in sorted({e[0] for e in edges}):
-            if not 0 <= layer < len(model.dec):
-                raise ValueError(f"layer {layer} out of range: the decoder has {len(model.dec)} layers")
-            names += qk_hooks(model, layer, [c.dictionary for c in covers], by_position)
+            names += qk_hooks(model, layer, [c.dictionary for c in covers], by_position, kind)
         was = model.training
         model.eval()  # dropout would make the parts sum to nothing reproducible
         try:
             _, trace = model.run_with_cache(src, tgt, names=list(dict.fromkeys(names)))
         finally:
             model.train(was)
-    memory = next((c for c in covers if c.what == "memory"), None)
+    memory = next((c for c in covers if c.what == "memory"), None) if kind == "cross" else None
     dev = model.device  # the parts are float64 on the model's device (its weights and norms are there); terms on CPU
-    enc_events = _events(model, "enc", len(model.enc), trace)
-    inputs: dict[int, tuple] = {}  # per layer: what its cross-attention reads, as components
+    inputs: dict[int, tuple] = {}  # per layer: what its block reads, as components
     sides: dict[tuple, tuple] = {}  # the expanded parts of one side at one position (shared by many edges)
     out = []
     for layer, head, t, s in edges:
-        t, s = _check_edge(model, src, tgt, layer, head, t, s)
+        t, s = _check_edge(model, src, tgt, kind, layer, head, t, s)
         if layer not in inputs:
-            inputs[layer] = (*cross_inputs(model, trace, layer), _query_events(model, trace, layer))
-        (q_labels, q_info, q_parts), (k_labels, k_info, k_parts), q_events = inputs[layer]
-        attn = model.dec[layer].cross_attn
-        reach = [c for c in covers if c.what != "memory" and any(ev[0] == "write" and ev[1] == c.path
-                                                                   for ev in (q_events if c.stack == "dec"
-                                                                              else enc_events))]
-        if ("q", layer, t) not in sides:  # the query side: the decoder stream the block reads at t
-            sides["q", layer, t] = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].to(dev), position=t,
-                                           events=q_events, covers=[c for c in reach if c.stack == "dec"],
-                                           by_position=by_position)
-        if ("k", s) not in sides:  # the key side: the memory at s (the same for every decoder layer)
-            sides["k", s] = _feature_parts(memory, trace, s, dev) if memory is not None else _expand(
-                model, trace, k_labels, k_info, k_parts[:, 0, s].to(dev), position=s, events=enc_events,
-                covers=[c for c in reach if c.stack == "enc"], by_position=by_position)
-        (ql, qi, qp), (kl, ki, kp) = sides["q", layer, t], sides["k", s]
+            inputs[layer] = _reads(model, trace, kind, layer)
+        (q_labels, q_info, q_parts, q_events), (k_labels, k_info, k_parts, k_events) = inputs[layer]
+        sub, stack = _block(model, kind, layer)
+        attn = sub.block
+        q_stack, k_stack = stack, "enc" if kind == "cross" else stack
+        reach = [c for c in covers if c.what != "memory"
+                 and any(ev[0] == "write" and ev[1] == c.path
+                         for ev in (q_events if c.stack == q_stack else k_events if c.stack == k_stack else ()))]
+        # the key side of a cross-attention block is the memory: the same for every layer
+        q_key, k_key = ("q", layer, t), ("k", s) if kind == "cross" else ("k", layer, s)
+        if q_key not in sides:
+            sides[q_key] = _expand(model, trace, q_labels, q_info, q_parts[:, 0, t].to(dev), position=t,
+                                   events=q_events, covers=[c for c in reach if c.stack == q_stack],
+                                   by_position=by_position)
+        if k_key not in sides:
+            sides[k_key] = _feature_parts(memory, trace, s, dev) if memory is not None else _expand(
+                model, trace, k_labels, k_info, k_parts[:, 0, s].to(dev), position=s, events=k_events,
+                covers=[c for c in reach if c.stack == k_stack], by_position=by_position)
+        (ql, qi, qp), (kl, ki, kp) = sides[q_key], sides[k_key]
         h, dh = attn.n_heads, attn.d_head
         w_q = attn.q_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]  # (Dh, D)
         w_k = attn.k_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]
@@ -368,34 +410,22 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
         bias_info = {"stack": None, "kind": "qk_bias", "layer": layer, "head_index": head, "from": None}
         unused = [c.site.name for c in covers if c not in reach and c is not memory]
         out.append(QKAttribution(
-            layer, head, t, s, [*ql, QUERY_BIAS], [*qi, {**bias_info, "stack": "dec"}], [*kl, KEY_BIAS],
-            [*ki, {**bias_info, "stack": "enc"}], terms,
+            layer, head, t, s, [*ql, QUERY_BIAS], [*qi, {**bias_info, "stack": q_stack}], [*kl, KEY_BIAS],
+            [*ki, {**bias_info, "stack": k_stack}], terms,
             float(trace[attn.hook_scores.name][0, head, t, s]), float(trace[attn.hook_probs.name][0, head, t, s]),
-            {"by_position": by_position, "dictionaries": [c.site.name for c in covers if c.site.name not in unused],
-             "unused": unused}))
+            {"kind": kind, "by_position": by_position,
+             "dictionaries": [c.site.name for c in covers if c.site.name not in unused], "unused": unused}))
     return out
 
 
-def _query_events(model, trace, layer: int) -> list[tuple]:
-    """The decoder stream's events up to cross-attention block `layer`, plus (pre-norm) the block's input norm."""
-    sub = model.dec[layer].sublayer("cross_attn")
-    events = _events(model, "dec", layer + 1, trace)
-    stop = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path_of(sub.block))
-    events = events[:stop]
-    if model.cfg.norm_first:
-        events.append(("norm", path_of(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
-    return events
-
-
-def qk_attribution(model, src, tgt, *, layer: int, head: int, t: int, s: int,
+def qk_attribution(model, src, tgt, *, layer: int, head: int, t: int, s: int, kind: str = "cross",
                    dictionaries: Sequence[SparseDictionary] | None = None, by_position: bool = True,
                    trace=None) -> QKAttribution:
-    """The pre-softmax score of cross-attention head `head` of decoder `layer` at decoder position `t` (query) and
-    source position `s` (key), as query part × key part terms (module doc). `src`: one source (S,) or (1, S);
-    `tgt`: its decoder input (start token first) (T,) or (1, T)."""
-    return qk_attributions(model, src, tgt, [(layer, head, t, s)], dictionaries=dictionaries,
+    """The pre-softmax score of head `head` of the `kind` attention block ("cross", the default; "enc_self",
+    "dec_self") at `layer`, at query position `t` and key position `s`, as query part × key part terms (module
+    doc). `src`: one source (S,) or (1, S); `tgt`: its decoder input (start token first) (T,) or (1, T)."""
+    return qk_attributions(model, src, tgt, [(layer, head, t, s)], kind=kind, dictionaries=dictionaries,
                            by_position=by_position, trace=trace)[0]
-
 
 
 # ------------------------------------------------------------------------------- does a head attend to the word?

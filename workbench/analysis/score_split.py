@@ -74,20 +74,28 @@ def split_hooks(model, layer: int) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def block_input(model, trace, stack: str, layer: int, name: str
+                ) -> tuple[list[str], list[dict[str, Any]], torch.Tensor]:
+    """What block `name` ("self_attn", "cross_attn", "ffn") of layer `layer` of `stack` reads, as components
+    (labels, info, parts (N, B, L, D)), every norm frozen, from a trace holding `_capture_names(model, stack,
+    layer + 1)` (and, pre-norm, the block's input norm scale): post-norm the stream before it, pre-norm its input
+    norm's output (the norm's bias one more part)."""
+    sub = model.stream(stack).layers[layer].sublayer(name)
+    labels, info, parts = stream_components(model, trace, stack, layer + 1, before=path_of(sub.block))
+    if model.cfg.norm_first:  # the block reads its input norm of the stream
+        norm = sub.norm
+        scale = trace[norm.hook_scale.name]
+        parts = torch.cat([frozen_norm(parts, norm, scale), norm.bias.detach().double().expand_as(parts[:1])])
+        labels = [*labels, f"{path_of(norm)}.bias"]
+        info = [*info, {"stack": stack, "kind": "norm_bias", "layer": layer, "head_index": None}]
+    return labels, info, parts
+
+
 def cross_inputs(model, trace, layer: int) -> tuple[tuple[list[str], list[dict[str, Any]], torch.Tensor], ...]:
     """What cross-attention block `layer` reads, as components, from a trace holding `split_hooks(model, layer)`:
     ((query labels, info, parts (A, B, T, D)), (key labels, info, parts (K, B, S, D))), every norm frozen; the
     query parts sum to the block's input (pre-norm: its input norm's output), the key parts to the memory."""
-    sub = model.dec[layer].sublayer("cross_attn")
-    q_labels, q_info, q_parts = stream_components(model, trace, "dec", layer + 1, before=path_of(sub.block))
-    k_labels, k_info, k_parts = stream_components(model, trace, "enc", len(model.enc))
-    if not sub.norm_on_stream:  # the block reads its input norm of the stream
-        norm = sub.norm
-        scale = trace[norm.hook_scale.name]
-        q_parts = torch.cat([frozen_norm(q_parts, norm, scale), norm.bias.detach().double().expand_as(q_parts[:1])])
-        q_labels = [*q_labels, f"{path_of(norm)}.bias"]
-        q_info = [*q_info, {"stack": "dec", "kind": "norm_bias", "layer": layer, "head_index": None}]
-    return (q_labels, q_info, q_parts), (k_labels, k_info, k_parts)
+    return block_input(model, trace, "dec", layer, "cross_attn"), stream_components(model, trace, "enc", len(model.enc))
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""Why a head attends: the top query × key pairs of a QK attribution (`analysis.qk_attribution`) as a readable
-table, each part named with the piece it carries.
+"""Why a head attends: the top query × key pairs of a QK attribution (`analysis.qk_attribution`, any attention kind)
+as a readable table, each part named with the piece it carries.
 
     table = qk_pairs_table(qk, src_tokens=pieces, tgt_tokens=["<s>", *out_pieces], k=12)   # pandas DataFrame
     qk_caption(qk, src_tokens, tgt_tokens)                                                 # one line of text
@@ -17,15 +17,15 @@ def _piece(tokens: Sequence[str] | None, i: int | None) -> str:
     return tokens[i]
 
 
-def part_label(label: str, info: Mapping[str, Any], *, side: str, src_tokens: Sequence[str] | None = None,
+def part_label(label: str, info: Mapping[str, Any], *, src_tokens: Sequence[str] | None = None,
                tgt_tokens: Sequence[str] | None = None, feature_names: Mapping[tuple[str, int], str] | None = None
                ) -> str:
     """A part of one side as a reader wants it: the token embedding with its piece, a head's split with the piece
     it read from, an FFN with its position's piece, a feature with what it stands for (`feature_names`)."""
     kind, at = info.get("kind"), info.get("from")
-    own = src_tokens if side == "key" else tgt_tokens
+    own = src_tokens if info.get("stack") == "enc" else tgt_tokens
     if kind == "embed":
-        where = "source" if side == "key" else "target"
+        where = "source" if info.get("stack") == "enc" else "target"
         return f"{where} token {_piece(own, at)!r}" if label.endswith("_tok") else f"{where} position {at}"
     if kind in ("enc_self", "dec_self", "cross") and " <- " in label:
         head = label.split(" <- ")[0]
@@ -50,9 +50,9 @@ def qk_pairs_table(qk, *, src_tokens: Sequence[str] | None = None, tgt_tokens: S
     rows = []
     for i, (_, r) in zip(order, frame.iterrows()):
         a, b = divmod(i, n)
-        q = part_label(qk.query_labels[a], qk.query_info[a], side="query", src_tokens=src_tokens,
-                       tgt_tokens=tgt_tokens, feature_names=feature_names)
-        key = part_label(qk.key_labels[b], qk.key_info[b], side="key", src_tokens=src_tokens, tgt_tokens=tgt_tokens,
+        q = part_label(qk.query_labels[a], qk.query_info[a], src_tokens=src_tokens, tgt_tokens=tgt_tokens,
+                       feature_names=feature_names)
+        key = part_label(qk.key_labels[b], qk.key_info[b], src_tokens=src_tokens, tgt_tokens=tgt_tokens,
                          feature_names=feature_names)
         rows.append({"query side": q, "key side": key, "term": round(float(r["value"]), 4),
                      "share of score": round(float(r["value"]) / qk.score, 3) if qk.score else float("nan")})
@@ -61,7 +61,10 @@ def qk_pairs_table(qk, *, src_tokens: Sequence[str] | None = None, tgt_tokens: S
 
 def qk_caption(qk, src_tokens: Sequence[str] | None = None, tgt_tokens: Sequence[str] | None = None) -> str:
     """One line: which edge, its score and probability, and how exactly the terms rebuild the score."""
-    return (f"cross:{qk.layer}:{qk.head}, output position {qk.t} ({_piece(tgt_tokens, qk.t)!r}) reading source "
-            f"piece {qk.s} ({_piece(src_tokens, qk.s)!r}): score {qk.score:.3f} (attention {qk.probability:.2f}); "
-            f"{qk.terms.numel():,} terms ({len(qk.query_labels)} query × {len(qk.key_labels)} key parts) sum to "
-            f"{qk.total:.3f} (off by {abs(qk.total - qk.score):.1e})")
+    kind = qk.meta.get("kind", "cross")
+    queries = src_tokens if kind == "enc_self" else tgt_tokens
+    keys, where = (tgt_tokens, "decoder position") if kind == "dec_self" else (src_tokens, "source piece")
+    return (f"{kind}:{qk.layer}:{qk.head}, {'source' if kind == 'enc_self' else 'output'} position {qk.t} "
+            f"({_piece(queries, qk.t)!r}) reading {where} {qk.s} ({_piece(keys, qk.s)!r}): score {qk.score:.3f} "
+            f"(attention {qk.probability:.2f}); {qk.terms.numel():,} terms ({len(qk.query_labels)} query × "
+            f"{len(qk.key_labels)} key parts) sum to {qk.total:.3f} (off by {abs(qk.total - qk.score):.1e})")

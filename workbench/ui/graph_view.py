@@ -137,15 +137,16 @@ QK_TOP = 12  # query x key pairs listed for a tapped cross-attention head
 
 
 def edge_qk(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, layer: int, head: int, t: int, s: int,
-            features: bool = True) -> dict:
-    """Why cross-attention head (layer, head) at decoder position t attends to source piece s, in the graph's
-    sentence: `analysis.qk_attribution` (with the checkpoint's dictionaries when `features` and it ships any), its
-    top pairs as a table, each feature named by the piece its top corpus contexts fall on most."""
+            features: bool = True, kind: str = "cross") -> dict:
+    """Why head (layer, head) of the `kind` attention ("cross", "enc_self", "dec_self") at query position t attends
+    to key s, in the graph's sentence: `analysis.qk_attribution` (with the checkpoint's dictionaries when `features`
+    and it ships any), its top pairs as a table, each feature named by the piece its top corpus contexts fall on
+    most."""
     src, tgt = sentence_tensors(tm, src_ids, out_ids, position)
     fds = [feature_data(tm, d) for d in sites_of(tm)] if features else []
     dicts = qk_dictionaries(tm.model, [fd.d for fd in fds])
     start = time.perf_counter()
-    qk = qk_attribution(tm.model, src, tgt, layer=layer, head=head, t=t, s=s, dictionaries=dicts)
+    qk = qk_attribution(tm.model, src, tgt, layer=layer, head=head, t=t, s=s, kind=kind, dictionaries=dicts)
     seconds = time.perf_counter() - start
     names = {}
     stats = {fd.site.name: fd for fd in fds if fd.d in dicts and fd.stats is not None}
@@ -177,8 +178,8 @@ class GraphView(LazyTab):
     contexts = param.Boolean(default=True, doc=("When a node is tapped, also show the test sentences where that head "
                                                 "or feed-forward layer writes most."))
     node = param.Integer(default=-1, bounds=(-1, None), doc="The tapped node (its index in the graph; -1: none)")
-    qk_key = param.Integer(default=-1, bounds=(-1, None), doc=("The source piece a tapped cross-attention head's "
-                                                               "score is explained at (-1: the piece it attends most)"))
+    qk_key = param.Integer(default=-1, bounds=(-1, None), doc=("The key a tapped head's score is explained at "
+                                                               "(-1: the one it attends most)"))
     qk_features = param.Boolean(default=True, doc=("Explain the score with the checkpoint's dictionary features "
                                                    "(when it ships any) instead of whole heads and FFNs."))
 
@@ -200,7 +201,7 @@ class GraphView(LazyTab):
         self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
         self._cost = ""
         self._picker = pn.Column(sizing_mode="stretch_width")
-        # why a tapped cross-attention head attends where it does (QK attribution): a light lane of its own
+        # why a tapped head attends where it does (QK attribution): a light lane of its own
         self._qk_lane = self.session.lane(f"GraphQK-{id(self)}")
         self._qk_box = pn.Column(sizing_mode="stretch_width", css_classes=["graph-qk"])
         self._qk_node = -1  # the node the shown attribution is of
@@ -407,19 +408,22 @@ class GraphView(LazyTab):
     def _tapped(self, drawn: list[int], indices) -> None:
         self.node = drawn[indices[0]] if len(indices) else -1
 
-    # -- why a tapped cross-attention head attends where it does ------------------------------------
+    # -- why a tapped head attends where it does -----------------------------------------------------
     @param.depends("node", "qk_key", "qk_features", watch=True)
     def _qk_refresh(self) -> None:
-        """A tapped cross-attention head: its score at the piece it attends most (or `qk_key`), split into query x
-        key pairs, computed in the tab's QK lane; any other node (or none) clears the table."""
+        """A tapped head: its score at the key it attends most (or `qk_key`), split into query x key pairs, computed
+        in the tab's QK lane; any other node (or none) clears the table."""
         a, r = self._answer, self._shown[0]
         nodes = [] if a is None else a["graph"].nodes
         n = nodes[self.node] if 0 <= self.node < len(nodes) else None
-        if n is None or r is None or n["kind"] != "head" or n["block"] != "cross_attn":
+        if n is None or r is None or n["kind"] != "head":
             self._qk_lane.cancel()
             self._qk_box.loading, self._qk_box.objects, self._qk_node = False, [], -1
             return
+        kind = "cross" if n["block"] == "cross_attn" else f"{n['stack']}_self"
         row = [float(w) for w in n["attention"]]
+        if kind == "dec_self":  # causal: the keys up to the query
+            row = row[: n["position"] + 1]
         if self.node != self._qk_node:  # a newly tapped head starts at the piece it attends most
             self._qk_node = self.node
             with param.discard_events(self):
@@ -427,7 +431,7 @@ class GraphView(LazyTab):
         s = self.qk_key if 0 <= self.qk_key < len(row) else max(range(len(row)), key=row.__getitem__)
         self._qk_box.loading = True
         self._qk_lane.submit(edge_qk, r.model, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, a["position"],
-                             n["layer"], n["head"], n["position"], s, bool(self.qk_features),
+                             n["layer"], n["head"], n["position"], s, bool(self.qk_features), kind,
                              done=lambda answer: self._qk_done(answer, row, s), failed=self._qk_done)
 
     def _qk_done(self, answer, row=None, s=None) -> None:
@@ -436,9 +440,10 @@ class GraphView(LazyTab):
             self._qk_box.objects = [pn.pane.Markdown(f"*Why this head attends: failed ({_md_escape(str(answer))})*",
                                                      css_classes=["graph-qk-error"])]
             return
-        src = self._shown[0].src_pieces
-        keys = pn.widgets.Select(label="Explain its score at source piece", width=280, css_classes=["graph-qk-key"],
-                                 options={f"{k}: {src[k] if k < len(src) else k} ({w:.2f})": k
+        r, kind = self._shown[0], answer["qk"].meta["kind"]
+        pieces = ["<s>", *r.out_pieces] if kind == "dec_self" else list(r.src_pieces)
+        keys = pn.widgets.Select(label="Explain its score at key", width=280, css_classes=["graph-qk-key"],
+                                 options={f"{k}: {pieces[k] if k < len(pieces) else k} ({w:.2f})": k
                                           for k, w in enumerate(row)}, value=s)
         keys.param.watch(lambda e: setattr(self, "qk_key", int(e.new)), "value")
         feats = pn.widgets.Checkbox.from_param(self.param.qk_features, name="Dictionary features", align="end",
