@@ -1,5 +1,5 @@
-"""Why a head attends, term by term: the QK attribution of one cross-attention edge (issue 36, point 4; Kamath et
-al. 2025, "Tracing attention computation: attention QK attribution").
+"""Why a head attends, term by term: the QK attribution of one attention edge, cross-attention first (issue 36,
+point 4; Kamath et al. 2025, "Tracing attention computation: attention QK attribution").
 
     qk = qk_attribution(model, src, tgt, layer=0, head=2, t=3, s=5)   # decoder position t reading source piece s
     qk.score, qk.total                  # the model's own hook_scores there, and the sum of every term (tested 1e-5)
@@ -66,12 +66,12 @@ _BLOCK_OF_KIND = {"enc_self": "self_attn", "dec_self": "self_attn", "cross": "cr
 
 @dataclass
 class QKAttribution:
-    """One cross-attention edge's pre-softmax score as query part × key part terms."""
+    """One attention edge's pre-softmax score as query part × key part terms (`meta["kind"]`: which attention)."""
 
     layer: int
     head: int
-    t: int  # decoder (query) position
-    s: int  # source (key) position
+    t: int  # query position (cross, dec_self: decoder; enc_self: source)
+    s: int  # key position (cross, enc_self: source; dec_self: decoder)
     query_labels: list[str]
     query_info: list[dict[str, Any]]
     key_labels: list[str]
@@ -113,7 +113,9 @@ class QKAttribution:
                          "query_kind": qi["kind"], "key_kind": ki["kind"], "query_from": qi.get("from"),
                          "key_from": ki.get("from"), "query_feature": qi.get("feature"),
                          "key_feature": ki.get("feature")})
-        return pd.DataFrame(rows)
+        ints = {c: "Int64" for c in ("query_from", "key_from", "query_feature", "key_feature")}
+        return pd.DataFrame(rows, columns=["query_side", "key_side", "value", "query_kind", "key_kind", *ints]
+                            ).astype(ints)
 
     def query_totals(self) -> list[tuple[str, float]]:
         """Each query-side part's share of the score (its terms summed over the key side), by |value|."""
