@@ -53,8 +53,6 @@ from ..features.dictionary import SparseDictionary
 from ..features.sites import site_of
 from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, node_write
 
-FEATURE_KINDS = ("embed", "bias", "error", "head", "ffn", "feature", "logit")
-
 
 def _by_site(dictionaries: Mapping[str, Any] | Iterable[SparseDictionary]) -> dict[str, Any]:
     if isinstance(dictionaries, Mapping):

@@ -17,8 +17,11 @@ streams, so every node's write decomposes exactly into the writes of the nodes u
     ffn     each FFN x position (`ffn.hook_out`)
     bias    every constant (norm biases, attention and FFN biases) in one node
     error   per (stack, layer, position): what the frozen model fails to reconstruct of that layer's node writes
-            (float64 rounding, ~1e-13: the freezing is exact at the clean point; transcoder features would put their
-            reconstruction error here)
+            (float64 rounding, ~1e-13: the freezing is exact at the clean point); a feature-level graph
+            (`analysis.feature_graph`) adds one error node per dictionary site and position (`site` set): the
+            dictionary's reconstruction error
+    feature (feature-level graphs, `analysis.feature_graph`) an active dictionary feature at a site and position, in
+            place of the head or FFN nodes of the block it sits on
     logit   the target logit (or logit difference), last
 
 Edges run from the residual stream's writers to the readers: a head reads every key position through its
@@ -52,7 +55,7 @@ from ..core.layers import Sublayer
 from ..core.model import evaluating
 from ..core.replacement import ReplacementModel
 
-NODE_KINDS = ("embed", "bias", "error", "head", "ffn", "logit")
+NODE_KINDS = ("embed", "bias", "error", "head", "ffn", "feature", "logit")
 
 
 @dataclass
