@@ -82,3 +82,17 @@ def test_freezing_features_needs_dictionaries(model):
     src, tgt = one_sentence(model.cfg)
     with pytest.raises(ValueError, match="needs dictionaries"):
         ReplacementModel(model, src, tgt, freeze=(*FREEZABLE, FEATURES))
+
+
+def test_a_model_with_a_dictionary_spliced_in_gets_a_float64_twin_without_it(model):
+    src, tgt = one_sentence(model.cfg)
+    dicts = tiny_dictionaries(model)
+    site = model.hook_memory.name
+    spliced = splice(model, dicts[site])  # kept, as the app keeps a dictionary the user picked
+    try:
+        rm = ReplacementModel(model, src, tgt, freeze=(*FREEZABLE, FEATURES), dtype=torch.float64, splices=dicts)
+        assert rm.model is not model and rm.model.hook_memory._modules.get("sae") is None
+        torch.testing.assert_close(rm(), rm.logits, rtol=0, atol=1e-10)
+        assert model.hook_memory.sae.dictionary is dicts[site]  # the caller's splice is untouched
+    finally:
+        spliced.remove()
