@@ -18,7 +18,7 @@ from workbench.corpus.data import ParallelData
 from workbench.decoding.translator import TranslationModel
 from workbench.features import ActivationStream, DictionaryConfig, SparseDictionary, fvu, resolve_site, splice_hooks
 from workbench.features.sites import capture_site, site_rows
-from workbench.features.train import FeatureTrainConfig, FeatureTrainer, memory_readout
+from workbench.features.train import FeatureTrainConfig, FeatureTrainer, fisher_readout, memory_readout
 
 CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
 
@@ -268,6 +268,23 @@ def test_readout_measures_the_error_as_the_cross_attentions_read_it(tmp_path):
     with pytest.raises(ValueError, match="cross-attentions"):
         FeatureTrainer(_train_cfg(tmp_path, site="dec.1.cross_attn.hook_out", readout=True),
                        translation_model=TranslationModel(model, None), data=data)
+
+
+def test_fisher_metric_is_zero_on_a_direction_the_model_does_not_read(tmp_path):
+    model, data = _tiny()
+    with torch.no_grad():  # the decoder no longer reads coordinate 0 of the encoder output
+        for layer in model.dec:
+            layer.cross_attn.k_proj.weight[:, 0] = 0
+            layer.cross_attn.v_proj.weight[:, 0] = 0
+    site = resolve_site(model, "hook_memory")
+    r = fisher_readout(model, data, site, batches=4, max_tokens=64, floor=1e-9)  # (a floor keeps Cholesky defined)
+    gram = r @ r.T
+    assert float(gram[0, 0]) < 1e-6 * float(gram.diagonal()[1:].mean())
+    assert bool((gram.diagonal()[1:] > 0).all())
+    assert all(not p.grad_fn and p.requires_grad for p in model.parameters())  # the model is left as it was
+    trainer = FeatureTrainer(_train_cfg(tmp_path, fisher=True, fisher_batches=4), translation_model=TranslationModel(
+        model, None), data=data)
+    assert trainer.readout is not None and trainer.fit() is trainer.dictionary
 
 
 def test_skip_transcoder_starts_at_the_least_squares_linear_map(tmp_path):

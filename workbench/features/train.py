@@ -38,7 +38,7 @@ from ..training.distributed import Dist, init_distributed
 from ..training.progress import make_progress
 from ..training.schedule import warmup_cosine
 from .dictionary import THRESHOLDED, DictionaryConfig, SparseDictionary
-from .sites import Site, resolve_site, site_rows, splice_hooks
+from .sites import Site, resolve_site, site_mask, site_rows, splice_hooks
 from .stream import ActivationStream
 
 STATE_FILE = "state.pt"
@@ -90,6 +90,13 @@ class FeatureTrainConfig:
     output) projections of every decoder layer's cross-attention, ‖e R‖² with R R^T = Σ_l Ŵ_k,l^T Ŵ_k,l +
     (Ŵ_o,l Ŵ_v,l)^T (Ŵ_o,l Ŵ_v,l) (each block scaled to unit Frobenius norm), instead of plain ‖e‖²: the
     dictionary spends its L0 on the directions the decoder reads. The logged FVU stays the plain one."""
+    fisher: bool = False
+    """Any site: measure the error as ‖e R‖² with R Rᵀ = the empirical Fisher of the model's next-token
+    distributions with respect to the site's activation (the mean outer product of ∂ log p(ŷ)/∂(site row), ŷ sampled
+    from the model, over `fisher_batches` model batches of the corpus) plus 5 % of its mean diagonal on the identity:
+    ½ eᵀFe is the KL divergence an error e at one position causes, to second order, so the dictionary spends its L0
+    where the translation is sensitive."""
+    fisher_batches: int = 20
     cache: bool = False
     """Read the site's activations over the whole corpus once into memory (Multi30k train: 0.45 M rows x d floats,
     230 MB at d = 128; twice that for a transcoder) and draw shuffled batches from there, instead of running the
@@ -165,6 +172,11 @@ class FeatureTrainer:
                 raise ValueError(f"--readout weights the error by the cross-attentions' reads of "
                                  f"{self.model.hook_memory.name}; {self.site.name} is read by more than linear maps")
             self.readout = memory_readout(self.model)
+        if cfg.fisher:
+            if cfg.readout:
+                raise ValueError("--fisher and --readout are two measures of the same error: choose one")
+            self.readout = fisher_readout(self.model, data, self.site, batches=cfg.fisher_batches,
+                                          max_tokens=cfg.max_tokens, seed=cfg.seed)
         self.dictionary = SparseDictionary(dcfg)
         self.dictionary.reset_parameters(torch.Generator().manual_seed(cfg.seed))
         self.optimizer = torch.optim.Adam(self.dictionary.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=6.25e-10)
@@ -434,6 +446,44 @@ def memory_readout(model) -> torch.Tensor:
             m = m.double() / m.double().norm()
             gram = gram + m.T @ m
     return torch.linalg.cholesky(gram).float()  # gram = R R^T: ‖e R‖² = e gram e^T
+
+
+def fisher_readout(model, data: ParallelData, site: Site, *, batches: int = 20, max_tokens: int = 4096,
+                   seed: int = 0, floor: float = 0.05) -> torch.Tensor:
+    """R (d, d), R Rᵀ = E[g gᵀ] + floor · mean diag · I, g = ∂ Σ_t log p(ŷ_t)/∂ x_s at each real position s of the
+    site's written activation x (a transcoder's: the FFN output), ŷ_t sampled from the model (teacher forcing)."""
+    g = torch.Generator().manual_seed(seed)
+    name = site.hook_out or site.hook_in
+    d = model.cfg.d_model
+    gram = torch.zeros(d, d, dtype=torch.float64)
+    rows = 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    grabbed: dict[str, torch.Tensor] = {}
+
+    def grab(x: torch.Tensor, hook) -> torch.Tensor:
+        grabbed["x"] = x.detach().requires_grad_(True)
+        return grabbed["x"]
+
+    try:
+        for idx in data.batches(max_tokens, seed=seed + 2, epoch=0)[:batches]:
+            batch = data.collate(idx, model.cfg).to(model.device)
+            with model.hooks([(name, grab)]):
+                logits = model(batch.src, batch.tgt_in)
+            mask = batch.tgt_out != model.cfg.pad_id
+            logp = logits[mask].float().log_softmax(-1)
+            y = torch.multinomial(logp.detach().exp().cpu(), 1, generator=g).to(logp.device)
+            logp.gather(1, y).sum().backward()
+            gx = grabbed["x"].grad[site_mask(batch, site, model.cfg.pad_id).to(model.device)].double().cpu()
+            gram += gx.T @ gx
+            rows += gx.size(0)
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    gram /= max(rows, 1)
+    gram += floor * gram.diagonal().mean() * torch.eye(d, dtype=gram.dtype)
+    return torch.linalg.cholesky(gram).float()
 
 
 class CachedActivations:
