@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from ..core.heads import check_kind, stack_of
+from ..core.heads import Head, check_kind, stack_of
 from ..core.hooks import path_of
 from ..features.dictionary import SparseDictionary
 from ..features.sites import Site, site_of
@@ -268,16 +268,19 @@ def _expand(model, trace, labels, info, parts, *, position: int, events: list[tu
                 out_p.append(_through(f_p, _norms_after(events, path, position)))
             continue
         if by_position and kind in _BLOCK_OF_KIND and isinstance(inf["head_index"], int):
-            h = inf["head_index"]
-            probs = trace[block.hook_probs.name][0, h, position].double().to(parts.device)  # (K,)
-            v = trace[block.hook_v.name][0, h].double().to(parts.device)  # (K, Dh)
-            raw = probs[:, None] * (v @ block.head_weights().detach().double()[h].to(parts.device))  # (K, D)
-            keep = probs.nonzero().flatten()  # masked keys (causal, padding) carry exactly nothing
-            side = "dec" if kind == "dec_self" else "enc"
-            out_p.append(_through(raw[keep], _norms_after(events, path, position)))
-            for p in keep.tolist():
-                out_l.append(f"{label} <- {p}")
-                out_i.append({**inf, "from": p, "from_side": side, "weight": float(probs[p])})
+            if path not in done:  # every head of the block at once: one pass through the frozen norms
+                done.add(path)
+                dev = parts.device
+                probs = trace[block.hook_probs.name][0, :, position].double().to(dev)  # (H, K)
+                v = trace[block.hook_v.name][0].double().to(dev)  # (H, K, Dh)
+                w_o = block.head_weights().detach().double().to(dev)  # (H, Dh, D)
+                raw = probs[..., None] * torch.einsum("hkd,hde->hke", v, w_o)  # (H, K, D)
+                keep = probs.nonzero()  # (n, 2) (head, key); masked keys (causal, padding) carry exactly nothing
+                out_p.append(_through(raw[keep[:, 0], keep[:, 1]], _norms_after(events, path, position)))
+                side = "dec" if kind == "dec_self" else "enc"
+                for (h, p), w in zip(keep.tolist(), probs[keep[:, 0], keep[:, 1]].tolist()):
+                    out_l.append(f"{Head(kind, inf['layer'], h)} <- {p}")
+                    out_i.append({**inf, "head_index": h, "from": p, "from_side": side, "weight": w})
             continue
         out_l.append(label)
         out_i.append(inf)
