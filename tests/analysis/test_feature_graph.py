@@ -15,6 +15,7 @@ from workbench.analysis import graph as graph_module
 from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
 from workbench.analysis.graph import attribution_graph
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
+from workbench.features.sites import splice
 
 
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
@@ -141,3 +142,18 @@ def test_influence_solved_in_node_order_equals_the_power_series(model, monkeypat
     perm = torch.cat([torch.arange(n - 2, -1, -1), torch.tensor([n - 1])])  # not a topological order: edges run up
     moved = graph_module.node_influence(g.adjacency[perm][:, perm])  # the logit still last
     torch.testing.assert_close(moved, series[perm], rtol=1e-12, atol=1e-15)
+
+
+def test_interventions_share_a_splice_the_caller_holds(model):
+    src, tgt = one_sentence(model.cfg)
+    dicts = tiny_dictionaries(model)
+    g = feature_graph(model, dicts, src, tgt, position=4)
+    i = g.index(kind="feature", site=model.hook_memory.name)[0]
+    alone = remove_features(model, dicts, src, tgt, g, [[i]])
+    held = splice(model, dicts[model.hook_memory.name])  # as the app keeps a picked dictionary
+    try:
+        shared = remove_features(model, dicts, src, tgt, g, [[i]])
+        assert model.hook_memory.sae.users == 1
+    finally:
+        held.remove()
+    torch.testing.assert_close(shared, alone, rtol=0, atol=0)

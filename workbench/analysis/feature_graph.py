@@ -50,7 +50,7 @@ from ..core.replacement import FEATURES, FREEZABLE, ReplacementModel
 from ..core.splice import attach
 from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
-from ..features.sites import site_of
+from ..features.sites import site_of, splice
 from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, node_write
 
 
@@ -130,9 +130,14 @@ def remove_features(model, dictionaries, src, tgt, graph: AttributionGraph, node
 
 @contextlib.contextmanager
 def _spliced(model, sites: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """The dictionaries attached to `model` for the block: {site: Splice}."""
+    """The dictionaries attached to `model` for the block: {site: Splice}. A `SparseDictionary` goes through
+    `features.splice`, so a splice the app already holds for it is shared, not refused."""
     with contextlib.ExitStack() as stack:
-        yield {site: stack.enter_context(attach(model, site, d)) for site, d in sites.items()}
+        points = {}
+        for site, d in sites.items():  # each entered as soon as attached: a failure detaches the earlier ones
+            points[site] = stack.enter_context(splice(model, d) if isinstance(d, SparseDictionary)
+                                               else attach(model, site, d))
+        yield points
 
 
 def feature_check(model, dictionaries, src, tgt, graph: AttributionGraph, k: int = 5, *, random_sets: int = 10,

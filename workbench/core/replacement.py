@@ -50,7 +50,7 @@ import torch
 from .hooks import HookPoint
 from .layers import LayerNorm, Sublayer
 from .model import evaluating
-from .splice import attach, site_module
+from .splice import SPLICE, Splice, _run_splice, attach, site_module
 
 FREEZABLE = ("attention", "norms", "gates")
 """What can be frozen: attention patterns (`hook_probs`), layer-norm scales (`hook_scale`), FFN gates."""
@@ -279,6 +279,22 @@ class SiteFeatures:
         return [(self.hook_in, keep), (self.hook_out, out)]
 
 
+def _drop_splices(twin) -> None:
+    """Remove the dictionary splices a copy took from its model (a copy made while the app had a dictionary spliced
+    would otherwise hold its own copy of that dictionary, and refuse the original at that site)."""
+    dropped = False
+    for module in twin.modules():
+        sae = module._modules.get(SPLICE)
+        if isinstance(sae, Splice):
+            del module._modules[SPLICE]
+            for key, hook in list(module._forward_hooks.items()):
+                if hook is _run_splice:
+                    del module._forward_hooks[key]
+            dropped = True
+    if dropped:
+        twin.refresh_hook_points()
+
+
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TWINS_LOCK = threading.Lock()
 
@@ -294,6 +310,7 @@ def _copy_as(model, dtype: torch.dtype):
             return cached[1]
     twin = copy.deepcopy(model).to(dtype)
     twin.requires_grad_(False)  # analyses take gradients with respect to activations, never the weights
+    _drop_splices(twin)
     with _TWINS_LOCK:
         _TWINS.setdefault(model, {})[dtype] = (versions, twin)
     return twin
