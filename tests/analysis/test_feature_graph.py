@@ -157,3 +157,11 @@ def test_interventions_share_a_splice_the_caller_holds(model):
     finally:
         held.remove()
     torch.testing.assert_close(shared, alone, rtol=0, atol=0)
+
+
+def test_progress_counts_every_step_once(model):
+    src, tgt = one_sentence(model.cfg)
+    seen = []
+    feature_graph(model, tiny_dictionaries(model), src, tgt, position=2, progress=lambda done, total: seen.append(
+        (done, total)))
+    assert seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, seen[-1][1] + 1))

@@ -288,7 +288,7 @@ class _Builder:
         self.sites = _feature_sites(rm, self.blocks)  # block key or "memory" -> the dictionary's SiteFeatures
         self.names = {"enc": src_tokens, "dec": tgt_tokens}
         self.progress = progress
-        self.steps, self.total = 0, 2 * (len(self.blocks["enc"]) + len(self.blocks["dec"]))
+        self.steps, self.total = 0, 2 * (len(self.blocks["enc"]) + len(self.blocks["dec"])) + ("memory" in self.sites)
 
     def step(self) -> None:
         self.steps += 1
