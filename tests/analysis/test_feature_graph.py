@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dictionary_helpers import tiny_dictionaries
+from dictionary_helpers import random_dictionary, tiny_dictionaries
 from model_helpers import graph_model, one_sentence
 
 from workbench.analysis import graph as graph_module
 from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
 from workbench.analysis.graph import attribution_graph
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
-from workbench.features.sites import splice
+from workbench.features.dictionary import DictionaryConfig
+from workbench.features.sites import ffn_input_hook, splice
 
 
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
@@ -165,3 +166,34 @@ def test_progress_counts_every_step_once(model):
     feature_graph(model, tiny_dictionaries(model), src, tgt, position=2, progress=lambda done, total: seen.append(
         (done, total)))
     assert seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == list(range(1, seen[-1][1] + 1))
+
+
+@pytest.mark.parametrize("target", ["runner-up", "demeaned"])
+def test_other_targets_are_complete(model, target):
+    src, tgt = one_sentence(model.cfg)
+    g = feature_graph(model, tiny_dictionaries(model), src, tgt, position=3, target=target)
+    assert abs(float(g.adjacency[-1].sum()) - g.logit) <= 1e-10 * max(1.0, abs(g.logit))
+    inner = [i for i, n in enumerate(g.nodes) if n["kind"] in ("head", "ffn", "feature")]
+    torch.testing.assert_close(g.adjacency[inner].sum(1), g.attribution[inner], rtol=0, atol=1e-10)
+
+
+def test_encoder_and_self_attention_sites_too(model):
+    """SAEs on an encoder self-attention and a decoder self-attention output, a transcoder on an encoder FFN: the
+    same reading rules (the pattern over the stack's own keys; the FFN's own position)."""
+    d = model.cfg.d_model
+    enc_attn, dec_attn = model.enc[0].self_attn.hook_out.name, model.dec[1].self_attn.hook_out.name
+    dicts = {enc_attn: random_dictionary(DictionaryConfig(enc_attn, d, 24, "topk", 4), 21),
+             dec_attn: random_dictionary(DictionaryConfig(dec_attn, d, 24, "topk", 4), 22),
+             "enc.1.ffn": random_dictionary(DictionaryConfig(ffn_input_hook(model, "enc", 1), d, 24, "topk", 4,
+                                                             d_out=d, hook_name_out=model.enc[1].ffn.hook_out.name),
+                                            23)}
+    src, tgt = one_sentence(model.cfg)
+    g = feature_graph(model, dicts, src, tgt, position=4)
+    A, a = g.adjacency, g.attribution
+    assert abs(float(A[-1].sum()) - g.logit) <= 1e-10 * abs(g.logit)
+    reads = [i for i, n in enumerate(g.nodes) if n["kind"] != "logit"]
+    torch.testing.assert_close(A[:, reads].sum(0), a[reads], rtol=0, atol=1e-10)
+    inner = [i for i, n in enumerate(g.nodes) if n["kind"] in ("head", "ffn", "feature")]
+    torch.testing.assert_close(A[inner].sum(1), a[inner], rtol=0, atol=1e-10)
+    assert not g.index(kind="head", stack="enc", layer=0) and not g.index(kind="ffn", stack="enc", layer=1)
+    assert {g.nodes[i]["site"] for i in feature_nodes(g)} == set(dicts)
