@@ -12,7 +12,7 @@ import torch
 from model_helpers import make_batch, make_model
 
 from workbench import presets
-from workbench.core.splice import FeatureEdit, parse_steer, splice_at, steering_hooks
+from workbench.core.splice import FeatureEdit, edits_features, parse_steer, splice_at, steering_hooks
 from workbench.decoding.translator import load
 from workbench.features import DictionaryConfig, SparseDictionary, site_of, splice, splice_hooks, unsplice
 from workbench.features.sites import capture_site
@@ -200,15 +200,21 @@ def test_steering_at_zero_is_bit_identical_and_equals_the_edit_written_as_a_hook
         steered = tm.translate(SOURCES, beam=beam, return_scores=True, steer=steer)
 
         def clamp(feature, value, add=False):
-            def fn(acts, hook):
-                acts[..., feature] = acts[..., feature] + value if add else value
+            def fn(acts, hook):  # handed the one declared feature, or all of them
+                col = 0 if acts.size(-1) == 1 else feature
+                acts[..., col] = acts[..., col] + value if add else value
             return fn
 
-        with tm.model.hooks({enc.hook_acts.name: clamp(100, 1.0), dec.hook_acts.name: clamp(9, 20.0, add=True),
-                             ffn.hook_acts.name: clamp(3, 4.0)}):
+        hooks = {enc.hook_acts.name: (clamp(100, 1.0), [100]), dec.hook_acts.name: (clamp(9, 20.0, add=True), [9]),
+                 ffn.hook_acts.name: (clamp(3, 4.0), [3])}
+        with tm.model.hooks({name: edits_features(fn, f) for name, (fn, f) in hooks.items()}):
+            by_declared_hook = tm.translate(SOURCES, beam=beam, return_scores=True)
+        with tm.model.hooks({name: fn for name, (fn, _) in hooks.items()}):  # the dense features
             by_hook = tm.translate(SOURCES, beam=beam, return_scores=True)
     assert [(r.tokens, r.score) for r in zero] == [(r.tokens, r.score) for r in plain]
-    assert [(r.tokens, r.score) for r in steered] == [(r.tokens, r.score) for r in by_hook]
+    assert [(r.tokens, r.score) for r in steered] == [(r.tokens, r.score) for r in by_declared_hook]
+    assert [r.tokens for r in steered] == [r.tokens for r in by_hook]
+    torch.testing.assert_close([r.score for r in steered], [r.score for r in by_hook], rtol=0, atol=1e-5)
     assert [r.text for r in steered] != [r.text for r in plain]
 
 
@@ -222,6 +228,12 @@ def test_steered_search_agrees_with_steered_teacher_forcing(shipped):
         with torch.no_grad(), tm.model.hooks(steering_hooks(tm.model, steer)):
             logits = tm.model(b.src, b.tgt_in)
     assert logits[0].argmax(-1).tolist() == r.tokens
+    with splice(tm.model, dicts["hook_memory"]) as sae, torch.no_grad():  # the narrow encoder on 8192 TopK features
+        x = tm.model.encode(tm.encode_batch(SOURCES).src).memory
+        features = torch.tensor([100, 4243, 8000])
+        some, dense = sae.dictionary.encode_features(x, features), dicts["hook_memory"].encode(x)[..., features]
+    assert torch.equal(some == 0, dense == 0) and bool((dense > 0).any())
+    torch.testing.assert_close(some, dense, rtol=1e-5, atol=1e-6)
     assert r.text != tm.translate(SOURCES[2:], beam=1)[0]  # the steering changed the output
 
 
@@ -283,3 +295,41 @@ def test_steering_a_woman_feature_moves_translations_toward_women_more_than_rand
     assert direction("A Woman, her dog and two men.", FEMALE, MALE) == 1  # woman, her - men
     with pytest.raises(ValueError, match="out of range"):
         steering_effect(tm, d, d.cfg.d_sae, male, 0.3, toward=FEMALE)
+
+
+@pytest.mark.parametrize("architecture", ["topk", "relu"])
+def test_a_declared_edit_takes_the_narrow_path_and_gives_the_dense_path_s_bits(model_and_batch, architecture):
+    """`edits_features`: the splice encodes only the declared features (`encode_features`: encode's columns within
+    float rounding, zero where they are) and hands the hook those; logits equal the same edit made on the dense
+    (B, L, d_sae) features within rounding, and a plain hook beside it brings the dense path back."""
+    model, src, tgt = model_and_batch
+    d = _dictionary(model, transcoder=False)
+    if architecture == "relu":
+        d = SparseDictionary(DictionaryConfig("hook_memory", d_in=model.cfg.d_model, d_sae=48, architecture="relu"))
+    seen = []
+
+    def bump(acts, hook):
+        seen.append(acts.size(-1))
+        cols = [0, 1] if acts.size(-1) == 2 else [3, 7]
+        acts[..., cols] = acts[..., cols] * 3 + 0.25
+        return acts
+
+    with torch.no_grad(), splice(model, d) as sae:
+        x = model.encode(src).memory
+        some, dense = sae.dictionary.encode_features(x, torch.tensor([3, 7])), d.encode(x)[..., [3, 7]]
+        torch.testing.assert_close(some, dense, rtol=1e-5, atol=1e-6)
+        assert torch.equal(some == 0, dense == 0)
+        with model.hooks({sae.hook_acts.name: bump}):
+            dense = model(src, tgt)
+        with model.hooks({sae.hook_acts.name: edits_features(bump, [7, 3])}):
+            narrow = model(src, tgt)
+        handle = sae.hook_acts.register_forward_hook(lambda m, a, out: None)  # a plain hook: the dense path again
+        try:
+            with model.hooks({sae.hook_acts.name: edits_features(bump, [3, 7])}):
+                mixed = model(src, tgt)
+        finally:
+            handle.remove()
+    assert seen == [48, 2, 48]
+    assert torch.equal(mixed, dense)
+    torch.testing.assert_close(narrow, dense, rtol=1e-5, atol=1e-5)
+    assert (dense - model(src, tgt)).abs().max() > 1e-3

@@ -138,6 +138,17 @@ class HookPoint(nn.Module):
             return ()
         return _wanted_heads(self)
 
+    def listeners(self) -> tuple[HookFn, ...] | None:
+        """The call-scoped functions listening here in this context, in order (() when none); None when a plain
+        PyTorch hook or a replaced forward listens too, whose wishes cannot be read (a splice then hands the
+        whole tensor: `core.splice.edits_features`)."""
+        d = self.__dict__
+        if _GLOBAL_FORWARD or _GLOBAL_PRE or d["_forward_hooks"] or d["_forward_pre_hooks"] or "forward" in d:
+            return None
+        if _ACTIVE_COUNT == 0:
+            return ()
+        return _listeners(self)
+
     @property
     def decoding(self) -> DecodingStep | None:
         """During generation, the step and each row's sentence and beam (see `DecodingStep`); else None."""
@@ -191,15 +202,22 @@ def _wanted_heads_eager(point: HookPoint) -> tuple[int, ...] | None:
     return tuple(sorted(heads))
 
 
+def _listeners_eager(point: HookPoint) -> tuple[HookFn, ...]:
+    active = _ACTIVE.get()
+    return (active.get(point) if active else None) or ()
+
+
 _run_hooks, _listens, _wanted_heads = _run_hooks_eager, _listens_eager, _wanted_heads_eager
+_listeners = _listeners_eager
 
 
 def _guard_for_compile() -> None:
-    global _run_hooks, _listens, _wanted_heads
+    global _run_hooks, _listens, _wanted_heads, _listeners
     if _run_hooks is _run_hooks_eager and "torch._dynamo" in sys.modules:
         _run_hooks = torch.compiler.disable(_run_hooks_eager)
         _listens = torch.compiler.disable(_listens_eager)
         _wanted_heads = torch.compiler.disable(_wanted_heads_eager)
+        _listeners = torch.compiler.disable(_listeners_eager)
 
 
 def reads_heads(fn: HookFn, heads: Iterable[int]) -> HookFn:

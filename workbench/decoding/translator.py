@@ -158,7 +158,8 @@ class TranslationModel:
         beam, with the KV cache): a number clamps the feature to it, a signed string adds ("+5", "-2"; "=-2"
         clamps to -2). Each site needs a dictionary spliced in (`workbench.features.splice`); the edit is the
         hook `core.splice.steering_hooks` puts on `<site>.sae.hook_acts`, so writing it as your own hook there gives
-        the same output, and an edit of 0 ("+0") gives the unsteered output bit for bit.
+        the same output (bit for bit when the hook declares its features with `core.splice.edits_features`, within
+        float rounding otherwise), and an edit of 0 ("+0") gives the unsteered output bit for bit.
         """
         if isinstance(texts, str):
             texts = [texts]

@@ -15,6 +15,7 @@ ones one row per teacher-forced decoder position (the start token and each refer
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,6 +81,47 @@ def site_of(dictionary: SparseDictionary) -> Site:
     return Site(cfg.hook_name, cfg.hook_name)
 
 
+class _Spliceable:
+    """What a splice holds for a `SparseDictionary`: its inference surface plus `encode_features`, the activations
+    of a few features without the dense (..., d_sae) array (a steer's narrow path, `core.splice.edits_features`)."""
+
+    def __init__(self, d: SparseDictionary) -> None:
+        self.d, self.cfg = d, d.cfg
+        self.encode, self.decode, self.skip = d.encode, d.decode, d.skip
+
+    @property
+    def W_dec(self) -> torch.Tensor:  # noqa: N802 (SAELens's name)
+        return self.d.W_dec
+
+    def encode_features(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """encode(x)[..., features] without the dense features: each feature's pre-activation alone, and the dense
+        pre-activations (for TopK's selection) only on rows where one of them may be positive; elsewhere ReLU
+        makes it exactly 0, as in `encode`. Values equal encode's within float rounding (a matrix product of
+        another shape), and 0 exactly where encode gives 0: hook_memory's features are positive on about 2 % of
+        tokens, so a steer skips nearly all of the 8192-wide encoder."""
+        d, cfg = self.d, self.cfg
+        shape, x = x.shape, x.reshape(-1, x.size(-1))
+        sae_in = x if cfg.transcoder else x - d.b_dec
+        w, b = d.W_enc.index_select(1, features), d.b_enc.index_select(0, features)
+        guess = torch.addmm(b, sae_in, w)  # (N, n)
+        if cfg.architecture == "relu":
+            return guess.relu().view(*shape[:-1], -1)
+        out = torch.zeros_like(guess)
+        # a row is a candidate unless every chosen pre-activation is negative by far more than float rounding
+        bound = 1e-4 * torch.addmm(b.abs(), sae_in.abs(), w.abs())
+        rows = (guess > -bound).any(-1).nonzero()[:, 0]
+        if rows.numel():
+            pre = d.pre_activations(x.index_select(0, rows))  # (m, d_sae), as encode computes them
+            top = pre.topk(cfg.k, dim=-1, sorted=False).indices  # encode's own selection
+            member = (top.unsqueeze(1) == features.unsqueeze(-1)).any(-1)  # (m, n)
+            chosen = pre.index_select(1, features)
+            out.index_copy_(0, rows, torch.where(member, chosen.relu(), torch.zeros_like(chosen)))
+        return out.view(*shape[:-1], -1)
+
+
+_SPLICEABLE: weakref.WeakKeyDictionary[SparseDictionary, _Spliceable] = weakref.WeakKeyDictionary()
+
+
 def splice(model: Transformer, dictionary: SparseDictionary) -> Spliced:
     """Splice `dictionary` in at its site (from its config), as `core.splice.attach`: its activations,
     reconstruction and error become hook points `<site>.sae.hook_acts` / `.hook_recons` / `.hook_error`, readable and
@@ -95,7 +137,10 @@ def splice(model: Transformer, dictionary: SparseDictionary) -> Spliced:
     if cfg.d_in != model.cfg.d_model or cfg.out_dim != model.cfg.d_model:
         raise ValueError(f"the dictionary for {site.name} maps {cfg.d_in} -> {cfg.out_dim}, but the model's width "
                          f"is {model.cfg.d_model}: it belongs to another model")
-    return attach(model, site.name, dictionary.to(model.device))
+    dictionary.to(model.device)
+    if dictionary not in _SPLICEABLE:  # one per dictionary, so splicing it twice shares the splice
+        _SPLICEABLE[dictionary] = _Spliceable(dictionary)
+    return attach(model, site.name, _SPLICEABLE[dictionary])
 
 
 def unsplice(model: Transformer, dictionary_or_site: SparseDictionary | str) -> None:
