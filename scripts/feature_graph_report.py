@@ -14,8 +14,9 @@ Interventions at one position per sentence (7·i mod its length in every mode, t
 targets "logit" and "demeaned": the real model's target drop with the graph's top-5 features by attribution clamped
 to 0 together (the dictionaries spliced in, errors kept: `feature_check`) next to 5 random active features (10
 draws), each beside the graph's prediction (the sum of their attributions); and the top-10 features one by one,
-predicted vs real, with their rank correlation. Records go to --records (JSON lines; a rerun resumes), the summary to
---json.
+predicted vs real, with their rank correlation. With --site-sets N: `prune(0.8)`'s size with subsets of the
+dictionaries on N more sentences (from line 100), to see which sites cost the nodes. Records go to --records (JSON
+lines; a rerun resumes), the summary to --json.
 """
 
 from __future__ import annotations
@@ -119,6 +120,25 @@ def summarise(records: list[dict]) -> dict:
     return out
 
 
+def site_sets(tm, dicts: dict, lines: list[str]) -> dict:
+    """Which dictionaries cost the nodes: `prune(0.8)`'s size with every shipped dictionary, with subsets of them, and
+    with none (the head graph), at position 7·i mod its length of each sentence."""
+    model = tm.model
+    sets = {"all": list(dicts), "all but hook_memory": [s for s in dicts if s != "hook_memory"],
+            "hook_memory only": ["hook_memory"], "cross-attention SAEs only": [s for s in dicts if "cross" in s],
+            "dec.1.ffn transcoder only": [s for s in dicts if s.endswith(".ffn")], "none (head graph)": []}
+    kept: dict[str, list[int]] = {k: [] for k in sets}
+    for i, (line, o) in enumerate(zip(lines, tm.translate(lines, return_tokens=True, beam=1))):
+        toks = list(o.tokens)
+        src = torch.tensor([tm.encode_source(line)[0]])
+        tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
+        for name, sites in sets.items():
+            kept[name].append(len(feature_graph(model, {s: dicts[s] for s in sites}, src, tgt,
+                                                (7 * i) % len(toks)).prune(0.8)))
+    return {name: {"kept80_median": float(np.median(v)), "share_at_most_100": float(np.mean(np.array(v) <= 100)),
+                   "kept80": v} for name, v in kept.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
@@ -126,6 +146,8 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=20, help="every mode: every position of the first N")
     ap.add_argument("--sampled", type=int, default=100, help="sampled mode: one position of each of the next N")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--site-sets", type=int, default=0,
+                    help="also: prune(0.8)'s size with subsets of the dictionaries, on N sentences from line 100")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--records", default=str(ROOT / "runs" / "feature_graph_report" / "records.jsonl"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "evidence" / "feature_graph.json"))
@@ -168,6 +190,15 @@ def main() -> None:
                 Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
                 print(json.dumps(summary), flush=True)
     summary = {"meta": meta, **summarise(records)}
+    old = json.loads(Path(args.json).read_text(encoding="utf-8")) if Path(args.json).exists() else {}
+    if args.site_sets:
+        by_site = {(d.cfg.hook_name_out.rsplit(".hook_out", 1)[0] if d.cfg.transcoder else d.cfg.hook_name): d
+                   for d in dicts}
+        all_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+        summary["site_sets"] = {"sentences": f"lines 100-{99 + args.site_sets}",
+                                **site_sets(tm, by_site, all_lines[100: 100 + args.site_sets])}
+    elif "site_sets" in old:
+        summary["site_sets"] = old["site_sets"]
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
