@@ -13,7 +13,8 @@ of the influence held by the 100 most influential nodes, the share held by error
 Interventions at one position per sentence (7·i mod its length in every mode, the drawn one in sampled mode), for the
 targets "logit" and "demeaned": the real model's target drop with the graph's top-5 features by attribution clamped
 to 0 together (the dictionaries spliced in, errors kept: `feature_check`) next to 5 random active features (10
-draws), each beside the graph's prediction (the sum of their attributions); and the top-10 features one by one,
+draws) and the top-5 by gradient x activation in the real model (the ranking one would use without a graph), each
+beside the graph's prediction (the sum of their attributions); and the top-10 features one by one,
 predicted vs real, with their rank correlation. With --site-sets N: `prune(0.8)`'s size with subsets of the
 dictionaries on N more sentences (from line 100), to see which sites cost the nodes. Records go to --records (JSON
 lines; a rerun resumes), the summary to --json.
@@ -102,12 +103,15 @@ def summarise(records: list[dict]) -> dict:
             rhos = np.array([c["single_spearman"] for c in checks], dtype=float)
             td = [c["top_drop"] for c in checks]
             rd = [c["random_drop"] for c in checks]
+            gd = [c["gxa_drop"] for c in checks]
             s[f"interventions_{target}"] = {
                 "graphs": len(checks),
                 "top5_real_drop_mean_median": [float(np.mean(td)), float(np.median(td))],
                 "top5_predicted_mean_median": [float(np.mean([c["top_predicted"] for c in checks])),
                                                float(np.median([c["top_predicted"] for c in checks]))],
                 "random5_real_drop_mean_median": [float(np.mean(rd)), float(np.median(rd))],
+                "gxa_top5_real_drop_mean_median": [float(np.mean(gd)), float(np.median(gd))],
+                "share_graph_top5_beats_gxa_top5": float(np.mean([a > b for a, b in zip(td, gd)])),
                 "random5_predicted_mean": float(np.mean([c["random_predicted"] for c in checks])),
                 "share_top_drop_over_3x_random": float(np.mean([a > 3 * max(b, 0.0) for a, b in zip(td, rd)])),
                 "single_top10_predicted_over_real_median": float(np.median(

@@ -6,15 +6,25 @@ the app read."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from dictionary_helpers import random_dictionary, tiny_dictionaries
 from model_helpers import graph_model, one_sentence
 
 from workbench.analysis import graph as graph_module
-from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
+from workbench.analysis.feature_graph import (
+    feature_check,
+    feature_gradient_x_activation,
+    feature_graph,
+    feature_nodes,
+    remove_features,
+)
 from workbench.analysis.graph import attribution_graph
+from workbench.core.hooks import HookPoint
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
+from workbench.core.splice import site_module
 from workbench.features.dictionary import DictionaryConfig
 from workbench.features.sites import ffn_input_hook, splice
 
@@ -125,7 +135,7 @@ def test_the_feature_check_reports_predicted_and_real_drops(model):
     dicts = tiny_dictionaries(model)
     g = feature_graph(model, dicts, src, tgt, position=4)
     out = feature_check(model, dicts, src, tgt, g, k=3, random_sets=4)
-    assert set(out) == {"logit", "top_drop", "top_predicted", "random_drop", "random_predicted"}
+    assert set(out) == {"logit", "top_drop", "top_predicted", "gxa_drop", "random_drop", "random_predicted"}
     assert abs(out["logit"] - g.logit) < 1e-4
     top = sorted(g.attribution[feature_nodes(g)].tolist(), reverse=True)[:3]
     assert abs(out["top_predicted"] - sum(top)) < 1e-12
@@ -197,3 +207,28 @@ def test_encoder_and_self_attention_sites_too(model):
     torch.testing.assert_close(A[inner].sum(1), a[inner], rtol=0, atol=1e-10)
     assert not g.index(kind="head", stack="enc", layer=0) and not g.index(kind="ffn", stack="enc", layer=1)
     assert {g.nodes[i]["site"] for i in feature_nodes(g)} == set(dicts)
+
+
+def test_gradient_x_activation_matches_a_finite_difference_in_the_real_model(model):
+    src, tgt = one_sentence(model.cfg)
+    dicts = tiny_dictionaries(model)
+    g = feature_graph(model, dicts, src, tgt, position=4, target="demeaned")
+    gxa = feature_gradient_x_activation(model, dicts, src, tgt, g)
+    feats = feature_nodes(g)
+    assert bool(gxa[feats].any()) and not bool(gxa[[i for i in range(len(g.nodes)) if i not in feats]].any())
+    model64 = copy.deepcopy(model).double()
+    for i in [feats[int(gxa[feats].abs().argmax())], feats[0]]:
+        node = g.nodes[i]
+        d = dicts[node["site"]]
+        site = site_module(model64, node["site"])
+        name = site.name if isinstance(site, HookPoint) else site.hook_out.name  # an SAE's point; an FFN's output
+        values = []
+        for sign in (1, -1):
+            def nudge(y, hook, sign=sign, node=node, d=d):
+                y = y.clone()
+                y[0, node["position"]] += sign * 1e-6 * node["activation"] * d.W_dec[node["feature"]].double()
+                return y
+            with torch.no_grad(), model64.hooks({name: nudge}):
+                logits = model64(src, tgt[:, :5])[0, 4]
+            values.append(float(logits[g.token] - logits.mean()))
+        assert abs((values[0] - values[1]) / 2e-6 - float(gxa[i])) <= 1e-4 * max(1.0, abs(float(gxa[i])))

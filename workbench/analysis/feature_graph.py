@@ -45,9 +45,10 @@ from typing import Any
 
 import torch
 
+from ..core.hooks import HookPoint
 from ..core.model import evaluating
 from ..core.replacement import FEATURES, FREEZABLE, ReplacementModel
-from ..core.splice import attach
+from ..core.splice import attach, site_module
 from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
 from ..features.sites import site_of, splice
@@ -143,23 +144,61 @@ def _spliced(model, sites: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 def feature_check(model, dictionaries, src, tgt, graph: AttributionGraph, k: int = 5, *, random_sets: int = 10,
                   seed: int = 0) -> dict[str, float]:
     """Interventions that test the graph's feature ranking in the real model: the target's drop when the top-k
-    features by attribution are clamped to 0 together, next to k random active features (mean over `random_sets`
-    draws), and what the graph predicts for each: the sum of the removed features' attributions (in the replacement
-    model, exact for one feature and for features none of which lies downstream of another); in the real model
-    attention, norms, gates and the other features' active sets respond."""
+    features by attribution are clamped to 0 together, next to the top-k by gradient x activation
+    (`feature_gradient_x_activation`) and k random active features (mean over `random_sets` draws), and what the
+    graph predicts for its own set and the random ones: the sum of the removed features' attributions (in the
+    replacement model, exact for one feature and for features none of which lies downstream of another); in the real
+    model attention, norms, gates and the other features' active sets respond."""
     cand = feature_nodes(graph)
     if not cand:
         raise ValueError("the graph has no feature nodes")
     att = graph.attribution[cand]
     order = att.argsort(descending=True)[:k].tolist()
     top = [cand[j] for j in order]
+    gxa = feature_gradient_x_activation(model, dictionaries, src, tgt, graph)[cand]
+    by_gxa = [cand[j] for j in gxa.argsort(descending=True)[:k].tolist()]
     g = torch.Generator().manual_seed(seed)
     rand = [[cand[j] for j in torch.randperm(len(cand), generator=g)[:k].tolist()] for _ in range(random_sets)]
-    vals = remove_features(model, dictionaries, src, tgt, graph, [[], top, *rand])
+    vals = remove_features(model, dictionaries, src, tgt, graph, [[], top, by_gxa, *rand])
     base = float(vals[0])  # the spliced model with nothing clamped: the model itself
     rand_pred = [float(graph.attribution[r].sum()) for r in rand]
     return {"logit": base, "top_drop": base - float(vals[1]), "top_predicted": float(att[order].sum()),
-            "random_drop": base - float(vals[2:].mean()), "random_predicted": sum(rand_pred) / len(rand_pred)}
+            "gxa_drop": base - float(vals[2]), "random_drop": base - float(vals[3:].mean()),
+            "random_predicted": sum(rand_pred) / len(rand_pred)}
+
+
+def feature_gradient_x_activation(model, dictionaries, src, tgt, graph: AttributionGraph) -> torch.Tensor:
+    """(N,) gradient x activation of each feature node (0 for the other nodes): its activation times W_dec[f] . the
+    real model's gradient of the graph's target at the site's output (one backward pass, nothing frozen). The ranking
+    one would use without a graph: `feature_check` sets its top-k beside the graph's."""
+    sites = _by_site(dictionaries)
+    src, tgt = _tokens(src, "src").to(model.device), _tokens(tgt, "tgt").to(model.device)
+    tgt = tgt[:, : graph.position + 1]
+    outputs = {}
+    for site in sites:
+        module = site_module(model, site)
+        outputs[site] = module.name if isinstance(module, HookPoint) else module.hook_out.name
+    leaves: dict[str, torch.Tensor] = {}
+
+    def tap(x, hook):
+        leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
+        return x + leaves[hook.name]
+
+    names = list(dict.fromkeys(outputs.values()))
+    with evaluating(model), torch.enable_grad(), model.hooks([(n, tap) for n in names]):
+        logits = model(src, tgt)[0, graph.position].double()
+        target = logits[graph.token]
+        if graph.baseline_token is not None:
+            target = target - logits[graph.baseline_token]
+        if graph.meta.get("target") == "demeaned":
+            target = target - logits.mean()
+        grads = dict(zip(names, torch.autograd.grad(target, [leaves[n] for n in names])))
+    out = torch.zeros(len(graph.nodes), dtype=torch.float64)
+    for i in feature_nodes(graph):
+        node = graph.nodes[i]
+        w = sites[node["site"]].W_dec[node["feature"]].detach().double()
+        out[i] = node["activation"] * float(w @ grads[outputs[node["site"]]][0, node["position"]].double())
+    return out
 
 
 def feature_details(tm, directories: Mapping[str, Any], node: dict[str, Any], *, contexts: int = 5,
