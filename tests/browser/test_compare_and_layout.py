@@ -99,6 +99,15 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
             page.locator(".why-patching-note").first.wait_for(timeout=TIMEOUT * 2)
         if tab == "Graph":  # the graph itself drawn
             page.wait_for_function(GRAPH_DRAWN_JS, timeout=TIMEOUT * 2)
+        if tab == "Analysis":  # the table takes the page's width, the three heatmaps share a row
+            page.locator(".bk-DataTable").first.wait_for(timeout=TIMEOUT)
+            table = page.locator(".bk-DataTable").first.bounding_box()
+            assert table and table["width"] >= 0.85 * width, table
+            maps = page.evaluate("""() => [...Bokeh.index.all_views()].filter(v => v.model.type === 'Figure'
+                && v.el.isConnected && (v.model.title?.text || '').includes('per head')).map(v => {
+                const r = v.el.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width}; })""")
+            assert len(maps) == 3 and len({round(m["y"]) for m in maps}) == 1, maps
+            assert sum(m["w"] for m in maps) >= 0.8 * width, maps
         if tab == "Compare":  # A | B | B-A side by side on a wide page
             boxes = [page.locator(".bk-Figure").nth(i).bounding_box() for i in range(3)]
             if width >= 1400:

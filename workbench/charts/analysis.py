@@ -21,14 +21,17 @@ from .heatmap import DIVERGING, matrix_figure
 from .select import KIND_LABEL
 
 
-def _frame_table(df, *, width: int = 900, height: int = 420, digits: int = 4) -> DataTable:
-    """A sortable Bokeh DataTable of a DataFrame (click a header to sort)."""
+def _frame_table(df, *, width: int = 900, height: int = 420, digits: int = 4, stretch: bool = False,
+                 wide: Sequence[str] = ()) -> DataTable:
+    """A sortable Bokeh DataTable of a DataFrame (click a header to sort). `stretch`: as wide as the page, with
+    the `wide` columns (labels) given twice a number column's share."""
     fmt = NumberFormatter(format="0." + "0" * digits, nan_format="–")
-    cols = [TableColumn(field=c, title=c, formatter=fmt) if df[c].dtype.kind == "f" else TableColumn(field=c, title=c)
-            for c in df.columns]
+    cols = [TableColumn(field=c, title=c, formatter=fmt, width=60) if df[c].dtype.kind == "f"
+            else TableColumn(field=c, title=c, width=120 if c in wide else 60) for c in df.columns]
     data = {c: df[c].to_numpy() for c in df.columns}  # a dict: Bokeh's DataFrame path adds an index column
-    return DataTable(source=ColumnDataSource(data), columns=cols, sortable=True,
-                     width=width, height=height, index_position=None)
+    size = {"sizing_mode": "stretch_width", "min_width": 600} if stretch else {"width": width}
+    return DataTable(source=ColumnDataSource(data), columns=cols, sortable=True, height=height,
+                     index_position=None, **size)
 
 
 # ---------------------------------------------------------------------------- head statistics
@@ -45,6 +48,9 @@ def head_stats_table(table, *, kind: str | None = None, stats: Sequence[str] | N
             raise KeyError(f"unknown statistics {missing}; known: {list(df.columns[4:])}")
         df = df[["head_id", "kind", "layer", "head_index", *stats]]
     df = df.dropna(axis=1, how="all")
+    if kw.get("stretch"):  # the head id (kind:layer:head) says what the three index columns say
+        df = df.drop(columns=[c for c in ("kind", "layer", "head_index") if c in df.columns])
+        kw.setdefault("wide", ("head_id",))
     return _frame_table(df, **kw)
 
 
@@ -81,11 +87,15 @@ def layer_head_figure(values: np.ndarray, *, value_label: str = "value", divergi
 
 
 def head_stats_view(table, stat: str = "entropy"):
-    """The table and one heatmap per block kind, stacked: the whole corpus report on one page."""
+    """The table (the page's width) and one heatmap per block kind side by side: the whole corpus report on one
+    page at 1000–1500 px."""
     kinds = [k for k in ("enc_self", "dec_self", "cross") if any(b[0] == k for b in table.blocks)]
     figs = [head_stats_heatmap(table, stat, k) for k in kinds if np.isfinite(table.values(stat)).any()]
+    for fig in figs:  # side by side, sharing the page's width (each at least readable: 4 heads need ~300 px)
+        fig.sizing_mode, fig.min_width = "stretch_width", 300
     return column(Div(text=f"<b>Head statistics</b> over {len(table.sentence_ids)} sentences"),
-                  head_stats_table(table), *figs)
+                  head_stats_table(table, stretch=True), row(*figs, sizing_mode="stretch_width"),
+                  sizing_mode="stretch_width")
 
 
 # ---------------------------------------------------------------------------- helpers
