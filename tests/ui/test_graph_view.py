@@ -9,6 +9,7 @@ import asyncio
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import panel as pn
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
+from test_link import _page  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
 from workbench.analysis.graph import graph_size  # noqa: E402
@@ -327,3 +329,32 @@ def test_the_edge_table_names_features_on_the_shipped_checkpoint():
     assert named and all(k.endswith("%)") for k in named)
     plain = graph_view.edge_qk(tm, src_ids, out_ids, src_pieces, out_pieces, 4, 1, 0, 3, 1, False)
     assert plain["dictionaries"] == [] and plain["qk"].score == pytest.approx(qk.score, abs=1e-5)
+
+
+def test_the_explained_key_is_in_the_link(tmp_path, monkeypatch):
+    """The picked key and the features switch are in the URL (`gqk`, `gqkf`): a page opened on it explains the same
+    head at the same key; a key the head does not have is named and the head's own used; tapping another head starts
+    at its own argmax."""
+    build_checkpoint(tmp_path / "alpha", seed=0, steps=0, run="runs/a", step=150)
+    a, location = _page(tmp_path, monkeypatch, "?ckpt=alpha&tab=graph&gtok=2&gthr=1.0&gcap=400")
+    view = next(v for title, v in a.tabs if title == "Graph")
+    nodes = _figure(view).select_one({"name": "graph_nodes"})
+    crosses = [j for j, i in enumerate(nodes.data["index"]) if _node(view, i)["block"] == "cross_attn"]
+    nodes.selected.indices = [crosses[0]]
+    _, _, select = _qk_parts(view)
+    other = (select.value + 1) % len(select.options)
+    select.value = other
+    query = parse_qs(location.search.lstrip("?"))
+    assert query["gqk"] == [str(other)] and query["gnode"] == [str(view.node)]
+    b, _ = _page(tmp_path, monkeypatch, location.search)
+    view_b = next(v for title, v in b.tabs if title == "Graph")
+    note, _, select_b = _qk_parts(view_b)
+    assert view_b.node == view.node and select_b.value == other and f"piece {other} " in note
+    assert "could not be used" not in b.session.message
+    nodes_b = _figure(view_b).select_one({"name": "graph_nodes"})
+    nodes_b.selected.indices = [crosses[1]]  # another head: its own argmax again
+    assert view_b.qk_key == -1
+    row = _node(view_b, nodes_b.data["index"][crosses[1]])["attention"]
+    assert _qk_parts(view_b)[2].value == max(range(len(row)), key=lambda j: row[j])
+    c, location_c = _page(tmp_path, monkeypatch, location.search.replace(f"gqk={other}", "gqk=999"))
+    assert "gqk=999" in c.session.message and parse_qs(location_c.search.lstrip("?"))["gqk"] == ["-1"]

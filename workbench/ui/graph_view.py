@@ -187,8 +187,9 @@ class GraphView(LazyTab):
     follows = ("version",)
     redraws = ("position", "threshold", "max_nodes", "contexts")
     heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
-    url = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap", "contexts": "gctx", "node": "gnode"}
-    url_late = ("position", "node")
+    url = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap", "contexts": "gctx", "node": "gnode",
+           "qk_key": "gqk", "qk_features": "gqkf"}
+    url_late = ("position", "node", "qk_key")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -205,6 +206,7 @@ class GraphView(LazyTab):
         self._qk_lane = self.session.lane(f"GraphQK-{id(self)}")
         self._qk_box = pn.Column(sizing_mode="stretch_width", css_classes=["graph-qk"])
         self._qk_node = -1  # the node the shown attribution is of
+        self._qk_link = True  # until the first head is explained, `qk_key` may be a link's, for the link's node
         self._picker_many: bool | None = None
         self._bar = pn.indicators.Progress(value=0, max=1, width=240, css_classes=["graph-progress-bar"])
         self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
@@ -424,11 +426,17 @@ class GraphView(LazyTab):
         row = [float(w) for w in n["attention"]]
         if kind == "dec_self":  # causal: the keys up to the query
             row = row[: n["position"] + 1]
-        if self.node != self._qk_node:  # a newly tapped head starts at the piece it attends most
-            self._qk_node = self.node
-            with param.discard_events(self):
-                self.qk_key = -1
-        s = self.qk_key if 0 <= self.qk_key < len(row) else max(range(len(row)), key=row.__getitem__)
+        if self.node != self._qk_node:  # a newly tapped head starts at the key it attends most
+            first, self._qk_node = self._qk_node == -1 and self._qk_link, self.node
+            if self.qk_key != -1 and not first:  # (a link's key is kept for the head it came with)
+                self.qk_key = -1  # the watcher runs this again, with the new key
+                return
+        self._qk_link = False
+        if self.qk_key >= len(row):  # a link's key this head does not have: named, and the head's own used
+            self.session.notes = [*self.session.notes, f"{MESSAGE}gqk={self.qk_key} (not a key of this head)"]
+            self.qk_key = -1
+            return
+        s = self.qk_key if self.qk_key >= 0 else max(range(len(row)), key=row.__getitem__)
         self._qk_box.loading = True
         self._qk_lane.submit(edge_qk, r.model, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, a["position"],
                              n["layer"], n["head"], n["position"], s, bool(self.qk_features), kind,
