@@ -70,3 +70,28 @@ def test_every_control_has_a_tooltip_written_for_users():
         for name in names:
             doc = cls.param[name].doc or ""
             assert len(doc.split()) >= 8 and "-1:" not in doc and "''" not in doc, (cls.__name__, name, doc)
+
+
+def test_terms_of_art_in_a_views_text_link_to_the_glossary():
+    from workbench.ui.learn import GLOSSARY, anchor, link_terms
+
+    text = ("Estimate by attribution patching: AER and ALTI+, then label smoothing, Label smoothing again; "
+            "`AER` in code and <a href='x'>AER</a> stay.")
+    out = link_terms(text)
+    for name in ("attribution patching", "AER", "ALTI+", "label smoothing"):
+        assert out.count(f'href="#{anchor(name)}"') == 1, name  # the first mention only
+    assert 'href="#glossary-patching' not in out  # the longer term won: no "patching" link inside it
+    assert "`AER` in code and <a href='x'>AER</a> stay." in out  # code spans and existing links untouched
+    assert ">attribution patching</a>" in out and ">label smoothing</a>" in out  # the text's own spelling
+    assert link_terms("no jargon here") == "no jargon here"
+    assert all(link_terms(name) != name for name in GLOSSARY)  # every entry is found by its own name
+
+
+def test_the_views_texts_carry_their_terms():
+    from workbench.ui import views
+    from workbench.ui.learn import link_terms
+
+    assert 'href="#glossary-causal-mask"' in link_terms(views.MASKS_HOW_TO_READ)
+    assert 'href="#glossary-positional-encoding"' in link_terms(views.POSITIONS_HOW_TO_READ)
+    note = views.InternalsView._smoothing(0.1, RuntimeError("not measured here"))[0]
+    assert 'href="#glossary-label-smoothing"' in note.object

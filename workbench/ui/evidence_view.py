@@ -24,6 +24,7 @@ from ..analysis.sentence_evidence import sentence_evidence
 from ..analysis.word_align import METHODS
 from ..charts.evidence import alignment_lines, role_grid, source_share_bars
 from ..corpus.data import dataset_files, default_data_root
+from .learn import link_terms
 from .views import LazyTab
 
 METHOD_LABELS = {"attention weights": "weights", "value-weighted norms": "norms", "ALTI+ contributions": "alti"}
@@ -95,8 +96,8 @@ def evidence_figure(tm, source: str, output: str, *, method: str = "weights", ro
     parts = [Div(text=f"<b>Word alignment</b>: {ev.spec}; line width = strength, dashed = the argmax links",
                  css_classes=["evidence-method-label"], sizing_mode="stretch_width"),
              lines,
-             Div(text="<b>Source share</b> of each output token (ALTI+): the rest comes from the target prefix",
-                 sizing_mode="stretch_width"),
+             Div(text=link_terms("<b>Source share</b> of each output token (ALTI+): the rest comes from the target "
+                                 "prefix"), sizing_mode="stretch_width"),
              bars]
     if roles is not None:
         parts.append(Div(text=f"<b>Head roles</b>, measured on {roles_from}. A head has a role when: "

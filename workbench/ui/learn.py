@@ -11,6 +11,7 @@ as a hover title and a link to its glossary entry, for the views' own texts.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,6 +75,32 @@ def term(name: str, shown: str | None = None) -> str:
     definition = GLOSSARY[name]
     return (f'<a class="term" href="#{anchor(name)}" title="{html.escape(definition, quote=True)}">'
             f"{html.escape(shown or name)}</a>")
+
+
+_SPANS = re.compile(r"(`[^`]*`|<[^>]+>[^<]*</a>|<[^>]+>)")  # code spans, links with their text, other tags
+
+
+def _pattern(name: str) -> re.Pattern:
+    flags = 0 if any(c.isupper() for c in name) else re.IGNORECASE  # acronyms exactly; phrases in any case
+    return re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w])", flags)
+
+
+_PATTERNS = sorted(((name, _pattern(name)) for name in GLOSSARY), key=lambda kv: -len(kv[0]))
+
+
+def link_terms(text: str) -> str:
+    """A view's text (Markdown or HTML) with the first mention of each term of art linked to its glossary entry
+    (`term`, keeping the text's own spelling), outside code spans, links and tags; longer terms first, so
+    "attribution patching" is one link, not "patching" inside it."""
+    for name, pattern in _PATTERNS:
+        parts = _SPANS.split(text)  # again after each link: a shorter term must not match inside one
+        for i in range(0, len(parts), 2):  # the even parts are plain text
+            match = pattern.search(parts[i])
+            if match is not None:
+                parts[i] = parts[i][: match.start()] + term(name, match.group(0)) + parts[i][match.end():]
+                text = "".join(parts)
+                break
+    return text
 
 
 def glossary_html() -> str:

@@ -42,6 +42,7 @@ from ..core.heads import KINDS, Head
 from ..training.config import TrainConfig
 from ..training.setup import lr_at, lr_schedule
 from . import loader
+from .learn import link_terms
 from .session import Session, fmt_logp
 from .work import Request, translate
 
@@ -391,7 +392,8 @@ class LazyTab(pn.viewable.Viewer):
 
 
 POSITIONS_HOW_TO_READ = (
-    "Attention alone does not know word order, so each position adds a fixed vector to its word's embedding. "
+    "Attention alone does not know word order, so each position adds a fixed vector, its positional encoding, to "
+    "its word's embedding. "
     "Left: that vector (one row per position, one column per dimension; colour = value from −1, blue, to +1, red). "
     "Middle: a few dimensions as waves over positions — low dimensions oscillate fast, high ones slowly. Right: "
     "how alike two positions' vectors are (cosine); nearby positions look alike, so the model can tell distance.")
@@ -471,10 +473,10 @@ class InternalsView(LazyTab):
             frame, words = schedule
             lr = [pn.pane.Markdown(words, css_classes=["lr-schedule-note"], sizing_mode="stretch_width"),
                   pn.pane.Vega(schedule_vs_log_chart(frame), sizing_mode="stretch_width")]
-        return [pn.pane.Markdown("### Positional encodings"), pn.pane.Markdown(POSITIONS_HOW_TO_READ),
+        return [pn.pane.Markdown("### Positional encodings"), pn.pane.Markdown(link_terms(POSITIONS_HOW_TO_READ)),
                 _wrapped(parts["positions"], "Positional encodings"),
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
-                pn.pane.Markdown(MASKS_HOW_TO_READ), _wrapped(parts["masks"], "Masks"),
+                pn.pane.Markdown(link_terms(MASKS_HOW_TO_READ)), _wrapped(parts["masks"], "Masks"),
                 pn.pane.Markdown("### Learning-rate schedule"), *lr,
                 pn.pane.Markdown("### Label smoothing"), *self._smoothing(parts["smoothing"], parts["confidence"]),
                 pn.pane.Markdown("### Training and validation curves stored in the checkpoint"),
@@ -493,7 +495,7 @@ class InternalsView(LazyTab):
             words = ("This model was trained without label smoothing (ε = 0): its target is one-hot, and the loss "
                      "keeps falling until the reference word gets probability 1 (right). Below: where the trained "
                      "model really puts its probability on validation text.")
-        out = [pn.pane.Markdown(words, css_classes=["smoothing-note"], sizing_mode="stretch_width")]
+        out = [pn.pane.Markdown(link_terms(words), css_classes=["smoothing-note"], sizing_mode="stretch_width")]
         try:
             out.append(pn.pane.Vega(label_smoothing_chart(vocab=10, smoothing=smoothing), sizing_mode="stretch_width"))
         except Exception as exc:

@@ -35,6 +35,7 @@ from ..analysis.patching import attribution_patching, build_sites, log_prob, pat
 from ..charts.why import logit_attribution_grid, patching_heatmap
 from ..core.batching import decoder_input
 from . import workers
+from .learn import link_terms
 from .views import LazyTab, _fail, _md_escape, _stretch
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
@@ -470,7 +471,7 @@ class WhyView(LazyTab):
         self._progress(None)
         self._stop.visible = False
         self._exact.visible = bool(p.maps) and not p.exact
-        objs = [pn.pane.Markdown(_md_escape(extra + p.note), css_classes=["why-patching-note"],
+        objs = [pn.pane.Markdown(link_terms(_md_escape(extra + p.note)), css_classes=["why-patching-note"],
                                  sizing_mode="stretch_width")]
         for title, values, rows, cols, axes in p.maps:
             try:
