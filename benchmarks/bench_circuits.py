@@ -42,8 +42,7 @@ from workbench.analysis.circuits import (
     edge_patching,
     edge_scores,
     iterative_circuits,
-    node_circuit,
-    node_scores,
+    node_circuit_of_size,
 )
 from workbench.analysis.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
 
@@ -79,7 +78,7 @@ def main() -> None:
     de = lines("test_2016_flickr.de") + lines("val.de") + lines("train.de")
     en = lines("test_2016_flickr.en") + lines("val.en") + lines("train.en")
     builders = {
-        "nouns": (de_en, lambda: noun_swaps(de_en, de[:150], max_pairs=args.pairs + args.heldout)),
+        "nouns": (de_en, lambda: noun_swaps(de_en, de[:1000], max_pairs=args.pairs + args.heldout)),
         "number_de": (de_en, lambda: word_swaps(de_en, de, NUMBER_DE, max_pairs=args.pairs + args.heldout)),
         "gender_en": (en_de, lambda: word_swaps(en_de, en, GENDER_EN, max_pairs=args.pairs + args.heldout)),
         "number_en": (en_de, lambda: word_swaps(en_de, en, NUMBER_EN, max_pairs=args.pairs + args.heldout)),
@@ -129,17 +128,7 @@ def main() -> None:
                 searches[method + ("_abs" if absolute else "")] = [
                     graph.greedy_edges(scores[method].scores, n, absolute=absolute) for n in sizes]
         # whole-node circuits (heads and FFNs) from EAP-IG's node scores, as many nodes as fit in each size
-        ranked = sorted(node_scores(scores["eap-ig"]).items(), key=lambda kv: kv[1])
-        searches["nodes_eap-ig"] = []
-        for n in sizes:
-            chosen, edges = [], []
-            for node, _ in ranked:
-                more = node_circuit(graph, [*chosen, node])
-                if len(more) > n:
-                    break
-                chosen.append(node)
-                edges = more
-            searches["nodes_eap-ig"].append(edges)
+        searches["nodes_eap-ig"] = [node_circuit_of_size(scores["eap-ig"], n) for n in sizes]
         g = torch.Generator().manual_seed(0)
         randoms = [[all_edges[j] for j in torch.randperm(len(all_edges), generator=g)[:n].tolist()]
                    for n in sizes for _ in range(args.random)]

@@ -35,6 +35,7 @@ from .circuits import (
     flips,
     iterative_circuits,
     node_circuit,
+    node_circuit_of_size,
     node_scores,
 )
 from .contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
@@ -87,5 +88,5 @@ __all__ = [
     "attribution_agreement", "integrated_gradients", "memory_patching", "occlusion", "ContrastPair", "noun_swaps",
     "GENDER_EN", "NUMBER_DE", "NUMBER_EN", "word_swaps", "AttributionGraph", "attribution_graph", "faithfulness_check",
     "remove_nodes", "EdgeGraph", "EdgeScores", "circuit_faithfulness", "circuit_metric", "edge_patching", "edge_scores",
-    "iterative_circuits", "flips", "node_circuit", "node_scores",
+    "iterative_circuits", "flips", "node_circuit", "node_circuit_of_size", "node_scores",
 ]

@@ -595,6 +595,21 @@ def node_circuit(graph: EdgeGraph, nodes: Sequence[str]) -> list[tuple[int, int]
     return graph.connected(edges)
 
 
+def node_circuit_of_size(scores: EdgeScores, n_edges: int, *, absolute: bool = False) -> list[tuple[int, int]]:
+    """The whole-node circuit (`node_circuit`) of the most important heads and FFNs by `node_scores` (the most
+    negative first, or the largest |score|), as many as fit in `n_edges` edges."""
+    ranked = sorted(node_scores(scores).items(), key=lambda kv: -abs(kv[1]) if absolute else kv[1])
+    top: list[tuple[int, int]] = []
+    chosen: list[str] = []
+    for name, _ in ranked:
+        edges = node_circuit(scores.graph, [*chosen, name])
+        if len(edges) > n_edges:
+            break
+        chosen.append(name)
+        top = edges
+    return top
+
+
 def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: int, *, random_circuits: int = 10,
                          seed: int = 0, search: str = "greedy", absolute: bool = False,
                          flipping_only: bool = True) -> dict[str, Any]:
@@ -613,14 +628,7 @@ def circuit_faithfulness(model, pairs: Sequence, scores: EdgeScores, n_edges: in
     elif search == "greedy":
         top = graph.greedy_edges(scores.scores, n_edges, absolute=absolute)
     elif search == "nodes":
-        ranked = sorted(node_scores(scores).items(), key=lambda kv: abs(kv[1]) if absolute else kv[1])
-        top, chosen = [], []
-        for name, _ in ranked:
-            edges = node_circuit(graph, [*chosen, name])
-            if len(edges) > n_edges:
-                break
-            chosen.append(name)
-            top = edges
+        top = node_circuit_of_size(scores, n_edges, absolute=absolute)
     else:
         top = graph.top_edges(scores.scores, n_edges, absolute=absolute)
     n_edges = len(top)
