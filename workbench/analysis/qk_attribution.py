@@ -309,7 +309,7 @@ def qk_hooks(model, layer: int, dictionaries: Sequence[SparseDictionary] = (), b
         reads = (("enc", len(model.enc)), ("dec", layer + 1))
     else:
         names = [*_capture_names(model, stack, layer + 1), sub.block.hook_scores.name]
-        names += [sub.norm.hook_scale.name] if model.cfg.norm_first else []
+        names += [] if sub.norm_on_stream else [sub.norm.hook_scale.name]
         reads = ((stack, layer + 1),)
     names.append(sub.block.hook_probs.name)
     if by_position:
@@ -348,7 +348,7 @@ def _reads(model, trace, kind: str, layer: int) -> tuple[tuple, tuple]:
     events = _events(model, stack, layer + 1, trace)
     stop = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path_of(sub.block))
     events = events[:stop]
-    if model.cfg.norm_first:
+    if not sub.norm_on_stream:  # pre-norm: the block reads its input norm of the stream
         events.append(("norm", path_of(sub.norm), sub.norm, trace[sub.norm.hook_scale.name]))
     query = (*block_input(model, trace, stack, layer, sub.name), events)
     if kind != "cross":  # self-attention: queries and keys read the same stream

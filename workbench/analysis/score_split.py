@@ -82,7 +82,7 @@ def block_input(model, trace, stack: str, layer: int, name: str
     norm's output (the norm's bias one more part)."""
     sub = model.stream(stack).layers[layer].sublayer(name)
     labels, info, parts = stream_components(model, trace, stack, layer + 1, before=path_of(sub.block))
-    if model.cfg.norm_first:  # the block reads its input norm of the stream
+    if not sub.norm_on_stream:  # pre-norm: the block reads its input norm of the stream
         norm = sub.norm
         scale = trace[norm.hook_scale.name]
         parts = torch.cat([frozen_norm(parts, norm, scale), norm.bias.detach().double().expand_as(parts[:1])])
