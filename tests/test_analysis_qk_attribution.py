@@ -260,3 +260,19 @@ def test_self_attention_with_dictionaries_and_a_pad_start_decoder():
     scores = _self_scores(marian, src, tgt, "dec_self", 0)
     for t in range(4):  # key 0 holds the pad id and is a real position
         _close(qk_attribution(marian, src, tgt, layer=0, head=1, t=t, s=0, kind="dec_self"), scores[1, t, 0])
+
+
+def test_own_word_check_counts_gold_linked_and_off_gold_argmax_edges_apart():
+    from workbench.analysis.qk_attribution import GROUPS, OFF_GOLD, own_word_check
+
+    model = graph_model(False)
+    src, tgt = one_sentence(model.cfg, s=6, t=5)
+    plain = own_word_check(model, [(src[0].tolist(), tgt[0].tolist())], layer=1, head=0, contrast=False)
+    assert OFF_GOLD not in plain.edges and plain.edges[GROUPS[0]] == plain.edges[GROUPS[1]] > 0
+    everything = {(t, s) for t in range(5) for s in range(6)}
+    linked = own_word_check(model, [(src[0].tolist(), tgt[0].tolist(), everything)], layer=1, head=0, contrast=False)
+    assert linked.counts == plain.counts and linked.edges == plain.edges
+    none = own_word_check(model, [(src[0].tolist(), tgt[0].tolist(), set())], layer=1, head=0, contrast=False)
+    assert none.edges[GROUPS[0]] == 0 and none.edges[OFF_GOLD] == plain.edges[GROUPS[0]]
+    assert none.counts["top pair"][OFF_GOLD] == plain.counts["top pair"][GROUPS[0]]
+    assert none.counts["top pair"][GROUPS[1]] == plain.counts["top pair"][GROUPS[1]]  # the controls are the same

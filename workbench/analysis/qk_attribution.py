@@ -441,6 +441,8 @@ moved from s into s, the FFNs at s. The other categories: "position at s", "othe
 elsewhere), "biases", and with a memory dictionary "word feature" (a feature whose top corpus contexts are mostly
 this very piece), "other feature", "dictionary error"."""
 GROUPS = ("alignment head, argmax", "same head, random source piece", "other cross heads, argmax")
+OFF_GOLD = "alignment head, argmax off gold"
+"""With gold alignments: the head's argmax edges that gold does not link (GROUPS[0] then holds the linked ones)."""
 READINGS = ("top pair", "key total", "key total, biases aside", "contrast")
 """Which key-side part of an edge is "the top one": the key side of the single largest term; the key part whose
 terms summed over the query side are largest; the same without the bias parts (b_K, norm and block biases, a
@@ -536,7 +538,7 @@ def _contrast_top(row: list[QKAttribution], s: int) -> tuple[str, dict[str, Any]
 
 
 @torch.no_grad()
-def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]]], *, layer: int, head: int,
+def own_word_check(model, sentences: Iterable[tuple], *, layer: int, head: int,
                    dictionary: SparseDictionary | None = None, stats=None, seed: int = 0,
                    contrast: bool = True) -> OwnWordCheck:
     """For each decoder position of each (source ids, decoder input ids) sentence where head (`layer`, `head`)'s
@@ -544,20 +546,23 @@ def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]
     a random other piece, and of a random other cross head's argmax edge at the same row; counted by the category of
     the top key-side part (`key_category`). With a `dictionary` on `hook_memory` and its `stats`, the key side is its
     features, a feature counting as the word's own when `word_features` says so. `contrast` adds the "contrast"
-    reading (READINGS), at the cost of attributing every piece of each row asked."""
+    reading (READINGS), at the cost of attributing every piece of each row asked. A sentence given as (source ids,
+    decoder input ids, gold) with `gold` a set of (decoder row, source piece) edges that gold alignments link: the
+    head's argmax edges outside it are counted apart, as `OFF_GOLD`."""
     g = torch.Generator().manual_seed(seed)
     others = [(lay, h) for lay in range(len(model.dec)) for h in range(model.dec[lay].cross_attn.n_heads)
               if (lay, h) != (layer, head)]
     dicts = [dictionary] if dictionary is not None else []
     names = list(dict.fromkeys(n for lay in range(len(model.dec)) for n in qk_hooks(model, lay, dicts)))
-    counts = {reading: {grp: {} for grp in GROUPS} for reading in READINGS}
-    edges = dict.fromkeys(GROUPS, 0)
+    counts = {reading: {grp: {} for grp in (*GROUPS, OFF_GOLD)} for reading in READINGS}
+    edges = dict.fromkeys((*GROUPS, OFF_GOLD), 0)
     chance: list[float] = []
     n_sent = 0
     was = model.training
     model.eval()
     try:
-        for src_ids, tgt_ids in sentences:
+        for src_ids, tgt_ids, *gold in sentences:
+            gold = gold[0] if gold else None
             src = torch.tensor([list(src_ids)], device=model.device)
             tgt = torch.tensor([list(tgt_ids)], device=model.device)
             _, trace = model.run_with_cache(src, tgt, names=names)
@@ -574,8 +579,8 @@ def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]
                 r = r + 1 if r >= s else r  # a uniform other piece, EOS excluded
                 lay, h = others[int(torch.randint(len(others), (1,), generator=g))]
                 o = int(probs[lay, h][t, :-1].argmax())
-                asked += [(GROUPS[0], (layer, head, t, s)), (GROUPS[1], (layer, head, t, r)),
-                          (GROUPS[2], (lay, h, t, o))]
+                first = GROUPS[0] if gold is None or (t, s) in gold else OFF_GOLD
+                asked += [(first, (layer, head, t, s)), (GROUPS[1], (layer, head, t, r)), (GROUPS[2], (lay, h, t, o))]
             if not asked:
                 continue
             rows: dict[tuple[int, int, int], list[QKAttribution]] = {}
@@ -612,4 +617,8 @@ def own_word_check(model, sentences: Iterable[tuple[Sequence[int], Sequence[int]
                 edges[group] += 1
     finally:
         model.train(was)
+    if not edges[OFF_GOLD]:  # no gold given (or every argmax linked): no such group
+        edges.pop(OFF_GOLD)
+        for table in counts.values():
+            table.pop(OFF_GOLD)
     return OwnWordCheck(layer, head, counts, edges, sum(chance) / len(chance) if chance else None, n_sent)
