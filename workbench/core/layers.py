@@ -130,8 +130,19 @@ class _Layer(nn.Module):
     norm_first: bool
     hook_resid_in: HookPoint
 
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        self.__dict__.pop("_sublayers", None)  # a block or norm replaced: describe the lines again
+
     def sublayers(self) -> list[Sublayer]:
-        """The layer's residual lines in the order they write."""
+        """The layer's residual lines in the order they write (described once, then kept: `compose` runs per
+        decoding step)."""
+        cached = self.__dict__.get("_sublayers")
+        if cached is None:
+            cached = self.__dict__["_sublayers"] = tuple(self._describe())
+        return list(cached)
+
+    def _describe(self) -> list[Sublayer]:
         out: list[Sublayer] = []
         before = self.hook_resid_in
         for name in self.SUBLAYERS:
@@ -158,7 +169,7 @@ class _Layer(nn.Module):
         The forward pass calls it with the real blocks; analyses call it with frozen or decomposed ones.
         """
         x = self.hook_resid_in(x)
-        for sub in self.sublayers():
+        for sub in self.__dict__.get("_sublayers") or self.sublayers():
             if self.norm_first:
                 x = sub.hook_resid(x + self.dropout(block(sub, sub.hook_norm(sub.norm(x)))))
             else:
