@@ -333,3 +333,31 @@ def test_a_declared_edit_takes_the_narrow_path_and_gives_the_dense_path_s_bits(m
     assert torch.equal(mixed, dense)
     torch.testing.assert_close(narrow, dense, rtol=1e-5, atol=1e-5)
     assert (dense - model(src, tgt)).abs().max() > 1e-3
+
+
+def test_a_session_steering_through_a_splice_leaves_another_session_s_translations_alone(shipped):
+    """The app's case: one shared model, one thread splicing and steering while another translates plainly."""
+    import threading
+
+    tm, dicts = shipped
+    plain = tm.translate(SOURCES, beam=2)
+    seen, errors, stop = [], [], threading.Event()
+
+    def other_session():
+        try:
+            while not stop.is_set():
+                seen.append(tm.translate(SOURCES, beam=2))
+        except Exception as exc:  # reported below: an assertion in a thread would be lost
+            errors.append(exc)
+
+    thread = threading.Thread(target=other_session)
+    thread.start()
+    try:
+        for _ in range(4):
+            with splice(tm.model, dicts["hook_memory"]):
+                steered = tm.translate(SOURCES, beam=2, steer={"hook_memory": {4243: 0.5}})
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and seen and all(out == plain for out in seen)
+    assert steered != plain and splice_at(tm.model, "hook_memory") is None
