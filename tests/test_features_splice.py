@@ -361,3 +361,31 @@ def test_a_session_steering_through_a_splice_leaves_another_session_s_translatio
         thread.join()
     assert not errors and seen and all(out == plain for out in seen)
     assert steered != plain and splice_at(tm.model, "hook_memory") is None
+
+
+def test_the_features_read_during_greedy_search_are_the_teacher_forced_ones_and_plain_hooks_steer_too(shipped):
+    """Issue 36 point 2 during search: `<site>.sae.hook_acts` read at each greedy step (one new position per step,
+    the KV cache) equals the teacher-forced read over the output; a plain `register_forward_hook` edit there steers
+    beam search exactly as `steer=` does."""
+    tm, dicts = shipped
+    d = dicts["dec.1.cross_attn.hook_out"]
+    with splice(tm.model, d) as sae, torch.no_grad():
+        with tm.model.capture(sae.hook_acts.name) as store:
+            r = tm.translate(SOURCES[:1], beam=1, return_tokens=True)[0]
+        steps = torch.cat(store[sae.hook_acts.name], dim=1)  # (1, T, d_sae): one call per step
+        b = tm.encode_batch(SOURCES[:1], [r.tokens])
+        _, trace = tm.model.run_with_cache(b.src, b.tgt_in, names=sae.hook_acts.name)
+        steered = tm.translate(SOURCES, beam=3, return_scores=True, steer={"dec.1.cross_attn.hook_out": {9: "+20"}})
+
+        def add(module, args, acts):
+            acts[..., 9] += 20.0
+
+        handle = sae.hook_acts.register_forward_hook(add)
+        try:
+            by_plain_hook = tm.translate(SOURCES, beam=3, return_scores=True)
+        finally:
+            handle.remove()
+    assert steps.shape == trace[sae.hook_acts.name].shape
+    torch.testing.assert_close(steps, trace[sae.hook_acts.name], rtol=1e-4, atol=1e-5)
+    assert [r.tokens for r in by_plain_hook] == [r.tokens for r in steered]
+    torch.testing.assert_close([r.score for r in by_plain_hook], [r.score for r in steered], rtol=0, atol=1e-5)
