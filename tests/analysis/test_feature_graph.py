@@ -18,6 +18,7 @@ from workbench.analysis.feature_graph import (
     feature_check,
     feature_gradient_x_activation,
     feature_graph,
+    feature_graph_size,
     feature_nodes,
     remove_features,
 )
@@ -232,3 +233,12 @@ def test_gradient_x_activation_matches_a_finite_difference_in_the_real_model(mod
                 logits = model64(src, tgt[:, :5])[0, 4]
             values.append(float(logits[g.token] - logits.mean()))
         assert abs((values[0] - values[1]) / 2e-6 - float(gxa[i])) <= 1e-4 * max(1.0, abs(float(gxa[i])))
+
+
+def test_the_size_is_known_before_the_graph_is_built(model):
+    src, tgt = one_sentence(model.cfg)
+    dicts = tiny_dictionaries(model)
+    for position in (0, 4):
+        assert feature_graph_size(model, dicts, src, tgt, position) == len(
+            feature_graph(model, dicts, src, tgt, position).nodes)
+    assert feature_graph_size(model, {}, src, tgt, 3) == len(attribution_graph(model, src, tgt, 3).nodes)

@@ -9,7 +9,13 @@ import pytest
 import torch
 from model_helpers import ROOT
 
-from workbench.analysis.feature_graph import feature_details, feature_graph, feature_nodes, remove_features
+from workbench.analysis.feature_graph import (
+    feature_details,
+    feature_graph,
+    feature_graph_size,
+    feature_nodes,
+    remove_features,
+)
 from workbench.core.batching import decoder_input
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
 from workbench.decoding.translator import load
@@ -37,6 +43,7 @@ def test_complete_and_exact_on_the_shipped_model(shipped):
     model, dicts, src, tgt = shipped
     position = 4
     g = feature_graph(model, dicts, src, tgt, position)
+    assert feature_graph_size(model, dicts, src, tgt, position) == len(g.nodes)
     A, a = g.adjacency, g.attribution
     assert abs(float(A[-1].sum()) - g.logit) <= 1e-10 * abs(g.logit)
     inner = [i for i, n in enumerate(g.nodes) if n["kind"] in ("head", "ffn", "feature")]

@@ -52,7 +52,7 @@ from ..core.splice import attach, site_module
 from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
 from ..features.sites import site_of, splice
-from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, node_write
+from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, graph_size, node_write
 
 
 def _by_site(dictionaries: Mapping[str, Any] | Iterable[SparseDictionary]) -> dict[str, Any]:
@@ -74,6 +74,27 @@ def feature_graph(model, dictionaries: Mapping[str, Any] | Iterable[SparseDictio
     graph = _build(rm, position, token, baseline_token, target, src_tokens, tgt_tokens, progress)
     graph.meta["sites"] = sorted(sites)
     return graph
+
+
+def feature_graph_size(model, dictionaries: Mapping[str, Any] | Iterable[SparseDictionary], src, tgt,
+                       position: int = -1) -> int:
+    """How many nodes `feature_graph` builds (before building it: its adjacency is nodes² float64, 450 MB at 7,500
+    nodes). One float32 forward pass: the active features are counted where the dictionaries' encoders put them (a
+    float64 pre-activation at a TopK tie could move one)."""
+    sites = _by_site(dictionaries)
+    src, tgt, position = _target(model, src, tgt, position, None, None, "logit")
+    rm = ReplacementModel(model, src, tgt, freeze=(), splices=sites)
+    n = graph_size(model, src.size(1), position)
+    memory = model.stream("enc").hook_out.name
+    for site, sf in rm.features.items():
+        length = sf.active.size(1)
+        n += int(sf.active[0].sum()) + length  # its features, one error per position
+        if sf.hook_in == memory:
+            continue
+        module = site_module(model, site)
+        block = module if sf.transcoder else next(m for m in model.modules() if getattr(m, "hook_out", None) is module)
+        n -= getattr(block, "n_heads", 1) * length  # the block's head (or FFN) nodes it replaces
+    return n
 
 
 def feature_nodes(graph: AttributionGraph) -> list[int]:
