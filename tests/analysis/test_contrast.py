@@ -6,7 +6,7 @@ import pytest
 
 from workbench.analysis.contrast import NOUNS_EN, noun_swaps
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "general-en-de"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "general-en-de"
 pytestmark = pytest.mark.skipif(not CKPT.is_dir(), reason="shipped checkpoint not present")
 
 

@@ -179,7 +179,7 @@ def test_heads_command_writes_csv_and_report(tmp_path, monkeypatch):
 
     import pandas as pd
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "ui"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "ui"))
     from app_fixtures import build_checkpoint
 
     from workbench.cli import main

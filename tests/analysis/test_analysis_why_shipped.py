@@ -8,7 +8,7 @@ import torch
 from workbench.analysis import direct_logit_attribution, logit_diff, patching_sweep, source_attribution
 from workbench.analysis.contrast import noun_swaps
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 pytestmark = pytest.mark.skipif(not CKPT.is_dir(), reason="shipped checkpoint not present")
 
 
