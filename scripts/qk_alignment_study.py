@@ -76,6 +76,7 @@ def main() -> None:
     p.add_argument("--gold-tgt")
     p.add_argument("--gold")
     p.add_argument("--swap", action="store_true", help="the gold file writes target words first")
+    p.add_argument("--no-contrast", action="store_true", help="skip the contrast reading (it attributes every piece)")
     args = p.parse_args()
     torch.set_num_threads(1)
     tm = load(args.checkpoint)
@@ -87,15 +88,17 @@ def main() -> None:
     start = time.perf_counter()
     lines = (gold_sentences(tm, args.gold_src, args.gold_tgt, args.gold, args.n, args.swap) if args.gold
              else sentences(tm, args.n))
-    check = own_word_check(tm.model, lines, layer=layer, head=head, dictionary=dic, stats=stats, seed=args.seed)
+    check = own_word_check(tm.model, lines, layer=layer, head=head, dictionary=dic, stats=stats, seed=args.seed,
+                           contrast=not args.no_contrast)
     groups = [*GROUPS, OFF_GOLD] if OFF_GOLD in check.edges else list(GROUPS)
+    readings = READINGS if not args.no_contrast else READINGS[:-1]
     seconds = time.perf_counter() - start
     own = ("source token at s", "word feature") if dic is not None else OWN
     report = {"checkpoint": args.checkpoint, "head": args.head, "sentences": check.sentences, "edges": check.edges,
               "dictionary": args.dictionary, "own_categories": list(own), "seconds": seconds,
               "gold": args.gold,
-              "own_share": {g: {r: check.share(g, own, r) for r in READINGS} for g in groups},
-              "token_share": {g: {r: check.share(g, ("source token at s",), r) for r in READINGS}
+              "own_share": {g: {r: check.share(g, own, r) for r in readings} for g in groups},
+              "token_share": {g: {r: check.share(g, ("source token at s",), r) for r in readings}
                               for g in groups},
               "feature_chance": check.feature_chance,
               "counts": check.counts}
