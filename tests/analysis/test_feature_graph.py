@@ -35,7 +35,7 @@ def model(request):
     return graph_model(norm_first=request.param)
 
 
-@pytest.mark.parametrize("architecture", ["topk", "jumprelu"])
+@pytest.mark.parametrize("architecture", ["topk", "jumprelu", "batchtopk", "relu"])
 def test_completeness_and_every_nodes_edges_sum_to_its_attribution(model, architecture):
     src, tgt = one_sentence(model.cfg)
     dicts = tiny_dictionaries(model, architecture=architecture)
