@@ -16,7 +16,9 @@ to 0 together (the dictionaries spliced in, errors kept: `feature_check`) next t
 draws) and the top-5 by gradient x activation in the real model (the ranking one would use without a graph), each
 beside the graph's prediction (the sum of their attributions); and the top-10 features one by one,
 predicted vs real, with their rank correlation. With --site-sets N: `prune(0.8)`'s size with subsets of the
-dictionaries on N more sentences (from line 100), to see which sites cost the nodes. Records go to --records (JSON
+dictionaries on N more sentences (from line 100), to see which sites cost the nodes. With --freeze-study N: the top-5
+features ranked by gradient x activation with the gradient taken under each part of the freezing alone (N sentences
+from line 200), to see what makes gradient x activation's ranking beat the graph's. Records go to --records (JSON
 lines; a rerun resumes), the summary to --json.
 """
 
@@ -33,6 +35,9 @@ import numpy as np
 import torch
 
 from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
+from workbench.core.hooks import HookPoint
+from workbench.core.replacement import ReplacementModel
+from workbench.core.splice import site_module
 from workbench.decoding.translator import load
 from workbench.features.dictionary import SparseDictionary
 
@@ -143,6 +148,54 @@ def site_sets(tm, dicts: dict, lines: list[str]) -> dict:
                    "kept80": v} for name, v in kept.items()}
 
 
+FREEZES = {"the graph's (attention, norms, gates, features)": ("attention", "norms", "gates", "features"),
+           "attention, norms, gates": ("attention", "norms", "gates"), "norms": ("norms",),
+           "attention": ("attention",), "gates": ("gates",), "nothing (gradient x activation)": ()}
+
+
+def freeze_study(tm, dicts: dict, lines: list[str]) -> dict:
+    """Why gradient x activation's top features remove more than the graph's: each feature's activation x (W_dec[f] .
+    the target's gradient at its site's output) with the gradient taken in a replacement model that freezes only some
+    parts; the real drop when each ranking's top 5 are clamped together (target: the logit), at position 7·i mod
+    its length of each sentence."""
+    model = tm.model
+    drops: dict[str, list[float]] = {k: [] for k in FREEZES}
+    for i, (line, o) in enumerate(zip(lines, tm.translate(lines, return_tokens=True, beam=1))):
+        toks = list(o.tokens)
+        pos = (7 * i) % len(toks)
+        src = torch.tensor([tm.encode_source(line)[0]])
+        tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
+        g = feature_graph(model, dicts, src, tgt, pos)
+        feats = feature_nodes(g)
+        sets = []
+        for freeze in FREEZES.values():
+            rm = ReplacementModel(model, src, tgt[:, : pos + 1], freeze=freeze, dtype=torch.float64,
+                                  splices=dicts if "features" in freeze else None)
+            outputs = {}
+            for site in dicts:
+                m = site_module(rm.model, site)
+                outputs[site] = m.name if isinstance(m, HookPoint) else m.hook_out.name
+            names = list(dict.fromkeys(outputs.values()))
+            leaves: dict[str, torch.Tensor] = {}
+
+            def tap(x, hook, leaves=leaves):
+                leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
+                return x + leaves[hook.name]
+
+            with torch.enable_grad():
+                logit = rm(extra=[(n, tap) for n in names])[0, pos, g.token]
+                grads = dict(zip(names, torch.autograd.grad(logit, [leaves[n] for n in names])))
+            score = torch.tensor([g.nodes[j]["activation"] * float(
+                dicts[g.nodes[j]["site"]].W_dec[g.nodes[j]["feature"]].detach().double()
+                @ grads[outputs[g.nodes[j]["site"]]][0, g.nodes[j]["position"]]) for j in feats])
+            sets.append([feats[j] for j in score.argsort(descending=True)[:5].tolist()])
+        vals = remove_features(model, dicts, src, tgt, g, [[], *sets])
+        for name, v in zip(FREEZES, vals[1:]):
+            drops[name].append(float(vals[0] - v))
+    return {name: {"top5_real_drop_mean": float(np.mean(v)), "top5_real_drop_median": float(np.median(v))}
+            for name, v in drops.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
@@ -150,6 +203,9 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=20, help="every mode: every position of the first N")
     ap.add_argument("--sampled", type=int, default=100, help="sampled mode: one position of each of the next N")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--freeze-study", type=int, default=0,
+                    help="also: top-5 features by gradient x activation under partial freezing, on N sentences "
+                         "from line 200")
     ap.add_argument("--site-sets", type=int, default=0,
                     help="also: prune(0.8)'s size with subsets of the dictionaries, on N sentences from line 100")
     ap.add_argument("--threads", type=int, default=0)
@@ -203,6 +259,14 @@ def main() -> None:
                                 **site_sets(tm, by_site, all_lines[100: 100 + args.site_sets])}
     elif "site_sets" in old:
         summary["site_sets"] = old["site_sets"]
+    if args.freeze_study:
+        by_site = {(d.cfg.hook_name_out.rsplit(".hook_out", 1)[0] if d.cfg.transcoder else d.cfg.hook_name): d
+                   for d in dicts}
+        all_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+        summary["freeze_study"] = {"sentences": f"lines 200-{199 + args.freeze_study}",
+                                   **freeze_study(tm, by_site, all_lines[200: 200 + args.freeze_study])}
+    elif "freeze_study" in old:
+        summary["freeze_study"] = old["freeze_study"]
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
