@@ -111,7 +111,22 @@ def test_global_module_hooks_reach_hook_points():
             model(src, tgt)
     finally:
         handle.remove()
-    assert set(names) == set(model.hook_names())
+    # every hook point but the per-head query/key/value inputs, which are computed only when asked for at the
+    # point itself (`HookPoint.asked`): a process-wide hook watches every module and does not ask for them
+    per_head = set(model.hook_names("*.hook_[qkv]_input"))
+    assert set(names) == set(model.hook_names()) - per_head and per_head
+    asked = model.enc[0].self_attn.hook_v_input.register_forward_hook(lambda m, a, out: None)
+    handle = register_module_forward_hook(
+        lambda m, a, out: names.append(m.name) if isinstance(m, HookPoint) else None)
+    try:
+        names.clear()
+        with torch.no_grad():
+            model(src, tgt)
+    finally:
+        handle.remove()
+        asked.remove()
+    assert {n for n in names if n.startswith("enc.0.self_attn.hook_")} >= {f"enc.0.self_attn.hook_{p}_input"
+                                                                            for p in "qkv"}
 
 
 def test_the_fused_path_stays_when_no_plain_hook_listens(monkeypatch):

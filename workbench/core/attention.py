@@ -79,7 +79,7 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, Dh)
 
     def _split_inputs(self) -> bool:
-        return self.hook_q_input.is_active() or self.hook_k_input.is_active() or self.hook_v_input.is_active()
+        return self.hook_q_input.asked() or self.hook_k_input.asked() or self.hook_v_input.asked()
 
     def _per_head(self, lin: nn.Linear, point: HookPoint, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L, Dh) projection of per-head inputs: `x` (B, L, D) copied once per head through `point`, so an

@@ -128,6 +128,14 @@ class HookPoint(nn.Module):
         return ((_ACTIVE_COUNT != 0 and _listens(self)) or bool(
             _GLOBAL_FORWARD or _GLOBAL_PRE or d["_forward_hooks"] or d["_forward_pre_hooks"] or "forward" in d))
 
+    def asked(self) -> bool:
+        """True when a call-scoped hook, or a forward hook registered on this very point, listens: what an
+        optional activation (the per-head inputs) waits for before it is computed. Process-wide hooks and an
+        instrumented `forward` (nnsight replaces every module's) watch every module, so they do not ask for one:
+        the model then runs its usual path, and nnsight's reads of the projections stay in order."""
+        d = self.__dict__
+        return (_ACTIVE_COUNT != 0 and _listens(self)) or bool(d["_forward_hooks"] or d["_forward_pre_hooks"])
+
     def wanted_heads(self) -> tuple[int, ...] | None:
         """The heads (dim 1) that the listeners here read: () when nothing listens, None when one reads or may
         edit every head (a function without a `heads` attribute, or a plain PyTorch hook). See `reads_heads`."""
