@@ -389,3 +389,20 @@ def test_the_features_read_during_greedy_search_are_the_teacher_forced_ones_and_
     torch.testing.assert_close(steps, trace[sae.hook_acts.name], rtol=1e-4, atol=1e-5)
     assert [r.tokens for r in by_plain_hook] == [r.tokens for r in steered]
     torch.testing.assert_close([r.score for r in by_plain_hook], [r.score for r in steered], rtol=0, atol=1e-5)
+
+
+def test_a_float64_model_keeps_its_digits_through_a_listened_splice():
+    """A splice adds the edits' change in the site's own precision: a float64 model read through a listened splice
+    with nothing edited is the float64 model, bit for bit (it was rounded through float32)."""
+    from model_helpers import graph_model, one_sentence
+
+    from workbench.core.splice import attach
+    from workbench.features.dictionary import DictionaryConfig, SparseDictionary
+
+    model = graph_model(norm_first=False).double()
+    src, tgt = one_sentence(model.cfg)
+    d = SparseDictionary(DictionaryConfig("hook_memory", d_in=model.cfg.d_model, d_sae=64, k=4))
+    plain = model(src, tgt)
+    with attach(model, "hook_memory", d) as s, model.hooks({s.hook_acts.name: lambda x, h: x}):
+        read = model(src, tgt)
+    assert plain.dtype == torch.float64 and torch.equal(read, plain)

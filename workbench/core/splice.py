@@ -125,8 +125,7 @@ class Splice(nn.Module):
                 # every listener declared the few features it edits (`edits_features`): only those are encoded
                 some = encode_features(xf, features)
                 edited = self.hook_acts(some.clone())
-                return (yf + _decoded_change(d.W_dec.index_select(0, features), edited, some, self.d_sae)
-                        ).to(y.dtype)
+                return _plus(y, yf, _decoded_change(d.W_dec.index_select(0, features), edited, some, self.d_sae))
         feats = _blocked(d.encode, xf, self.d_sae)  # (B, L, d_sae)
         delta: torch.Tensor | None = None
         if acts_on:
@@ -143,7 +142,7 @@ class Splice(nn.Module):
                 error = yf - recons
                 change = self.hook_error(error.clone()) - error
                 delta = change if delta is None else delta + change
-        return (yf + delta).to(y.dtype)
+        return _plus(y, yf, delta)
 
     def extra_repr(self) -> str:
         kind = "transcoder" if self.reads_input else "sae"
@@ -215,6 +214,14 @@ def _declared(fns: tuple[HookFn, ...] | None, d_sae: int) -> torch.Tensor | None
     if first is None or len(first) >= d_sae or any(getattr(fn, "features", None) != first for fn in fns[1:]):
         return None
     return torch.tensor(first)
+
+
+def _plus(y: torch.Tensor, yf: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """y plus the edits' change: added in float32 for half types (then rounded once), in y's own precision
+    otherwise, so a float64 model keeps its digits (and y itself, bit for bit, when nothing changed)."""
+    if y.dtype in (torch.float16, torch.bfloat16):
+        return (yf + delta).to(y.dtype)
+    return y + delta.to(y.dtype)
 
 
 def _run_splice(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
