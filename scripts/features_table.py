@@ -3,6 +3,7 @@ docs/features.md, the one beside its baselines into README.md, each between its 
 
     python scripts/features_table.py            # rewrite both (every checkpoint with a features/ folder)
     python scripts/features_table.py --check    # exit 1 when a file's table differs from the cards
+    python scripts/features_table.py --print-readme   # rewrite docs/features.md only; print README's table
 
 tests/test_features_table.py checks that both files hold what the cards say.
 """
@@ -83,7 +84,8 @@ def between_markers(text: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
-    args = [a for a in argv if a != "--check"]
+    print_readme = "--print-readme" in argv
+    args = [a for a in argv if a not in ("--check", "--print-readme")]
     checkpoints = [Path(a).resolve() for a in args] or sorted(p.parent for p in (ROOT / "checkpoints").glob(
         "*/features"))
     bad = 0
@@ -95,6 +97,9 @@ def main(argv: list[str]) -> int:
             if between_markers(text) != table:
                 print(f"{path.relative_to(ROOT)}: the table differs from the cards (run scripts/features_table.py)")
                 bad = 1
+            continue
+        if print_readme and path == README:
+            print(f"{path.relative_to(ROOT)} (not written; between its {MARK} markers):\n{table}\n")
             continue
         block = f"<!-- {MARK} -->\n{table}\n<!-- /{MARK} -->"
         new = re.sub(rf"<!-- {MARK} -->.*?<!-- /{MARK} -->", lambda _m, b=block: b, text, flags=re.S)
