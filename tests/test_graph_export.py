@@ -18,6 +18,7 @@ from model_helpers import ROOT, graph_model, one_sentence
 
 from workbench.analysis.graph import AttributionGraph, attribution_graph
 from workbench.analysis.graph_export import (
+    MEMORY_ROW,
     SCHEMA,
     circuit_tracer_graph,
     export_sentence,
@@ -204,8 +205,8 @@ def test_pruning_is_circuit_tracers(thresholds):
 
 
 def test_feature_nodes_plug_in_and_clashes_are_refused():
-    """A feature-level graph's nodes: on the row of their sub-layer (or the stack's top row without one), typed as
-    circuit-tracer types its transcoder features, with their activation."""
+    """A feature-level graph's nodes: on the row of their sub-layer (hook_memory's: a row of its own between the
+    encoder's and the decoder's), typed as circuit-tracer types its transcoder features, with their activation."""
     nodes = [
         {"kind": "embed", "stack": "enc", "layer": None, "head": None, "block": None, "position": 0, "token": "Hund",
          "label": "src 0 Hund"},
@@ -230,13 +231,13 @@ def test_feature_nodes_plug_in_and_clashes_are_refused():
     validate_circuit_tracer(data)
     by_label = {n["clerp"].split(" “")[0]: n for n in data["nodes"]}
     rows = graph_rows(g)
-    assert list(rows) == [("enc", 0, "ffn"), ("dec", 1, "cross_attn"), ("dec", 1, "ffn")]
+    assert list(rows) == [("enc", 0, "ffn"), MEMORY_ROW, ("dec", 1, "cross_attn"), ("dec", 1, "ffn")]
     memory, transcoder = by_label["hook_memory #17 @0"], by_label["dec.1.ffn #905 @0"]
-    assert (memory["layer"], memory["feature"], memory["ctx_idx"], memory["activation"]) == ("0", 17, 0, 2.5)
-    assert (transcoder["layer"], transcoder["feature"], transcoder["ctx_idx"]) == ("2", 905, 1)
+    assert (memory["layer"], memory["feature"], memory["ctx_idx"], memory["activation"]) == ("1", 17, 0, 2.5)
+    assert (transcoder["layer"], transcoder["feature"], transcoder["ctx_idx"]) == ("3", 905, 1)
     assert memory["feature_type"] == transcoder["feature_type"] == "cross layer transcoder"
-    assert by_label["cross:1:2 @0"]["layer"] == "1" and by_label["cross:1:2 @0"]["activation"] is None
-    assert len(data["links"]) == 6 and data["nodes"][-1]["layer"] == "3"
+    assert by_label["cross:1:2 @0"]["layer"] == "2" and by_label["cross:1:2 @0"]["activation"] is None
+    assert len(data["links"]) == 6 and data["nodes"][-1]["layer"] == "4"
     assert (data["metadata"]["scan"], data["metadata"]["transcoder_list"]) == ("attention-workbench", [])
 
     # where the viewer finds the features' files (features.circuit_tracer): circuit-tracer's custom scan, one
@@ -246,9 +247,9 @@ def test_feature_nodes_plug_in_and_clashes_are_refused():
                                            feature_scans=scans))
     validate_circuit_tracer(data)
     listed = data["metadata"]["transcoder_list"]
-    assert data["metadata"]["scan"].startswith("custom-") and len(listed) == 4
+    assert data["metadata"]["scan"].startswith("custom-") and len(listed) == 5
     assert listed[int(memory["layer"])] == scans["hook_memory"] and listed[int(transcoder["layer"])] == scans[
-        "dec.1.ffn"] and listed[1] == listed[3] == ""
+        "dec.1.ffn"] and listed[0] == listed[2] == listed[4] == ""
     with pytest.raises(ValueError, match="lacks"):
         circuit_tracer_graph(g, slug="f", token_prob=0.4, node_threshold=1.0, edge_threshold=1.0,
                              feature_scans={"hook_memory": "./x"})
@@ -261,9 +262,10 @@ def test_feature_nodes_plug_in_and_clashes_are_refused():
     # without a block, a feature's row comes from its site (as analysis.qk_attribution labels its features), else
     # the end of its layer (here dec.1's rows: cross-attention, and the FFN a dec.1.ffn site implies) or, entering
     # a layer, the end of the one before (dec.0 has no row here: the stack's first)
-    for site, block, want in (("dec.1.cross_attn.hook_out", None, "1"), ("dec.1.ffn", None, "2"),
-                              ("dec.1.hook_resid_in", None, "1"), ("dec.1.hook_resid_cross_attn", None, "1"),
-                              ("hook_memory", None, "0")):
+    # (rows here: enc.0.ffn 0, hook_memory's own 1, dec.1's cross-attention 2 and FFN 3)
+    for site, block, want in (("dec.1.cross_attn.hook_out", None, "2"), ("dec.1.ffn", None, "3"),
+                              ("dec.1.hook_resid_in", None, "2"), ("dec.1.hook_resid_cross_attn", None, "2"),
+                              ("hook_memory", None, "1")):
         placed = [dict(n) for n in nodes]
         placed[4].update(site=site, block=block, layer=None if site == "hook_memory" else 1,
                          stack="enc" if site == "hook_memory" else "dec")
@@ -438,3 +440,30 @@ def test_circuit_tracers_viewer_draws_every_node_and_link(tmp_path):
         assert logit[0]["pct"] == pytest.approx(want["token_prob"], abs=5e-4)
         assert logit[0]["token"] == want["clerp"].split('"')[1]
         assert all(n["error"] == (n["type"] == "mlp reconstruction error") for n in g["nodes"])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_feature_graph_exports_with_its_site_errors(norm_first):
+    """A real feature-level graph (an SAE on hook_memory and on a cross-attention output, a transcoder): each site's
+    error nodes sit on their features' row apart from the layer's rounding error, the file validates, every node
+    has its own place and every link is a kept edge's adjacency entry."""
+    from dictionary_helpers import tiny_dictionaries
+
+    from workbench.analysis.feature_graph import feature_graph
+
+    m = graph_model(norm_first)
+    src, tgt = one_sentence(m.cfg)
+    g = feature_graph(m, tiny_dictionaries(m), src, tgt, position=4)
+    site_errors = [n for n in g.nodes if n["kind"] == "error" and n.get("site")]
+    assert {n["site"] for n in site_errors} >= {"hook_memory"} and len(site_errors) > 0
+    data = round_trip(circuit_tracer_graph(g, slug="features", token_prob=0.5, node_threshold=1.0,
+                                           edge_threshold=1.0))
+    validate_circuit_tracer(data)
+    ids = [n["node_id"] for n in data["nodes"]]
+    assert len(ids) == len(set(ids))
+    errors = [n for n in data["nodes"] if n["feature_type"] == "mlp reconstruction error"]
+    assert any(n["feature"] == -2 for n in errors)  # the sites' errors; the layers' rounding errors (-1) hold ~0
+    index = {n["node_id"]: n for n in data["nodes"]}
+    kept = prune_graph(g, 1.0, 1.0)
+    assert len(data["links"]) == int(kept.edge_mask[kept.node_mask][:, kept.node_mask].sum())
+    assert all(x["source"] in index and x["target"] in index for x in data["links"])

@@ -126,12 +126,25 @@ def token_probability(model, src: torch.Tensor, tgt: torch.Tensor, graph: Attrib
     return float(logits.float().softmax(-1)[graph.token])
 
 
+MEMORY_ROW = ("enc", 1 << 30, "memory")
+"""The row of the encoder output's own dictionary (hook_memory): after every encoder row, before the decoder's."""
+
+
+def _on_memory(node: dict[str, Any]) -> bool:
+    return node["kind"] in ("feature", "error") and bool(node.get("site")) and node["stack"] == "enc" \
+        and node.get("layer") is None
+
+
 def graph_rows(graph: AttributionGraph) -> dict[tuple[str, int], int]:
-    """(stack, layer, block) -> row, in the order the residual streams are written (encoder, then decoder)."""
+    """(stack, layer, block) -> row, in the order the residual streams are written (encoder, then decoder); a
+    hook_memory dictionary's nodes get a row of their own between them (`MEMORY_ROW`)."""
     keys = {(n["stack"], n["layer"], n["block"]) for n in graph.nodes if n["kind"] in ("head", "ffn")}
     keys |= {k for n in graph.nodes if n["kind"] == "feature" and (k := _feature_key(n))[1] is not None
              and k[2] is not None}
-    ordered = sorted(keys, key=lambda k: (k[0] != "enc", k[1], BLOCK_ORDER.index(k[2])))
+    if any(_on_memory(n) for n in graph.nodes):
+        keys.add(MEMORY_ROW)
+    order = [*BLOCK_ORDER, "memory"]
+    ordered = sorted(keys, key=lambda k: (k[0] != "enc", k[1], order.index(k[2])))
     return {k: i for i, k in enumerate(ordered)}
 
 
@@ -161,6 +174,8 @@ def _place(node: dict[str, Any], rows: dict, src_len: int) -> tuple[str, int, in
         return "E", ctx, ctx
     if kind == "bias":
         return "E", -1, ctx
+    if kind == "error" and node.get("site"):  # a dictionary's error at its site: its features' row, feature -2
+        return str(_feature_row(node, rows)), -2, ctx  # (-1 is the layer's rounding error, possibly on that row)
     if kind == "error":  # the layer's reconstruction error, on the row of its last sub-layer
         row = max(r for (s, i, _), r in rows.items() if s == node["stack"] and i == node["layer"])
         return str(row), -1, ctx
@@ -189,6 +204,8 @@ def _feature_key(node: dict[str, Any]) -> tuple[str, int | None, str | None]:
 def _feature_row(node: dict[str, Any], rows: dict) -> int:
     """A feature node's row: its sub-layer's; without one, the last row of its layer (of the layer before, for the
     stream entering a layer: hook_resid_in), or of its stack (hook_memory)."""
+    if _on_memory(node) and MEMORY_ROW in rows:
+        return rows[MEMORY_ROW]
     stack, layer, block = _feature_key(node)
     if layer is not None and (stack, layer, block) in rows:
         return rows[stack, layer, block]
