@@ -357,7 +357,7 @@ _PLACEHOLDER = re.compile(r"\{[^{}]*\}|%[-#0 +]*\d*(?:\.\d+)?[sdrif]")
 SHIFT_HOMES = {
     "core/batching.py": "the one shift (decoder_input, teacher_forced)",
     "corpus/data.py": "Corpus.collate fills the trainer's numpy rows in place, 5x cheaper per sentence than "
-                      "decoder_input on the training hot path; tests/test_data.py checks its rows equal "
+                      "decoder_input on the training hot path; tests/corpus/test_data.py checks its rows equal "
                       "decoder_input's",
 }
 

@@ -7,7 +7,7 @@ as circuit-tracer ships it) loads from `graph_data/SLUG.json`, pruned as circuit
     # then: circuit-tracer start-server --graph_file_dir graph_files   (or any static server of its frontend)
 
 The schema (`schemas/circuit_tracer_graph.schema.json`) is generated from circuit-tracer's pydantic models
-(`circuit_tracer/frontend/graph_models.py` at d797c82); `tests/test_graph_export.py` validates against it.
+(`circuit_tracer/frontend/graph_models.py` at d797c82); `tests/analysis/test_graph_export.py` validates against it.
 
 How an encoder-decoder graph is laid out in a viewer made for one decoder stack:
 

@@ -42,6 +42,6 @@ def test_the_notebooks_use_it_not_the_html_renderer():
     from pathlib import Path
 
     sources = {p.name: p.read_text(encoding="utf-8")
-               for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.py")}
+               for p in (Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.py")}
     assert sources and any("enable_altair()" in text for text in sources.values())
     assert not [name for name, text in sources.items() if 'renderers.enable("html"' in text]

@@ -419,7 +419,7 @@ def test_circuit_tracers_viewer_draws_every_node_and_link(tmp_path):
     paths = export_sentence(tm, "Zwei Männer spielen Fußball im Park.", tmp_path)
     harness = tmp_path / "harness.js"
     harness.write_text(VIEWER_HARNESS, encoding="utf-8")
-    viewer = Path(__file__).parent / "data" / "circuit_tracer_util_cg.js"
+    viewer = Path(__file__).parents[1] / "data" / "circuit_tracer_util_cg.js"
     done = subprocess.run(["node", str(harness), str(viewer), *map(str, paths)], capture_output=True, text=True,
                           timeout=120, check=True)
     drawn = json.loads(done.stdout)
