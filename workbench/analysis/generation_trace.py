@@ -29,8 +29,9 @@ from .beam_replay import replay_beam
 
 def source_side(model, name: str) -> bool:
     """Whether hook point `name` lies on the source side: the encoder stream, its sub-layers and norms, and the
-    cross-attention keys/values read from the memory. Their position axis is the source's, and in a search they
-    fire once (the decoder side fires once per step). From the model's own stream description, not the names."""
+    cross-attention keys/values (and their per-head inputs) read from the memory. Their position axis is the
+    source's, and in a search they fire once (the decoder side fires once per step). From the model's own stream
+    description, not the names."""
     return name in source_side_names(model)
 
 
@@ -40,7 +41,8 @@ def source_side_names(model) -> set[str]:
     modules = [m for m in (enc.emb_norm, enc.final_norm) if m is not None] + list(enc.layers)
     points = {enc.hook_tok, enc.hook_pos, enc.hook_embed, enc.hook_out}
     points |= {p for m in modules for p in m.modules() if isinstance(p, HookPoint)}
-    points |= {p for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v)}
+    points |= {p for layer in model.dec for p in (layer.cross_attn.hook_k, layer.cross_attn.hook_v,
+                                                  layer.cross_attn.hook_k_input, layer.cross_attn.hook_v_input)}
     return {p.name for p in points}
 
 
