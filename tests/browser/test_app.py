@@ -35,7 +35,10 @@ class Watch:
         host = urlparse(base).netloc
         page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: self.errors.append(str(e)))
-        page.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url}"))
+        # a request the page cancels itself (ERR_ABORTED: e.g. the progress bar's stylesheet, when the bar is gone
+        # before its CSS arrived) is no failure of the server; a refused, reset or failed one is
+        page.on("requestfailed", lambda r: None if "ERR_ABORTED" in (r.failure or "") else self.errors.append(
+            f"request failed: {r.url} ({r.failure})"))
         page.on("request", lambda r: self.external.append(r.url)
                 if urlparse(r.url).scheme in ("http", "https", "ws", "wss") and urlparse(r.url).netloc != host
                 else None)
