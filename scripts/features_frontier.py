@@ -116,6 +116,37 @@ def table(results: dict) -> str:
 ARCHS = ("topk", "batchtopk", "jumprelu")
 
 
+def card_frontier(tm, valid, card: Path, points: list[Path]) -> None:
+    """Measure `points` (other dictionaries of the card's site) on the valid split and write them, with the card's own
+    dictionary, as the card's frontier (eval.json's `frontier`, drawn beside the FFN's neurons by `write_card`)."""
+    from workbench.features import SparseDictionary, site_of
+    from workbench.features.evaluate import write_card
+
+    result = json.loads((card / "eval.json").read_text(encoding="utf-8"))
+    rows = []
+    for path in points:
+        d = SparseDictionary.load(path)
+        site = site_of(d)
+        clean = measure(tm, valid, site, None)["ce"]
+        m = measure(tm, valid, site, d, encode=d.encode, n_codes=d.cfg.d_sae, clean_ce=clean)
+        t = json.loads((path / "training.json").read_text(encoding="utf-8")) if (path / "training.json").is_file() \
+            else {}
+        c = t.get("config", {})
+        name = (f"{d.cfg.architecture} {'skip ' if d.cfg.skip else ''}transcoder, {d.cfg.d_sae} features, k {d.cfg.k}"
+                + (", Fisher-weighted" if c.get("fisher") else "") + f", {t.get('activations', 0):,} activations")
+        rows.append({"name": name, "l0": m["l0"], "fvu": m["fvu"], "delta_ce": m["delta_ce"],
+                     "dead_frac": m["dead_frac"], "dense_frac": m["dense_frac"],
+                     "measured_on": f"{result['split']}, {m['tokens']:,} tokens (dead/dense too)"})
+        print(rows[-1], flush=True)
+    rows.append({"name": "this card's dictionary", "l0": result["l0"], "fvu": result["fvu"],
+                 "delta_ce": result["delta_ce"], "dead_frac": result["dead_frac"], "dense_frac": result["dense_frac"],
+                 "measured_on": f"{result['split']}; dead/dense on {result['density_tokens']:,} tokens"})
+    result["frontier"] = {"points": sorted(rows, key=lambda r: r["l0"]),
+                          "note": "Other trainings of this site (`scripts/features_frontier.py --card-frontier`), "
+                                  "each measured on the evaluation split with teacher forcing."}
+    write_card(card, result)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
@@ -133,6 +164,9 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "features_frontier.json"))
     p.add_argument("--png", default=str(ROOT / "docs" / "features_frontier.png"))
     p.add_argument("--plot-only", dest="plot_only", action="store_true")
+    p.add_argument("--card-frontier", dest="card_frontier", default=None,
+                   help="a dictionary card directory: measure --points and write them into it as its frontier")
+    p.add_argument("--points", nargs="*", default=[])
     args = p.parse_args()
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.is_file() else {"sites": {}}
@@ -148,6 +182,9 @@ def main() -> None:
         s, t = load_dataset("multi30k", split, src_lang, tgt_lang, limit=limit)
         return ParallelData.encode(s, t, tm.src_tokenizer, tm.tgt_tokenizer, max_len=tm.model.cfg.max_positions - 1)
 
+    if args.card_frontier:
+        card_frontier(tm, encoded("valid", args.valid_limit), Path(args.card_frontier), [Path(p) for p in args.points])
+        return
     train, valid = encoded("train"), encoded("valid", args.valid_limit)
     results |= {"checkpoint": Path(args.checkpoint).name, "d_sae": args.d_sae, "activations": args.activations,
                 "lr": args.lr,

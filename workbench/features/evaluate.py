@@ -332,6 +332,33 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _frontier_lines(result: dict[str, Any]) -> list[str]:
+    """A card's `frontier` (other trainings of the site at other L0, measured as their notes say) beside the FFN's
+    own neurons, and whether any point reaches issue 38's transcoder goal."""
+    frontier = result.get("frontier")
+    if not frontier:
+        return []
+    neurons = result.get("baselines", {}).get("ffn_neurons")
+    lines = ["", "## Frontier beside the FFN's neurons", "", frontier.get("note", ""), "",
+             "| dictionary | L0 | FVU | ΔCE (nats) | dead | dense (> 10 %) | measured on |",
+             "|---|---|---|---|---|---|---|"]
+    points = list(frontier["points"])
+    for p in points:
+        lines.append(f"| {p['name']} | {p['l0']:.1f} | {p['fvu']:.4f} | {p['delta_ce']:+.4f} | {p['dead_frac']:.1%} | "
+                     f"{p['dense_frac']:.1%} | {p['measured_on']} |")
+    if neurons:
+        lines.append(f"| the FFN's own {neurons['neurons']} neurons | {neurons['l0']:.1f} | 0 (exact) | 0 | "
+                     f"{neurons['dead_frac']:.1%} | {neurons['dense_frac']:.1%} | "
+                     f"{neurons['counted_tokens']:,} tokens |")
+        reached = [p for p in points if p["l0"] <= neurons["l0"] and p["delta_ce"] <= DELTA_CE_GOAL]
+        lines += ["", f"Goal: L0 at most the neurons' {neurons['l0']:.1f} at ΔCE ≤ {DELTA_CE_GOAL} nats. "
+                  + (f"Reached by {', '.join(p['name'] for p in reached)}." if reached else
+                     "**Not reached**: no transcoder here is both as sparse as the FFN's neurons and within "
+                     f"{DELTA_CE_GOAL} nats; at the neurons' L0 the features cost far more cross-entropy than the "
+                     "neurons (which cost none), so on this goal the neurons remain the better basis.")]
+    return lines
+
+
 def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     """eval.json and a README.md whose numbers are `result`'s and training.json's, never typed by hand."""
     directory = Path(directory)
@@ -393,6 +420,7 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         for n in ("pca", "random"):
             if n in result["baselines"]:
                 lines.append(f"- {names[n]}: {result['baselines'][n]['method']}.")
+    lines += _frontier_lines(result)
     seeds = result.get("seeds")
     if seeds:
         lines += ["", f"Seeds: {seeds['count']} ({', '.join(map(str, seeds['values'])) or 'unknown'}); "
