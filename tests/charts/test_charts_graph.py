@@ -70,3 +70,32 @@ def test_tapping_a_node_shows_its_context_attention_and_edges(graph, tmp_path):
         drv.save_screenshot(str(tmp_path / "graph.png"))
     finally:
         drv.quit()
+
+
+def test_a_feature_graph_draws_every_node_in_its_own_place(tmp_path):
+    """A feature-level graph (SAEs on hook_memory and a cross-attention output, a transcoder): every kept node gets
+    a distinct place, features on their block's row (hook_memory's half a row above the encoder's last FFN), their
+    own colour; the view builds and exports offline."""
+    from dictionary_helpers import tiny_dictionaries
+    from model_helpers import graph_model, one_sentence
+
+    from workbench.analysis.feature_graph import feature_graph
+
+    m = graph_model(norm_first=False)
+    src, tgt = one_sentence(m.cfg)
+    g = feature_graph(m, tiny_dictionaries(m), src, tgt, position=4)
+    keep = g.prune(0.95)
+    nodes, _ = graph_data(g, keep)
+    places = list(zip(nodes["x"], nodes["y"]))
+    assert len(set(places)) == len(places)
+    kinds = dict(zip(nodes["index"], nodes["kind"]))
+    assert "feature" in kinds.values()
+    enc_depth = len(m.enc)
+    for i, y, color in zip(nodes["index"], nodes["y"], nodes["color"]):
+        n = g.nodes[i]
+        if n["kind"] == "feature":
+            assert color == "#2980b9"
+            assert y == (3 * enc_depth + 0.5 if n["site"] == "hook_memory" else
+                         3 * n["layer"] + {"self_attn": 1, "cross_attn": 2, "ffn": 3}[n["block"]])
+    save_html(attribution_graph_view(g, keep), tmp_path / "features.html")
+    assert (tmp_path / "features.html").stat().st_size > 0

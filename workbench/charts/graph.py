@@ -38,7 +38,7 @@ from bokeh.plotting import figure
 
 POSITIVE, NEGATIVE = "#c0392b", "#2c6fbb"
 KIND_COLORS = {"embed": "#7f8c8d", "bias": "#bdc3c7", "error": "#95a5a6", "ffn": "#27ae60", "logit": "#000000",
-               "self_attn": "#8e44ad", "cross_attn": "#d35400"}
+               "self_attn": "#8e44ad", "cross_attn": "#d35400", "feature": "#2980b9"}
 GAP = 3  # empty columns between the encoder's positions and the decoder's
 ATTENTION_BARS = 24  # keys drawn in a head's attention panel (the strongest ones, in key order)
 TOP_EDGES = 6  # edges in and out listed for a tapped node
@@ -49,13 +49,17 @@ def _depth(graph, stack: str) -> int:
     return max((n["layer"] for n in graph.nodes if n["stack"] == stack and n["layer"] is not None), default=-1) + 1
 
 
-def _row(n) -> float:
-    """A node's row: 0 embeddings; layer i: 3i+1 self-attention, 3i+2 cross-attention, 3i+3 FFN."""
+def _row(n, enc_depth: int = 0) -> float:
+    """A node's row: 0 embeddings; layer i: 3i+1 self-attention, 3i+2 cross-attention, 3i+3 FFN. A dictionary's
+    feature or error node takes its block's row; the encoder output's dictionary (hook_memory: no layer) sits half a
+    row above the encoder's last FFN."""
     if n["kind"] == "embed":
         return 0
     offset = {"self_attn": 1, "cross_attn": 2, "ffn": 3}
-    if n["kind"] == "error":
-        return 3 * n["layer"] + 3 - 0.5  # between the layer's last attention row and its FFN
+    if n["kind"] in ("feature", "error") and n.get("layer") is None:
+        return 3 * enc_depth + 0.5
+    if n["kind"] == "error" and n.get("block") is None:
+        return 3 * n["layer"] + 3 - 0.5  # the layer's rounding error: between its last attention row and its FFN
     return 3 * n["layer"] + offset[n["block"]]
 
 
@@ -129,6 +133,15 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
     S = graph.meta.get("src_len", 0)
     top_row = max(row_labels(graph))
     heads = max((n["head"] for n in graph.nodes if n["head"] is not None), default=0) + 1
+    enc_depth = _depth(graph, "enc")
+    # a feature graph's nodes: several features at one (row, position) spread across the column, by feature id
+    spread: dict[tuple, list[int]] = {}
+    for i in keep:
+        n = graph.nodes[i]
+        if n["kind"] == "feature":
+            spread.setdefault((n["stack"], n["position"], _row(n, enc_depth)), []).append(i)
+    feature_offset = {i: ((k + 0.5) / len(ids) - 0.5) * 0.8 for ids in spread.values()
+                      for k, i in enumerate(sorted(ids, key=lambda j: graph.nodes[j]["feature"]))}
     cols = ("x", "y", "label", "kind", "color", "attribution", "influence", "context", "attention", "size", "alpha",
             "index", "keys", "weights", "edges_in", "edges_out", "tag", "contexts")
     nodes: dict[str, list] = {k: [] for k in cols}
@@ -143,8 +156,9 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
             x, y = -2, 0
         else:
             base = n["position"] if n["stack"] == "enc" else S + GAP + n["position"]
-            off = ((n["head"] + 0.5) / heads - 0.5) * 0.8 if kind == "head" else (0.4 if kind == "error" else 0.0)
-            x, y = base + off, _row(n)
+            off = ((n["head"] + 0.5) / heads - 0.5) * 0.8 if kind == "head" else (
+                feature_offset[i] if kind == "feature" else 0.4 if kind == "error" else 0.0)
+            x, y = base + off, _row(n, enc_depth)
         where[i] = (x, y)
         d = node_detail(graph, i, src_tokens=src_tokens, tgt_tokens=tgt_tokens, contexts=contexts)
         order = sorted(range(len(d["weights"])), key=lambda k: -d["weights"][k])[:5]
