@@ -358,3 +358,28 @@ def test_the_explained_key_is_in_the_link(tmp_path, monkeypatch):
     assert _qk_parts(view_b)[2].value == max(range(len(row)), key=lambda j: row[j])
     c, location_c = _page(tmp_path, monkeypatch, location.search.replace(f"gqk={other}", "gqk=999"))
     assert "gqk=999" in c.session.message and parse_qs(location_c.search.lstrip("?"))["gqk"] == ["-1"]
+
+
+def test_the_graph_over_the_checkpoints_dictionary_features():
+    """*Dictionary features* builds the feature-level graph with the checkpoint's shipped dictionaries: features
+    replace the heads and FFNs they cover, the graph is complete and the chart places every kept node."""
+    from workbench.charts.graph import graph_data
+    from workbench.decoding.translator import load
+
+    tm = load(Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en")
+    src_ids = tm.encode_source("Ein Hund läuft durch den Park.")[0]
+    out_ids = [*tm.tgt_tokenizer.encode("A dog runs through the park."), tm.model.cfg.eos_id]
+    src_pieces, out_pieces = tm.src_tokenizer.pieces(src_ids), tm.tgt_tokenizer.pieces(out_ids)
+    g = graph_view.build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, 2, features=True)
+    sites = {n["site"] for n in g.nodes if n["kind"] == "feature"}
+    assert "hook_memory" in sites and any(s.endswith("cross_attn.hook_out") for s in sites)
+    assert not any(n["kind"] == "head" and n["block"] == "cross_attn" and n["layer"] == 0 for n in g.nodes)
+    assert abs(float(g.adjacency[-1].sum()) - g.logit) <= 1e-6 * max(1.0, abs(g.logit))
+    nodes, _ = graph_data(g, g.prune(0.8, 100))
+    assert len(set(zip(nodes["x"], nodes["y"]))) == len(nodes["x"])
+
+
+def test_dictionary_features_on_a_checkpoint_without_dictionaries_say_so(session):
+    view = graph_view.GraphView(session=session)
+    view.features = True
+    assert "ships no dictionaries" in str(view.inputs())

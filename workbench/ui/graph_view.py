@@ -21,8 +21,12 @@ is built; its progress is reported per sub-layer and a newer request stops it be
 MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes nodes² × 8 bytes). The last graph
 is kept, so changing the threshold or the cap only prunes again.
 
-The token, threshold, cap, corpus-contexts switch and the tapped node are in the URL (`?gtok=&gthr=&gcap=&gctx=
-&gnode=`, see `link.py`); a link's value the tab cannot use is named in the page's message and dropped from the URL.
+*Dictionary features* builds the graph over the checkpoint's SAE and transcoder features instead
+(`analysis.feature_graph`: features replace the heads and FFNs their dictionaries cover, one error node per site and
+position; a tapped feature's panel names its site and id, its Features-tab dashboard shows what it does).
+
+The token, threshold, cap, corpus-contexts and features switches and the tapped node are in the URL (`?gtok=&gthr=
+&gcap=&gctx=&gfeat=&gnode=`, see `link.py`); a link's value the tab cannot use is named in the page's message and dropped from the URL.
 Added by `Workbench(extra_tabs=[TAB])`.
 """
 
@@ -40,6 +44,7 @@ import param
 import torch
 from bokeh.layouts import row
 
+from ..analysis.feature_graph import feature_graph, feature_graph_size
 from ..analysis.graph import attribution_graph, component_contexts, graph_size
 from ..analysis.graph_export import circuit_tracer_graph, token_probability
 from ..analysis.graph_trust import graph_trust
@@ -124,13 +129,21 @@ def trust_md(trust) -> str:
             "| node | predicted | real |\n|---|---|---|\n" + "\n".join(rows))
 
 
-def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None):
+def checkpoint_dictionaries(tm) -> list:
+    """The dictionaries the checkpoint ships (its features/ folder), loaded once per model (`feature_data`)."""
+    return [feature_data(tm, d).d for d in sites_of(tm)]
+
+
+def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, progress=None, features: bool = False):
     """The attribution graph of output token `position` of a translation (its logit, the token the model chose),
-    nodes labelled with the pieces."""
+    nodes labelled with the pieces; with `features`, over the checkpoint's dictionary features
+    (`analysis.feature_graph`: its SAE and transcoder features replace the heads and FFNs they cover)."""
     src, tgt = sentence_tensors(tm, src_ids, out_ids, position)
-    return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]),
-                             src_tokens=list(src_pieces), tgt_tokens=["<s>", *out_pieces[:position]],
-                             progress=progress)
+    labels = {"src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces[:position]], "progress": progress}
+    if features:
+        return feature_graph(tm.model, checkpoint_dictionaries(tm), src, tgt, position=position,
+                             token=int(out_ids[position]), **labels)
+    return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]), **labels)
 
 
 QK_TOP = 12  # query x key pairs listed for a tapped cross-attention head
@@ -182,13 +195,16 @@ class GraphView(LazyTab):
                                                                "(-1: the one it attends most)"))
     qk_features = param.Boolean(default=True, doc=("Explain the score with the checkpoint's dictionary features "
                                                    "(when it ships any) instead of whole heads and FFNs."))
+    features = param.Boolean(default=False, doc=("Build the graph over the checkpoint's dictionary features (sparse "
+                                                 "features replace the heads and feed-forward layers they cover); "
+                                                 "only for a checkpoint that ships dictionaries."))
 
     title = "Graph"
     follows = ("version",)
-    redraws = ("position", "threshold", "max_nodes", "contexts")
+    redraws = ("position", "threshold", "max_nodes", "contexts", "features")
     heavy = True  # analysis work: the page's heavy lane, one heavy job at a time
     url = {"position": "gtok", "threshold": "gthr", "max_nodes": "gcap", "contexts": "gctx", "node": "gnode",
-           "qk_key": "gqk", "qk_features": "gqkf"}
+           "qk_key": "gqk", "qk_features": "gqkf", "features": "gfeat"}
     url_late = ("position", "node", "qk_key")
 
     def __init__(self, **params):
@@ -222,6 +238,8 @@ class GraphView(LazyTab):
                                            css_classes=["graph-cap"]),
             pn.widgets.Checkbox.from_param(self.param.contexts, name="Corpus contexts", align="end",
                                            css_classes=["graph-contexts"], margin=(5, 10, 12, 10)),
+            pn.widgets.Checkbox.from_param(self.param.features, name="Dictionary features", align="end",
+                                           css_classes=["graph-features"], margin=(5, 10, 12, 10)),
             self._export, self._export_ct)
         self.session.param.watch(self._follow, "result")
         self._follow()
@@ -266,7 +284,13 @@ class GraphView(LazyTab):
             return "*The output is empty: no token to explain.*"
         position = min(self.position, len(r.out_ids) - 1)
         tm = r.model
-        nodes = graph_size(tm.model, len(r.src_ids), position)
+        features = bool(self.features)
+        if features and not sites_of(tm):
+            return ("*This checkpoint ships no dictionaries (its features/ folder is empty or missing): untick "
+                    "*Dictionary features* for the graph over heads and feed-forward layers.*")
+        nodes = (feature_graph_size(tm.model, checkpoint_dictionaries(tm), *sentence_tensors(tm, r.src_ids, r.out_ids,
+                                                                                             position), position)
+                 if features else graph_size(tm.model, len(r.src_ids), position))
         seconds, mb = estimate(nodes)
         if nodes > MAX_GRAPH_NODES:
             return (f"*The graph of output token {position} would have {nodes:,} nodes ({len(r.src_ids)} source "
@@ -275,12 +299,12 @@ class GraphView(LazyTab):
                     "sentence; in a notebook `workbench.analysis.attribution_graph` builds any size.*")
         self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
                       f"about {max(seconds, 0.1):.1f} s to build on an idle core, {mb:,.0f} MB")
-        key = (r.request.translate_key, position)
+        key = (r.request.translate_key, position, features)
         return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
-                int(self.max_nodes), bool(self.contexts))
+                int(self.max_nodes), bool(self.contexts), features)
 
     def compute(self, tm, key, src_ids, out_ids, src_pieces, out_pieces, position, threshold, max_nodes,
-                with_contexts=False, ticket=None):
+                with_contexts=False, features=False, ticket=None):
         with self._lock:
             graph = self._graphs.get(key)
         seconds = 0.0
@@ -291,7 +315,7 @@ class GraphView(LazyTab):
                     ticket.report(done, total)
 
             start = time.perf_counter()
-            graph = build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position, progress)
+            graph = build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position, progress, features)
             seconds = time.perf_counter() - start
             with self._lock:
                 self._graphs[key] = graph
