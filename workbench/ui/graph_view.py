@@ -26,7 +26,8 @@ is kept, so changing the threshold or the cap only prunes again.
 position; a tapped feature's panel names its site and id, its Features-tab dashboard shows what it does).
 
 The token, threshold, cap, corpus-contexts and features switches and the tapped node are in the URL (`?gtok=&gthr=
-&gcap=&gctx=&gfeat=&gnode=`, see `link.py`); a link's value the tab cannot use is named in the page's message and dropped from the URL.
+&gcap=&gctx=&gfeat=&gnode=`, see `link.py`); a link's value the tab cannot use is named in the page's message and
+dropped from the URL.
 Added by `Workbench(extra_tabs=[TAB])`.
 """
 
@@ -297,8 +298,10 @@ class GraphView(LazyTab):
                     f"tokens, {position + 1} decoder positions): its {nodes:,} × {nodes:,} matrix takes {mb:,.0f} MB, "
                     f"above this page's limit of {MAX_GRAPH_NODES:,} nodes. Pick an earlier output token or a shorter "
                     "sentence; in a notebook `workbench.analysis.attribution_graph` builds any size.*")
+        # the time estimate is measured for head graphs; a feature graph's nodes cost more (a few times as long)
+        built = "over dictionary features" if features else f"about {max(seconds, 0.1):.1f} s to build on an idle core"
         self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
-                      f"about {max(seconds, 0.1):.1f} s to build on an idle core, {mb:,.0f} MB")
+                      f"{built}, {mb:,.0f} MB")
         key = (r.request.translate_key, position, features)
         return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
                 int(self.max_nodes), bool(self.contexts), features)
