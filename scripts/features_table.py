@@ -5,7 +5,7 @@ docs/features.md, the one beside its baselines into README.md, each between its 
     python scripts/features_table.py --check    # exit 1 when a file's table differs from the cards
     python scripts/features_table.py --print-readme   # rewrite docs/features.md only; print README's table
 
-tests/test_features_table.py checks that both files hold what the cards say.
+tests/features/test_features_baselines.py checks that both files hold what the cards say.
 """
 
 from __future__ import annotations

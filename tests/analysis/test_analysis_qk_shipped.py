@@ -76,4 +76,6 @@ def test_with_the_memory_dictionary_the_top_feature_is_the_words_own_beyond_chan
                            stats=FeatureStats.load(path / "stats.safetensors"), contrast=False)
     reading = "key total, biases aside"
     aligned, random_piece, other_heads = (check.share(g, ("word feature",), reading) for g in GROUPS)
-    assert aligned > 3 * check.feature_chance and aligned > random_piece and aligned > other_heads
+    # the k-16 dictionary has fewer active features per piece than the k-64 one the study ran on, so chance is higher
+    # (0.23 on these sentences, against 0.06): twice chance is the bar, and above the two controls
+    assert aligned > 2 * check.feature_chance and aligned > random_piece and aligned > other_heads

@@ -6,7 +6,8 @@ writes and Neuronpedia imports, in their field names, offline.
     # np/hook_memory/batch-0.json (features 0..99 but the dead ones), np/hook_memory/skipped_indexes.json
 
 The schema (`schemas/neuronpedia_batch.schema.json`) is written from SAEDashboard's
-`sae_dashboard/neuronpedia/neuronpedia_dashboard.py` at db4839a; `tests/test_neuronpedia.py` validates against it.
+`sae_dashboard/neuronpedia/neuronpedia_dashboard.py` at db4839a; `tests/features/test_neuronpedia.py` validates
+against it.
 What each field holds here, from the dashboard (`FeatureData`) the app draws:
 
     activations      the top-activating examples (bin_min -1, bin_max the top value, bin_contains -1: how SAEDashboard

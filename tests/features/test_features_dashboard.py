@@ -20,7 +20,7 @@ from workbench.features import DictionaryConfig, SparseDictionary, capture_site
 from workbench.features.dashboard import FeatureData
 from workbench.features.stats import FeatureStats, corpus_feature_stats
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from workbench.decoding.translator import load
 from workbench.features import DictionaryConfig, SparseDictionary, site_of, splice, splice_hooks, unsplice
 from workbench.features.sites import capture_site
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 SOURCES = ["Ein Mann mit einem roten Hut sitzt auf einer Bank.", "Zwei Hunde spielen im Schnee.",
            "Eine Frau liest ein Buch im Park."]
 
@@ -221,16 +221,16 @@ def test_steering_at_zero_is_bit_identical_and_equals_the_edit_written_as_a_hook
 def test_steered_search_agrees_with_steered_teacher_forcing(shipped):
     """The KV cache: each step's steered decoder site equals the steered full recompute over the same prefix."""
     tm, dicts = shipped
-    steer = {"dec.1.cross_attn.hook_out": {9: "+20"}, "hook_memory": {100: 1.0}}
+    steer = {"dec.1.cross_attn.hook_out": {9: "+10"}, "hook_memory": {100: 1.0}}  # ends by EOS, not max length
     with splice(tm.model, dicts["hook_memory"]), splice(tm.model, dicts["dec.1.cross_attn.hook_out"]):
         r = tm.translate(SOURCES[2:], beam=1, return_tokens=True, steer=steer)[0]
         b = tm.encode_batch(SOURCES[2:], [r.tokens])
         with torch.no_grad(), tm.model.hooks(steering_hooks(tm.model, steer)):
             logits = tm.model(b.src, b.tgt_in)
     assert logits[0].argmax(-1).tolist() == r.tokens
-    with splice(tm.model, dicts["hook_memory"]) as sae, torch.no_grad():  # the narrow encoder on 8192 TopK features
+    with splice(tm.model, dicts["hook_memory"]) as sae, torch.no_grad():  # the narrow encoder on 4096 TopK features
         x = tm.model.encode(tm.encode_batch(SOURCES).src).memory
-        features = torch.tensor([100, 4243, 8000])
+        features = torch.tensor([100, 204, 4000])
         some, dense = sae.dictionary.encode_features(x, features), dicts["hook_memory"].encode(x)[..., features]
     assert torch.equal(some == 0, dense == 0) and bool((dense > 0).any())
     torch.testing.assert_close(some, dense, rtol=1e-5, atol=1e-6)
@@ -355,7 +355,7 @@ def test_a_session_steering_through_a_splice_leaves_another_session_s_translatio
     try:
         for _ in range(4):
             with splice(tm.model, dicts["hook_memory"]):
-                steered = tm.translate(SOURCES, beam=2, steer={"hook_memory": {4243: 0.5}})
+                steered = tm.translate(SOURCES, beam=2, steer={"hook_memory": {204: 0.5}})
     finally:
         stop.set()
         thread.join()

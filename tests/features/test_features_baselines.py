@@ -12,7 +12,7 @@ import torch
 
 from workbench.features.baselines import Moments, PCABaseline, RandomTopK
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(n=3000, d=12, seed=0):

@@ -16,7 +16,7 @@ from workbench.features import DictionaryConfig, SparseDictionary, capture_site,
 sae_lens = pytest.importorskip("sae_lens")
 from workbench.features.sae_lens_classes import register  # noqa: E402  (imports sae_lens)
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 SHIPPED = sorted(p for p in (CKPT / "features").iterdir() if (p / "cfg.json").is_file())
 
 

@@ -16,7 +16,7 @@ from workbench.analysis.gradients import run_with_grads
 from workbench.features import DictionaryConfig, SparseDictionary, capture_site, site_of
 from workbench.features.attribution import ablate_features, feature_attribution
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 SITES = {  # site -> (hook of the dictionary's input, hook of its output: None for an SAE)
     "hook_memory": ("hook_memory", None),
     "dec.1.cross_attn.hook_out": ("dec.1.cross_attn.hook_out", None),

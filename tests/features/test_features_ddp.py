@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # Each rank builds the same tiny model, corpus and dictionary, computes the statistics over its share of the corpus
 # and trains a few steps on its share of the stream; rank 0 writes the statistics, every rank its dictionary.

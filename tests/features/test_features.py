@@ -20,7 +20,7 @@ from workbench.features import ActivationStream, DictionaryConfig, SparseDiction
 from workbench.features.sites import capture_site, site_rows
 from workbench.features.train import FeatureTrainConfig, FeatureTrainer, fisher_readout, memory_readout
 
-CKPT = Path(__file__).resolve().parents[1] / "checkpoints" / "multi30k-de-en"
+CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 
 
 def _random_dictionary(architecture="topk", transcoder=False, d=16, n=64, k=5, seed=0, skip=False):
