@@ -232,7 +232,7 @@ class GraphView(LazyTab):
         self._export_ct = pn.widgets.FileDownload(callback=self.export_circuit_tracer, filename="graph.json",
                                                   label="circuit-tracer JSON", color="light", width=170,
                                                   css_classes=["graph-export-ct"], disabled=True)
-        self._controls = pn.Row(
+        self._controls = pn.FlexBox(  # wraps: at 1000 px the switches and the two downloads do not fit one line
             pn.widgets.FloatSlider.from_param(self.param.threshold, name="Influence threshold", width=200,
                                               css_classes=["graph-threshold"]),
             pn.widgets.IntInput.from_param(self.param.max_nodes, name="Node cap", width=110,
@@ -241,7 +241,7 @@ class GraphView(LazyTab):
                                            css_classes=["graph-contexts"], margin=(5, 10, 12, 10)),
             pn.widgets.Checkbox.from_param(self.param.features, name="Dictionary features", align="end",
                                            css_classes=["graph-features"], margin=(5, 10, 12, 10)),
-            self._export, self._export_ct)
+            self._export, self._export_ct, align_items="flex-end", sizing_mode="stretch_width")
         self.session.param.watch(self._follow, "result")
         self._follow()
 
