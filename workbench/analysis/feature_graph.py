@@ -52,7 +52,7 @@ from ..core.splice import attach, site_module
 from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
 from ..features.sites import site_of, splice
-from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, graph_size, node_write
+from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, graph_size, node_write, zero_writes
 
 
 def _by_site(dictionaries: Mapping[str, Any] | Iterable[SparseDictionary]) -> dict[str, Any]:
@@ -128,18 +128,10 @@ def remove_features(model, dictionaries, src, tgt, graph: AttributionGraph, node
             return acts
         return hook
 
-    def zero(assign):
-        def hook(x, point):
-            x = x.clone()
-            for row, idx in assign:
-                x[row][idx] = 0
-            return x
-        return hook
-
     n = len(node_sets)
     with evaluating(model), torch.no_grad(), _spliced(model, sites) as points:
         spec = [(points[site].hook_acts.name, clamp(v)) for site, v in feats.items()]
-        spec += [(name, zero(v)) for name, v in edits.items()]
+        spec += [(name, zero_writes(v)) for name, v in edits.items()]
         with model.hooks(spec):
             logits = model(src.expand(n, -1), tgt.expand(n, -1))[:, graph.position].double()
     out = logits[:, graph.token]

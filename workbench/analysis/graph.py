@@ -736,6 +736,16 @@ def node_write(model, node: dict[str, Any]) -> tuple[str, tuple]:
     return stream.layers[node["layer"]].ffn.hook_out.name, (node["position"],)
 
 
+def zero_writes(assign: list[tuple[int, tuple]]):
+    """A hook zeroing, per (batch row, index after the batch axis), one node's write: what removing nodes does."""
+    def hook(x, point):
+        x = x.clone()
+        for row, idx in assign:
+            x[row][idx] = 0
+        return x
+    return hook
+
+
 def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[int]]) -> torch.Tensor:
     """The real model's logit (difference) with each set of nodes' writes zeroed, one set per row of one batch
     (embeddings: that position's embedding; heads: that head's output at that position; FFNs: the FFN's output
@@ -748,16 +758,8 @@ def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[
             name, idx = node_write(model, graph.nodes[j])
             edits.setdefault(name, []).append((row, idx))
 
-    def zero(assign):
-        def hook(x, point):
-            x = x.clone()
-            for row, idx in assign:
-                x[row][idx] = 0
-            return x
-        return hook
-
     n = len(node_sets)
-    with evaluating(model), torch.no_grad(), model.hooks({k: zero(v) for k, v in edits.items()}):
+    with evaluating(model), torch.no_grad(), model.hooks({k: zero_writes(v) for k, v in edits.items()}):
         logits = model(src.expand(n, -1), tgt.expand(n, -1))[:, graph.position].double()
     out = logits[:, graph.token]
     if graph.baseline_token is not None:
