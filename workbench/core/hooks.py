@@ -235,16 +235,22 @@ def reads_heads(fn: HookFn, heads: Iterable[int]) -> HookFn:
     computes the probabilities of the union of those heads only and hands the hooks that (B, len(heads), Lq,
     Lk) tensor, heads in ascending order; its output then comes from the fused kernel, so a marked function
     that returns a tensor is an error. Other hook points ignore the mark (they pass every head)."""
-    heads = tuple(sorted({int(h) for h in heads}))
-    if not heads or heads[0] < 0:
-        raise ValueError(f"heads must be non-negative indices, at least one, got {list(heads)}")
+    return marked(fn, "heads", heads)
 
-    def read(x: torch.Tensor, hook: HookPoint) -> torch.Tensor | None:
+
+def marked(fn: HookFn, attr: str, indices: Iterable[int]) -> HookFn:
+    """`fn` wrapped and carrying `attr` = the sorted distinct `indices` (non-negative, at least one): how a hook
+    declares what it reads or edits (`reads_heads`, `splice.edits_features`)."""
+    chosen = tuple(sorted({int(i) for i in indices}))
+    if not chosen or chosen[0] < 0:
+        raise ValueError(f"{attr} must be non-negative indices, at least one, got {list(chosen)}")
+
+    def wrapped(x: torch.Tensor, hook: HookPoint) -> torch.Tensor | None:
         return fn(x, hook)
 
-    read.heads = heads  # type: ignore[attr-defined]
-    read.__name__ = getattr(fn, "__name__", "read")
-    return read
+    setattr(wrapped, attr, chosen)
+    wrapped.__name__ = getattr(fn, "__name__", attr)
+    return wrapped
 
 
 def path_of(module: nn.Module) -> str:

@@ -62,7 +62,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .hooks import HookFn, HookPoint, name_hook_points, observed
+from .hooks import HookFn, HookPoint, marked, name_hook_points, observed
 
 SPLICE = "sae"
 """The child module's name: `<site>.sae.hook_acts`, as SAELens's `HookedSAETransformer` names the spliced SAE's."""
@@ -194,16 +194,7 @@ def edits_features(fn: HookFn, features: Iterable[int]) -> HookFn:
     0 where the dense features are, and an edit of zero adds exact zeros either way (tested: the same tokens, logits
     within 1e-5). The narrow path skips the dense (B, L, d_sae) features, their copy and their comparison, and most
     of the encoder (`steering_hooks` marks its functions so)."""
-    features = tuple(sorted({int(f) for f in features}))
-    if not features or features[0] < 0:
-        raise ValueError(f"features must be non-negative indices, at least one, got {list(features)}")
-
-    def edit(x: torch.Tensor, hook: HookPoint) -> torch.Tensor | None:
-        return fn(x, hook)
-
-    edit.features = features  # type: ignore[attr-defined]
-    edit.__name__ = getattr(fn, "__name__", "edit")
-    return edit
+    return marked(fn, "features", features)
 
 
 def _declared(fns: tuple[HookFn, ...] | None, d_sae: int) -> torch.Tensor | None:
