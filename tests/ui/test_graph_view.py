@@ -24,7 +24,7 @@ from workbench.analysis.graph import graph_size  # noqa: E402
 from workbench.charts.export import external_references  # noqa: E402
 from workbench.charts.graph import selected_detail  # noqa: E402
 from workbench.core.batching import decoder_input  # noqa: E402
-from workbench.ui import Workbench, graph_view, loader  # noqa: E402
+from workbench.ui import Workbench, graph_view, loader, workers  # noqa: E402
 from workbench.ui.graph_view import TAB, GraphView, build_graph  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.views import _md_escape  # noqa: E402
@@ -199,6 +199,8 @@ def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
         return graph
 
     monkeypatch.setattr(graph_view, "attribution_graph", held)
+    monkeypatch.setattr(workers, "_PLACEMENT", None)  # the server's threads: the held graph is patched here
+    monkeypatch.setattr(workers, "_REFUSED", True)
     rendered, reports = [], []
 
     async def main():

@@ -1,8 +1,10 @@
 """The "Evidence" tab: the current sentence's word alignment (lines whose width is the strength, with a method
 picker), the source share under each output token (ALTI+), and every head's role on a layers × heads grid.
 
-The work is `evidence_figure(tm, source, output, method, roles)`: it computes (`analysis.sentence_evidence`)
-and draws (`charts.evidence`); the view only picks the inputs and shows the figure. Roles are measured once per
+The work is `evidence(snapshot, method, roles)` (`analysis.sentence_evidence` and the head roles), heavy work that
+runs in a worker process when the server has a pool (`workers.py`; it gets a `work.Snapshot` of the page's result,
+never its model); the view draws its answer (`draw_evidence`, `charts.evidence`). `evidence_figure(tm, source,
+output, ...)` does both in one call (notebooks, tests). Roles are measured once per
 checkpoint on test sentences of its language pair (`model_roles`: Multi30k test2016 when it has the pair, else
 the current sentence alone, said in the figure's title) and cached; the alignment role needs gold alignments
 (RWTH German–English, either direction), else it is left out.
@@ -26,6 +28,7 @@ from ..charts.evidence import alignment_lines, role_grid, source_share_bars
 from ..corpus.data import dataset_files, default_data_root
 from .learn import link_terms
 from .views import LazyTab
+from .work import Offloaded, Snapshot
 
 METHOD_LABELS = {"attention weights": "weights", "value-weighted norms": "norms", "ALTI+ contributions": "alti"}
 ROLE_SENTENCES = 60  # test sentences the roles are measured on (a few seconds on one CPU thread)
@@ -88,7 +91,27 @@ def evidence_figure(tm, source: str, output: str, *, method: str = "weights", ro
     """The tab's figure: alignment lines, source-share bars and (given `roles`) the role grids, one column."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    ev = sentence_evidence(tm, source, output, method=method)
+    return draw_evidence(sentence_evidence(tm, source, output, method=method), roles, roles_from)
+
+
+def evidence(r, method: str, with_roles: bool, ticket=None) -> tuple:
+    """The tab's work for result `r` (a `work.Snapshot` in a worker process): (SentenceEvidence, HeadRoles or None,
+    where the roles were measured), for `draw_evidence`."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    tm = r.model
+    roles, where = None, ""
+    if with_roles:
+        if ticket is not None:
+            ticket.report("measuring the heads' roles (once per checkpoint)")
+        roles, where = checkpoint_roles(tm, r.request.sentence, r.text)
+        if ticket is not None:
+            ticket.check()  # a newer sentence or method supersedes this one: stop before the evidence
+    return sentence_evidence(tm, r.request.sentence, r.text, method=method), roles, where
+
+
+def draw_evidence(ev, roles=None, roles_from: str = ""):
+    """Alignment lines, source-share bars and (given `roles`) the role grids of a `SentenceEvidence`, one column."""
     lines = alignment_lines(ev.src_words, ev.out_words, ev.weights, links=ev.links, title="word alignment")
     bars = source_share_bars(ev.pieces, ev.shares, title="source share")
     for fig in (lines, bars):  # as wide as the page, however long the sentence (no sideways scrolling)
@@ -124,21 +147,14 @@ class EvidenceView(LazyTab):
             return "*Nothing to show yet: translate a sentence.*"
         if not r.text.strip():
             return "*The output is empty: nothing to align.*"
-        # The model that made the result (the store hands it out): the view never turns a path into a model.
-        return r.model, r.request.sentence, r.text, METHOD_LABELS[self.method], self.roles
+        # A snapshot of the result (its model along in this process, none in a worker's): the view never turns a
+        # path into a model.
+        return Snapshot.of(r), METHOD_LABELS[self.method], self.roles
 
-    def compute(self, tm, source, output, method, with_roles, ticket=None):
-        roles, where = None, ""
-        if with_roles:
-            if ticket is not None:
-                ticket.report("measuring the heads' roles (once per checkpoint)")
-            roles, where = checkpoint_roles(tm, source, output)
-            if ticket is not None:
-                ticket.check()  # a newer sentence or method supersedes this one: stop before the figure
-        return evidence_figure(tm, source, output, method=method, roles=roles, roles_from=where)
+    compute = Offloaded(evidence)  # heavy: in a worker process when the server has a pool
 
-    def render(self, fig):
-        return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
+    def render(self, answer):
+        return [pn.pane.Bokeh(draw_evidence(*answer), sizing_mode="stretch_width")]
 
     def progress(self, message: str) -> None:
         self._box.objects = [pn.pane.Markdown(f"*{message}…*")]

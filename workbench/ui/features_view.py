@@ -17,8 +17,9 @@ current sentence and one at a time.
   spliced in for the request: `features.splice`; the shared model's outputs stay unchanged for other sessions).
 
 The dictionary, the feature, the search, the "why this word" token and the steering value are in the page's URL
-(`?site=NAME&feature=ID&fq=&fout=&steer=`, see `link.py`), so a link opens on them. Interactive work on the
-page's request path (`LazyTab`). Added by `Workbench(extra_tabs=[TAB])`.
+(`?site=NAME&feature=ID&fq=&fout=&steer=`, see `link.py`), so a link opens on them. Work on the
+page's request path (`LazyTab`): heavy work (`explore`, in a worker process when the server has a pool, `workers.py`;
+it gets a `work.Snapshot` of the page's result, never its model). Added by `Workbench(extra_tabs=[TAB])`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import html
 import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -39,9 +41,11 @@ from ..features.dashboard import FeatureData
 from ..features.sites import splice
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
+from .work import Offloaded, Snapshot
 
 _CACHE: dict[tuple[int, str], FeatureData] = {}
 WHY_TOP = 8  # features listed under "Why this word"
+DASHBOARD_CONTEXTS = 12  # top contexts a dashboard lists (`feature_dashboard`'s default)
 STEER_PATTERN = r"^(|[+-]?\d+(\.\d+)?|=-?\d+(\.\d+)?)$"  # "", "5", "+5", "-2.5", "=-2": FeatureEdit.parse's
 _LOCK = threading.Lock()
 
@@ -101,11 +105,55 @@ def steer_sentence(r, fd: FeatureData, site: str, feature: int, text: str) -> di
     return {"feature": feature, "edit": edit, "plain": plain, "steered": steered}
 
 
+@dataclass(frozen=True)
+class Dashboard:
+    """What `charts.features.feature_dashboard` reads of a FeatureData for one feature (its summary, top contexts,
+    histogram and output effects: forward passes over corpus contexts), measured where the work runs (a worker
+    process); the page draws the dashboard from it as from the FeatureData itself, with the same figure."""
+
+    feature: int
+    summary_: dict
+    contexts_: list
+    histogram_: tuple
+    effects: dict
+
+    @classmethod
+    def of(cls, fd: FeatureData, feature: int, contexts: int = DASHBOARD_CONTEXTS) -> Dashboard:
+        return cls(feature, fd.summary(feature), fd.contexts(feature, contexts), fd.histogram(feature),
+                   fd.output_effects(feature))
+
+    def _same(self, feature: int) -> None:
+        if feature != self.feature:
+            raise ValueError(f"this dashboard is of feature {self.feature}, not {feature}")
+
+    def summary(self, feature: int) -> dict:
+        self._same(feature)
+        return self.summary_
+
+    def contexts(self, feature: int, limit: int | None = None) -> list:
+        self._same(feature)
+        return self.contexts_[:limit]
+
+    def histogram(self, feature: int) -> tuple:
+        self._same(feature)
+        return self.histogram_
+
+    def output_effects(self, feature: int) -> dict:
+        self._same(feature)
+        return self.effects
+
+
 def explore(r, site: str, feature: int, query: str, output: int = 0, href: str = "?site={site}&feature={feature}",
-            steer: str = "") -> dict:
-    """The tab's answer for result `r`: sentence features, why output token `output` came out, the dashboard
-    of `feature`, search hits, the sentence steered by `steer` (figures). `href`: a feature's link, with `{site}` and
-    `{feature}` to fill in."""
+            steer: str = "", ticket=None) -> dict:
+    """The tab's answer for result `r` (a `work.Snapshot` in a worker process): sentence features, why output token
+    `output` came out, the dashboard of `feature` (a `Dashboard`: `feature_dashboard` draws it), search hits, the
+    sentence steered by `steer`. `href`: a feature's link, with `{site}` and `{feature}` to fill in. `ticket` stops it
+    between those parts."""
+
+    def check() -> None:
+        if ticket is not None:
+            ticket.check()  # a newer feature, search or sentence supersedes this answer
+
     tm = r.model
     dirs = {p.name: p for p in sites_of(tm)}
     if not dirs:
@@ -119,17 +167,21 @@ def explore(r, site: str, feature: int, query: str, output: int = 0, href: str =
     out["sentence"] = sentence_features_html(fd.sentence(r.request.sentence, target),
                                              link=href.replace("{site}", quote(name)))
     out["href"] = href.replace("{site}", quote(name))
+    check()
     out["why"] = why_this_word(r, fd, output)
+    check()
     if steer.strip():
         out["steer"] = steer_sentence(r, fd, name, min(max(int(feature), 0), fd.n_features - 1), steer)
+        check()
     if fd.stats is None:
         out["note"] = "This dictionary has no corpus statistics (stats.safetensors): dashboards need them."
         return out
     feature = min(max(int(feature), 0), fd.n_features - 1)
     out["feature"] = feature
-    out["dashboard"] = feature_dashboard(fd, feature)
+    out["dashboard"] = Dashboard.of(fd, feature)
     if query.strip():
-        out["hits"] = search_all(tm, dirs, query)
+        check()
+        out["hits"] = search_all(tm, dirs, query, check=check)
         out["href_template"] = href
     return out
 
@@ -143,12 +195,14 @@ def _hit_html(hit: dict, template: str) -> str:
             f"top contexts, mean {hit['mean']:.3f}</li>")
 
 
-def search_all(tm, dirs: dict[str, Path], query: str, limit: int = 20) -> list[dict]:
+def search_all(tm, dirs: dict[str, Path], query: str, limit: int = 20, check=None) -> list[dict]:
     """Features of every dictionary of the checkpoint whose top contexts fire on `query`: encoder-side
     dictionaries match it among source pieces, decoder-side ones among output pieces, so a source word ("Hund")
     and a target word ("dog") both find theirs; ranked by the share of contexts that match, then the mean."""
     hits = []
     for name, path in dirs.items():
+        if check is not None:
+            check()
         fd = feature_data(tm, path)
         if fd.stats is None:
             continue
@@ -171,6 +225,7 @@ class FeaturesView(LazyTab):
         "it; empty turns steering off."))
 
     title = "Features"
+    heavy = True  # dashboards and search read corpus statistics and run the model on corpus contexts
     follows = ("version",)
     redraws = ("site", "feature", "query", "output", "steer")
     url = {"site": "site", "feature": "feature", "query": "fq", "output": "fout", "steer": "steer"}
@@ -261,8 +316,8 @@ class FeaturesView(LazyTab):
         r = self.session.result
         if r is None:
             return "*No sentence yet.*"
-        return (r, self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1), self._href(),
-                self.steer)
+        return (Snapshot.of(r), self.site, self.feature, self.query, min(self.output, len(r.out_ids) - 1),
+                self._href(), self.steer)
 
     def _href(self) -> str:
         """A feature's link: this whole page (`link.Link.href`) on this tab, with `{site}` and `{feature}` to fill
@@ -272,8 +327,7 @@ class FeaturesView(LazyTab):
         return (self._link.href(tab="features", site="SITEPLACEHOLDER", feature="FEATUREPLACEHOLDER")
                 .replace("SITEPLACEHOLDER", "{site}").replace("FEATUREPLACEHOLDER", "{feature}"))
 
-    def compute(self, r, site, feature, query, output, href="?site={site}&feature={feature}", steer=""):
-        return explore(r, site, feature, query, output, href, steer)
+    compute = Offloaded(explore)  # heavy: in a worker process when the server has a pool (`workers.py`)
 
     def _open(self, feature: int) -> None:
         self.feature = feature
@@ -353,7 +407,8 @@ class FeaturesView(LazyTab):
         if "why" in answer:
             objs.append(self._why(answer["why"], answer.get("feature")))
         if "dashboard" in answer:
-            objs.append(pn.pane.Bokeh(answer["dashboard"], css_classes=["features-dashboard"]))
+            objs.append(pn.pane.Bokeh(feature_dashboard(answer["dashboard"], answer["feature"]),
+                                      css_classes=["features-dashboard"]))
         return objs
 
 

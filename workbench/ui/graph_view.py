@@ -14,12 +14,14 @@ export.
 - Export: one self-contained HTML file (Bokeh INLINE, no CDN), `<checkpoint>_graph_tok<i>-thr<t>-cap<n>.html`,
   captioned with the sentence, the translation, the checkpoint and the token.
 
-The graph is heavy work (the page's heavy lane). Its cost grows with the square of its node count (the dense
-adjacency): about 0.03 s + 5e-8 s × nodes² on one idle core here (shipped multi30k-de-en, last output token:
-1,681 nodes at 36 source pieces 0.15 s, 3,457 nodes at 89 pieces 0.54 s, 4,930 at 143 pieces 1.6 s), said before it
-is built; its progress is reported per sub-layer and a newer request stops it between sub-layers. Graphs above
-MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes nodes² × 8 bytes). The last graph
-is kept, so changing the threshold or the cap only prunes again.
+The graph is heavy work (the page's heavy lane): `graph_answer`, in a worker process when the server has a pool
+(`workers.py`; it gets a `work.Snapshot` of the result, never the page's model). Its cost grows with the square of
+its node count (the dense adjacency): about 0.03 s + 5e-8 s × nodes² on one idle core here (shipped
+multi30k-de-en, last output token: 1,681 nodes at 36 source pieces 0.15 s, 3,457 nodes at 89 pieces 0.54 s, 4,930
+at 143 pieces 1.6 s), said before it is built; its progress is reported per sub-layer and a newer request stops it
+between sub-layers. Graphs above MAX_GRAPH_NODES nodes are refused with a message saying why (the matrix alone takes
+nodes² × 8 bytes). The page keeps its last graph and sends it with a job that only changes the threshold or the cap,
+so that job only prunes again.
 
 *Dictionary features* builds the graph over the checkpoint's SAE and transcoder features instead
 (`analysis.feature_graph`: features replace the heads and FFNs their dictionaries cover, one error node per site and
@@ -58,6 +60,7 @@ from ..corpus.data import dataset_files
 from .features_view import feature_data, sites_of
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
+from .work import Offloaded, Snapshot
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
 MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
@@ -147,6 +150,40 @@ def build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position: int, pro
     return attribution_graph(tm.model, src, tgt, position=position, token=int(out_ids[position]), **labels)
 
 
+def graph_answer(r, key: tuple, position: int, threshold: float, max_nodes: int, with_contexts: bool = False,
+                 features: bool = False, kept: tuple | None = None, ticket=None) -> dict:
+    """The tab's work for result `r` (a `work.Snapshot` in a worker process): the graph of output token `position`
+    (or `kept`, the page's (graph, trust) of the same `key`: then only the pruning runs again), its trust panel, the
+    pruning, the corpus contexts (once per model and process) and the token's probability. Progress per sub-layer
+    through `ticket`, which also stops it between sub-layers."""
+    tm, src_ids, out_ids = r.model, r.src_ids, r.out_ids
+    seconds, (graph, trust) = 0.0, kept or (None, None)
+    if graph is None:
+        def progress(done, total):
+            if ticket is not None:
+                ticket.check()  # a newer token or sentence supersedes this graph: stop between sub-layers
+                ticket.report(done, total)
+
+        start = time.perf_counter()
+        graph = build_graph(tm, src_ids, out_ids, r.src_pieces, r.out_pieces, position, progress, features)
+        seconds = time.perf_counter() - start
+    if trust is None:  # one batched forward of the real model: each top node removed alone
+        trust = graph_trust(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph, top=TRUSTED_TOP)
+    keep = graph.prune(threshold, max_nodes)
+    contexts, corpus = None, ""
+    if with_contexts:
+        if ticket is not None:
+            ticket.report(0, 0, "Measuring where each head and FFN writes most in a test corpus (once per model)")
+        found = model_contexts(tm, check=None if ticket is None else ticket.check)
+        contexts, corpus = found if found is not None else (None, "no test set of this language pair here")
+    if ticket is not None:
+        ticket.check()
+    return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
+            "src_tokens": list(r.src_pieces), "tgt_tokens": ["<s>", *r.out_pieces], "seconds": seconds,
+            "piece": r.out_pieces[position], "contexts": contexts, "corpus": corpus, "trust": trust, "key": key,
+            "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
+
+
 QK_TOP = 12  # query x key pairs listed for a tapped cross-attention head
 
 
@@ -213,8 +250,7 @@ class GraphView(LazyTab):
         self._link_node: int | None = None  # a link's node, checked when its graph is drawn
         self._drawn: tuple = (None, [])  # (the drawn graph's node source, the graph indices of its nodes)
         self._lock = threading.Lock()
-        self._graphs: OrderedDict[tuple, object] = OrderedDict()
-        self._trusts: OrderedDict[tuple, object] = OrderedDict()  # the graphs' trust panels, by the same keys
+        self._graphs: OrderedDict[tuple, tuple] = OrderedDict()  # key -> (graph, its trust panel)
         self._answer: dict | None = None
         self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
         self._cost = ""
@@ -303,48 +339,19 @@ class GraphView(LazyTab):
         self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
                       f"{built}, {mb:,.0f} MB")
         key = (r.request.translate_key, position, features)
-        return (tm, key, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, position, float(self.threshold),
-                int(self.max_nodes), bool(self.contexts), features)
+        with self._lock:  # the page's last graph of this key travels with the job: only the pruning runs again
+            kept = self._graphs.get(key)
+        return (Snapshot.of(r), key, position, float(self.threshold), int(self.max_nodes), bool(self.contexts),
+                features, kept)
 
-    def compute(self, tm, key, src_ids, out_ids, src_pieces, out_pieces, position, threshold, max_nodes,
-                with_contexts=False, features=False, ticket=None):
-        with self._lock:
-            graph = self._graphs.get(key)
-        seconds = 0.0
-        if graph is None:
-            def progress(done, total):
-                if ticket is not None:
-                    ticket.check()  # a newer token or sentence supersedes this graph: stop between sub-layers
-                    ticket.report(done, total)
+    compute = Offloaded(graph_answer)  # heavy: in a worker process when the server has a pool (`workers.py`)
 
-            start = time.perf_counter()
-            graph = build_graph(tm, src_ids, out_ids, src_pieces, out_pieces, position, progress, features)
-            seconds = time.perf_counter() - start
-            with self._lock:
-                self._graphs[key] = graph
-                while len(self._graphs) > CACHED:
-                    self._graphs.popitem(last=False)
+    def _keep(self, answer: dict) -> None:
+        """Keep the answer's graph and trust panel for its key (CACHED per page), for a re-pruning job."""
         with self._lock:
-            trust = self._trusts.get(key)
-        if trust is None:  # one batched forward of the real model: each top node removed alone
-            trust = graph_trust(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph, top=TRUSTED_TOP)
-            with self._lock:
-                self._trusts[key] = trust
-                while len(self._trusts) > CACHED:
-                    self._trusts.popitem(last=False)
-        keep = graph.prune(threshold, max_nodes)
-        contexts, corpus = None, ""
-        if with_contexts:
-            if ticket is not None:
-                ticket.report(0, 0, "Measuring where each head and FFN writes most in a test corpus (once per model)")
-            found = model_contexts(tm, check=None if ticket is None else ticket.check)
-            contexts, corpus = found if found is not None else (None, "no test set of this language pair here")
-        if ticket is not None:
-            ticket.check()
-        return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
-                "src_tokens": list(src_pieces), "tgt_tokens": ["<s>", *out_pieces], "seconds": seconds,
-                "piece": out_pieces[position], "contexts": contexts, "corpus": corpus, "trust": trust,
-                "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
+            self._graphs[answer["key"]] = (answer["graph"], answer["trust"])
+            while len(self._graphs) > CACHED:
+                self._graphs.popitem(last=False)
 
     def progress(self, done: int, total: int, what: str = "") -> None:
         self._box.loading = False  # the text (and the bar) say it is working
@@ -364,6 +371,7 @@ class GraphView(LazyTab):
                                        contexts=answer["contexts"], corpus=answer["corpus"])
 
     def render(self, answer) -> list:
+        self._keep(answer)
         self._answer = answer
         self._shown = (self.session.result, self.session.checkpoint)  # what the export's caption names
         fig, side, legend = self.figure(answer)

@@ -26,6 +26,8 @@ tests/ui/test_requests.py:
 - **Out of the server's interpreter.** A heavy submit with `offload=True` (a module-level function, picklable
   arguments) runs in a worker process (`workers.py`: a local pool, or Dask), its ticket's `check()`/`report()`
   crossing over; every rule above holds for it (tests/ui/test_workers.py). Without a pool, it runs in HEAVY.
+  A tab whose `compute` is `work.Offloaded(fn)` (Graph, Evidence, Features) is offloaded so: `fn` gets the tab's
+  inputs (a `work.Snapshot` of the page's result, never its model).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any
 import panel as pn
 from panel.io.state import set_curdoc
 
-from . import workers
+from . import work, workers
 from .workers import (  # Cancelled: the job is no longer wanted (`Ticket.check`, here or in a worker)
     HEAVY_NICE,
     Cancelled,
@@ -129,6 +131,8 @@ class Lane:
         another heavy job of the page stopped this one (not when this lane superseded or cancelled it).
         `offload` (heavy lanes): `fn` is a module-level function and `args` pickle, so when served the job runs in
         a worker process (`workers.py`), its ticket's checks and reports crossing over; without a pool, in HEAVY."""
+        if isinstance(fn, work.Offloaded):  # a tab's `compute = Offloaded(fn)`: fn is a module-level function
+            fn, offload = fn.fn, True
         self.cancel()
         self.generation += 1
         ticket = Ticket(self, self.generation, progress)

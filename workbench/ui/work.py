@@ -3,13 +3,21 @@
 `compute(Request)` gets the (cached) model and calls the library: `TranslationModel.trace` (a sentence in,
 translation + trace + notes out) and `analysis.ablation.ablation_effect`; it never raises, so a failing request
 becomes a message. Where it runs (inline, or off the event loop) is `requests.Lane.submit`'s business.
+
+Heavy work of the analysis tabs (graphs, evidence, feature dashboards; the Why tab's sweeps) gets a `Snapshot` of
+the page's `Result` instead (small, picklable: the worker process loads the model from its path, `model(path)`), and
+a tab names such work as its `compute` with `Offloaded(fn)`: the request path then runs `fn` in a worker process
+(`workers.py`) rather than in the server's interpreter.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -159,3 +167,47 @@ def translate(tm: TranslationModel, req: Request) -> Result | None:
     mean_log_prob = None if t.forced or not t.tokens else t.log_prob / len(t.tokens)
     notes += source_hints(text, mean_log_prob, loader.familiarity_of(str(req.path), tm))
     return Result(req, t, compact, tuple(notes + t.notes), time.perf_counter() - start, tm)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What heavy work reads of a page's `Result` (its request, text, ids and pieces), small and picklable: a worker
+    process gets this and loads the model from the request's path itself (`model`, once per process); in the
+    server's process the result's own model comes along (never pickled). The analyses take it where they take a
+    `Result`."""
+
+    request: Request
+    text: str
+    src_ids: tuple[int, ...]
+    out_ids: tuple[int, ...]
+    src_pieces: tuple[str, ...]
+    out_pieces: tuple[str, ...]
+    tm: TranslationModel | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, r: Result) -> Snapshot:
+        return cls(r.request, r.text, r.src_ids, r.out_ids, r.src_pieces, r.out_pieces, r.model)
+
+    @property
+    def model(self) -> TranslationModel:
+        return self.tm if self.tm is not None else model(str(self.request.path))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "tm": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+@dataclass(frozen=True)
+class Offloaded:
+    """A tab's heavy work as `compute = Offloaded(fn)`: `fn` is a module-level function of picklable arguments
+    (a `Snapshot`, never a model), so `requests.Lane.submit` runs it in a worker process when the server has a pool
+    (in the server's heavy threads otherwise, or inline in notebooks and tests: called like `fn`)."""
+
+    fn: Callable[..., Any]
+
+    def __call__(self, *args: Any, ticket: Any = None) -> Any:
+        if ticket is not None and "ticket" in inspect.signature(self.fn).parameters:
+            return self.fn(*args, ticket=ticket)
+        return self.fn(*args)

@@ -1,0 +1,152 @@
+"""The Graph, Evidence and Features tabs' heavy work in worker processes (issue 37 point 4): each tab's job computed in
+a worker equals the same job computed in the server's process (on the shipped de->en checkpoint, with its
+dictionaries), a graph job that only re-prunes the page's graph does not build it again, and served, each tab's work
+goes to the worker pool (never the view's own code) and a closed page's jobs are cancelled in their workers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+from test_requests import on_loop, until  # noqa: E402
+
+from workbench.charts.features import feature_dashboard  # noqa: E402
+from workbench.ui import loader, workers  # noqa: E402
+from workbench.ui.evidence_view import EvidenceView, draw_evidence, evidence  # noqa: E402
+from workbench.ui.features_view import FeaturesView, explore  # noqa: E402
+from workbench.ui.graph_view import GraphView, graph_answer  # noqa: E402
+from workbench.ui.requests import HEAVY_NICE  # noqa: E402
+from workbench.ui.session import Session  # noqa: E402
+from workbench.ui.work import Snapshot  # noqa: E402
+
+SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
+SENTENCE = "Ein Hund läuft durch den Park."
+WAIT = 180
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = workers.LocalPlacement(1, HEAVY_NICE)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    entries = loader.discover([SHIPPED], default=None)[0]
+    s = Session(entries, checkpoint=next(e.label for e in entries if Path(e.path) == SHIPPED), sentence=SENTENCE)
+    return Snapshot.of(s.result)
+
+
+def _in_worker(pool, fn, *args):
+    reports = []
+    answer = pool.submit(fn, args, report=lambda *a: reports.append(a)).future.result(timeout=WAIT)
+    return answer, reports
+
+
+def _close(a, b) -> bool:
+    a, b = (np.asarray(x.detach() if isinstance(x, torch.Tensor) else x, dtype=float) for x in (a, b))
+    return a.shape == b.shape and np.allclose(a, b, atol=1e-6, equal_nan=True)
+
+
+def test_a_snapshot_pickles_without_its_model(shipped):
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(shipped))
+    assert copy == shipped and copy.tm is None and shipped.tm is not None
+    assert len(pickle.dumps(shipped)) < 10_000  # the ids and pieces, never the weights
+
+
+def test_a_graph_built_in_a_worker_equals_one_built_here_and_a_reprune_builds_nothing(pool, shipped):
+    key = (shipped.request.translate_key, 2, False)
+    args = (shipped, key, 2, 0.8, 100, True, False)
+    here = graph_answer(*args)
+    there, reports = _in_worker(pool, graph_answer, *args)
+    assert _close(here["graph"].adjacency, there["graph"].adjacency)
+    assert here["keep"].tolist() == there["keep"].tolist()
+    assert _close(here["trust"].real, there["trust"].real) and _close(here["trust"].predicted, there["trust"].predicted)
+    assert abs(here["token_prob"] - there["token_prob"]) < 1e-6 and here["contexts"] == there["contexts"]
+    assert here["corpus"] == there["corpus"] and here["piece"] == there["piece"]
+    built = [r for r in reports if len(r) == 2]
+    assert built and built[-1][0] == built[-1][1]  # its progress per sub-layer reached the server, to the last
+    # the page's graph travels with a job that only changes the threshold: pruned again, not rebuilt
+    pruned, reports = _in_worker(pool, graph_answer, shipped, key, 2, 0.5, 100, False, False,
+                                 (there["graph"], there["trust"]))
+    assert pruned["seconds"] == 0.0 and not [r for r in reports if len(r) == 2]
+    assert pruned["keep"].tolist() == there["graph"].prune(0.5, 100).tolist()
+
+
+def test_evidence_computed_in_a_worker_equals_evidence_computed_here(pool, shipped):
+    here = evidence(shipped, "alti", True)
+    there, reports = _in_worker(pool, evidence, shipped, "alti", True)
+    (ev_h, roles_h, where_h), (ev_t, roles_t, where_t) = here, there
+    assert ev_h.spec == ev_t.spec and ev_h.pieces == ev_t.pieces and ev_h.links == ev_t.links
+    assert _close(ev_h.weights, ev_t.weights) and _close(ev_h.shares, ev_t.shares)
+    assert where_h == where_t and str(roles_h) == str(roles_t)
+    assert reports and "roles" in reports[0][0]
+    fig = draw_evidence(*there)  # the page draws the worker's answer
+    assert len(fig.children) == 6
+
+
+def test_a_feature_answer_computed_in_a_worker_equals_one_computed_here(pool, shipped):
+    args = (shipped, "dec.1.ffn", 7, "Hund", 1, "?site={site}&feature={feature}", "+5")
+    here = explore(*args)
+    there, _ = _in_worker(pool, explore, *args)
+    for k in ("sites", "site", "n", "site_labels", "sentence", "href", "feature", "hits"):
+        assert here[k] == there[k], k
+    assert here["why"]["rows"] == there["why"]["rows"] and abs(here["why"]["total"] - there["why"]["total"]) < 1e-6
+    assert here["steer"]["steered"] == there["steer"]["steered"] and here["steer"]["plain"] == there["steer"]["plain"]
+    dh, dt = here["dashboard"], there["dashboard"]
+    assert dh.summary_ == dt.summary_ and dh.histogram_ == dt.histogram_ and dh.contexts_ == dt.contexts_
+    assert [e["token"] for e in dh.effects["tokens"]] == [e["token"] for e in dt.effects["tokens"]]
+    layout = feature_dashboard(dt, there["feature"])  # the page draws the worker's answer
+    assert layout.name == "feature_dashboard"
+    with pytest.raises(ValueError):
+        feature_dashboard(dt, there["feature"] + 1)  # a dashboard answers for its own feature only
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    return loader.discover([root], default=None)[0]
+
+
+def test_served_each_tab_sends_its_work_to_the_pool_and_a_closed_page_cancels_it(pool, tiny, monkeypatch):
+    monkeypatch.setattr(workers, "_PLACEMENT", pool)
+    sent = []
+    real_submit = pool.submit
+
+    def recording(fn, args, report=None, wanted=lambda: True):
+        job = real_submit(fn, args, report, wanted)
+        sent.append((fn.__name__, job))
+        return job
+
+    monkeypatch.setattr(pool, "submit", recording)
+
+    async def main():
+        s = Session(tiny, checkpoint="alpha", sentence=SENTENCE, background=True)
+        await until(lambda: s.result is not None and not s.busy, "the translation")
+        views = [GraphView(session=s), EvidenceView(session=s), FeaturesView(session=s)]
+        for view in views:
+            view.show()
+            await until(lambda v=view: not v.lane.busy and v.content, f"the {view.title} tab's answer")
+        graph = views[0]
+        graph.position = 1
+        job = sent[-1][1]
+        s.close()  # the page is gone: its job is cancelled (and stops in its worker at its next check)
+        await until(lambda: job.future.done(), "the closed page's job to settle")
+        return views, job
+
+    views, job = on_loop(main)
+    assert [name for name, _ in sent] == ["graph_answer", "evidence", "explore", "graph_answer"]
+    assert job.cancelled
+    assert any("graph-figure" in o.css_classes for o in views[0].content)
+    assert views[1].content and "Cannot" not in str(views[1].content[0])
+    assert views[0]._answer["position"] == 0  # the closed page's graph never landed
