@@ -29,12 +29,22 @@ import json
 import platform
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from workbench.analysis.feature_graph import feature_check, feature_graph, feature_nodes, remove_features
+from workbench.analysis.feature_graph import (
+    feature_check,
+    feature_graph,
+    feature_nodes,
+    graph_scores,
+    paths_within,
+    pruned_check,
+    remove_features,
+)
+from workbench.analysis.graph import node_influence
 from workbench.core.hooks import HookPoint
 from workbench.core.replacement import ReplacementModel
 from workbench.core.splice import site_module
@@ -58,8 +68,17 @@ def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int) -> dict:
     total = float(inf.sum())
     top100 = float(inf.sort(descending=True).values[:100].sum()) / total if total > 0 else 1.0
     errors = [i for i, n in enumerate(g.nodes[:-1]) if n["kind"] == "error" and n.get("site")]
+    keep80 = g.prune(0.8)
+    keep100 = g.prune(0.8, max_nodes=100)
+    embeds = set(g.index(kind="embed"))
     row = {"position": pos, "seconds": seconds, "nodes": len(g.nodes), "features": len(feature_nodes(g)),
-           "kept80": len(g.prune(0.8)), "top100_share": top100,
+           "kept80": len(keep80), "top100_share": top100,
+           "kept80_every_embed": len(set(keep80.tolist()) | embeds), "kept80_no_bias": kept_without_bias(g),
+           "kept80_kinds": dict(Counter(kind_of(g.nodes[i]) for i in keep80[:-1].tolist())),
+           "kept80_feature_sites_positions": len({(g.nodes[i]["site"], g.nodes[i]["position"])
+                                                  for i in keep80[:-1].tolist() if g.nodes[i]["kind"] == "feature"}),
+           "top100_paths_within_share": float(paths_within(g, keep100[:-1])[:-1].sum()) / total if total > 0
+           else 1.0, **graph_scores(g),
            "site_error_share": float(inf[errors].sum()) / total if total > 0 else 0.0,
            "rel_error": abs(float(g.adjacency[-1].sum()) - g.logit) / max(abs(g.logit), 1e-12)}
     if check:
@@ -71,10 +90,31 @@ def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int) -> dict:
             real = remove_features(model, dicts, src, tgt, gt, [[], *[[i] for i in top]])
             single_real = (real[0] - real[1:]).tolist()
             single_pred = gt.attribution[top].tolist()
-            row[target] = {**f, "single_predicted": single_pred, "single_real": single_real,
+            pc = pruned_check(model, dicts, src, tgt, gt, gt.prune(0.8, max_nodes=100)[:-1])
+            row[target] = {**f, **{f"pruned_{k}": v for k, v in pc.items() if k != "logit"},
+                           "single_predicted": single_pred, "single_real": single_real,
                            "single_spearman": spearman(single_pred, single_real),
                            "top_kinds": [gt.nodes[i]["site"] for i in top[:5]]}
     return row
+
+
+def kind_of(node: dict) -> str:
+    """A node's class in the composition counts: feature, embed, site_error (a dictionary's), head, ffn, bias, or
+    error (the frozen model's rounding)."""
+    if node["kind"] == "error":
+        return "site_error" if node.get("site") else "error"
+    return node["kind"]
+
+
+def kept_without_bias(g) -> int:
+    """`prune(0.8)`'s size with the bias node's edges dropped before normalising (circuit-tracer's graphs have no
+    bias node: its transcoders' biases are not in the adjacency), the logit node included."""
+    bias = g.index(kind="bias")
+    a = g.adjacency.clone()
+    a[:, bias] = 0
+    inf = node_influence(a)[:-1]
+    values = inf.sort(descending=True).values
+    return int((values.cumsum(0) / values.sum() < 0.8 - 1e-12).sum()) + 2
 
 
 def summarise(records: list[dict]) -> dict:
@@ -91,6 +131,20 @@ def summarise(records: list[dict]) -> dict:
              "share_top100_nodes_hold_80pct_influence": float((top100 >= 0.8).mean()),
              "kept80_median_p90_max": [float(np.median(kept)), float(np.percentile(kept, 90)), int(kept.max())],
              "top100_share_median": float(np.median(top100)),
+             "circuit_tracer_conventions": {
+                 "share_kept80_at_most_100_nodes_every_embedding_kept": float(np.mean(
+                     [row["kept80_every_embed"] <= 100 for row in rows])),
+                 "kept80_every_embedding_kept_median": float(np.median([row["kept80_every_embed"] for row in rows])),
+                 "share_kept80_at_most_100_nodes_no_bias_node": float(np.mean(
+                     [row["kept80_no_bias"] <= 100 for row in rows])),
+                 "kept80_no_bias_node_median": float(np.median([row["kept80_no_bias"] for row in rows])),
+                 "replacement_score_median": float(np.median([row["replacement"] for row in rows])),
+                 "completeness_score_median": float(np.median([row["completeness"] for row in rows]))},
+             "kept80_kinds_mean": {k: float(np.mean([row["kept80_kinds"].get(k, 0) for row in rows]))
+                                   for k in sorted({k for row in rows for k in row["kept80_kinds"]})},
+             "kept80_feature_sites_positions_median": float(np.median(
+                 [row["kept80_feature_sites_positions"] for row in rows])),
+             "top100_paths_within_share_median": float(np.median([row["top100_paths_within_share"] for row in rows])),
              "site_error_share_median": float(np.median([row["site_error_share"] for row in rows])),
              "nodes_mean": float(np.mean([row["nodes"] for row in rows])),
              "features_mean": float(np.mean([row["features"] for row in rows])),
@@ -124,7 +178,19 @@ def summarise(records: list[dict]) -> dict:
                 "single_top10_spearman_median_quartiles": [float(np.nanmedian(rhos)),
                                                            float(np.nanpercentile(rhos, 25)),
                                                            float(np.nanpercentile(rhos, 75))],
-                "single_top10_pooled_spearman": spearman(pooled_p, pooled_r)}
+                "single_top10_pooled_spearman": spearman(pooled_p, pooled_r),
+                "pruned_graph": {
+                    "kept_features_median": float(np.median([c["pruned_kept_features"] for c in checks])),
+                    "kept_real_drop_mean_median": [float(np.mean([c["pruned_kept_drop"] for c in checks])),
+                                                   float(np.median([c["pruned_kept_drop"] for c in checks]))],
+                    "kept_predicted_mean_median": [float(np.mean([c["pruned_kept_predicted"] for c in checks])),
+                                                   float(np.median([c["pruned_kept_predicted"] for c in checks]))],
+                    "rest_real_drop_mean_median": [float(np.mean([c["pruned_rest_drop"] for c in checks])),
+                                                   float(np.median([c["pruned_rest_drop"] for c in checks]))],
+                    "rest_predicted_mean_median": [float(np.mean([c["pruned_rest_predicted"] for c in checks])),
+                                                   float(np.median([c["pruned_rest_predicted"] for c in checks]))],
+                    "share_kept_drop_over_rest_drop": float(np.mean(
+                        [c["pruned_kept_drop"] > c["pruned_rest_drop"] for c in checks]))}}
         out[mode] = s
     return out
 
@@ -196,9 +262,29 @@ def freeze_study(tm, dicts: dict, lines: list[str]) -> dict:
             for name, v in drops.items()}
 
 
+def load_dictionaries(checkpoint: Path, features: Path | None) -> list[SparseDictionary]:
+    """The shipped dictionaries, each replaced by the one of the same site in `features` where it has one (a
+    dictionary folder holds cfg.json, or a `dictionary/` folder that does: a training run's out-dir)."""
+    def site(d: SparseDictionary) -> str:
+        return d.cfg.hook_name_out or d.cfg.hook_name
+
+    shipped = [SparseDictionary.load(d) for d in sorted((checkpoint / "features").iterdir()) if d.is_dir()]
+    if features is None:
+        return shipped
+    others = {}
+    for d in sorted(features.iterdir()):
+        d = d / "dictionary" if (d / "dictionary" / "cfg.json").exists() else d
+        if (d / "cfg.json").exists():
+            other = SparseDictionary.load(d)
+            others[site(other)] = other
+    return [others.get(site(d), d) for d in shipped]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
+    ap.add_argument("--features", default="", help="a folder of dictionary folders (default: the checkpoint's "
+                    "features/); a folder missing a site the checkpoint has takes the shipped one")
     ap.add_argument("--src", default=str(DATA / "test_2016_flickr.de"))
     ap.add_argument("--sentences", type=int, default=20, help="every mode: every position of the first N")
     ap.add_argument("--sampled", type=int, default=100, help="sampled mode: one position of each of the next N")
@@ -216,7 +302,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     tm = load(args.checkpoint)
     model = tm.model
-    dicts = [SparseDictionary.load(d) for d in sorted((Path(args.checkpoint) / "features").iterdir()) if d.is_dir()]
+    dicts = load_dictionaries(Path(args.checkpoint), Path(args.features) if args.features else None)
     lines = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.sentences + args.sampled]
     uniforms = torch.rand(len(lines), generator=torch.Generator().manual_seed(args.seed), dtype=torch.float64)
     records_path = Path(args.records)
@@ -230,7 +316,9 @@ def main() -> None:
     meta = {"checkpoint": Path(args.checkpoint).name, "dictionaries": [d.cfg.hook_name_out or d.cfg.hook_name
                                                                        for d in dicts],
             "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-            "seed": args.seed, "sentences_every": args.sentences, "sentences_sampled": args.sampled}
+            "seed": args.seed, "sentences_every": args.sentences, "sentences_sampled": args.sampled,
+            "k": {d.cfg.hook_name_out or d.cfg.hook_name: d.cfg.k for d in dicts},
+            "features": args.features or "the checkpoint's features/"}
     with records_path.open("a", encoding="utf-8") as log:
         for k, i in enumerate(todo):
             toks = outs[i]

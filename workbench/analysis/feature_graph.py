@@ -180,6 +180,66 @@ def feature_check(model, dictionaries, src, tgt, graph: AttributionGraph, k: int
             "random_predicted": sum(rand_pred) / len(rand_pred)}
 
 
+def graph_scores(graph: AttributionGraph) -> dict[str, float]:
+    """circuit-tracer's two graph scores (`compute_graph_scores`), on the influence `prune` ranks by: *replacement*,
+    the share of the embeddings' and error nodes' influence that is the embeddings' (the end-to-end flow from the
+    tokens that passes no error node); *completeness*, the mean over nodes, weighted by influence (+1 for the logit),
+    of the share of each node's |in-edges| that does not come from an error node. Error nodes: the dictionaries'
+    (`site` set) and the frozen model's rounding ones. The bias node is in neither: circuit-tracer's graphs have
+    none (their transcoders' biases are left out of the adjacency), so its influence counts for neither side."""
+    a = graph.adjacency.abs()
+    b = a / a.sum(1, keepdim=True).clamp(min=1e-30)
+    inf = graph.influence.clone()
+    inf[-1] = 1.0  # circuit-tracer's influence + logit weights
+    kinds = [n["kind"] for n in graph.nodes]
+    error = torch.tensor([k == "error" for k in kinds])
+    embed = torch.tensor([k == "embed" for k in kinds])
+    tokens, errors = float(inf[embed].sum()), float(inf[error].sum())
+    clean = 1.0 - b[:, error].sum(1)
+    return {"replacement": tokens / (tokens + errors) if tokens + errors > 0 else 0.0,
+            "completeness": float((clean * inf).sum() / inf.sum())}
+
+
+def paths_within(graph: AttributionGraph, keep) -> torch.Tensor:
+    """(N,) each node's influence on the logit through the paths whose nodes all lie in `keep` (0 elsewhere), on the
+    full graph's normalised |A| (`graph.influence`'s): what a pruned graph holds of the influence by its own edges.
+    At most `graph.influence`; equal to it for every node when `keep` is every node."""
+    n = len(graph.nodes)
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[torch.as_tensor(keep, dtype=torch.long)] = True
+    mask[-1] = True
+    a = graph.adjacency.abs()
+    b = a / a.sum(1, keepdim=True).clamp(min=1e-30)
+    b = b[mask][:, mask]
+    cur = b[-1].clone()
+    total = cur.clone()
+    for _ in range(len(b)):  # a DAG: the powers vanish after its depth
+        cur = cur @ b
+        if not bool(cur.any()):
+            break
+        total += cur
+    out = torch.zeros(n, dtype=torch.float64)
+    out[mask] = total
+    out[-1] = 0.0
+    return out
+
+
+def pruned_check(model, dictionaries, src, tgt, graph: AttributionGraph, keep) -> dict[str, float]:
+    """The pruned graph `keep` (node indices, as `graph.prune` gives) tested in the real model: the target's drop
+    with the pruned graph's features clamped to 0 together, and with every other active feature clamped to 0 together
+    (the dictionaries spliced in, errors kept), each beside the graph's prediction (the sum of their attributions).
+    A pruned graph that holds the mechanism loses much of the target with its own features and little without the
+    rest."""
+    feats = set(feature_nodes(graph))
+    kept = sorted(feats & {int(i) for i in keep})
+    rest = sorted(feats - set(kept))
+    vals = remove_features(model, dictionaries, src, tgt, graph, [[], kept, rest])
+    base = float(vals[0])
+    return {"logit": base, "kept_features": len(kept), "rest_features": len(rest),
+            "kept_drop": base - float(vals[1]), "kept_predicted": float(graph.attribution[kept].sum()),
+            "rest_drop": base - float(vals[2]), "rest_predicted": float(graph.attribution[rest].sum())}
+
+
 def feature_gradient_x_activation(model, dictionaries, src, tgt, graph: AttributionGraph) -> torch.Tensor:
     """(N,) gradient x activation of each feature node (0 for the other nodes): its activation times W_dec[f] . the
     real model's gradient of the graph's target at the site's output (one backward pass, nothing frozen). The ranking
