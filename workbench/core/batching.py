@@ -1,9 +1,10 @@
-"""Id lists to model input: padding into one tensor, and cutting a length-sorted order into token-budget
-batches. Training, the translator, validation and the analyses all batch here (model side: no corpus reading)."""
+"""Id lists to model input: padding into one tensor, cutting a length-sorted order into token-budget batches, and
+the one loop over a corpus in padded batches (`corpus_batches`). Training, the translator, validation and the
+analyses all batch here (model side: no corpus reading)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -87,3 +88,38 @@ def teacher_forced(sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[
     tgt_out = pad_sequences(outputs, pad_id, device=device)
     as_lengths = lambda rows: torch.tensor([len(r) for r in rows], dtype=torch.long, device=src.device)  # noqa: E731
     return TeacherForced(src, tgt_in, tgt_out, as_lengths(sources), as_lengths(outputs))
+
+
+def length_order(sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None) -> list[int]:
+    """Indices sorted by source length, then output length (stable: equal lengths keep their order), so a batch
+    pads little."""
+    if outputs is None:
+        return sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    return sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(outputs[i])))
+
+
+def corpus_batches(sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None, *,
+                   pad_id: int, start_id: int = 0, batch_size: int, order: Sequence[int] | None = None,
+                   device: torch.device | str | None = None) -> Iterator[tuple[list[int], TeacherForced]]:
+    """The one loop over a corpus: `(indices, batch)` for consecutive slices of `batch_size` sentences of `order`
+    (default `length_order(sources, outputs)`; `range(len(sources))` keeps the given order). `batch` is a
+    `TeacherForced`: padded sources, and with `outputs` (each as predicted, EOS last) the decoder inputs
+    (start + output[:-1]) and outputs. Results come in `order`; putting them back is the caller's one line,
+    `out[i] = ...` for `i` in `indices`."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size ({batch_size}) must be at least 1")
+    if outputs is not None and len(outputs) != len(sources):
+        raise ValueError(f"{len(sources)} sources but {len(outputs)} outputs")
+    order = length_order(sources, outputs) if order is None else list(order)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        src = pad_sequences([list(sources[i]) for i in idx], pad_id, device=device)
+        src_lengths = torch.tensor([len(sources[i]) for i in idx], dtype=torch.long, device=src.device)
+        if outputs is None:
+            yield idx, TeacherForced(src, None, None, src_lengths, None)
+            continue
+        rows = [list(outputs[i]) for i in idx]
+        tgt_in = pad_sequences([decoder_input(o, start_id) for o in rows], pad_id, device=device)
+        tgt_out = pad_sequences(rows, pad_id, device=device)
+        tgt_lengths = torch.tensor([len(o) for o in rows], dtype=torch.long, device=src.device)
+        yield idx, TeacherForced(src, tgt_in, tgt_out, src_lengths, tgt_lengths)
