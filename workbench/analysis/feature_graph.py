@@ -5,6 +5,8 @@
     g.adjacency[-1].sum() == g.logit                                 # completeness (fp64, tested to 1e-10)
     keep = g.prune(0.8, max_nodes=100)
     remove_features(model, dicts, src, tgt, g, [[i, j]])             # the real spliced model, features clamped to 0
+    pruned_check(model, dicts, src, tgt, g, keep[:-1])               # the pruned graph's features vs the rest, real
+    graph_scores(g)                                                  # circuit-tracer's replacement / completeness
 
 The local replacement model of circuit-tracer (Ameisen et al. 2025) for an encoder-decoder with per-layer
 dictionaries: attention patterns, norm scales and FFN gates frozen at the clean run (`core.replacement`), and at each
@@ -31,6 +33,11 @@ and the head's OV circuit for an attention SAE (OV_h W_enc[:, f], weighted by P[
 transcoder (through a pre-norm block's frozen norm) and for the memory SAE. The edges into a node sum to its
 attribution, the edges into the logit to the target. A skip transcoder's linear term is a linear path like the
 residual one: it rides on the rows of the nodes it reads, not a node.
+
+Influence and pruning are circuit-tracer's (`graph.node_influence`, `AttributionGraph.prune`): |A| normalised per
+row, a node's influence the sum over every path from the logit of the products of those weights, and the pruned graph
+the fewest most influential nodes reaching a share of the total. Error nodes, embeddings and the one bias node are
+ranked and counted like features. `paths_within` gives what a pruned graph holds by its own paths (a stricter share).
 
 Each feature node's dashboard: `node["link"]` is the app's URL query; its top contexts and output effects are
 `features.dashboard.FeatureData` lookups, made on demand by `feature_details` (a corpus pass per feature: lazy, not

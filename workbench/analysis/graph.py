@@ -81,7 +81,10 @@ class AttributionGraph:
 
     def prune(self, node_threshold: float = 0.8, max_nodes: int | None = None) -> torch.Tensor:
         """Indices of the fewest nodes whose influence reaches `node_threshold` of the total, plus the logit node;
-        with `max_nodes`, at most that many nodes besides the logit (the most influential ones)."""
+        with `max_nodes`, at most that many nodes besides the logit (the most influential ones: of every set of that
+        size, the one holding the largest share). circuit-tracer's node pruning (`find_threshold` on the same
+        influence), except that it also keeps every input token whatever its influence; embeddings, error and bias
+        nodes are ranked and counted here like any other node."""
         if not 0 < node_threshold <= 1:
             raise ValueError(f"node_threshold must be in (0, 1], got {node_threshold}")
         if max_nodes is not None and max_nodes < 1:
