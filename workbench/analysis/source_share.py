@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import decoder_input, pad_sequences
+from ..core.batching import corpus_batches
 from .alti import alti
 
 WORD_START = "▁"
@@ -36,19 +36,16 @@ def output_source_shares(model, sources: Sequence[Sequence[int]], outputs: Seque
     """The ALTI+ source share of every output token (outputs end with EOS; sources as the encoder reads them)."""
     if len(sources) != len(outputs):
         raise ValueError(f"{len(sources)} sources but {len(outputs)} outputs")
+    empty = [k for k in range(len(sources)) if not sources[k] or not outputs[k]]
+    if empty:
+        raise ValueError(f"sentence {empty[0]}: empty source or output")
     cfg = model.cfg
-    order = sorted(range(len(sources)), key=lambda k: (len(sources[k]), len(outputs[k])))
     out: list[np.ndarray | None] = [None] * len(sources)
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
-        for k in batch:
-            if not sources[k] or not outputs[k]:
-                raise ValueError(f"sentence {k}: empty source or output")
-        src = pad_sequences([list(sources[k]) for k in batch], cfg.pad_id, device=model.device)
-        tgt = pad_sequences([decoder_input(outputs[k], cfg.start_id) for k in batch], cfg.pad_id, device=model.device)
-        share = alti(model, src, tgt).source_share.cpu().numpy()  # (B, T)
-        for b, k in enumerate(batch):
-            out[k] = share[b, : len(outputs[k])].astype(np.float64)
+    for batch, b in corpus_batches(sources, outputs, pad_id=cfg.pad_id, start_id=cfg.start_id, batch_size=batch_size,
+                                   device=model.device):
+        share = alti(model, b.src, b.tgt_in).source_share.cpu().numpy()  # (B, T)
+        for row, k in enumerate(batch):
+            out[k] = share[row, : len(outputs[k])].astype(np.float64)
     return out  # type: ignore[return-value]
 
 
