@@ -21,15 +21,16 @@ from __future__ import annotations
 import dataclasses
 import unicodedata
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..core.batching import decoder_input, pad_sequences
+from ..core.batching import corpus_batches, decoder_input
 from ..core.heads import KINDS, AttentionKind, Head, kind_of
 from ..core.masks import real_positions
+from ..core.protocols import Progress
 from ..core.trace import Trace
 
 STATS: dict[str, str] = {
@@ -94,15 +95,23 @@ def block_stats(
     # per-row quantities in float32 (a few passes over the big tensor), sums over rows in float64
     p = probs.detach()
     p = p.float() if p.dtype != torch.float64 else p
-    b, h, lq, lk = p.shape
     dev, dt = p.device, p.dtype
     qm = q_real.to(dev)
     km = k_real.to(dev)
-    rows = qm.to(torch.float64)  # (B, Lq)
-    n_rows = rows.sum(1)  # (B,)
     q_len = qm.sum(1).to(dt).clamp(min=1)
     k_len = km.sum(1).to(dt).clamp(min=1)  # (B,)
+    per_row, arg = _position_stats(p, kind, km, q_len, k_len)
+    per_row |= _key_stats(p, arg, km, key_ids=key_ids, eos_id=eos_id, punct_ids=punct_ids, key_counts=key_counts)
+    per_row = {k: per_row[k] for k in STATS if k in per_row}
+    sums, counts = _row_sums(per_row, arg, kind, qm, km)
+    return {k: v.cpu() for k, v in sums.items()}, {k: v.cpu() for k, v in counts.items()}
 
+
+def _position_stats(p: torch.Tensor, kind: AttentionKind, km: torch.Tensor, q_len: torch.Tensor, k_len: torch.Tensor
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """`block_stats`'s statistics of where a row attends ({stat: (B, H, Lq)}) and each row's top key (B, H, Lq)."""
+    b, h, lq, lk = p.shape
+    dev, dt = p.device, p.dtype
     qi = torch.arange(lq, device=dev, dtype=dt)
     kj = torch.arange(lk, device=dev, dtype=dt)
     if kind == "cross":  # the diagonal of a (T, S) matrix: target step t sits at source t·(S-1)/(T-1)
@@ -132,6 +141,17 @@ def block_stats(
     arg = p.argmax(-1)  # (B, H, Lq)
     per_row["prev_top"] = (arg == (qi - 1).long()).to(dt)
     per_row["next_top"] = (arg == (qi + 1).long()).to(dt)
+    return per_row, arg
+
+
+def _key_stats(p: torch.Tensor, arg: torch.Tensor, km: torch.Tensor, *, key_ids: torch.Tensor | None,
+               eos_id: int | None, punct_ids: Sequence[int] | None, key_counts: torch.Tensor | None
+               ) -> dict[str, torch.Tensor]:
+    """`block_stats`'s statistics of what a row attends to (EOS, punctuation, the rarest key): {stat: (B, H, Lq)},
+    NaN rows where the ids needed are not given."""
+    b, h, lq, _ = p.shape
+    dev, dt = p.device, p.dtype
+    per_row: dict[str, torch.Tensor] = {}
     nan_rows = torch.full((b, h, lq), float("nan"), dtype=dt, device=dev)
     feats = {}  # key features read with one matmul: (B, Lk) each
     if key_ids is not None and eos_id is not None:
@@ -151,8 +171,17 @@ def block_stats(
         per_row["rare"] = (arg == rarest[:, None, None]).to(dt)
     for name in ("eos", "punct", "rare"):
         per_row.setdefault(name, nan_rows)
-    per_row = {k: per_row[k] for k in STATS if k in per_row}
+    return per_row
 
+
+def _row_sums(per_row: dict[str, torch.Tensor], arg: torch.Tensor, kind: AttentionKind, qm: torch.Tensor,
+              km: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`block_stats`'s per-sentence sums over real query rows ({stat: (B, H)}) and the rows counted ({stat: (B,)})."""
+    b, h, lq = arg.shape
+    dev, dt = arg.device, per_row["max"].dtype
+    qi = torch.arange(lq, device=dev, dtype=dt)
+    rows = qm.to(torch.float64)  # (B, Lq)
+    n_rows = rows.sum(1)  # (B,)
     sums = {k: (v.to(torch.float64) * rows[:, None, :]).sum(-1) for k, v in per_row.items()}  # (B, H)
     counts = {k: n_rows.clone() for k in per_row}
     # the argmax tests count only rows that have a previous / next key (a first row cannot point back)
@@ -169,7 +198,7 @@ def block_stats(
     for stat, kinds in _NAN_UNLESS.items():
         if kind not in kinds:
             sums[stat] = torch.full((b, h), float("nan"), dtype=torch.float64, device=dev)
-    return {k: v.cpu() for k, v in sums.items()}, {k: v.cpu() for k, v in counts.items()}
+    return sums, counts
 
 
 @dataclass(frozen=True)
@@ -400,7 +429,7 @@ def corpus_head_stats(
     tgt_punct: Sequence[int] | None = None,
     src_counts: torch.Tensor | None = None,
     tgt_counts: torch.Tensor | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> HeadStats:
     """Head statistics over a corpus, teacher-forced: `sources` end with EOS, `targets` are the reference
     outputs (ending with EOS; the decoder reads start + all but the last). Sentences are sorted by length
@@ -426,19 +455,17 @@ def corpus_head_stats(
     dec_in = [decoder_input(t, cfg.start_id) for t in targets]  # what the decoder reads: start + all but the last
     if tgt_counts is None:  # the decoder's keys
         tgt_counts = token_counts(dec_in, cfg.tgt_vocab)
-    order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), len(targets[i])))
     names = [n for n in model.hook_names("*.hook_probs") if kind_of(n) in kinds]
-    parts = []
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        src = pad_sequences([sources[i] for i in idx], cfg.pad_id, device=dev)
-        tgt = pad_sequences([dec_in[i] for i in idx], cfg.pad_id, device=dev)
-        trace = capture_attention(model, src, tgt, names)
+    parts, done = [], 0
+    for idx, b in corpus_batches(sources, targets, pad_id=cfg.pad_id, start_id=cfg.start_id, batch_size=batch_size,
+                                 device=dev):
+        trace = capture_attention(model, b.src, b.tgt_in, names)
         parts.append(head_stats(trace, pad_id=cfg.pad_id, eos_id=cfg.eos_id, src_punct=src_punct,
                                 tgt_punct=tgt_punct, kinds=kinds, sentence_ids=[ids[i] for i in idx],
                                 src_counts=src_counts, tgt_counts=tgt_counts))
+        done += len(idx)
         if progress is not None:
-            progress(min(start + batch_size, len(order)), len(order))
+            progress(done, len(sources))
     table = HeadStats.concat(parts)
     return dataclasses.replace(table, truncated=tuple(fitted.truncated), skipped=tuple(fitted.skipped))
 
