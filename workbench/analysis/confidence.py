@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.batching import teacher_forced
+from ..core.batching import corpus_batches
 from ..core.model import evaluating
 from ..corpus.data import MIXTURES, dataset_files, read_parallel
 
@@ -67,13 +67,15 @@ def gold_confidence(model, sources: Sequence[Sequence[int]], outputs: Sequence[S
     """
     if len(sources) != len(outputs):
         raise ValueError(f"{len(sources)} sources but {len(outputs)} references")
+    empty = [i for i, o in enumerate(outputs) if len(o) == 0]
+    if empty:
+        raise ValueError(f"outputs {empty[:5]} are empty: every output needs at least its EOS")
     cfg = model.cfg
     gold, top = [], []
     device = next(model.parameters()).device
     with evaluating(model), torch.no_grad():
-        for i in range(0, len(sources), batch_size):
-            batch = teacher_forced(sources[i:i + batch_size], outputs[i:i + batch_size], pad_id=cfg.pad_id,
-                                   start_id=cfg.start_id, device=device)
+        for _, batch in corpus_batches(sources, outputs, pad_id=cfg.pad_id, start_id=cfg.start_id,
+                                       batch_size=batch_size, order=range(len(sources)), device=device):
             probs = model(batch.src, batch.tgt_in).float().softmax(-1)
             keep = torch.arange(batch.tgt_out.shape[1], device=device)[None, :] < batch.tgt_lengths[:, None]
             gold.append(probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)[keep].cpu())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..core.batching import decoder_input, pad_sequences
+from ..core.batching import corpus_batches
 from ..core.config import DecodeConfig
 from ..core.heads import KINDS, Head
 from ..core.heads import n_heads as heads_of
@@ -73,15 +73,12 @@ def run_outcome(model, sources: Sequence[Sequence[int]], targets: Sequence[Seque
     lp = np.zeros(len(sources))
     outputs: list[list[int]] = []
     with model.hooks(hooks or {}):
-        for start in range(0, len(sources), batch_size):
-            src = pad_sequences(sources[start : start + batch_size], cfg.pad_id, device=model.device)
-            tgt_rows = [list(t) for t in targets[start : start + batch_size]]
-            tgt_in = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
-            tgt_out = pad_sequences(tgt_rows, cfg.pad_id, device=model.device)
-            logp = model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]
-            lp[start : start + len(tgt_rows)] = (logp * (tgt_out != cfg.pad_id)).sum(1).double().cpu().numpy()
+        for idx, b in corpus_batches(sources, targets, pad_id=cfg.pad_id, start_id=cfg.start_id,
+                                     batch_size=batch_size, order=range(len(sources)), device=model.device):
+            logp = model(b.src, b.tgt_in).float().log_softmax(-1).gather(-1, b.tgt_out[..., None])[..., 0]
+            lp[idx] = (logp * (b.tgt_out != cfg.pad_id)).sum(1).double().cpu().numpy()
             if decode:
-                outputs += [h.tokens for h in generate(model, src, search).best]
+                outputs += [h.tokens for h in generate(model, b.src, search).best]
     out = Outcome(lp, outputs, skipped=fitted.skipped)
     if decode and detokenize is not None and references is not None:
         s = score([detokenize(o) for o in outputs], [list(references)])
