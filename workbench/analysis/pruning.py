@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.batching import pad_sequences
+from ..core.batching import corpus_batches
 from ..core.heads import KINDS
 from ..core.interventions import ablate_heads
+from ..core.protocols import Progress
 from ..decoding.evaluate import score
 from ..decoding.search import greedy
 from .head_stats import fit_to_positions
@@ -88,7 +89,7 @@ def pruning_curve(model, sources: Sequence[Sequence[int]], targets: Sequence[Seq
                   kinds: Sequence[str] = KINDS, importance=None, steps: Sequence[int] | None = None,
                   batch_size: int = 64, reuse_clean: bool = True, random_orders: int = 0,
                   random_steps: Sequence[int] | None = None, seed: int = 0,
-                  progress: Callable[[str, int, int], None] | None = None, **decode_options) -> PruningCurve:
+                  progress: Progress | None = None, **decode_options) -> PruningCurve:
     """BLEU/chrF of greedy outputs with the k least important heads of each kind removed, k = 0..all (or `steps`).
 
     `sources`/`targets` are token ids ending with EOS (targets for the importance pass), `references` the texts
@@ -113,44 +114,62 @@ def pruning_curve(model, sources: Sequence[Sequence[int]], targets: Sequence[Seq
     if importance is None:
         importance = head_importance(model, fitted.sources, fitted.targets, kinds=kinds, decode=False,
                                      batch_size=batch_size)
-    order = sorted(range(len(fitted.sources)), key=lambda i: len(fitted.sources[i]))
-    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-    srcs = [pad_sequences([fitted.sources[i] for i in b], cfg.pad_id, device=model.device) for b in batches]
-    clean_memory = [model.encode(s) for s in srcs] if reuse_clean else None
-
-    def run(hooks: dict, decoder_only: bool) -> tuple[float, float]:
-        outputs: list[list[int] | None] = [None] * len(order)
-        with model.hooks(hooks):
-            for b, (idx, src) in enumerate(zip(batches, srcs)):
-                enc = clean_memory[b] if (decoder_only and clean_memory is not None) else None
-                gen = greedy(model, src, encoded=enc, **decode_options)
-                for i, h in zip(idx, gen.best):
-                    outputs[i] = h.tokens
-        s = score([detokenize(o) for o in outputs], [refs])
-        return s.bleu, s.chrf
-
-    base_bleu, base_chrf = run({}, decoder_only=True)
+    run = _scorer(model, fitted.sources, refs, detokenize=detokenize, batch_size=batch_size, reuse_clean=reuse_clean,
+                  decode_options=decode_options)
+    base_bleu, base_chrf = run({}, True)
     rows = []
     generator = torch.Generator().manual_seed(seed)
     for kind in kinds:
-        ranked = importance.loc[importance_order(importance, kind)]
-        total = len(ranked)
-        heads = [(kind, int(r["layer"]), int(r["head_index"])) for _, r in ranked.iterrows()]
-        orders = [("importance", 0, heads, steps)]
-        orders += [("random", d, [heads[i] for i in torch.randperm(total, generator=generator).tolist()],
-                    random_steps if random_steps is not None else steps) for d in range(random_orders)]
-        for name, draw, ordered, chosen in orders:
+        for name, draw, ordered, chosen in _removal_orders(importance, kind, steps, random_orders, random_steps,
+                                                           generator):
+            total = len(ordered)
             levels = sorted({int(k) for k in (chosen if chosen is not None else range(total + 1)) if 0 <= k <= total})
             for n, k in enumerate(levels):
                 removed = ordered[:k]
                 if k == 0:
                     bleu, chrf = base_bleu, base_chrf
                 else:
-                    bleu, chrf = run(ablate_heads(removed), decoder_only=kind != "enc_self")
+                    bleu, chrf = run(ablate_heads(removed), kind != "enc_self")
                 rows.append({"kind": kind, "order": name, "draw": draw, "removed": k, "total": total, "bleu": bleu,
                              "chrf": chrf, "d_bleu": bleu - base_bleu, "d_chrf": chrf - base_chrf,
                              "heads": " ".join(f"{layer}:{head}" for _, layer, head in removed)})
                 if progress is not None and name == "importance":
-                    progress(kind, n + 1, len(levels))
+                    progress(n + 1, len(levels), kind)
     table = pd.DataFrame(rows)
-    return PruningCurve(table, importance, {"bleu": base_bleu, "chrf": base_chrf}, len(order))
+    return PruningCurve(table, importance, {"bleu": base_bleu, "chrf": base_chrf}, len(fitted.sources))
+
+
+def _scorer(model, sources: Sequence[Sequence[int]], refs: Sequence[str], *, detokenize: Callable[[list[int]], str],
+            batch_size: int, reuse_clean: bool, decode_options: dict) -> Callable[[dict, bool], tuple[float, float]]:
+    """`run(hooks, decoder_only) -> (BLEU, chrF)` of greedy outputs under `hooks`. The sources are batched once (in
+    length order); with `reuse_clean`, a run that edits only the decoder reads the clean encoder outputs."""
+    cfg = model.cfg
+    batches = [(idx, b.src) for idx, b in corpus_batches(sources, pad_id=cfg.pad_id, batch_size=batch_size,
+                                                         device=model.device)]
+    clean_memory = [model.encode(src) for _, src in batches] if reuse_clean else None
+
+    def run(hooks: dict, decoder_only: bool) -> tuple[float, float]:
+        outputs: list[list[int] | None] = [None] * len(sources)
+        with model.hooks(hooks):
+            for b, (idx, src) in enumerate(batches):
+                enc = clean_memory[b] if (decoder_only and clean_memory is not None) else None
+                gen = greedy(model, src, encoded=enc, **decode_options)
+                for i, h in zip(idx, gen.best):
+                    outputs[i] = h.tokens
+        s = score([detokenize(o) for o in outputs], [list(refs)])
+        return s.bleu, s.chrf
+
+    return run
+
+
+def _removal_orders(importance, kind: str, steps: Sequence[int] | None, random_orders: int,
+                    random_steps: Sequence[int] | None, generator: torch.Generator) -> list[tuple]:
+    """(order name, draw, heads in removal order, levels) for one kind: the importance order (least important
+    first), then `random_orders` random orders drawn from `generator`."""
+    ranked = importance.loc[importance_order(importance, kind)]
+    total = len(ranked)
+    heads = [(kind, int(r["layer"]), int(r["head_index"])) for _, r in ranked.iterrows()]
+    orders = [("importance", 0, heads, steps)]
+    orders += [("random", d, [heads[i] for i in torch.randperm(total, generator=generator).tolist()],
+                random_steps if random_steps is not None else steps) for d in range(random_orders)]
+    return orders
