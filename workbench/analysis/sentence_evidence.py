@@ -39,7 +39,8 @@ class SentenceEvidence:
 def aligner_spec(tm, method: str | None = None) -> AlignmentSpec:
     """The aligner `workbench align` uses with no options (`word_align.aligner`): the checkpoint's own
     (alignment.json), else fairseq's default; another `method` starts from the default."""
-    return aligner(tm.model, getattr(tm, "alignment", None) or None, method)[0]
+    return aligner(tm.model, getattr(tm, "alignment", None) or None, method,
+                   directory=(getattr(tm, "meta", None) or {}).get("path"))[0]
 
 
 def sentence_evidence(tm, source: str, output: str, *, method: str | None = None,
@@ -53,7 +54,7 @@ def sentence_evidence(tm, source: str, output: str, *, method: str | None = None
     src, out = encode_words(tm.src_tokenizer, source), encode_words(tm.tgt_tokenizer, output)
     if not src.ids or not out.ids:
         raise ValueError("both the source and the output need at least one word")
-    maps = alignment_maps(tm.model, [src], [out], method=method, shift=spec.shift)[0]
+    maps = alignment_maps(tm.model, [src], [out], method=method, shift=spec.shift, layer=spec.layer)[0]
     combined = maps.combined(spec.units)[:, :-1]  # the source EOS column dropped
     weights = combined / np.maximum(combined.sum(-1, keepdims=True), 1e-30)
     links = spec.links_of(maps)  # what `workbench align` writes for this pair, symmetrization included

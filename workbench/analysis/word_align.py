@@ -36,10 +36,13 @@ import torch
 
 from ..core.batching import decoder_input, pad_sequences
 from .alignment import AERScore, Link, bootstrap_aer, score_alignments
+from .alignment_layer import hooks_for_layer, layer_maps, load_alignment_layer
 from .alti import alti_hooks, block_terms, cross_contributions
 from .norms import value_norms
 
-METHODS = ("weights", "norms", "alti")
+ATTENTION_METHODS = ("weights", "norms", "alti")  # maps read off the model's own attention
+METHODS = (*ATTENTION_METHODS, "layer")  # "layer": a trained alignment layer (alignment_layer.py) on the frozen model
+PRESETS = ("shift-att",)  # named aligners: Chen et al. 2020's Shift-Att (see `shift_att_spec`)
 SHIFTS = ("awo", "awi")
 EOS_RULES = ("drop", "null")
 SYMMETRIZE = ("none", "intersect", "grow-diag", "grow-diag-final", "union")
@@ -195,8 +198,10 @@ def _check(method: str, shift: str) -> None:
                          f"that reads it), got {shift!r}")
 
 
-def hooks_for(model, method: str) -> list[str]:
-    """The hooks a trace needs for `maps_from_trace` with `method`."""
+def hooks_for(model, method: str, layer=None) -> list[str]:
+    """The hooks a trace needs for `maps_from_trace` with `method` (`layer`: the alignment layer, for "layer")."""
+    if method == "layer":
+        return hooks_for_layer(model, _need_layer(layer))
     if method == "weights":
         return [layer.cross_attn.hook_probs.name for layer in model.dec]
     if method == "norms":
@@ -205,10 +210,19 @@ def hooks_for(model, method: str) -> list[str]:
     return alti_hooks(model, kinds=("cross",))
 
 
+def _need_layer(layer):
+    if layer is None:
+        raise ValueError('method "layer" needs a trained alignment layer (alignment_layer.load_alignment_layer)')
+    return layer
+
+
 @torch.no_grad()
-def piece_maps(model, trace, method: str, *, heads: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+def piece_maps(model, trace, method: str, *, heads: bool = True, layer=None
+               ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Piece-level scores from a teacher-forced trace: heads (L, B, H, T, S) (None unless `heads`), layers
-    (L, B, T, S)."""
+    (L, B, T, S). Method "layer": the alignment layer's probabilities as one layer, no heads."""
+    if method == "layer":
+        return None, layer_maps(model, _need_layer(layer), trace)
     per_head, layers = [], []
     for i, layer in enumerate(model.dec):
         if method == "weights":
@@ -228,11 +242,11 @@ def piece_maps(model, trace, method: str, *, heads: bool = True) -> tuple[torch.
 
 
 def maps_from_trace(model, trace, src: Words, tgt: Words, *, method: str = "weights", shift: str = "awi",
-                    index: int = 0, heads: bool = True) -> WordMaps:
+                    index: int = 0, heads: bool = True, layer=None) -> WordMaps:
     """Word maps of batch entry `index` of a trace taken on src.ids + [EOS] and [start] + tgt.ids (+ anything
     after: longer targets and padding are cut). The trace needs `hooks_for(model, method)`."""
     _check(method, shift)
-    per_head, layers = piece_maps(model, trace, method, heads=heads)
+    per_head, layers = piece_maps(model, trace, method, heads=heads and method != "layer", layer=layer)
     return _word_maps(None if per_head is None else per_head[:, index], layers[:, index], src, tgt, method, shift)
 
 
@@ -248,7 +262,7 @@ def _word_maps(heads, layers, src: Words, tgt: Words, method: str, shift: str) -
 
 
 def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *, method: str = "weights",
-                   shift: str = "awi", batch_size: int = 32, heads: bool = True) -> list[WordMaps]:
+                   shift: str = "awi", batch_size: int = 32, heads: bool = True, layer=None) -> list[WordMaps]:
     """Word maps for each pair, teacher-forced in length-sorted batches (`heads=False`: layer maps only, which
     for ALTI+ is several times faster). A pair with a side longer than the model's positions is an error
     naming it (alignments need whole sentences)."""
@@ -262,7 +276,8 @@ def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *,
         if len(s.ids) + 1 > cfg.max_positions or len(t.ids) + 1 > cfg.max_positions:
             raise ValueError(f"pair {k + 1} has {len(s.ids)} source and {len(t.ids)} target pieces; the model "
                              f"takes {cfg.max_positions - 1} at most")
-    names = hooks_for(model, method)
+    names = hooks_for(model, method, layer)
+    heads = heads and method != "layer"
     order = sorted(range(len(sources)), key=lambda k: (len(sources[k].ids), len(targets[k].ids)))
     out: list[WordMaps | None] = [None] * len(sources)
     was = model.training
@@ -275,7 +290,7 @@ def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *,
                 tgt = pad_sequences([decoder_input(targets[k].ids, cfg.start_id, prefix=True) for k in batch],
                                     cfg.pad_id, device=model.device)
                 _, trace = model.run_with_cache(src, tgt, names=names)
-                per_head, layers = piece_maps(model, trace, method, heads=heads)
+                per_head, layers = piece_maps(model, trace, method, heads=heads, layer=layer)
                 for b, k in enumerate(batch):
                     out[k] = _word_maps(None if per_head is None else per_head[:, b], layers[:, b], sources[k],
                                         targets[k], method, shift)
@@ -300,9 +315,13 @@ class AlignmentSpec:
     units: tuple[Unit, ...] = ()
     provenance: dict = field(default_factory=dict)
     symmetrize: str = "none"
+    layer: object = field(default=None, compare=False, repr=False)  # the trained AlignmentLayer, method "layer"
 
     def __post_init__(self) -> None:
         _check(self.method, self.shift)
+        if self.method == "layer" and (self.shift != "awi" or tuple(self.units) != ((0, None),)):
+            raise ValueError('method "layer" reads the alignment layer\'s rows as AWI (row t + 1 is y_t\'s, as it '
+                             'was trained) and has one unit, (0, None)')
         if self.eos not in EOS_RULES:
             raise ValueError(f"eos must be one of {EOS_RULES}, got {self.eos!r}")
         if self.symmetrize not in SYMMETRIZE:
@@ -315,6 +334,9 @@ class AlignmentSpec:
         return any(h is not None for _, h in self.units)
 
     def check(self, model) -> AlignmentSpec:
+        if self.method == "layer":
+            _need_layer(self.layer)
+            return self
         layers, heads = len(model.dec), model.dec[0].cross_attn.n_heads
         for layer, head in self.units:
             if not 0 <= layer < layers or (head is not None and not 0 <= head < heads):
@@ -364,23 +386,63 @@ def fallback_spec(model) -> AlignmentSpec:
                          {"chosen": "fallback: fairseq's default (last layer, heads averaged, AWO)"})
 
 
-def aligner(model, stored: AlignmentSpec | dict | None, method: str | None = None) -> tuple[AlignmentSpec, str]:
+def shift_att_spec(model, stored: dict | None = None) -> AlignmentSpec:
+    """Chen et al. 2020's Shift-Att: attention weights averaged over one layer's heads, the row that reads the
+    word (AWI), argmax in both directions combined by grow-diag (the paper symmetrizes its two translation
+    directions so; one model gives the two argmax directions of one map). The layer: alignment.json's
+    "shift-att" entry (chosen on gold lines by scripts/alignment_methods.py) when there is one, else the middle
+    layer (Chen et al. found the 3rd of 6 best), EOS dropped."""
+    chosen = (stored or {}).get("shift-att") if isinstance(stored, dict) else None
+    if chosen:
+        return AlignmentSpec("weights", "awi", "drop", ((int(chosen["layer"]), None),),
+                             {"chosen": chosen.get("chosen", "alignment.json's shift-att entry")},
+                             str(chosen.get("symmetrize", "grow-diag")))
+    return AlignmentSpec("weights", "awi", "drop", ((max(len(model.dec) // 2 - 1, 0), None),),
+                         {"chosen": "Shift-Att default: the middle decoder layer (no choice stored)"}, "grow-diag")
+
+
+def layer_spec(stored: dict | None = None, layer=None) -> AlignmentSpec:
+    """The trained alignment layer as an aligner: alignment.json's spec when it is a "layer" aligner (its EOS rule
+    and symmetrization were chosen with it), else EOS dropped and grow-diag."""
+    if isinstance(stored, dict) and stored.get("method") == "layer":
+        base = AlignmentSpec.from_dict(stored)
+        return AlignmentSpec("layer", "awi", base.eos, ((0, None),), base.provenance, base.symmetrize, layer)
+    return AlignmentSpec("layer", "awi", "drop", ((0, None),), {}, "grow-diag", layer)
+
+
+def aligner(model, stored: AlignmentSpec | dict | None, method: str | None = None, *,
+            directory=None) -> tuple[AlignmentSpec, str]:
     """The aligner a checkpoint uses, and where it comes from: its stored spec (alignment.json) whole, else the
     fallback. A `method` other than the stored one starts from the fallback (last layer, AWO, EOS dropped, no
     symmetrization) with that method, because the stored units, shift, EOS rule and symmetrization were chosen
-    together with the stored method. `workbench align` and the Evidence tab both ask here."""
+    together with the stored method; "shift-att" is `shift_att_spec`, "layer" `layer_spec`. An aligner of method
+    "layer" gets the alignment layer stored in `directory` (the checkpoint's; `alignment_layer.load_alignment_layer`).
+    `workbench align`, `workbench translate --alignments` and the Evidence tab all ask here."""
+    valid = (*METHODS, *PRESETS)
+    if method is not None and method not in valid:
+        raise ValueError(f"method must be one of {valid}, got {method!r}")
     fallback = fallback_spec(model)
+    raw = stored.to_dict() if isinstance(stored, AlignmentSpec) else stored
     if stored is None:
         base, origin = fallback, "the fallback aligner (no alignment.json)"
     else:
         base = stored if isinstance(stored, AlignmentSpec) else AlignmentSpec.from_dict(stored)
         origin = "the checkpoint's alignment.json"
-    if method is not None and method != base.method:
+    if method == "shift-att":
+        base, origin = shift_att_spec(model, raw), "Shift-Att (Chen et al. 2020)"
+    elif method == "layer" and base.method != "layer":
+        base, origin = layer_spec(raw), "the trained alignment layer"
+    elif method is not None and method != base.method:
         _check(method, "awo")
         origin = (f"the fallback aligner (alignment.json is a {base.method} aligner)" if stored is not None
                   else "the fallback aligner (no alignment.json)")
         base = AlignmentSpec(method, fallback.shift, fallback.eos, fallback.units, fallback.provenance,
                              fallback.symmetrize)
+    if base.method == "layer" and base.layer is None:
+        if directory is None:
+            raise ValueError('a "layer" aligner needs the checkpoint directory its alignment layer is stored in')
+        base = AlignmentSpec(base.method, base.shift, base.eos, base.units, base.provenance, base.symmetrize,
+                             load_alignment_layer(directory, device=model.device))
     return base, origin
 
 
@@ -409,7 +471,7 @@ def align_pairs(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str], tar
                           f"than the model's {room}: no alignment (an empty line)", stacklevel=2)
         todo = [k for k in todo if k not in long]
     maps = alignment_maps(model, [src[k] for k in todo], [tgt[k] for k in todo], method=spec.method,
-                          shift=spec.shift, batch_size=batch_size, heads=spec.needs_heads)
+                          shift=spec.shift, batch_size=batch_size, heads=spec.needs_heads, layer=spec.layer)
     out: list[set[Link]] = [set() for _ in sources]
     for k, m in zip(todo, maps):
         out[k] = spec.links_of(m)
@@ -470,7 +532,7 @@ class ProtocolResult:
 
 
 def papers_protocol(model, sources: Sequence[Words], targets: Sequence[Words], gold, *,
-                    methods: Sequence[str] = METHODS, shifts: Sequence[str] = SHIFTS, draws: int = 1000,
+                    methods: Sequence[str] = ATTENTION_METHODS, shifts: Sequence[str] = SHIFTS, draws: int = 1000,
                     level: float = 0.95, seed: int = 0, batch_size: int = 32,
                     eos: str | None = None) -> list[ProtocolResult]:
     """Each method under its paper's protocol: whole-layer maps (weights: heads averaged; norms ‖Σ_h α f_h(x)‖;

@@ -31,8 +31,10 @@ from pathlib import Path
 
 from ..analysis.alignment import format_pharaoh, read_alignments, score_alignments
 from ..analysis.word_align import (
+    ATTENTION_METHODS,
     EOS_RULES,
     METHODS,
+    PRESETS,
     SHIFTS,
     SYMMETRIZE,
     AlignmentSpec,
@@ -56,9 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("tgt", help="target lines, one per source line")
     p.add_argument("--output", "-o", default="-", metavar="FILE", help="alignments (default: stdout)")
     # validated in run(), not by argparse's `choices`: an unknown value is one line naming the valid ones, exit 2
-    p.add_argument("--method", default=None, metavar="|".join(METHODS),
+    p.add_argument("--method", default=None, metavar="|".join((*METHODS, *PRESETS)),
                    help="weights, norms (Kobayashi) or alti (ALTI+); another method than the checkpoint's "
-                        "alignment.json starts from the fallback aligner, not from that file's other choices")
+                        "alignment.json starts from the fallback aligner, not from that file's other choices; "
+                        "shift-att: Chen et al. 2020's Shift-Att (weights, AWI, grow-diag, its chosen layer); "
+                        "layer: the alignment layer trained on the model's own alignments "
+                        "(alignment_layer.safetensors)")
     p.add_argument("--shift", default=None, metavar="|".join(SHIFTS),
                    help="awo: the decoder row that predicts the word; awi: the row that reads it")
     p.add_argument("--units", default=None, metavar="L:H,...",
@@ -76,13 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swap-gold", action="store_true", help="GOLD writes the model's target word first")
     p.add_argument("--lines", default=None, metavar="A-B", help="--choose on these lines only (1-based)")
     p.add_argument("--max-units", type=int, default=8, help="--choose: at most this many heads averaged")
-    p.add_argument("--methods", default=",".join(METHODS),
+    p.add_argument("--methods", default=",".join(ATTENTION_METHODS),
                    help="--choose: the methods to search (comma-separated; ALTI+ is searched per layer, not head)")
     p.add_argument("--report", default=None, metavar="FILE", help="--choose: every unit's AER as JSON")
     p.add_argument("--save", action="store_true", help="--choose: store the choice as DIR/alignment.json")
 
 
-OPTIONS = {"method": METHODS, "shift": SHIFTS, "eos": EOS_RULES, "symmetrize": SYMMETRIZE}
+OPTIONS = {"method": (*METHODS, *PRESETS), "shift": SHIFTS, "eos": EOS_RULES, "symmetrize": SYMMETRIZE}
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -98,12 +103,14 @@ def spec_of(tm: TranslationModel, args: argparse.Namespace) -> tuple[AlignmentSp
     alignment.json (else the fallback), whole. Options replace their own parts of it; a --method other than
     the stored one starts from the fallback (last layer, AWO, EOS dropped, no symmetrization) instead, because
     the stored units, shift, EOS rule and symmetrization were chosen together with the stored method."""
-    base, origin = aligner(tm.model, tm.alignment or None, args.method)
-    changed = args.method or args.shift or args.units or args.eos or args.symmetrize
-    spec = AlignmentSpec(args.method or base.method, args.shift or base.shift, args.eos or base.eos,
-                         parse_units(args.units) if args.units else base.units,
-                         base.provenance if not changed else {}, args.symmetrize or base.symmetrize)
-    return spec, origin + (" with the command line's options" if changed else "")
+    base, origin = aligner(tm.model, tm.alignment or None, args.method, directory=tm.meta.get("path"))
+    changed = args.shift or args.units or args.eos or args.symmetrize
+    if not changed:
+        return base, origin
+    spec = AlignmentSpec(base.method, args.shift or base.shift, args.eos or base.eos,
+                         parse_units(args.units) if args.units else base.units, {},
+                         args.symmetrize or base.symmetrize, base.layer)
+    return spec, origin + " with the command line's options"
 
 
 def _read(path: str, errors: str) -> list[str]:
@@ -159,9 +166,10 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
                     "chosen_on": f"lines {rows.start + 1}-{rows.stop}", "held_out_lines": len(held), "configs": []}
     best = None
     methods = [m.strip() for m in args.methods.split(",")]
-    unknown = sorted(set(methods) - set(METHODS))
+    unknown = sorted(set(methods) - set(ATTENTION_METHODS))
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; known: {list(METHODS)}")
+        raise ValueError(f"unknown methods {unknown}; --choose searches the attention methods "
+                         f"{list(ATTENTION_METHODS)}")
     report["methods"] = methods
     for method in methods:
         for shift in SHIFTS:

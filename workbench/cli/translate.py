@@ -136,7 +136,7 @@ def _run(tm: TranslationModel, args: argparse.Namespace, steer: dict | None) -> 
 
 def _translate_aligned(tm, lines, sink, chunk: int, steer: dict | None = None) -> None:
     """Chunk by chunk: translate, then align each output to its source (teacher-forced, as `workbench align`)."""
-    spec = aligner(tm.model, tm.alignment or None)[0]
+    spec = aligner(tm.model, tm.alignment or None, directory=tm.meta.get("path"))[0]
     buffer: list[str] = []
 
     def flush() -> None:

@@ -1,0 +1,119 @@
+"""Train an alignment layer (Garg et al. 2019) on a checkpoint's own symmetrized alignments, and store it beside it.
+
+    nice -n 10 python scripts/train_alignment_layer.py --checkpoint checkpoints/general-en-de \
+        --src ../shared/data/wmt14-train-sample/train.en --tgt ../shared/data/wmt14-train-sample/train.de \
+        --pairs 8000 --steps 1500 --run runs/align_layer --save
+
+Teacher: the shift-attention aligner `--teacher` (method:shift:units:eos:symmetrize; default the checkpoint's
+alignment.json as it was chosen on RWTH lines 1-150), run on `--pairs` training pairs (not the gold set); the
+text is split into words at whitespace and punctuation first, as the gold sets are tokenized. The teacher's links
+are cached in RUN/teacher.jsonl; training checkpoints into RUN and resumes (`alignment_layer.train_alignment_layer`).
+`--save` writes alignment_layer.safetensors + alignment_layer.json into the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from workbench.analysis.alignment_layer import (
+    AlignmentLayer,
+    piece_targets,
+    save_alignment_layer,
+    train_alignment_layer,
+)
+from workbench.analysis.word_align import AlignmentSpec, alignment_maps, encode_words, parse_units
+from workbench.decoding.translator import load
+
+WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
+
+
+def tokenize(line: str) -> str:
+    """Split punctuation from words ("period." -> "period ."), keeping hyphenated words and abbreviations."""
+    return " ".join(WORD.findall(line))
+
+
+def teacher_spec(text: str | None, stored: dict | None) -> AlignmentSpec:
+    if text is None:
+        if not stored:
+            raise ValueError("the checkpoint has no alignment.json: give --teacher METHOD:SHIFT:UNITS:EOS:SYM")
+        return AlignmentSpec.from_dict(stored)
+    method, shift, units, eos, sym = text.split(":", 4) if text.count(":") >= 4 else (None,) * 5
+    if method is None:
+        raise ValueError("--teacher is METHOD:SHIFT:UNITS:EOS:SYMMETRIZE, units as 0/0 for head 0 of layer 0")
+    return AlignmentSpec(method, shift, eos, parse_units(units.replace("/", ":")), {}, sym)
+
+
+def teacher_links(tm, sources, targets, spec: AlignmentSpec, cache: Path, batch: int = 32) -> list[set]:
+    if cache.exists():
+        rows = [json.loads(x) for x in cache.read_text(encoding="utf-8").splitlines()]
+        if len(rows) == len(sources):
+            return [{tuple(x) for x in r} for r in rows]
+    out = []
+    for start in range(0, len(sources), 512):
+        maps = alignment_maps(tm.model, sources[start : start + 512], targets[start : start + 512],
+                              method=spec.method, shift=spec.shift, batch_size=batch, heads=spec.needs_heads)
+        out += [spec.links_of(m) for m in maps]
+        print(f"teacher: {len(out)}/{len(sources)} pairs", flush=True)
+    cache.write_text("".join(json.dumps(sorted(x)) + "\n" for x in out), encoding="utf-8")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--src", required=True, help="training source lines (the model's source language)")
+    ap.add_argument("--tgt", required=True)
+    ap.add_argument("--pairs", type=int, default=8000, help="the first N pairs of at most --max-pieces a side")
+    ap.add_argument("--max-pieces", type=int, default=80)
+    ap.add_argument("--teacher", default=None, metavar="METHOD:SHIFT:UNITS:EOS:SYM")
+    ap.add_argument("--source-layer", type=int, default=2, help="decoder stream after this many layers: queries")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--max-minutes", type=float, default=15.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--run", required=True, help="directory for the teacher cache and training state")
+    ap.add_argument("--save", action="store_true", help="store the layer in the checkpoint directory")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    run = Path(args.run)
+    run.mkdir(parents=True, exist_ok=True)
+    tm = load(args.checkpoint, device=args.device)
+    spec = teacher_spec(args.teacher, tm.alignment).check(tm.model)
+    src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+    tgt_lines = Path(args.tgt).read_text(encoding="utf-8").splitlines()
+    sources, targets = [], []
+    for s, t in zip(src_lines, tgt_lines):
+        sw, tw = encode_words(tm.src_tokenizer, tokenize(s)), encode_words(tm.tgt_tokenizer, tokenize(t))
+        if sw.ids and tw.ids and len(sw.ids) <= args.max_pieces and len(tw.ids) <= args.max_pieces:
+            sources.append(sw)
+            targets.append(tw)
+        if len(sources) == args.pairs:
+            break
+    t0 = time.perf_counter()
+    links = teacher_links(tm, sources, targets, spec, run / "teacher.jsonl", args.batch)
+    print(f"teacher {spec.label()}: {len(links)} pairs in {time.perf_counter() - t0:.0f} s", flush=True)
+    labels = [piece_targets(s, t, x) for s, t, x in zip(sources, targets, links)]
+    layer = AlignmentLayer(tm.model.cfg.d_model, source_layer=args.source_layer)
+    result = train_alignment_layer(layer, tm.model, sources, targets, labels, directory=run, steps=args.steps,
+                                   batch_size=args.batch, lr=args.lr, max_minutes=args.max_minutes)
+    print(json.dumps(result), flush=True)
+    if args.save:
+        prov = {"teacher": spec.label(), "trained_on": f"{Path(args.src).name}/{Path(args.tgt).name}, first "
+                f"{len(sources)} pairs of <= {args.max_pieces} pieces a side, punctuation split",
+                "steps": result["step"], "batch": args.batch, "lr": args.lr, "final_loss": result["loss"],
+                "seconds": round(result["seconds"], 1), "recipe": "Garg et al. 2019 alignment layer, "
+                "trained on the frozen model's own symmetrized shift-attention alignments (Chen et al. 2020)"}
+        print(f"saved {save_alignment_layer(layer, args.checkpoint, prov)}")
+
+
+if __name__ == "__main__":
+    main()
