@@ -122,7 +122,8 @@ def test_aligner_options_do_what_they_say_and_unknown_values_name_the_valid_ones
     assert "weights AWI units 0 (eos drop, symmetrize grow-diag): Shift-Att (Chen et al. 2020)" in err
     assert main(["align", "--checkpoint", str(ck), s, t, "--method", "layer"]) != 0
     assert "no trained alignment layer" in capsys.readouterr().err
-    for flag, bad, valid in [("--method", "attention", "weights, norms, alti, layer, shift-att"), ("--shift", "AWI", "awo, awi"),
+    for flag, bad, valid in [("--method", "attention", "weights, norms, alti, layer, shift-att"),
+                             ("--shift", "AWI", "awo, awi"),
                              ("--eos", "keep", "drop, null"),
                              ("--symmetrize", "grow", "none, intersect, grow-diag, grow-diag-final, union")]:
         assert main(["align", "--checkpoint", str(ck), s, t, flag, bad]) == 2
