@@ -123,3 +123,46 @@ def test_layout_uses_the_page_and_nothing_is_cut(page, app_server, tmp_path, wid
             if update and width == 1500:
                 page.screenshot(path=str(ROOT / "docs" / "screenshot.png"), full_page=True)
     assert watch.errors == []
+
+
+# The connected, visible Bokeh figures (and the features dashboard's row): where each is and how wide.
+FIGURES_JS = """() => [...Bokeh.index.all_views()].filter(v => v.el && v.el.isConnected
+    && (v.model.type === 'Figure' || v.model.name === 'feature_dashboard')).map(v => {
+    const r = v.el.getBoundingClientRect();
+    return {name: v.model.name, title: v.model.title ? v.model.title.text : '', x: r.x, y: r.y, w: r.width}; })
+    .filter(f => f.w > 0)"""
+
+
+@pytest.mark.parametrize("width", [1500, 1000])
+def test_head_view_grid_and_features_use_the_page(page, app_server, width):
+    """The head view, the model-view grid and a feature's dashboard take the page's width at 1000 and 1500 px (issue
+    37 point 5): each spans the width the page gives it (the attention view's column beside the ablation panel from
+    about 1200 px, the whole page below), and nothing scrolls sideways."""
+    from test_features_tab import _ship_dictionary
+
+    checkpoint = Path(app_server.log).parent / "demo"
+    if not (checkpoint / "features" / "hook_memory" / "stats.safetensors").is_file():
+        _ship_dictionary(checkpoint)
+    page.set_viewport_size({"width": width, "height": 1000})
+    share = 0.65 if width >= 1400 else 0.9  # beside the 400 px ablation panel, or alone on the row
+    sentence = "src=Ein+Hund+l%C3%A4uft+durch+den+gro%C3%9Fen+Park."
+    for view in ("lines", "grid"):
+        watch = open_app(page, f"{app_server}?ckpt=demo&{sentence}&view={view}")
+        page.wait_for_function(f"({FIGURES_JS})().length >= {1 if view == 'lines' else 2}", timeout=TIMEOUT)
+        page.wait_for_timeout(500)  # the layout settled
+        figs = page.evaluate(FIGURES_JS)
+        top = min(f["y"] for f in figs)
+        row = [f for f in figs if abs(f["y"] - top) < 40]  # the grid and its enlarged tile share one row
+        assert len(row) == (1 if view == "lines" else 2), figs
+        assert sum(f["w"] for f in row) >= share * width, (view, figs)
+        edge = page.evaluate(OVERFLOW_JS)
+        assert edge["right"] <= edge["page"] and edge["scroll"] <= edge["page"], (view, edge)
+        assert watch.errors == []
+    watch = open_app(page, f"{app_server}?ckpt=demo&{sentence}&tab=features")
+    page.wait_for_function(f"({FIGURES_JS})().some(f => f.name === 'feature_dashboard')", timeout=TIMEOUT)
+    page.wait_for_timeout(500)
+    board = next(f for f in page.evaluate(FIGURES_JS) if f["name"] == "feature_dashboard")
+    assert board["w"] >= 0.9 * width, board
+    edge = page.evaluate(OVERFLOW_JS)
+    assert edge["right"] <= edge["page"] and edge["scroll"] <= edge["page"], ("features", edge)
+    assert watch.errors == []

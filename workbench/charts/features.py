@@ -123,11 +123,16 @@ def summary_html(summary: dict[str, Any]) -> str:
 
 
 def feature_dashboard(fd: FeatureData, feature: int, *, contexts: int = 12):
-    """Summary, top contexts, histogram, output tokens (and heads) of one feature, as one Bokeh layout."""
+    """Summary, top contexts, histogram, output tokens (and heads) of one feature, as one Bokeh layout: the texts and
+    the figures side by side, sharing the page's width (each at least 360 px; issue 37: the page's width at
+    1000-1500 px)."""
     effects = fd.output_effects(feature)
-    left = column(Div(text=summary_html(fd.summary(feature)), width=520),
-                  Div(text=contexts_html(fd.contexts(feature, contexts)), width=520))
+    stretch = {"sizing_mode": "stretch_width", "min_width": 360}
+    left = column(Div(text=summary_html(fd.summary(feature)), **stretch),
+                  Div(text=contexts_html(fd.contexts(feature, contexts)), **stretch), **stretch)
     right = [activation_histogram(*fd.histogram(feature)), output_tokens_figure(effects)]
     if effects.get("heads"):
         right.append(head_effects_figure(effects))
-    return row(left, column(*right), name="feature_dashboard")
+    for fig in right:
+        fig.sizing_mode, fig.min_width = "stretch_width", 360
+    return row(left, column(*right, **stretch), name="feature_dashboard", sizing_mode="stretch_width")

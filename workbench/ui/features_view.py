@@ -408,7 +408,7 @@ class FeaturesView(LazyTab):
             objs.append(self._why(answer["why"], answer.get("feature")))
         if "dashboard" in answer:
             objs.append(pn.pane.Bokeh(feature_dashboard(answer["dashboard"], answer["feature"]),
-                                      css_classes=["features-dashboard"]))
+                                      css_classes=["features-dashboard"], sizing_mode="stretch_width"))
         return objs
 
 

@@ -147,7 +147,7 @@ def start_here(open_step: Callable[[Step], None]) -> pn.Card:
     glossary."""
     rows = []
     for step in TOUR:
-        button = pn.widgets.Button(name="Show me", button_type="light", width=90, css_classes=["tour-open"])
+        button = pn.widgets.Button(label="Show me", color="light", width=90, css_classes=["tour-open"])
         button.on_click(lambda _event, s=step: open_step(s))
         rows.append(pn.Row(button, pn.pane.HTML(f"<b>{html.escape(step.topic)}</b> — {html.escape(step.text)}",
                                                 sizing_mode="stretch_width"), sizing_mode="stretch_width"))

@@ -55,13 +55,16 @@ def _fail(what: str, exc: Exception) -> pn.pane.Alert:
                          css_classes=["view-error"], sizing_mode="stretch_width")
 
 
-def _stretch(obj, height: int | None = None):
-    """Let a Bokeh figure (or every figure of a layout) take the page's width; `height` in px if given."""
+def _stretch(obj, height: int | None = None, min_width: int | None = None):
+    """Let a Bokeh figure (or every figure of a layout) take the page's width; `height` in px if given, and each
+    figure at least `min_width` px wide if given (side by side, they share the width)."""
     figs = [obj] if isinstance(obj, figure) else list(obj.select({"type": figure}))
     for f in figs:
         f.sizing_mode = "stretch_width"
         if height is not None:
             f.height = height
+        if min_width is not None:
+            f.min_width = min_width
     if isinstance(obj, LayoutDOM) and not isinstance(obj, figure):
         obj.sizing_mode = "stretch_width"
     return obj
@@ -184,10 +187,12 @@ class AttentionView(pn.viewable.Viewer):
             if interactive:
                 fig.on_event(events.Tap, self._tapped_row)
             return _stretch(fig)
-        if s.view == "lines":
-            return head_view(r.trace, s.kind, s.layer, heads, words=s.words, highlight=token, select=select,
-                             top_k=8 if len(r.src_pieces) > 60 else None, width=720)
-        grid = model_view(r.trace, s.kind, words=s.words, select=select)
+        if s.view == "lines":  # the lines take the view's width (issue 37: the page's width at 1000-1500 px)
+            return _stretch(head_view(r.trace, s.kind, s.layer, heads, words=s.words, highlight=token,
+                                      select=select, top_k=8 if len(r.src_pieces) > 60 else None, width=720),
+                            min_width=360)
+        # the grid and the enlarged tile share the view's width (tiles 96 px tall, as wide as the half they get)
+        grid = _stretch(model_view(r.trace, s.kind, words=s.words, select=select, tile_px=96), min_width=300)
         tiles = grid.select_one({"name": f"model_view_tiles_{s.kind}"})
         if interactive and tiles is not None:
             tiles.selected.on_change("indices", lambda attr, old, new, src=tiles: self._tapped_tile(src, new))
