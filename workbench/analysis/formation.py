@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..core.heads import Head
+from ..core.protocols import Progress
 from ..decoding.translator import load as load_checkpoint
 from .alignment import Link, read_alignments, score_alignments
 from .head_stats import corpus_head_stats, punctuation_ids
@@ -192,7 +193,7 @@ def snapshots(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 def formation_records(run_dir: str | Path, probe: FormationProbe, *, steps: Sequence[int] | None = None,
                       cache: str | Path | None = None, load: Callable | None = None,
-                      progress: Callable[[int, int, int], None] | None = None) -> list[dict]:
+                      progress: Progress | None = None) -> list[dict]:
     """`probe.measure` at every snapshot of a run (or the chosen `steps`). With `cache` (a JSON file), records
     already measured are read from it and new ones appended, so a growing run is measured incrementally."""
     load = load or load_checkpoint
@@ -207,5 +208,5 @@ def formation_records(run_dir: str | Path, probe: FormationProbe, *, steps: Sequ
             if cache:
                 cache.write_text(json.dumps([done[k] for k in sorted(done)], indent=1), encoding="utf-8")
         if progress is not None:
-            progress(n + 1, len(todo), step)
+            progress(n + 1, len(todo), f"step {step}")
     return [done[s] for s, _ in todo]

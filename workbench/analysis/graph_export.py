@@ -39,7 +39,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,6 +47,7 @@ import torch
 
 from ..core.batching import decoder_input
 from ..core.model import evaluating
+from ..core.protocols import Progress
 from .graph import AttributionGraph, attribution_graph, node_influence
 
 SCHEMA = Path(__file__).with_name("schemas") / "circuit_tracer_graph.schema.json"
@@ -329,7 +330,7 @@ def write_circuit_tracer(data: dict[str, Any], directory: str | Path) -> Path:
 def export_sentence(tm, source: str, out_dir: str | Path, *, reference: str | None = None,
                     positions: Sequence[int] | None = None, slug: str | None = None, target: str = "logit",
                     node_threshold: float = 0.8, edge_threshold: float = 0.98, scan: str = "attention-workbench",
-                    progress: Callable[[str], None] | None = None) -> list[Path]:
+                    progress: Progress | None = None) -> list[Path]:
     """Graph files of a sentence's output tokens: the model's translation (`tm`, a TranslationModel, with its
     decoding settings), or `reference` teacher-forced; one file per output position (default: every one, the end of
     sentence included), named `SLUG-POSITION.json`, all listed in `out_dir/graph-metadata.json` (the viewer's
@@ -364,6 +365,6 @@ def export_sentence(tm, source: str, out_dir: str | Path, *, reference: str | No
                                     edge_threshold=edge_threshold, scan=scan, prompt=prompt)
         paths.append(write_circuit_tracer(data, out_dir))
         if progress is not None:
-            progress(f"{paths[-1]}: {len(data['nodes'])} nodes, {len(data['links'])} links (output token {p}, "
-                     f"{out_pieces[p]!r})")
+            progress(len(paths), len(positions), f"{paths[-1]}: {len(data['nodes'])} nodes, {len(data['links'])} "
+                     f"links (output token {p}, {out_pieces[p]!r})")
     return paths

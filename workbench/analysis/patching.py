@@ -35,6 +35,7 @@ from ..core.heads import Head, block_path, kind_of, stack_of
 from ..core.hooks import path_of
 from ..core.masks import real_positions
 from ..core.model import evaluating
+from ..core.protocols import Progress
 from ..decoding.search import decode_config, generate
 from .generation_trace import decoding_setup, source_side
 from .gradients import run_with_grads
@@ -249,7 +250,7 @@ def _patch_hook(assign: list[tuple[int, tuple]], donor: torch.Tensor):
 
 def _run_batches(model, src, tgt, sites: list[Site], donors: dict[str, torch.Tensor], metric: Metric,
                  batch_size: int, translate: Callable | None,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[list[float], int]:
+                 progress: Progress | None = None) -> tuple[list[float], int]:
     values: list[float] = []
     passes = 0
     for start in range(0, len(sites), batch_size):
@@ -288,7 +289,7 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
                    reference: tuple[torch.Tensor, torch.Tensor] | None = None, positions: str = "each",
                    batch_size: int = 64, detokenize: Callable[[list[int]], str] | None = None,
                    reference_text: str | None = None, seed: int = 0,
-                   progress: Callable[[int, int], None] | None = None, **decode_options: Any) -> PatchingResult:
+                   progress: Progress | None = None, **decode_options: Any) -> PatchingResult:
     """Patch one site at a time (each a row of a batch) and measure `metric` (see the module docstring).
     `progress(done, total)`, if given, is called with the number of sites patched after each batch.
 

@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    def report(n: int, total: int, step: int) -> None:
-        print(f"  [{n}/{total}] step {step} ({time.perf_counter() - start:.0f} s)", flush=True)
+    def report(n: int, total: int, what: str = "") -> None:
+        print(f"  [{n}/{total}] {what} ({time.perf_counter() - start:.0f} s)", flush=True)
 
     records = formation_records(args.run_dir, probe, steps=steps, cache=out / "formation.json", progress=report)
     with open(out / "formation.csv", "w", newline="", encoding="utf-8") as fh:

@@ -17,6 +17,7 @@ import sys
 
 from ..analysis.graph import TARGETS
 from ..analysis.graph_export import export_sentence
+from ..core.protocols import print_progress
 from ..decoding.translator import load
 
 
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     tm = load(args.checkpoint)
     paths = export_sentence(tm, args.sentence, args.out, reference=args.reference, positions=args.position,
                             slug=args.slug, target=args.target, node_threshold=args.node_threshold,
-                            edge_threshold=args.edge_threshold, progress=print)
+                            edge_threshold=args.edge_threshold, progress=print_progress)
     print(f"{len(paths)} graph files in {args.out}; view them with: circuit-tracer start-server --graph_file_dir "
           f"{args.out}", file=sys.stderr)
     return 0

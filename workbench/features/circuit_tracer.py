@@ -26,12 +26,13 @@ Dead features get no file: the viewer then shows the feature as dead.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..core.protocols import Progress
 from .dashboard import FeatureData
 from .neuronpedia import feature_dashboard, longest_sentence
 from .stats import BIN_EDGES
@@ -90,7 +91,7 @@ def circuit_tracer_feature(fd: FeatureData, feature: int, *, entry: dict[str, An
 
 
 def export_circuit_tracer_features(fd: FeatureData, out_dir: str | Path, *, features: Iterable[int] | None = None,
-                                   progress: Callable[[int, int], None] | None = None) -> list[Path]:
+                                   progress: Progress | None = None) -> list[Path]:
     """Write `INDEX.json` for each live feature of `features` (default: all) into `out_dir`; returns the files."""
     if fd.stats is None:
         raise ValueError(f"{fd.name} has no stats.safetensors: run `workbench features stats` first")

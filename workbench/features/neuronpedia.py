@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..core.batching import teacher_forced
+from ..core.protocols import Progress
 from .dashboard import Context, FeatureData
 from .sites import capture_site
 
@@ -145,7 +146,7 @@ def site_layer(name: str) -> int:
 def export_dashboards(fd: FeatureData, out_dir: str | Path, *, model_id: str, sae_set: str | None = None,
                       layer: int | None = None, features: Iterable[int] | None = None, batch_size: int = 128,
                       logits: int = 10, bands: int = 5, per_band: int = 2,
-                      progress: Callable[[int, int], None] | None = None) -> list[Path]:
+                      progress: Progress | None = None) -> list[Path]:
     """Write `batch-N.json` files of `batch_size` features each (default: every feature) and
     `skipped_indexes.json` (the dead ones) into `out_dir`; returns the batch files. `sae_set` defaults to the
     dictionary's name, `layer` to the site's layer."""
