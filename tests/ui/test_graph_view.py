@@ -6,6 +6,7 @@ request is never applied; the export is one offline file named after the checkpo
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 from pathlib import Path
@@ -385,3 +386,41 @@ def test_dictionary_features_on_a_checkpoint_without_dictionaries_say_so(session
     view = graph_view.GraphView(session=session)
     view.features = True
     assert "ships no dictionaries" in str(view.inputs())
+
+
+def test_a_tapped_feature_node_links_its_dashboard_with_its_contexts_and_effects(tmp_path, monkeypatch):
+    """In a feature graph (*Dictionary features*), a tapped feature node shows the link to its dashboard (this page on
+    the Features tab at its site and feature, checkpoint and sentence kept), its top contexts and output effects (the
+    feature's dashboard data, `feature_details`); the link opens the Features tab on that feature; a head clears it."""
+    from workbench.analysis.feature_graph import feature_details
+    from workbench.ui.features_view import sites_of
+
+    (tmp_path / "multi30k-de-en").symlink_to(Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en")
+    query = "?ckpt=multi30k-de-en&src=Ein+Hund+l%C3%A4uft+durch+den+Park.&tab=graph&gtok=1&gfeat=true"
+    a, _ = _page(tmp_path, monkeypatch, query)
+    view = next(v for title, v in a.tabs if title == "Graph")
+    nodes = _figure(view).select_one({"name": "graph_nodes"})
+    j = next(j for j, kind in enumerate(nodes.data["kind"]) if kind == "feature")
+    nodes.selected.indices = [j]
+    node = _node(view, nodes.data["index"][j])
+    box = "".join(str(o.object) for o in view._feature_box.objects)
+    href = re.search(r"class='graph-feature-link' href='([^']*)'", box).group(1).replace("&amp;", "&")
+    query_b = parse_qs(href.lstrip("?"))
+    assert query_b["ckpt"] == ["multi30k-de-en"] and query_b["src"] == ["Ein Hund läuft durch den Park."], href
+    assert query_b["tab"] == ["features"] and query_b["site"] == [node["site"]], href
+    assert query_b["feature"] == [str(node["feature"])], href
+    details = feature_details(a.session.result.model, {p.name: p for p in sites_of(a.session.result.model)}, node,
+                              contexts=graph_view.FEATURE_CONTEXTS, effects=graph_view.FEATURE_EFFECTS)
+    first = details["contexts"][0]
+    assert f"{first['value']:6.2f}" in box and "Output effects" in box
+    top = details["output_effects"]["tokens"][0]
+    assert f"({top['dp']:+.4f})" in box
+    # the link opens the Features tab on that dictionary and feature, on the same checkpoint and sentence
+    b, location_b = _page(tmp_path, monkeypatch, href)
+    features = next(v for title, v in b.tabs if title == "Features")
+    assert b.tab == "features" and features.site == node["site"] and features.feature == node["feature"]
+    assert b.session.checkpoint == "multi30k-de-en" and b.session.sentence == "Ein Hund läuft durch den Park."
+    assert "could not be used" not in b.session.message
+    # another kind of node clears the box
+    nodes.selected.indices = [next(j for j, kind in enumerate(nodes.data["kind"]) if kind != "feature")]
+    assert view._feature_box.objects == []

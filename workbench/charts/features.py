@@ -136,3 +136,26 @@ def feature_dashboard(fd: FeatureData, feature: int, *, contexts: int = 12):
     for fig in right:
         fig.sizing_mode, fig.min_width = "stretch_width", 360
     return row(left, column(*right, **stretch), name="feature_dashboard", sizing_mode="stretch_width")
+
+
+def feature_node_html(details: dict[str, Any], href: str, *, effects: int = 6) -> str:
+    """A tapped feature node of a feature graph (`analysis.feature_graph.feature_details`): a link to its dashboard
+    (`href`: the Features tab on it), its top corpus contexts and the output tokens it raises and lowers."""
+    name = f"{details['site']} #{details['feature']}"
+    head = (f"<b>Feature {html.escape(name)}</b> — <a class='graph-feature-link' href='{html.escape(href)}' "
+            f"data-site='{html.escape(details['site'])}' data-feature='{details['feature']}'>open its dashboard in "
+            f"the Features tab</a>")
+    if "contexts" not in details:  # the link first; its contexts and effects are being read
+        return (f"<div class='graph-feature-card' style='font-family:sans-serif'>{head}<br><i>Reading its top "
+                "contexts and output effects…</i></div>")
+    contexts = [c if isinstance(c, Context) else Context(**c) for c in details["contexts"]]
+    out = details["output_effects"]
+
+    def tokens(rows: Sequence[dict[str, Any]]) -> str:
+        return ", ".join(f"<b>{_piece(t['token'])}</b> <small>({t['dp']:+.4f})</small>" for t in rows[:effects]) or "–"
+
+    return (f"<div class='graph-feature-card' style='font-family:sans-serif'>{head}<br><i>Top contexts</i> (the "
+            f"firing piece highlighted, → the output word aligned to it):{contexts_html(contexts)}"
+            f"<i>Output effects</i> over {out.get('contexts', 0)} of its top contexts (probability it adds at the "
+            f"aligned output position: clean − without it): raises "
+            f"{tokens(out.get('tokens', []))}; lowers {tokens(out.get('lowers', []))}</div>")

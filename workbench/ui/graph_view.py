@@ -47,12 +47,13 @@ import param
 import torch
 from bokeh.layouts import row
 
-from ..analysis.feature_graph import feature_graph, feature_graph_size
+from ..analysis.feature_graph import feature_details, feature_graph, feature_graph_size
 from ..analysis.graph import attribution_graph, component_contexts, graph_size
 from ..analysis.graph_export import circuit_tracer_graph, token_probability
 from ..analysis.graph_trust import graph_trust
 from ..analysis.qk_attribution import feature_piece, qk_attribution, qk_dictionaries
 from ..charts.export import to_html
+from ..charts.features import feature_node_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
 from ..charts.qk import qk_caption, qk_pairs_table
 from ..core.batching import decoder_input
@@ -184,6 +185,16 @@ def graph_answer(r, key: tuple, position: int, threshold: float, max_nodes: int,
             "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
 
 
+FEATURE_CONTEXTS, FEATURE_EFFECTS = 5, 8  # a tapped feature node's top contexts and output tokens
+
+
+def feature_node(tm, node: dict) -> dict:
+    """A tapped feature node's dashboard content (`analysis.feature_graph.feature_details`: top contexts and output
+    effects) from the checkpoint's dictionaries (the Features tab's, by site name)."""
+    return feature_details(tm, {p.name: p for p in sites_of(tm)}, node, contexts=FEATURE_CONTEXTS,
+                           effects=FEATURE_EFFECTS)
+
+
 QK_TOP = 12  # query x key pairs listed for a tapped cross-attention head
 
 
@@ -260,6 +271,10 @@ class GraphView(LazyTab):
         self._qk_box = pn.Column(sizing_mode="stretch_width", css_classes=["graph-qk"])
         self._qk_node = -1  # the node the shown attribution is of
         self._qk_link = True  # until the first head is explained, `qk_key` may be a link's, for the link's node
+        # a tapped feature node (feature graphs): its dashboard link, top contexts and output effects; a light lane
+        self._feature_lane = self.session.lane(f"GraphFeature-{id(self)}")
+        self._feature_box = pn.Column(sizing_mode="stretch_width", css_classes=["graph-feature"])
+        self._page_link = None  # the page's link (`bind_link`): a feature's dashboard link is this page on it
         self._picker_many: bool | None = None
         self._bar = pn.indicators.Progress(value=0, max=1, width=240, css_classes=["graph-progress-bar"])
         self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
@@ -284,6 +299,7 @@ class GraphView(LazyTab):
     def bind_link(self, link) -> None:
         """As `LazyTab`'s; a link's node is kept until its graph is drawn, then selected (its panel opens) or, when
         that graph does not draw it, named in the page's message and dropped."""
+        self._page_link = link
         for name, key in self.url.items():
             check = self._link_node_check if name == "node" else None
             link.bind(key, self, name, late=name in self.url_late, check=check)
@@ -394,11 +410,13 @@ class GraphView(LazyTab):
         self._qk_box.objects, self._qk_node = [], -1
         self._select_node(fig)
         self._qk_refresh()
+        self._feature_refresh()
         objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
                 # no margin of its own: the stretched row already spans the tab (a margin pushed it 5 px past the page)
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
                               css_classes=["graph-figure"], margin=0),
                 self._qk_box,
+                self._feature_box,
                 pn.pane.Bokeh(legend),
                 pn.Card(pn.pane.Markdown(trust_md(answer["trust"]), css_classes=["graph-trust"],
                                          sizing_mode="stretch_width"),
@@ -444,6 +462,36 @@ class GraphView(LazyTab):
 
     def _tapped(self, drawn: list[int], indices) -> None:
         self.node = drawn[indices[0]] if len(indices) else -1
+
+    # -- a tapped feature node ---------------------------------------------------------------------------
+    @param.depends("node", watch=True)
+    def _feature_refresh(self) -> None:
+        """A tapped feature node: the link to its dashboard (this page on the Features tab at its site and feature,
+        checkpoint and sentence kept) at once, then its top contexts and output effects from the feature's
+        dashboard data (`feature_node`); any other node (or none) clears the box."""
+        a, r = self._answer, self._shown[0]
+        nodes = [] if a is None else a["graph"].nodes
+        n = nodes[self.node] if 0 <= self.node < len(nodes) else None
+        self._feature_lane.cancel()
+        if n is None or r is None or n["kind"] != "feature":
+            self._feature_box.loading, self._feature_box.objects = False, []
+            return
+        site, feature = n["site"], int(n["feature"])
+        href = (n["link"] if self._page_link is None
+                else self._page_link.href(tab="features", site=site, feature=feature))
+        shown = {"site": site, "feature": feature}  # the link at once; the contexts and effects when read
+        self._feature_box.objects = [pn.pane.HTML(feature_node_html(shown, href), sizing_mode="stretch_width")]
+        self._feature_box.loading = True
+
+        def done(answer) -> None:
+            self._feature_box.loading = False
+            if isinstance(answer, Exception):
+                text = f"*Its contexts and output effects could not be read: {_md_escape(str(answer))}*"
+                self._feature_box.objects = [*self._feature_box.objects[:1], pn.pane.Markdown(text)]
+                return
+            self._feature_box.objects = [pn.pane.HTML(feature_node_html(answer, href), sizing_mode="stretch_width")]
+
+        self._feature_lane.submit(feature_node, r.model, dict(n), done=done, failed=done)
 
     # -- why a tapped head attends where it does -----------------------------------------------------
     @param.depends("node", "qk_key", "qk_features", watch=True)
