@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..core.protocols import print_progress
 from ..decoding.translator import load
 from ..features.circuit_tracer import export_circuit_tracer_features
 from ..features.dashboard import FeatureData
@@ -123,7 +124,7 @@ def feature_list(spec: str | None) -> list[int] | None:
     return out
 
 
-def _progress(done: int, total: int) -> None:
+def _progress(done: int, total: int, what: str = "") -> None:
     print(f"\r{done}/{total} features", end="", file=sys.stderr, flush=True)
 
 
@@ -165,7 +166,7 @@ def _eval(args: argparse.Namespace) -> int:
     result = evaluate_dictionary(tm, d, dataset=args.dataset, split=args.split, bleu_split=args.bleu_split or None,
                                  limit=args.limit, density_split=args.density_split,
                                  density_tokens=args.density_tokens, baselines=args.baselines, seed=args.seed,
-                                 progress=print)
+                                 progress=print_progress)
     result["seeds"] = seeds_of(args.dictionary)
     print(json.dumps(result, indent=1, ensure_ascii=False))
     if args.card:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..core.protocols import Progress
 from ..corpus.data import ParallelData, load_dataset
 from ..decoding.evaluate import score
 from ..decoding.translator import TranslationModel
@@ -144,102 +145,167 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
                         split: str = "valid", bleu_split: str | None = "test2016", data_root: str | None = None,
                         limit: int = 0, max_tokens: int = 4096, density_split: str = "train",
                         density_tokens: int = 200_000, baselines: bool = True, seed: int = 0,
-                        progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+                        progress: Progress | None = None) -> dict[str, Any]:
+    """The card's figures (see the module docstring), in four steps: the density pass (dead/dense counts, the
+    baselines' fit, the site's mean), the evaluation pass, the table of figures, BLEU. `progress(done, total,
+    what)` gets a line of figures after each step that has some."""
     model, d = tm.model.eval(), dictionary.eval()
     site = site_of(d)
     clock = _Clock()
     hidden = (model.stream(site.name.split(".")[0]).layers[int(site.name.split(".")[1])].ffn.hook_hidden.name,) \
         if site.transcoder else ()
     n_neurons = model.cfg.ffn_dim(site.name.split(".")[0]) if site.transcoder else 0
+    steps = 2 if bleu_split else 1
 
-    # -- the density text: dead/dense counts; the baselines' and the mean ablation's fit ---------------------
-    dens, dens_name = _density_data(tm, dataset, density_split, density_tokens, site.side, data_root)
-    fired_d = torch.zeros(d.cfg.d_sae, dtype=torch.long)
-    neurons_d = torch.zeros(n_neurons, dtype=torch.long)
-    dens_rows = dens_active = 0
-    moments = Moments(d.cfg.d_in, d.cfg.d_out)
-    sum_out = torch.zeros(d.cfg.out_dim, dtype=torch.float64)
-    sample_x: list[torch.Tensor] = []
-    sample_y: list[torch.Tensor] = []
+    dens_data, dens_name = _density_data(tm, dataset, density_split, density_tokens, site.side, data_root)
+    dens = _density_pass(model, d, site, dens_data, max_tokens, hidden, n_neurons, baselines, clock)
+    fits = _fit_baselines(dens, d, site, seed, model.device, clock) if baselines else {}
+
+    src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
+    src, tgt = load_dataset(dataset, split, src_lang, tgt_lang, data_root, limit=limit)
+    data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=model.cfg.max_positions - 1)
+    ev = _evaluation_pass(model, d, site, data, max_tokens, hidden, dens.mean(model.device), fits, clock)
+    result = _result_table(site, f"{dataset}:{split}", len(data), d, dens, dens_name, ev, fits, seed, n_neurons)
+    result["seconds"] = round(clock.seconds.get("card", 0.0), 1)
+    if progress:
+        lines = [f"{site.name}: FVU {result['fvu']:.4f}, L0 {result['l0']:.1f}, dead {result['dead_frac']:.1%} "
+                 f"and dense {result['dense_frac']:.1%} of {dens.rows:,} tokens, ΔCE {result['delta_ce']:.4f} nats, "
+                 f"CE recovered {result['ce_recovered']:.3f} (zero) {result['ce_recovered_mean']:.3f} (mean)"]
+        lines += [f"  {name}: FVU {b['fvu']:.4f}, L0 {b['l0']:.1f}, ΔCE {b['delta_ce']:.4f} nats"
+                  for name, b in result.get("baselines", {}).items()]
+        progress(1, steps, "\n".join(lines))
+    if bleu_split:
+        result |= _bleu(tm, site, d, dataset, bleu_split, src_lang, tgt_lang, data_root, limit, clock)
+        if progress:
+            progress(2, steps, f"{site.name}: {bleu_split} BLEU {result['bleu_clean']:.2f} clean, "
+                     f"{result['bleu_spliced']:.2f} spliced")
+    result["timing"] = _timing(clock, result["seconds"])
+    return result
+
+
+@dataclass
+class _Density:
+    """What the density pass counts: firings of the features (and of the FFN's neurons), the site's sum (for the
+    mean ablation), the baselines' moments and a sample of rows."""
+
+    fired: torch.Tensor
+    neurons: torch.Tensor
+    moments: Moments
+    sum_out: torch.Tensor
+    rows: int = 0
+    active: int = 0
+    sample_x: list[torch.Tensor] = field(default_factory=list)
+    sample_y: list[torch.Tensor] = field(default_factory=list)
+
+    def mean(self, device) -> torch.Tensor:
+        return (self.sum_out / self.rows).float().to(device)
+
+
+def _density_pass(model, d: SparseDictionary, site, dens: ParallelData, max_tokens: int, hidden: tuple,
+                  n_neurons: int, baselines: bool, clock: _Clock) -> _Density:
+    """Dead/dense counts over the density text, the site's mean there, and what the baselines are fit on."""
+    out = _Density(torch.zeros(d.cfg.d_sae, dtype=torch.long), torch.zeros(n_neurons, dtype=torch.long),
+                   Moments(d.cfg.d_in, d.cfg.d_out), torch.zeros(d.cfg.out_dim, dtype=torch.float64))
     kept = 0
     for idx in dens.batches(max_tokens, shuffle=False):
         batch = dens.collate(idx, model.cfg).to(model.device)
         with clock("card"):
             x, y, *more = site_rows(model, batch, site, extra=hidden)
             nz = d.encode(x) > 0
-            fired_d += nz.sum(0).cpu()
-            dens_active += int(nz.sum())
-            dens_rows += x.size(0)
-            sum_out += (x if y is None else y).double().sum(0).cpu()  # the mean ablation's value
+            out.fired += nz.sum(0).cpu()
+            out.active += int(nz.sum())
+            out.rows += x.size(0)
+            out.sum_out += (x if y is None else y).double().sum(0).cpu()  # the mean ablation's value
         with clock("baselines"):
             if more:
-                neurons_d += (more[0][hidden[0]] != 0).sum(0).cpu()
+                out.neurons += (more[0][hidden[0]] != 0).sum(0).cpu()
             if baselines:
-                moments.update(x, y)
+                out.moments.update(x, y)
         if baselines and kept < SAMPLE_ROWS:
             with clock("baselines"):
                 take = SAMPLE_ROWS - kept
-                sample_x.append(x[:take].cpu())
-                sample_y.append((x if y is None else y)[:take].cpu())
-                kept += sample_x[-1].size(0)
-    mean = (sum_out / dens_rows).float().to(model.device)
-    l0_round = max(1, round(dens_active / dens_rows))
-    fits: dict[str, torch.nn.Module] = {}
-    if baselines:
-        with clock("baselines"):
-            xs, ys = torch.cat(sample_x), torch.cat(sample_y)
-            fits["pca"] = PCABaseline.fit(moments, l0_round).to(model.device)
-            fits["random"] = RandomTopK.fit(moments, d.cfg.d_sae, l0_round, xs, ys if site.transcoder else None,
-                                            seed=seed).to(model.device)
+                out.sample_x.append(x[:take].cpu())
+                out.sample_y.append((x if y is None else y)[:take].cpu())
+                kept += out.sample_x[-1].size(0)
+    return out
 
-    # -- the evaluation split ------------------------------------------------------------------------------
-    src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
-    src, tgt = load_dataset(dataset, split, src_lang, tgt_lang, data_root, limit=limit)
-    data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=model.cfg.max_positions - 1)
-    rec = _Recon(d.cfg.out_dim, d.cfg.d_sae)
-    runs = {name: _Splice() for name in ("clean", "spliced", "zero", "mean")}
-    base_rec = {name: _Recon(d.cfg.out_dim, b.l0 if name == "pca" else d.cfg.d_sae) for name, b in fits.items()}
-    base_runs = {name: _Splice() for name in fits}
-    neurons_active = 0
+
+def _fit_baselines(dens: _Density, d: SparseDictionary, site, seed: int, device, clock: _Clock
+                   ) -> dict[str, torch.nn.Module]:
+    """PCA and a random TopK dictionary at the dictionary's L0 (rounded), fit on the density text."""
+    l0_round = max(1, round(dens.active / dens.rows))
+    with clock("baselines"):
+        xs, ys = torch.cat(dens.sample_x), torch.cat(dens.sample_y)
+        return {"pca": PCABaseline.fit(dens.moments, l0_round).to(device),
+                "random": RandomTopK.fit(dens.moments, d.cfg.d_sae, l0_round, xs, ys if site.transcoder else None,
+                                         seed=seed).to(device)}
+
+
+@dataclass
+class _Evaluation:
+    """The evaluation pass's running figures: the dictionary's reconstruction, the four spliced runs, the baselines'
+    reconstructions and runs, and the FFN's active neurons."""
+
+    rec: _Recon
+    runs: dict[str, _Splice]
+    base_rec: dict[str, _Recon]
+    base_runs: dict[str, _Splice]
+    neurons_active: int = 0
+
+
+def _evaluation_pass(model, d: SparseDictionary, site, data: ParallelData, max_tokens: int, hidden: tuple,
+                     mean: torch.Tensor, fits: dict[str, torch.nn.Module], clock: _Clock) -> _Evaluation:
+    """Reconstruction and teacher-forced CE/KL on the evaluation split: clean, spliced, zero- and mean-ablated, and
+    each baseline spliced."""
+    ev = _Evaluation(_Recon(d.cfg.out_dim, d.cfg.d_sae),
+                     {name: _Splice() for name in ("clean", "spliced", "zero", "mean")},
+                     {name: _Recon(d.cfg.out_dim, b.l0 if name == "pca" else d.cfg.d_sae) for name, b in fits.items()},
+                     {name: _Splice() for name in fits})
     for idx in data.batches(max_tokens, shuffle=False):
         batch = data.collate(idx, model.cfg).to(model.device)
         with clock("card"):
             x, y, *more = site_rows(model, batch, site, extra=hidden)
             target = x if y is None else y
             feats = d.encode(x)
-            rec.add(target, d.decode(feats) + d.skip(x), feats)
+            ev.rec.add(target, d.decode(feats) + d.skip(x), feats)
             clean, tokens = _logp(model, batch)
-            runs["clean"].add(clean, tokens, None)
+            ev.runs["clean"].add(clean, tokens, None)
             for name, hooks in (("spliced", splice_hooks(site, d)), ("zero", ablation_hooks(site, None)),
                                 ("mean", ablation_hooks(site, mean))):
                 with model.hooks(hooks):
-                    runs[name].add(*_logp(model, batch), clean if name == "spliced" else None)
+                    ev.runs[name].add(*_logp(model, batch), clean if name == "spliced" else None)
         with clock("baselines"):
             if more:
-                neurons_active += int((more[0][hidden[0]] != 0).sum())
+                ev.neurons_active += int((more[0][hidden[0]] != 0).sum())
             for name, b in fits.items():
                 codes = b.encode(x)
-                base_rec[name].add(target, b.decode(codes), codes)
+                ev.base_rec[name].add(target, b.decode(codes), codes)
                 with model.hooks(splice_hooks(site, b)):
-                    base_runs[name].add(*_logp(model, batch), clean)
-    ce = {name: r.ce for name, r in runs.items()}
-    own = _figures(rec, runs["spliced"], ce, fired_d, dens_rows)
+                    ev.base_runs[name].add(*_logp(model, batch), clean)
+    return ev
+
+
+def _result_table(site, split_name: str, sentences: int, d: SparseDictionary, dens: _Density, dens_name: str,
+                  ev: _Evaluation, fits: dict[str, torch.nn.Module], seed: int, n_neurons: int) -> dict[str, Any]:
+    """The card's figures: the dictionary's, then each baseline's beside them (with how it was made)."""
+    ce = {name: r.ce for name, r in ev.runs.items()}
+    own = _figures(ev.rec, ev.runs["spliced"], ce, dens.fired, dens.rows)
     result: dict[str, Any] = {
-        "site": site.name, "hook_in": site.hook_in, "hook_out": site.hook_out, "split": f"{dataset}:{split}",
-        "sentences": len(data), "tokens": rec.rows, "fvu": own["fvu"], "l0": own["l0"],
-        "dead_frac": own["dead_frac"], "dead": int((fired_d == 0).sum()), "dense_frac": own["dense_frac"],
-        "dense": int((fired_d.double() / dens_rows > DENSE).sum()), "dense_threshold": DENSE,
-        "density_split": dens_name, "density_tokens": dens_rows,
-        "dead_frac_eval": float((rec.fired == 0).double().mean()), "d_sae": d.cfg.d_sae,
+        "site": site.name, "hook_in": site.hook_in, "hook_out": site.hook_out, "split": split_name,
+        "sentences": sentences, "tokens": ev.rec.rows, "fvu": own["fvu"], "l0": own["l0"],
+        "dead_frac": own["dead_frac"], "dead": int((dens.fired == 0).sum()), "dense_frac": own["dense_frac"],
+        "dense": int((dens.fired.double() / dens.rows > DENSE).sum()), "dense_threshold": DENSE,
+        "density_split": dens_name, "density_tokens": dens.rows,
+        "dead_frac_eval": float((ev.rec.fired == 0).double().mean()), "d_sae": d.cfg.d_sae,
         "ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero_ablated": ce["zero"],
         "ce_mean_ablated": ce["mean"], "delta_ce": own["delta_ce"], "kl": own["kl"],
         "ce_recovered": own["ce_recovered"], "ce_recovered_mean": own["ce_recovered_mean"],
     }
     if fits or site.transcoder:
         result["baselines"] = {}
-        result["baseline_fit"] = f"{dens_name}, {dens_rows} tokens (not the evaluation split)"
+        result["baseline_fit"] = f"{dens_name}, {dens.rows} tokens (not the evaluation split)"
     for name, b in fits.items():
-        fig = _figures(base_rec[name], base_runs[name], ce)
+        fig = _figures(ev.base_rec[name], ev.base_runs[name], ce)
         if name == "pca":
             fig |= {"components": b.l0, "explained_on_fit_text": b.explained,
                     "method": "reduced-rank regression: least-squares map, then the top L0 components of its "
@@ -250,42 +316,40 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
                               "scale" + ("; input mapped by the least-squares linear map" if site.transcoder else "")}
         result["baselines"][name] = fig
     if site.transcoder:
-        freq = neurons_d.double() / max(dens_rows, 1)
+        freq = dens.neurons.double() / max(dens.rows, 1)
         result["baselines"]["ffn_neurons"] = {
-            "neurons": n_neurons, "l0": neurons_active / rec.rows, "fvu": 0.0, "delta_ce": 0.0, "kl": 0.0,
-            "ce_recovered": 1.0, "ce_recovered_mean": 1.0, "dead_frac": float((neurons_d == 0).double().mean()),
-            "dense_frac": float((freq > DENSE).double().mean()), "counted_tokens": dens_rows,
+            "neurons": n_neurons, "l0": ev.neurons_active / ev.rec.rows, "fvu": 0.0, "delta_ce": 0.0, "kl": 0.0,
+            "ce_recovered": 1.0, "ce_recovered_mean": 1.0, "dead_frac": float((dens.neurons == 0).double().mean()),
+            "dense_frac": float((freq > DENSE).double().mean()), "counted_tokens": dens.rows,
             "method": f"the FFN's own {n_neurons} hidden units (active: non-zero); the reconstruction is the FFN "
                       "itself, exact"}
-    result["seconds"] = round(clock.seconds.get("card", 0.0), 1)
-    if progress:
-        progress(f"{site.name}: FVU {result['fvu']:.4f}, L0 {result['l0']:.1f}, dead {result['dead_frac']:.1%} "
-                 f"and dense {result['dense_frac']:.1%} of {dens_rows:,} tokens, ΔCE {result['delta_ce']:.4f} nats, "
-                 f"CE recovered {result['ce_recovered']:.3f} (zero) {result['ce_recovered_mean']:.3f} (mean)")
-        for name, b in result.get("baselines", {}).items():
-            progress(f"  {name}: FVU {b['fvu']:.4f}, L0 {b['l0']:.1f}, ΔCE {b['delta_ce']:.4f} nats")
-    if bleu_split:
-        src, tgt = load_dataset(dataset, bleu_split, src_lang, tgt_lang, data_root, limit=limit)
-        cfg = tm.decode_config
-        with clock("bleu"):
-            clean_bleu = score(tm.translate(src), [tgt])
-            with model.hooks(splice_hooks(site, d)):
-                spliced_bleu = score(tm.translate(src), [tgt])
-        result |= {"bleu_split": f"{dataset}:{bleu_split}", "bleu_sentences": len(src), "beam": cfg.beam,
-                   "length_penalty": cfg.length_penalty, "alpha": cfg.alpha, "bleu_clean": clean_bleu.bleu,
-                   "bleu_spliced": spliced_bleu.bleu, "bleu_delta": round(spliced_bleu.bleu - clean_bleu.bleu, 2),
-                   "bleu_signature": clean_bleu.bleu_signature, "bleu_seconds": round(clock.seconds["bleu"], 1)}
-        if progress:
-            progress(f"{site.name}: {bleu_split} BLEU {clean_bleu.bleu:.2f} clean, {spliced_bleu.bleu:.2f} spliced")
+    return result
+
+
+def _bleu(tm: TranslationModel, site, d: SparseDictionary, dataset: str, bleu_split: str, src_lang: str,
+          tgt_lang: str, data_root: str | None, limit: int, clock: _Clock) -> dict[str, Any]:
+    """BLEU of the checkpoint's own decoding on `bleu_split`, clean and with the dictionary spliced in."""
+    src, tgt = load_dataset(dataset, bleu_split, src_lang, tgt_lang, data_root, limit=limit)
+    cfg = tm.decode_config
+    with clock("bleu"):
+        clean_bleu = score(tm.translate(src), [tgt])
+        with tm.model.hooks(splice_hooks(site, d)):
+            spliced_bleu = score(tm.translate(src), [tgt])
+    return {"bleu_split": f"{dataset}:{bleu_split}", "bleu_sentences": len(src), "beam": cfg.beam,
+            "length_penalty": cfg.length_penalty, "alpha": cfg.alpha, "bleu_clean": clean_bleu.bleu,
+            "bleu_spliced": spliced_bleu.bleu, "bleu_delta": round(spliced_bleu.bleu - clean_bleu.bleu, 2),
+            "bleu_signature": clean_bleu.bleu_signature, "bleu_seconds": round(clock.seconds["bleu"], 1)}
+
+
+def _timing(clock: _Clock, card_without_bleu: float) -> dict[str, Any]:
+    """The card's own seconds (with and without BLEU) and the baselines' extra seconds, and their share."""
     card = clock.seconds.get("card", 0.0) + clock.seconds.get("bleu", 0.0)
     base = clock.seconds.get("baselines", 0.0)
-    result["timing"] = {"card_seconds": round(card, 1), "card_seconds_without_bleu": result["seconds"],
-                        "baseline_seconds": round(base, 1), "baseline_share": base / card if card else None,
-                        "baseline_share_without_bleu": base / clock.seconds["card"] if clock.seconds.get("card")
-                        else None,
-                        "note": "wall clock of this process; the baselines' share is of the card's own evaluation, "
-                                "BLEU included"}
-    return result
+    return {"card_seconds": round(card, 1), "card_seconds_without_bleu": card_without_bleu,
+            "baseline_seconds": round(base, 1), "baseline_share": base / card if card else None,
+            "baseline_share_without_bleu": base / clock.seconds["card"] if clock.seconds.get("card") else None,
+            "note": "wall clock of this process; the baselines' share is of the card's own evaluation, "
+                    "BLEU included"}
 
 
 def seeds_of(directory: str | Path) -> dict[str, Any]:
@@ -370,6 +434,17 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     training = json.loads(train_file.read_text(encoding="utf-8")) if train_file.is_file() else {}
     tc = training.get("config", {})
     arch = cfg["metadata"]["workbench"]["architecture"]
+    lines = _card_header(result, cfg, tc, arch) + _card_goals(result) + _card_baselines(result)
+    lines += _frontier_lines(result) + _card_seeds_and_time(result) + _card_bleu(result)
+    if training:
+        lines += _card_training(training, tc, arch)
+    lines += ["", "Re-measure: `workbench features eval DIR --checkpoint CHECKPOINT --card` (rewrites this file).", ""]
+    (directory / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    return directory
+
+
+def _card_header(result: dict[str, Any], cfg: dict, tc: dict, arch: str) -> list[str]:
+    """The card's title, what the dictionary is and how to load it, and the evaluation section's heading."""
     kind = ("skip transcoder" if "skip" in cfg["architecture"] else "transcoder") if cfg.get("d_out") \
         else "sparse autoencoder"
     k = f", k = {cfg['k']}" if "k" in cfg else ""
@@ -377,7 +452,7 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         k = (f"; trained at k = {cfg['metadata']['workbench'].get('k')} per token on average, a threshold at "
              "inference (saved as SAELens's JumpReLU)" if arch == "batchtopk" else
              f"; L0 penalty steered to {tc.get('target_l0') or cfg['metadata']['workbench'].get('k')} in training")
-    lines = [f"# {result['site']}", "",
+    return [f"# {result['site']}", "",
              f"{ARCHITECTURE_NAMES.get(arch, arch)} {kind} on `{result['hook_in']}`"
              + (f" predicting `{result['hook_out']}`" if result.get("hook_out") else "")
              + f" of `{cfg['metadata'].get('model_name', '')}`: {cfg['d_in']} -> {cfg['d_sae']} features{k}. "
@@ -387,6 +462,11 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
              "", f"## Held-out evaluation ({result['split']}, {result['sentences']} sentences, "
              f"{result['tokens']} tokens)",
              "", "| goal (issue 38) | value | bound | |", "|---|---|---|---|"]
+
+
+def _card_goals(result: dict[str, Any]) -> list[str]:
+    """The goals table and the cross-entropy figures."""
+    lines = []
     for g in result.get("goals") or goals(result):
         pct = "share" in g["goal"]
         shown = (lambda v: f"{v:.1%}") if pct else (lambda v: f"{v:.1f}") if g["goal"].startswith("L0") else (
@@ -398,6 +478,12 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
     lines += ["", f"Cross-entropy per target token (teacher-forced, nats): clean {result['ce_clean']:.4f}, spliced "
               f"{result['ce_spliced']:.4f}, site zero-ablated {result['ce_zero_ablated']:.4f}"
               + (f", mean-ablated {result['ce_mean_ablated']:.4f}" if "ce_mean_ablated" in result else "") + "."]
+    return lines
+
+
+def _card_baselines(result: dict[str, Any]) -> list[str]:
+    """The dictionary beside its baselines at the same L0 (none without baselines)."""
+    lines: list[str] = []
     if "baselines" in result:
         lines += ["", "## Beside its baselines at the same L0", "", f"Fit on {result['baseline_fit']}.", "",
                   "| | FVU | L0 | ΔCE (nats) | KL (nats) | CE recovered vs zero | vs mean | dead | dense (> 10 %) |",
@@ -420,7 +506,12 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
         for n in ("pca", "random"):
             if n in result["baselines"]:
                 lines.append(f"- {names[n]}: {result['baselines'][n]['method']}.")
-    lines += _frontier_lines(result)
+    return lines
+
+
+def _card_seeds_and_time(result: dict[str, Any]) -> list[str]:
+    """The seeds behind the figures and the evaluation's time."""
+    lines: list[str] = []
     seeds = result.get("seeds")
     if seeds:
         lines += ["", f"Seeds: {seeds['count']} ({', '.join(map(str, seeds['values'])) or 'unknown'}); "
@@ -440,6 +531,12 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
                       f"(its BLEU figures come from an earlier run on the same weights and settings, "
                       f"{result.get('bleu_seconds', 0):.0f} s then), {timing['baseline_seconds']:.0f} s more for the "
                       f"baselines ({timing['baseline_share']:.0%})."]
+    return lines
+
+
+def _card_bleu(result: dict[str, Any]) -> list[str]:
+    """BLEU clean and spliced, against the goal (none when not measured)."""
+    lines: list[str] = []
     if "bleu_clean" in result:
         lines += ["", f"BLEU on {result['bleu_split']} ({result['bleu_sentences']} sentences, beam {result['beam']}, "
                   f"length penalty {result['length_penalty']} {result['alpha']}, the checkpoint's settings): "
@@ -447,30 +544,31 @@ def write_card(directory: str | Path, result: dict[str, Any]) -> Path:
                   f"({result['bleu_delta']:+.2f}; goal: at most {BLEU_GOAL} below clean, "
                   f"{'met' if result['bleu_spliced'] >= result['bleu_clean'] - BLEU_GOAL else 'missed'}); "
                   f"`{result['bleu_signature']}`."]
-    if training:
-        lines += ["", "## Training", "",
-                  f"- {training['activations']:,} activations ({training['steps']} steps of {tc.get('batch')}) "
-                  + (f"drawn from the site's activations over `{tc.get('dataset')}:{tc.get('split')}` (teacher "
-                     f"forcing), read once into memory and reshuffled every epoch, {training['epochs']} epochs."
-                     if tc.get("cache") else
-                     f"streamed from `{tc.get('dataset')}:{tc.get('split')}` with teacher forcing, "
-                     f"{training['epochs']} epochs of its tokens; shuffle buffer {tc.get('buffer'):,} rows."),
-                  f"- Adam, peak lr {tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay; "
-                  + (f"AuxK coefficient {tc.get('aux_coef'):.4g}, dead after {tc.get('dead_after'):,} activations."
-                     if arch in ("topk", "batchtopk") else
-                     f"L0 penalty (straight-through, bandwidth {tc.get('bandwidth')}) steered to L0 "
-                     f"{tc.get('target_l0') or tc.get('k')}, final coefficient "
-                     f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}." if arch == "jumprelu" else
-                     f"L1 target L0 {tc.get('target_l0')}, final L1 coefficient "
-                     f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}.")
-                  + (f" Inference threshold: the running mean (rate {tc.get('threshold_lr')}) of each batch's "
-                     "smallest kept activation." if arch == "batchtopk" else ""),
-                  *([f"- End-to-end term in the last {tc['kl_steps']} steps: {tc['kl_coef']:g} x KL(clean || spliced) "
-                     "per target token of whole teacher-forced sentences, beside the reconstruction loss."]
-                    if tc.get("kl_coef") and tc.get("kl_steps") else []),
-                  f"- Training time: {training['train_seconds'] / 60:.1f} min wall clock on {training['world']} "
-                  f"process(es) (the log's elapsed_s; the machine was shared, see the project's CHANGELOG).",
-                  f"- Command: `{tc.get('extra', {}).get('command', '')}`"]
-    lines += ["", "Re-measure: `workbench features eval DIR --checkpoint CHECKPOINT --card` (rewrites this file).", ""]
-    (directory / "README.md").write_text("\n".join(lines), encoding="utf-8")
-    return directory
+    return lines
+
+
+def _card_training(training: dict[str, Any], tc: dict, arch: str) -> list[str]:
+    """How the dictionary was trained (training.json)."""
+    return ["", "## Training", "",
+              f"- {training['activations']:,} activations ({training['steps']} steps of {tc.get('batch')}) "
+              + (f"drawn from the site's activations over `{tc.get('dataset')}:{tc.get('split')}` (teacher "
+                 f"forcing), read once into memory and reshuffled every epoch, {training['epochs']} epochs."
+                 if tc.get("cache") else
+                 f"streamed from `{tc.get('dataset')}:{tc.get('split')}` with teacher forcing, "
+                 f"{training['epochs']} epochs of its tokens; shuffle buffer {tc.get('buffer'):,} rows."),
+              f"- Adam, peak lr {tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay; "
+              + (f"AuxK coefficient {tc.get('aux_coef'):.4g}, dead after {tc.get('dead_after'):,} activations."
+                 if arch in ("topk", "batchtopk") else
+                 f"L0 penalty (straight-through, bandwidth {tc.get('bandwidth')}) steered to L0 "
+                 f"{tc.get('target_l0') or tc.get('k')}, final coefficient "
+                 f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}." if arch == "jumprelu" else
+                 f"L1 target L0 {tc.get('target_l0')}, final L1 coefficient "
+                 f"{training.get('final', {}).get('l1_coef', float('nan')):.3g}.")
+              + (f" Inference threshold: the running mean (rate {tc.get('threshold_lr')}) of each batch's "
+                 "smallest kept activation." if arch == "batchtopk" else ""),
+              *([f"- End-to-end term in the last {tc['kl_steps']} steps: {tc['kl_coef']:g} x KL(clean || spliced) "
+                 "per target token of whole teacher-forced sentences, beside the reconstruction loss."]
+                if tc.get("kl_coef") and tc.get("kl_steps") else []),
+              f"- Training time: {training['train_seconds'] / 60:.1f} min wall clock on {training['world']} "
+              f"process(es) (the log's elapsed_s; the machine was shared, see the project's CHANGELOG).",
+              f"- Command: `{tc.get('extra', {}).get('command', '')}`"]
