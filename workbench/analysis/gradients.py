@@ -11,16 +11,15 @@ correct), and the model's own parameters need not require grad.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from ..core.hooks import HookPoint, NameFilter
 from ..core.model import evaluating
+from ..core.protocols import Metric
 from ..core.trace import Trace
 
 
-def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Callable[[torch.Tensor], torch.Tensor],
+def run_with_grads(model, src: torch.Tensor, tgt: torch.Tensor, metric: Metric,
                    names: NameFilter = "*.hook_probs") -> tuple[torch.Tensor, Trace, Trace]:
     """metric(logits) must return a scalar. Returns its value, the activations and their gradients (both
     detached), for the hook points `names` selects. Run in eval mode; the model's mode is restored."""

@@ -35,7 +35,7 @@ from ..core.heads import Head, block_path, kind_of, stack_of
 from ..core.hooks import path_of
 from ..core.masks import real_positions
 from ..core.model import evaluating
-from ..core.protocols import Progress
+from ..core.protocols import Metric, Progress
 from ..decoding.search import decode_config, generate
 from .generation_trace import decoding_setup, source_side
 from .gradients import run_with_grads
@@ -46,7 +46,6 @@ ABLATIONS = ("zero", "mean", "resample")
 TRANSLATION_METRICS = ("bleu", "chrf")
 ENCODER_SIDE = ("resid_enc", "head_enc", "cross_kv")
 
-Metric = Callable[[torch.Tensor], torch.Tensor]  # logits (N, T, V) -> (N,)
 
 
 # -------------------------------------------------------------------------------------------- metrics

@@ -43,9 +43,13 @@ from .dictionary import SparseDictionary
 from .sites import Site, site_of, splice_hooks
 
 METRICS = ("logprob", "logit")
-Metric = str | int
+MetricName = str | int
 """"logprob" (log p of the output token), "logit", or a foil: a token id or a one-piece target word, for
-logit(token) − logit(foil) (equal to log p(token) − log p(foil))."""
+logit(token) − logit(foil) (equal to log p(token) − log p(foil)).
+
+A name, not a `core.protocols.Metric` (the function logits -> (N,) that patching and `run_with_grads` take): the
+name is what a `FeatureAttribution` records and what the command line and the app pass as text; `_metric` is the
+function it names, at the explained position."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ def _ids(x: Any, what: str) -> list[int]:
     return [int(i) for i in x]
 
 
-def _prepare(tm_or_model: TranslationModel | Transformer, src: Any, tgt: Any, position: int, metric: Metric
+def _prepare(tm_or_model: TranslationModel | Transformer, src: Any, tgt: Any, position: int, metric: MetricName
              ) -> _Inputs:
     tm = tm_or_model if isinstance(tm_or_model, TranslationModel) else None
     model = tm.model if tm is not None else tm_or_model
@@ -221,7 +225,7 @@ def _width_check(site: Site, dictionary: SparseDictionary):
 
 
 def feature_attribution(tm_or_model: TranslationModel | Transformer, dictionary: SparseDictionary, src: Any,
-                        tgt_or_output: Any, position: int, *, metric: Metric = "logprob") -> FeatureAttribution:
+                        tgt_or_output: Any, position: int, *, metric: MetricName = "logprob") -> FeatureAttribution:
     """Attribution of output token `position` to the dictionary's active features (module docstring).
 
     `src`: text (with a TranslationModel) or ids (EOS included as the model expects); `tgt_or_output`: the
@@ -277,7 +281,7 @@ def feature_attribution(tm_or_model: TranslationModel | Transformer, dictionary:
 @torch.no_grad()
 def ablate_features(tm_or_model: TranslationModel | Transformer, dictionary: SparseDictionary, src: Any,
                     tgt_or_output: Any, position: int, groups: Sequence[Sequence[tuple[int, int]]], *,
-                    metric: Metric = "logprob") -> torch.Tensor:
+                    metric: MetricName = "logprob") -> torch.Tensor:
     """(len(groups),) float64: the metric with each group's (site position, feature) activations set to 0.
 
     The dictionary is spliced in with its clean reconstruction error kept (an empty group gives the clean
