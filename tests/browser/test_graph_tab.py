@@ -181,3 +181,31 @@ def test_a_tapped_cross_attention_head_lists_why_it_attends(browser, app_server)
     assert want in text(page, ".graph-qk-note")
     assert watch.errors == [] and watch.external == []
     page.close()
+
+
+def test_a_tapped_feature_node_links_its_dashboard(browser, app_server):
+    """Issue 36 point 3: in a feature graph (*Dictionary features*, the shipped checkpoint's dictionaries) a tapped
+    feature node shows its dashboard link, top contexts and output effects under the graph; following the link opens
+    the Features tab on that dictionary and feature, with the same checkpoint and sentence."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    sentence = "Ein Hund läuft durch den Park."
+    watch = open_graph(page, app_server + "?ckpt=multi30k-de-en&src=Ein+Hund+l%C3%A4uft+durch+den+Park.&gtok=1"
+                                          "&gfeat=true")
+    label = page.evaluate(SELECT_JS, "feature")
+    assert label is not None, "no feature node drawn"
+    site, feature = re.match(r"(.+)#(\d+) @", label).groups()
+    link = page.locator(".graph-feature a.graph-feature-link")
+    link.wait_for(timeout=TIMEOUT)
+    assert link.get_attribute("data-site") == site and link.get_attribute("data-feature") == feature
+    page.locator(".graph-feature .feature-context").first.wait_for(timeout=TIMEOUT)  # its top contexts
+    card = page.locator(".graph-feature-card").first.inner_text(timeout=TIMEOUT)
+    assert "Output effects" in card and "raises" in card, card
+    link.click()
+    page.locator(".features-sentence").first.wait_for(timeout=TIMEOUT)  # the Features tab opened
+    query = page.evaluate("() => Object.fromEntries(new URLSearchParams(location.search))")
+    assert query["tab"] == "features" and query["site"] == site and query["feature"] == feature, query
+    assert query["ckpt"] == "multi30k-de-en" and query["src"] == sentence, query
+    assert page.locator(".ckpt-picker select").evaluate("s => s.options[s.selectedIndex].text") == "multi30k-de-en"
+    assert page.locator(".features-id input").input_value() == feature
+    assert watch.errors == [] and watch.external == []
+    page.close()
