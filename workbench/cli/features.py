@@ -34,6 +34,12 @@ _TRAIN_SKIP = {"checkpoint", "site", "out_dir", "extra"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for add in (_add_train, _add_eval, _add_stats, _add_export_neuronpedia, _add_export_circuit_tracer):
+        add(sub)
+
+
+def _add_train(sub) -> None:
+    """`workbench features train`: every FeatureTrainConfig field is an option."""
     t = sub.add_parser("train", help="train a dictionary on activations streamed from a corpus")
     t.add_argument("checkpoint")
     t.add_argument("--site", required=True, help="a hook name (SAE) or enc.N.ffn / dec.N.ffn (transcoder)")
@@ -50,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         t.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=f.default,
                        help=f"(default {f.default})")
 
+
+def _add_eval(sub) -> None:
+    """`workbench features eval`."""
     e = sub.add_parser("eval", help="FVU, L0, ΔCE, KL, CE recovered, dead/dense features and BLEU with the dictionary "
                                     "spliced in, beside PCA and a random dictionary at the same L0")
     e.add_argument("dictionary", help="a dictionary directory (cfg.json + sae_weights.safetensors)")
@@ -66,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--seed", type=int, default=0, help="seed of the random dictionary baseline")
     e.add_argument("--card", action="store_true", help="write eval.json and README.md into the dictionary directory")
 
+
+def _add_stats(sub) -> None:
+    """`workbench features stats`."""
     s = sub.add_parser("stats", help="corpus statistics of every feature (dashboards); torchrun shards the corpus")
     s.add_argument("dictionary")
     s.add_argument("--checkpoint", required=True)
@@ -77,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="firings sampled uniformly per feature (examples across the activation quantiles)")
     s.add_argument("--out", default=None, help="output file (default: DICTIONARY/stats.safetensors)")
 
+
+def _add_export_neuronpedia(sub) -> None:
+    """`workbench features export-neuronpedia`."""
     n = sub.add_parser("export-neuronpedia", help="feature dashboards as Neuronpedia batch files (batch-N.json, "
                                                   "skipped_indexes.json), offline")
     n.add_argument("dictionary", help="a dictionary directory with its stats.safetensors")
@@ -89,14 +104,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                       "checkpoint directory's name)")
     n.add_argument("--sae-set", dest="sae_set", default=None, help="Neuronpedia SAE set (default: the dictionary "
                                                                     "directory's name)")
+    n.add_argument("--layer", type=int, default=None, help="Neuronpedia layer (default: the site's layer, 0 for "
+                                                           "hook_memory and the embeddings)")
+
+
+def _add_export_circuit_tracer(sub) -> None:
+    """`workbench features export-circuit-tracer`."""
     c = sub.add_parser("export-circuit-tracer", help="features as circuit-tracer's feature files (INDEX.json), for "
                                                      "feature nodes in its graph viewer")
     c.add_argument("dictionary", help="a dictionary directory with its stats.safetensors")
     c.add_argument("--checkpoint", required=True)
     c.add_argument("--out", required=True, help="directory for the files (created)")
     c.add_argument("--features", default=None, metavar="A-B,C", help="features to export (default: all live ones)")
-    n.add_argument("--layer", type=int, default=None, help="Neuronpedia layer (default: the site's layer, 0 for "
-                                                           "hook_memory and the embeddings)")
 
 
 def run(args: argparse.Namespace) -> int:
