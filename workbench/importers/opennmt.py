@@ -106,25 +106,11 @@ def _fix_key(key: str) -> str:
 
 
 def opennmt_config(opt: dict[str, Any], sd: dict[str, torch.Tensor], src: list[str], tgt: list[str]) -> ModelConfig:
+    """The ModelConfig of an OpenNMT-py transformer: its options (`opt`) and weights (`sd`), and the special ids from
+    its vocabularies; ConversionError for what the workbench model cannot run."""
+    _check_supported(opt, sd)
     get = opt.get
-    for name, bad in (("max_relative_positions", 0), ("copy_attn", False), ("parallel_residual", False),
-                      ("num_experts", 0), ("rotary_dim", 0)):
-        if get(name) not in (None, bad):
-            raise ConversionError(f"OpenNMT-py option {name}={get(name)!r} is not supported by the workbench model")
-    if get("self_attn_type", "scaled-dot") not in ("scaled-dot", "scaled-dot-flash"):
-        raise ConversionError(f"self_attn_type {get('self_attn_type')!r} is not supported (only scaled-dot)")
-    if get("layer_norm", "standard") != "standard":
-        raise ConversionError(f"layer_norm {get('layer_norm')!r} is not supported (only standard)")
-    if get("num_kv", 0) not in (0, None, get("heads", 8)):
-        raise ConversionError(f"grouped-query attention (num_kv={get('num_kv')}) is not supported")
-    if any(k.endswith("feed_forward.w_3.weight") for k in sd):
-        raise ConversionError("gated feed-forward (w_3) is not supported")
-    for key in ("encoder_type", "decoder_type"):
-        if get(key, "transformer") != "transformer":
-            raise ConversionError(f"{key}={get(key)!r}: only transformer models can be imported")
     act = get("pos_ffn_activation_fn", "relu")
-    if act not in ACTIVATIONS:
-        raise ConversionError(f"pos_ffn_activation_fn {act!r} is not supported ({sorted(ACTIVATIONS)})")
     ids = {}
     for role, token in SPECIALS.items():
         if token not in tgt:
@@ -167,6 +153,30 @@ def opennmt_config(opt: dict[str, Any], sd: dict[str, torch.Tensor], src: list[s
         unk_id=ids["unk"],
         decoder_start_id=ids["bos"],
     )
+
+
+
+def _check_supported(opt: dict[str, Any], sd: dict[str, torch.Tensor]) -> None:
+    """ConversionError for each OpenNMT-py option or weight the workbench model has no counterpart for."""
+    get = opt.get
+    for name, bad in (("max_relative_positions", 0), ("copy_attn", False), ("parallel_residual", False),
+                      ("num_experts", 0), ("rotary_dim", 0)):
+        if get(name) not in (None, bad):
+            raise ConversionError(f"OpenNMT-py option {name}={get(name)!r} is not supported by the workbench model")
+    if get("self_attn_type", "scaled-dot") not in ("scaled-dot", "scaled-dot-flash"):
+        raise ConversionError(f"self_attn_type {get('self_attn_type')!r} is not supported (only scaled-dot)")
+    if get("layer_norm", "standard") != "standard":
+        raise ConversionError(f"layer_norm {get('layer_norm')!r} is not supported (only standard)")
+    if get("num_kv", 0) not in (0, None, get("heads", 8)):
+        raise ConversionError(f"grouped-query attention (num_kv={get('num_kv')}) is not supported")
+    if any(k.endswith("feed_forward.w_3.weight") for k in sd):
+        raise ConversionError("gated feed-forward (w_3) is not supported")
+    for key in ("encoder_type", "decoder_type"):
+        if get(key, "transformer") != "transformer":
+            raise ConversionError(f"{key}={get(key)!r}: only transformer models can be imported")
+    act = get("pos_ffn_activation_fn", "relu")
+    if act not in ACTIVATIONS:
+        raise ConversionError(f"pos_ffn_activation_fn {act!r} is not supported ({sorted(ACTIVATIONS)})")
 
 
 def _first(x: Any) -> Any:
