@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--max-pieces", type=int, default=80)
     ap.add_argument("--teacher", default=None, metavar="METHOD:SHIFT:UNITS:EOS:SYM")
     ap.add_argument("--source-layer", type=int, default=2, help="decoder stream after this many layers: queries")
+    ap.add_argument("--both-ways", action="store_true", help="also train the column direction (source -> target)")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -102,7 +103,7 @@ def main() -> None:
     links = teacher_links(tm, sources, targets, spec, run / "teacher.jsonl", args.batch)
     print(f"teacher {spec.label()}: {len(links)} pairs in {time.perf_counter() - t0:.0f} s", flush=True)
     labels = [piece_targets(s, t, x) for s, t, x in zip(sources, targets, links)]
-    layer = AlignmentLayer(tm.model.cfg.d_model, source_layer=args.source_layer)
+    layer = AlignmentLayer(tm.model.cfg.d_model, source_layer=args.source_layer, both_ways=args.both_ways)
     result = train_alignment_layer(layer, tm.model, sources, targets, labels, directory=run, steps=args.steps,
                                    batch_size=args.batch, lr=args.lr, max_minutes=args.max_minutes)
     print(json.dumps(result), flush=True)

@@ -108,9 +108,11 @@ def test_shift_att_preset_uses_the_stored_choice_else_the_middle_layer():
     assert chosen.units == ((1, None),) and chosen.symmetrize == "none" and "Shift-Att" in origin
 
 
-def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("both_ways", [False, True])
+def test_training_learns_its_targets_and_resumes_exactly(tmp_path, both_ways):
     """Targets: each target word linked to the source word at the same index. Four steps straight equal two, a
-    stop, and two more resumed from the saved state (weights and Adam moments)."""
+    stop, and two more resumed from the saved state (weights and Adam moments). `both_ways` also trains the
+    columns and scores a link by the product of both directions' probabilities."""
     model = make_model(presets.tiny(vocab=30))
     src, tgt = _pairs()
     links = [{(j, j) for j in range(min(len(s.words), len(t.words)))} for s, t in zip(src, tgt)]
@@ -118,7 +120,7 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
 
     def fresh():
         torch.manual_seed(3)
-        return AlignmentLayer(model.cfg.d_model, source_layer=1, n_heads=2, dropout=0.0)
+        return AlignmentLayer(model.cfg.d_model, source_layer=1, n_heads=2, dropout=0.0, both_ways=both_ways)
 
     quiet = lambda *_: None  # noqa: E731
     straight = fresh()
@@ -142,3 +144,8 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     maps = alignment_maps(model, src, tgt, method="layer", shift="awi", layer=long)
     hits = sum((j, j) in m.links(0, None) for m, x in zip(maps, links) for (j, _) in x)
     assert hits == sum(len(x) for x in links)  # it learned the diagonal it was taught
+    if both_ways:  # the product of rows and columns: each row sums to at most 1, position 0 reads no word
+        with torch.no_grad():
+            x = long(torch.randn(1, 4, model.cfg.d_model), torch.randn(1, 5, model.cfg.d_model),
+                     torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 5, dtype=torch.bool))
+        assert float(x[0, 0].sum()) == 0.0 and bool((x.sum(-1) <= 1 + 1e-6).all())

@@ -47,11 +47,12 @@ class AlignmentLayer(nn.Module):
     output. `forward` returns probabilities (B, T, S): row t over the source positions (EOS included)."""
 
     def __init__(self, d_model: int, *, source_layer: int, n_heads: int = 4, d_ff: int | None = None,
-                 dropout: float = 0.1) -> None:
+                 dropout: float = 0.1, both_ways: bool = False) -> None:
         super().__init__()
         self.d_model, self.source_layer, self.n_heads = d_model, source_layer, n_heads
         self.d_ff = d_ff or 2 * d_model
         self.dropout = dropout
+        self.both_ways = both_ways
         self.context = nn.TransformerEncoderLayer(d_model, n_heads, self.d_ff, dropout, batch_first=True,
                                                   norm_first=True)
         self.norm_q = nn.LayerNorm(d_model)
@@ -60,21 +61,31 @@ class AlignmentLayer(nn.Module):
 
     def config(self) -> dict:
         return {"d_model": self.d_model, "source_layer": self.source_layer, "n_heads": self.n_heads,
-                "d_ff": self.d_ff, "dropout": self.dropout}
+                "d_ff": self.d_ff, "dropout": self.dropout, "both_ways": self.both_ways}
 
-    def scores(self, states: torch.Tensor, memory: torch.Tensor, tgt_pad: torch.Tensor,
-               src_pad: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities (B, T, S). `states` (B, T, D) the decoder stream, `memory` (B, S, D) the encoder
-        output; `tgt_pad`/`src_pad` (B, T)/(B, S) True at padding."""
+    def logits(self, states: torch.Tensor, memory: torch.Tensor, tgt_pad: torch.Tensor) -> torch.Tensor:
+        """(B, T, S) scores q·k/√d. `states` (B, T, D) the decoder stream, `memory` (B, S, D) the encoder output;
+        `tgt_pad` (B, T) True at padding."""
         x = self.context(states, src_key_padding_mask=tgt_pad)
-        q = self.query(self.norm_q(x))
-        k = self.key(memory)
-        logits = q @ k.transpose(1, 2) / math.sqrt(self.d_model)
-        logits = logits.masked_fill(src_pad[:, None, :], float("-inf"))
-        return logits.log_softmax(-1)
+        return self.query(self.norm_q(x)) @ self.key(memory).transpose(1, 2) / math.sqrt(self.d_model)
+
+    def scores(self, states, memory, tgt_pad, src_pad) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities both ways: rows (B, T, S) over the source positions (EOS included), columns (B, T, S)
+        over the target positions that read a word (1 .. n: the start position 0 and padding excluded)."""
+        z = self.logits(states, memory, tgt_pad)
+        rows = z.masked_fill(src_pad[:, None, :], float("-inf")).log_softmax(-1)
+        no_word = tgt_pad.clone()
+        no_word[:, 0] = True
+        cols = z.masked_fill(no_word[:, :, None], float("-inf")).log_softmax(-2)
+        return rows, cols
 
     def forward(self, states, memory, tgt_pad, src_pad) -> torch.Tensor:
-        return self.scores(states, memory, tgt_pad, src_pad).exp()
+        """Alignment scores (B, T, S): the row probabilities, or with `both_ways` their product with the column
+        probabilities (a link must be likely both from its target and from its source position)."""
+        rows, cols = self.scores(states, memory, tgt_pad, src_pad)
+        if not self.both_ways:
+            return rows.exp()
+        return (rows + cols).exp().masked_fill(~torch.isfinite(rows + cols), 0.0)
 
 
 def hooks_for_layer(model, layer: AlignmentLayer) -> list[str]:
@@ -128,7 +139,8 @@ def load_alignment_layer(directory: str | Path, device: str | torch.device = "cp
                                 f"with scripts/train_alignment_layer.py")
     cfg = json.loads((d / LAYER_CONFIG).read_text(encoding="utf-8"))
     layer = AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
-                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)))
+                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
+                           both_ways=bool(cfg.get("both_ways", False)))
     state = load_file(str(d / LAYER_FILE))
     missing, extra = set(layer.state_dict()) - set(state), set(state) - set(layer.state_dict())
     if missing or extra:
@@ -254,9 +266,14 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
             order = np.random.default_rng(seed + e).permutation(len(sources)).tolist()
         idx = order[i * batch_size : (i + 1) * batch_size]
         states, memory, tgt_pad, src_pad, goal = _batch(cached, labels, idx, device)
-        logp = layer.scores(states, memory, tgt_pad, src_pad)
+        logp, logq = layer.scores(states, memory, tgt_pad, src_pad)
         rows = goal.sum(-1) > 0
         loss = -(goal * logp.masked_fill(~torch.isfinite(logp), 0.0)).sum(-1)[rows].mean()
+        if layer.both_ways:  # each linked source piece: uniform over its linked target pieces, column-wise
+            linked = (goal > 0).float()
+            cols = linked.sum(-2) > 0
+            back = linked / linked.sum(-2, keepdim=True).clamp_min(1.0)
+            loss = loss - (back * logq.masked_fill(~torch.isfinite(logq), 0.0)).sum(-2)[cols].mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
