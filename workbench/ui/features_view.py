@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import html
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -39,15 +38,14 @@ from ..core.splice import FeatureEdit
 from ..features.attribution import feature_attribution
 from ..features.dashboard import FeatureData
 from ..features.sites import splice
+from . import loader
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
 from .work import Offloaded, Snapshot
 
-_CACHE: dict[tuple[int, str], FeatureData] = {}
 WHY_TOP = 8  # features listed under "Why this word"
 DASHBOARD_CONTEXTS = 12  # top contexts a dashboard lists (`feature_dashboard`'s default)
 STEER_PATTERN = r"^(|[+-]?\d+(\.\d+)?|=-?\d+(\.\d+)?)$"  # "", "5", "+5", "-2.5", "=-2": FeatureEdit.parse's
-_LOCK = threading.Lock()
 
 
 def sites_of(tm) -> list[Path]:
@@ -75,12 +73,9 @@ def site_label(directory: Path) -> str:
 
 
 def feature_data(tm, directory: Path) -> FeatureData:
-    """One FeatureData per (model, dictionary) for the process: loading reads a few MB once."""
-    key = (id(tm), str(directory))
-    with _LOCK:
-        if key not in _CACHE:
-            _CACHE[key] = FeatureData.load(tm, directory)
-        return _CACHE[key]
+    """One FeatureData per (checkpoint, dictionary) while cached (`loader.CACHE`, evicted with its model): loading
+    reads a few MB once."""
+    return loader.load_features(tm, directory, lambda: FeatureData.load(tm, directory))
 
 
 def why_this_word(r, fd: FeatureData, output: int, *, top: int = WHY_TOP) -> dict:

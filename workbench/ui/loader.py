@@ -1,8 +1,15 @@
 """What is per process: checkpoint discovery, and the cached models (the worker threads are requests.py's).
 
-A model is loaded once per process (`pn.cache`) and shared read-only by every session: the
-sessions never mutate it, and interventions are call-scoped hooks (a ContextVar set inside the
-worker thread), so one user's ablation never reaches another user's forward pass.
+A model is loaded once per process and shared read-only by every session: the sessions never mutate it, and
+interventions are call-scoped hooks (a ContextVar set inside the worker thread), so one user's ablation never
+reaches another user's forward pass.
+
+One cache holds what is loaded from checkpoints (`CACHE`, a `CheckpointCache`): models, their training logs and
+their dictionaries (`FeatureData`), least recently used first out, at most `LIMITS` of each kind. An entry is keyed
+by the checkpoint's resolved directory and the size and modification time of its files (`checkpoint_key`), so a
+checkpoint replaced on disk (a run that wrote a new snapshot behind its `latest` pointer, a file copied over) is
+loaded again, and two spellings of one directory share an entry. What is derived from a model (its dictionaries) is
+evicted with it, so no entry keeps an evicted model alive.
 
 Checkpoint paths come only from `discover()`: `checkpoints/` beside the repository plus the
 directories given on the command line (`panel serve apps/attention.py --args --checkpoints DIR...`).
@@ -16,11 +23,11 @@ import json
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import panel as pn
 import torch
 
 from ..analysis.confidence import Familiarity, familiarity
@@ -119,12 +126,100 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
     return entries[0] if entries else None
 
 
-@pn.cache(max_items=4)
-def load_model(path: str) -> TranslationModel:
-    """A checkpoint as a TranslationModel, once per process (keyed by its resolved path)."""
-    tm = TranslationModel.from_checkpoint(path)
-    tm.model.requires_grad_(False)
-    return tm
+LIMITS = {"model": 4, "log": 8, "features": 16}
+"""Entries kept per kind: 4 models (the shipped ones are 20-90 MB each in memory), 8 training logs, 16 dictionaries
+(a few MB each, with their corpus statistics)."""
+
+
+def files_stamp(directory: str | Path) -> tuple:
+    """(name, size, mtime in ns) of every file directly in `directory`, sorted: what changes when a file is
+    replaced. Empty when the directory cannot be read."""
+    try:
+        entries = sorted((e.name, e.stat()) for e in os.scandir(directory) if e.is_file())
+    except OSError:
+        return ()
+    return tuple((name, st.st_size, st.st_mtime_ns) for name, st in entries)
+
+
+def checkpoint_key(path: str | Path) -> tuple:
+    """A checkpoint's cache key: its resolved directory (a run directory's `latest` followed) and its files' stamp."""
+    try:
+        directory = resolve_checkpoint(path).resolve()
+    except Exception:  # not (or no longer) a checkpoint: keyed by the path itself; loading says what is wrong
+        directory = Path(path).resolve()
+    return str(directory), files_stamp(directory)
+
+
+class CheckpointCache:
+    """A bounded LRU cache of what is loaded from checkpoints, keyed by `checkpoint_key` (see the module docstring).
+
+    `get(kind, path, load, *extra)` returns the entry of (kind, checkpoint_key(path), *extra), calling `load()` once
+    when it is missing (other threads asking for the same entry meanwhile wait for that load, never load twice); the
+    least recently used entry of a kind goes past `limits[kind]`. Evicting a model also evicts every entry of the same
+    checkpoint key (what was derived from it)."""
+
+    def __init__(self, limits: dict[str, int]):
+        self.limits = dict(limits)
+        self._entries: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+        self._loading: dict[tuple, threading.Lock] = {}
+        self.loads = 0  # how many times `load` ran (tests count reloads)
+
+    def get(self, kind: str, path: str | Path, load: Callable[[], object], *extra: Hashable):
+        if kind not in self.limits:
+            raise ValueError(f"no cache limit for {kind!r}: {sorted(self.limits)}")
+        key = (kind, checkpoint_key(path), *extra)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+            gate = self._loading.setdefault(key, threading.Lock())
+        with gate:  # one load per key; the others wait for it
+            with self._lock:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                    return self._entries[key]
+            try:
+                value = load()
+                self.loads += 1
+            finally:
+                with self._lock:
+                    self._loading.pop(key, None)
+            with self._lock:
+                self._entries[key] = value
+                self._evict(kind)
+        return value
+
+    def _evict(self, kind: str) -> None:
+        while (keys := [k for k in self._entries if k[0] == kind]) and len(keys) > self.limits[kind]:
+            old = keys[0]  # the least recently used of its kind
+            del self._entries[old]
+            if kind == "model":  # what was derived from the model (its dictionaries) goes with it
+                for k in [k for k in self._entries if k[0] == "features" and k[1] == old[1]]:
+                    del self._entries[k]
+
+    def keys(self) -> list[tuple]:
+        """The cached entries' keys, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+CACHE = CheckpointCache(LIMITS)
+
+
+def load_model(path: str | Path) -> TranslationModel:
+    """A checkpoint as a TranslationModel, once per process while it is cached (`CACHE`, by `checkpoint_key`)."""
+
+    def load() -> TranslationModel:
+        tm = TranslationModel.from_checkpoint(path)
+        tm.model.requires_grad_(False)
+        return tm
+
+    return CACHE.get("model", path, load)
 
 
 _FAMILIARITY: dict[str, Familiarity | Exception | None] = {}  # path -> measured, failed, or None while measuring
@@ -158,11 +253,19 @@ def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
     return None
 
 
-@pn.cache(max_items=8)
-def load_train_log(path: str) -> list[dict]:
-    """The checkpoint's training log (train_log.jsonl), without loading its weights again."""
+def load_train_log(path: str | Path) -> list[dict]:
+    """The checkpoint's training log (train_log.jsonl), without loading its weights again (`CACHE`)."""
+    return CACHE.get("log", path, lambda: read_log(resolve_checkpoint(path) / "train_log.jsonl"))
 
-    return read_log(resolve_checkpoint(path) / "train_log.jsonl")
+
+def load_features(tm: TranslationModel, directory: str | Path, load: Callable[[], object]):
+    """A dictionary of model `tm` (its `FeatureData`, built by `load()`), cached with the model's checkpoint
+    (`CACHE`: keyed by the checkpoint and the dictionary directory's own files, evicted with the model). A model
+    that names no checkpoint directory (built in memory) has nothing to key it by: loaded each time."""
+    path = tm.meta.get("path")
+    if not path:
+        return load()
+    return CACHE.get("features", path, load, str(Path(directory).resolve()), files_stamp(directory))
 
 
 def read_meta(path: str | Path) -> dict:
