@@ -58,10 +58,10 @@ print(f"statistics over {fd.stats.tokens:,} source tokens of {fd.stats.meta['cor
 # %%
 from workbench.features.concepts import (  # noqa: E402
     NUMBERS_DE_EN,
-    distinct,
     number_cases,
     plural_contrasts,
     plural_noun,
+    raised_words,
     remove_with_control,
     top_and_matched,
     word_firing,
@@ -69,6 +69,7 @@ from workbench.features.concepts import (  # noqa: E402
 
 NUMBERS_DE, NUMBERS_EN = set(NUMBERS_DE_EN), set(NUMBERS_DE_EN.values())
 eos, d = tm.model.cfg.eos_id, fd.d
+mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
 
 
 def firing_word(fd, sentence, position):
@@ -111,7 +112,8 @@ print(f"{len(number_features)} number features (held-out precision at least half
 # at the firing token from the values of every cross-attention layer (keys, so attention patterns, stay clean)
 # and ranks the vocabulary by the mean drop in probability at the aligned position. Words are counted once
 # (*two* and *Two* are one word). The control: the features outside the number features that fire as often on
-# the corpus, through the same measurement.
+# the corpus, through the same measurement. A ranking says nothing of size, so the largest fall in probability and
+# the change of the feature's own aligned word (the English word its top contexts translate to) are printed too.
 
 # %%
 import panel as pn  # noqa: E402
@@ -127,22 +129,17 @@ pn.pane.Bokeh(feature_dashboard(fd, feature, contexts=10))
 
 # %%
 n_contexts = 4 if QUICK else 12
-
-
-def number_share(f):
-    """The share of English number words among the distinct words whose probability f's removal lowers most."""
-    raised = distinct(t["token"] for t in fd.output_effects(f, contexts=n_contexts, top=10, heads=False)["tokens"])
-    return sum(w in NUMBERS_EN for w in raised) / max(len(raised), 1), raised
-
-
-share, raised = number_share(feature)
+alone = raised_words(fd, feature, NUMBERS_EN, contexts=n_contexts)
 frequency = fd.stats.frequency
 as_often = [int(f) for f in (frequency - frequency[feature]).abs().argsort()
             if int(f) not in number_features][: 3 if QUICK else 8]
-control_share = sum(number_share(f)[0] for f in as_often) / len(as_often)
-print(f"distinct words feature {feature} raises most: {raised}")
-print(f"{share:.0%} of them are English number words; {len(as_often)} features outside the number features that "
-      f"fire as often: {control_share:.0%}")
+control_share = mean([raised_words(fd, f, NUMBERS_EN, contexts=n_contexts).share for f in as_often])
+print(f"distinct words feature {feature} raises most: {alone.words}")
+print(f"{alone.share:.0%} of them are English number words; {len(as_often)} features outside the number features "
+      f"that fire as often: {control_share:.0%}")
+print(f"the largest fall in any token's probability without it: {alone.largest:.4f} (clean probabilities of the "
+      f"raised words up to {alone.largest_clean:.3f}); its own aligned word {alone.own!r}: {alone.own_change:+.4f} "
+      f"(clean {alone.own_clean:.3f})")
 
 # %% [markdown]
 # ## 3. A causal check on held-out sentences
@@ -160,7 +157,6 @@ cases = number_cases(tm, src_text, ref_text, limit=60)  # section 4 reads the pl
 g = torch.Generator().manual_seed(0)
 removals = [r for r in (remove_with_control(tm, fd.d, c, number_features, generator=g)
                         for c in cases[: 20 if QUICK else 60]) if r]
-mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
 drop, control_drop = mean([r.drop for r in removals]), mean([r.control_drop for r in removals])
 larger = sum(r.drop > r.control_drop for r in removals)
 print(f"{len(cases[: 20 if QUICK else 60])} held-out sentences with a number word translated as such; number "
@@ -284,11 +280,17 @@ print(f"- Feature {feature} of the hook_memory dictionary {'is' if specific else
       f"against a base rate of {firing.base_rate:.1%}, and it fires on {recall[feature]:.0%} of them. Top contexts "
       f"overstate: {len(lost)} of the {len(by_contexts)} features whose top corpus contexts are mostly number words "
       f"have under half of their held-out firings there (feature {densest}: {precision[densest]:.0%}).")
-drives = share >= 0.3 and share > control_share
-raised_numbers = ", ".join(w for w in raised if w in NUMBERS_EN) or "none"
-print(f"- {'It raises' if drives else 'It does not clearly raise'} English number words: {share:.0%} of the distinct "
-      f"words whose probability falls most without it are number words ({raised_numbers}), "
-      f"against {control_share:.0%} for {len(as_often)} features outside the number features that fire as often.")
+drives = alone.share >= 0.3 and alone.share > control_share
+weak = alone.largest < 0.01
+raised_numbers = ", ".join(w for w in alone.words if w in NUMBERS_EN) or "none"
+print(f"- {'The words it raises most are' if drives else 'The words it raises are not mainly'} English number "
+      f"words: {alone.share:.0%} of the ten distinct words whose probability falls most without it ({raised_numbers}), "
+      f"against {control_share:.0%} for {len(as_often)} features outside the number features that fire as often. "
+      + (f"Alone it hardly moves the translation: no token's probability falls by more than {alone.largest:.4f}, "
+         f"and its own word {alone.own.lstrip(chr(0x2581))!r} changes by {alone.own_change:+.4f} (clean "
+         f"{alone.own_clean:.3f}); the number is carried by several features at once, which the next line removes "
+         "together." if weak else
+         f"Alone it moves the translation: a token's probability falls by up to {alone.largest:.3f}."))
 causal = drop > 3 * control_drop and larger >= 0.8 * len(removals)
 print(f"- Causally, on {len(removals)} held-out sentences, removing the number features active at the number word "
       f"lowers log p(English number word) by {drop:.3f}, against {control_drop:.3f} for as many other features of "

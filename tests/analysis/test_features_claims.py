@@ -1,12 +1,12 @@
 """Notebook 08's conclusions hold on the same side on a smaller set (issue 38 point 7), each with its control:
 the best number feature's held-out firings fall on number words far above the base rate; the words it raises are
-English number words where features that fire as often raise none; removing the number features at a number word
-costs the English number word more than removing as many other features of the same norm; the plural of the noun
-after it follows the decoder's own number word (replaced by *a* it turns singular, by another number word it stays
-plural), and survives zeroing the whole encoder output (the claim an ablation could refute); the top-3 attributed
-features move the contrast more than three of the same activations; the "woman" feature steers more than random
-features of its norm. The notebook prints the same quantities from the same library calls
-(`notebooks/08_features.py`, `workbench/features/concepts.py`) on its larger sets."""
+English number words where features that fire as often raise none, though alone it hardly moves any; removing the
+number features at a number word costs the English number word more than removing as many other features of the
+same norm; the plural of the noun after it follows the decoder's own number word (replaced by *a* it turns
+singular, by another number word it stays plural), and survives zeroing the whole encoder output (the claim an
+ablation could refute); the top-3 attributed features move the contrast more than three of the same activations;
+the "woman" feature steers more than random features of its norm. The notebook prints the same quantities from the
+same library calls (`notebooks/08_features.py`, `workbench/features/concepts.py`) on its larger sets."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from workbench.corpus.data import load_dataset
 from workbench.features.attribution import ablate_features, feature_attribution
 from workbench.features.concepts import (
     NUMBERS_DE_EN,
-    distinct,
     number_cases,
     plural_contrasts,
     plural_noun,
+    raised_words,
     remove_with_control,
     top_and_matched,
     word_firing,
@@ -79,18 +79,16 @@ def test_the_best_number_feature_fires_on_number_words_far_above_the_base_rate(f
     assert any(firing.precision[f] < 0.5 for f in by_contexts)
 
 
-def test_it_raises_english_number_words_where_features_as_frequent_raise_none(fd, firing, number_features):
+def test_it_raises_english_number_words_where_features_as_frequent_raise_none_but_alone_hardly_moves_them(
+        fd, firing, number_features):
     best = int(firing.f1().argmax())
-
-    def share(f):
-        raised = distinct(t["token"] for t in fd.output_effects(f, contexts=4, top=10, heads=False)["tokens"])
-        assert len(raised) == len(set(raised))  # two/Two counted once
-        return sum(w in NUMBERS_EN for w in raised) / max(len(raised), 1)
-
+    alone = raised_words(fd, best, NUMBERS_EN, contexts=4)
+    assert len(alone.words) == len(set(alone.words)) == 10  # two/Two counted once
     freq = fd.stats.frequency
     as_often = [int(f) for f in (freq - freq[best]).abs().argsort() if int(f) not in number_features][:3]
-    control = sum(share(f) for f in as_often) / 3
-    assert share(best) >= 0.3 and share(best) > control
+    control = sum(raised_words(fd, f, NUMBERS_EN, contexts=4).share for f in as_often) / 3
+    assert alone.share >= 0.3 and alone.share > control
+    assert alone.largest < 0.01 and abs(alone.own_change) < 0.01 and alone.own_clean > 0.5
 
 
 def test_removing_the_number_features_beats_as_many_features_of_the_same_norm(fd, number_features, cases):

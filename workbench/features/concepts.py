@@ -302,3 +302,35 @@ def top_and_matched(attribution, k: int = 3) -> tuple[list[tuple[int, int]], lis
     def rows(ix: list[int]) -> list[tuple[int, int]]:
         return [(int(attribution.positions[i]), int(attribution.features[i])) for i in ix]
     return rows(top), rows(matched)
+
+
+@dataclass(frozen=True)
+class RaisedWords:
+    """What removing one feature at its top contexts does to the output (from `FeatureData.output_effects`)."""
+
+    words: list[str]  # the distinct words whose probability falls most, largest fall first
+    share: float  # the share of them in the vocabulary asked about
+    largest: float  # the largest fall in probability of any token
+    largest_clean: float  # the largest clean probability among the raised words' tokens
+    own: str  # the output piece most often aligned to the feature's top contexts
+    own_change: float  # its mean fall in probability, p_clean - p_without (negative: it rises without the feature)
+    own_clean: float
+
+
+def raised_words(fd, feature: int, vocabulary: Iterable[str], *, contexts: int = 8, n: int = 10,
+                 top: int = 1000) -> RaisedWords:
+    """The `n` distinct words (*two* and *Two* are one) whose probability falls most when `feature` is removed at
+    its top contexts, the share of them in `vocabulary`, and the same measurement for its own aligned word (0 when
+    it is not among the `top` tokens that fall or rise most: a smaller change than theirs)."""
+    vocabulary = {w.lower() for w in vocabulary}
+    effects = fd.output_effects(feature, contexts=contexts, top=top, heads=False)
+    ranked = effects["tokens"]
+    found = distinct(t["token"] for t in ranked)[:n]
+    kept = [t for t in ranked if words([t["token"]])[0] in found]
+    aligned = [c.aligned for c in fd.contexts(feature, contexts)]
+    own = max(set(aligned), key=lambda a: (aligned.count(a), a)) if aligned else ""
+    entry = next((t for t in [*ranked, *effects["lowers"]] if t["token"] == own), None)
+    return RaisedWords(found, sum(w in vocabulary for w in found) / max(len(found), 1),
+                       ranked[0]["dp"] if ranked else 0.0, max((t["p_clean"] for t in kept), default=0.0), own,
+                       0.0 if entry is None else entry["dp"],
+                       0.0 if entry is None else entry["p_clean"])
