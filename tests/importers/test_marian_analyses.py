@@ -67,3 +67,38 @@ def test_a_decoder_site_keeps_position_zero(marian):
     batch = Batch(src, padded, padded, [0], int(src.numel()), int(tgt.numel()))
     mask = site_mask(batch, site, marian.model.cfg.pad_id)
     assert mask[0].tolist() == [True] * tgt.size(1) + [False, False]
+
+
+def test_the_residual_decomposition_and_alti_walk_a_pad_start_model(marian):
+    """Both walk the layers' own compose (issue 36 point 1): on the imported Marian model the parts sum to the
+    decoder output at every position, position 0 (the pad start) included; the DLA sums to the logit; each head's
+    per-key split sums to its DLA; ALTI+'s blocks rebuild their outputs and its rows are conserved, position 0 too."""
+    from workbench.analysis.alti import alti, alti_hooks, block_terms
+    from workbench.analysis.decompose import decompose_resid, direct_logit_attribution, source_attribution
+    from workbench.core.heads import Head
+
+    model = marian.model
+    src, tgt = _sentence(marian)
+    comps = decompose_resid(model, src, tgt)
+    torch.testing.assert_close(comps.values.sum(0).float(), comps.target, rtol=1e-5, atol=2e-5)
+    with torch.no_grad():
+        logits = model(src, tgt)[0].double()
+    for position in (0, tgt.size(1) - 1):
+        token = int(logits[position].argmax())
+        dla = direct_logit_attribution(model, src, tgt, position=position, token=token)
+        assert abs(float(dla.values.sum()) - dla.logit) <= 1e-5 * max(1.0, abs(dla.logit))  # parts of an fp32 run
+        assert abs(dla.logit - float(logits[position, token])) <= 1e-4
+        per_key = source_attribution(model, src, tgt, position=position, token=token)
+        for layer in range(len(model.dec)):
+            for h in range(per_key.size(1)):
+                want = float(dla.values[dla.labels.index(str(Head("cross", layer, h)))])
+                assert abs(float(per_key[layer, h].sum()) - want) <= 1e-5
+    _, trace = model.run_with_cache(src, tgt, names=alti_hooks(model))
+    for kind, depth in (("enc_self", len(model.enc)), ("dec_self", len(model.dec)), ("cross", len(model.dec))):
+        for layer in range(depth):
+            t = block_terms(model, trace, kind, layer, dtype=torch.float64)
+            torch.testing.assert_close(t.per_key().sum(2) + t.residual + t.bias, t.output, rtol=0, atol=1e-4)
+    a = alti(model, src, tgt, dtype=torch.float64)
+    rows = a.source.sum(-1) + a.target.sum(-1)
+    torch.testing.assert_close(rows, torch.ones_like(rows), rtol=0, atol=1e-12)
+    assert float(a.target[0, 0, 0]) > 0  # the start position is a token like any other

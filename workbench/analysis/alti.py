@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from ..core.heads import stack_of
+from ..core.replacement import ReplacementModel
+from .decompose import walk
 
 
 @dataclass(frozen=True)
@@ -83,32 +85,36 @@ def _block_hooks(model, kind: str, layer: int) -> dict[str, str | None]:
 
 
 def block_terms(model, trace, kind: str, layer: int, *, dtype=torch.float32) -> BlockTerms:
-    """Linearise one attention block from a trace holding `alti_hooks(model)` (post-norm: the norm's scale
-    frozen at the traced value, as ALTI does)."""
-    stack = model.enc if kind == "enc_self" else model.dec
-    block = stack[layer].self_attn if kind != "cross" else stack[layer].cross_attn
+    """Linearise one attention block from a trace holding `alti_hooks(model)`: its residual line walked through the
+    layer's own `compose` (`decompose.walk`), post-norm with the norm's scale frozen at the traced value, as ALTI
+    does. The norm's frozen scale divides (`LayerNorm.linear`), so what each head writes from each key is walked
+    once at scale 1 (`values`) and each query's 1/σ applied after the attention weights (`inv_scale`)."""
+    stack = stack_of(kind)
+    sub = model.stream(stack).layers[layer].sublayer("cross_attn" if kind == "cross" else "self_attn")
     hooks = _block_hooks(model, kind, layer)
     probs = trace[hooks["probs"]].to(dtype)  # (B, H, Lq, Lk)
     v = trace[hooks["v"]].to(dtype)  # (B, H, Lk, Dh), value bias included
     x = trace[hooks["resid"]].to(dtype)  # (B, Lq, D)
-    w_o = block.head_weights().detach().to(device=v.device, dtype=dtype)  # (H, Dh, D)
+    w_o = sub.block.head_weights().detach().to(device=v.device, dtype=dtype)  # (H, Dh, D)
     f = torch.einsum("bhkd,hde->bhke", v, w_o)  # (B, H, Lk, D): what key k writes through head h
-    b_o = block.out_proj.bias
+    b_o = sub.block.out_proj.bias
     b_o = torch.zeros(f.size(-1), dtype=dtype, device=f.device) if b_o is None else b_o.detach().to(dtype)
-    if hooks["scale"] is None:  # pre-norm: the block adds to the stream, no norm after it
-        ones = torch.ones_like(x[..., :1])
-        return BlockTerms(probs, f, ones, x, b_o.expand_as(x), trace[hooks["out"]].to(dtype))
-    norm = getattr(stack[layer], "self_attn_norm" if kind != "cross" else "cross_attn_norm")
-    sigma = trace[hooks["scale"]].to(dtype)  # (B, Lq, 1)
-    unit = torch.ones((), dtype=dtype, device=sigma.device)
 
-    def lin(z):  # the norm's linear part (`LayerNorm.linear`), without 1/σ
-        with torch.no_grad():
-            return norm.linear(z, unit)
+    def line(scales, rows: torch.Tensor, written: torch.Tensor, bias_rows=None) -> torch.Tensor:
+        """`rows` (the stream the block reads, in parts) and `written` (the block's write, in parts) at its output."""
+        return walk(model, stack, scales, rows, lambda i, s: written if s is sub else None, layers=layer + 1,
+                    bias_rows=bias_rows, start=sub, stop=sub.hook_resid)
 
-    residual = lin(x) / sigma
-    bias = lin(b_o) / sigma + norm.bias.detach().to(dtype)
-    return BlockTerms(probs, lin(f), 1.0 / sigma, residual, bias, trace[hooks["out"]].to(dtype))
+    clean = {} if hooks["scale"] is None else {hooks["scale"]: trace[hooks["scale"]]}
+    # the residual and the constant (the output bias and, post-norm, the norm's), each on a row of its own
+    residual, bias = line(clean, torch.stack([x, torch.zeros_like(x)]),
+                          torch.stack([torch.zeros_like(x), b_o.expand_as(x)]), {id(sub.norm): 1})
+    B, H, Lk, D = f.shape
+    unit = {name: torch.ones_like(scale[:, :1]) for name, scale in clean.items()}
+    rows = f.permute(1, 2, 0, 3).reshape(H * Lk, B, 1, D)  # each (head, key) write as one row, at scale 1
+    values = line(unit, torch.zeros_like(rows), rows).view(H, Lk, B, D).permute(2, 0, 1, 3)
+    inv_scale = torch.ones_like(x[..., :1]) if not clean else 1.0 / clean[hooks["scale"]].to(dtype)
+    return BlockTerms(probs, values, inv_scale, residual, bias, trace[hooks["out"]].to(dtype))
 
 
 def contributions(terms: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -147,12 +153,7 @@ def alti(model, src: torch.Tensor, tgt: torch.Tensor, *, trace=None, dtype=torch
     """ALTI+ through the whole model for a batch (src (B, S), tgt = decoder input (B, T)); pass a `trace`
     holding `alti_hooks(model)` to skip the forward pass. Padded keys get no contribution."""
     if trace is None:
-        was = model.training
-        model.eval()
-        try:
-            _, trace = model.run_with_cache(src, tgt, names=alti_hooks(model))
-        finally:
-            model.train(was)
+        trace = ReplacementModel(model, src, tgt, freeze=(), names=alti_hooks(model)).clean
     enc = torch.stack([self_contributions(block_terms(model, trace, "enc_self", i, dtype=dtype))
                        for i in range(len(model.enc))])
     dec_self = torch.stack([self_contributions(block_terms(model, trace, "dec_self", i, dtype=dtype))

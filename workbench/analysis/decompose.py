@@ -11,7 +11,9 @@ Components of a stream: the token and position embeddings, each attention head's
 into the stream (`hook_result`) and each block's shared output bias, each FFN output, and every layer
 norm's bias. A layer norm is affine once its scale sqrt(var + eps) is fixed, so each norm along the way
 (post-norm layers, the final norm) is applied to every component with the scale the clean run had
-("frozen"): the parts then sum to the real activation exactly, for pre-norm and post-norm models alike.
+("frozen"): the parts then sum to the real activation exactly, for pre-norm and post-norm models alike. The
+components are rows carried through the layers' own `compose` (`walk`: the norm modules held by hooks, each block's
+write taken from the clean run, a replacement model's), so where the norms sit is said once, in core.
 What the scale-freezing does *not* give is counterfactual meaning: removing a component in a real run
 changes the scales. For the final norm of a pre-norm model that is the only approximation (TransformerLens's
 `apply_ln_to_stack`); a post-norm model freezes one norm per sub-layer after the component, so a
@@ -21,13 +23,17 @@ and every later sub-layer's own reaction to it counted in that sub-layer's term,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..core.heads import Head, kind_of
-from ..core.hooks import path_of
+from ..core.hooks import HookPoint, path_of
+from ..core.layers import Sublayer
+from ..core.model import evaluating
+from ..core.replacement import ReplacementModel
 
 STACKS = ("enc", "dec")
 
@@ -93,8 +99,9 @@ def _capture_names(model, stack: str, layers: int) -> list[str]:
 
 
 def _events(model, stack: str, layers: int, trace) -> list[tuple]:
-    """The stream in order: ("write", label, info, (B, L, D) or per-head (B, H, L, D)) and
-    ("norm", path, module, scale)."""
+    """The stream's parts in the order they are written: ("write", label, info, (B, L, D) or per-head (B, H, L, D))
+    and ("norm", path, module, scale) for each norm that maps the stream (`Sublayer.norm_on_stream`). The rows of
+    `stream_components` (and qk_attribution's labels); the arithmetic is `walk`'s, through the layers' `compose`."""
     stream = model.stream(stack)
     embed = {"stack": stack, "kind": "embed", "layer": None, "head_index": None}
     ev: list[tuple] = [("write", f"{stream.side}_{x}", embed, trace[point.name])
@@ -127,6 +134,88 @@ def frozen_norm(x: torch.Tensor, norm, scale: torch.Tensor) -> torch.Tensor:
         return norm.linear(x.double(), scale.double())
 
 
+class _Stop(Exception):
+    """Raised by a walk's hook where the walk ends, carrying the rows there."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        super().__init__()
+        self.rows = rows
+
+
+def walk(model, stack: str, clean: Mapping[str, torch.Tensor], rows: torch.Tensor,
+         write: Callable[[int, Sublayer], torch.Tensor | None], *, layers: int | None = None,
+         bias_rows: Mapping[int, int] | None = None, start: Sublayer | None = None,
+         stop: HookPoint | None = None, alive: list[int] | None = None) -> torch.Tensor:
+    """Carry `rows` (N, B, L, D), parts of the `stack` stream, through its layers' own `compose` (the forward pass's
+    definition of how the blocks compose, pre- or post-norm), every layer norm held at its clean scale
+    (`clean[norm.hook_scale.name]`, (B, L, 1): the norm is then linear) with its bias on row `bias_rows[id(norm)]`
+    alone (on no row where none is given). Each sub-layer adds `write(layer, sub)` (rows, or None for nothing): what
+    the clean run's block wrote, split into rows; the block itself does not run.
+
+    The rows start as the embedding's parts (the embedding norm, if any, applied here) and end after the stack's
+    final norm when the walk covers every layer; or, with `start`, as the stream that sub-layer reads, in its layer
+    only. `stop`: end at that hook point, with the stream there. A norm whose scale the clean run did not record (a
+    pre-norm block's input norm: only its block reads it, and the write comes from the clean run) runs at scale 1.
+    `alive[i]`: how many rows exist through layer i (the last entry: through the final norm); the rows grow to it
+    before each layer (a row that a later block writes is zero until then: carrying it would only cost time)."""
+    stream = model.stream(stack)
+    n = len(stream.layers) if layers is None else layers
+    bias_rows = bias_rows or {}
+
+    def hold(value: torch.Tensor):
+        return lambda x, hook: value.to(x.dtype).expand_as(x)
+
+    def unbias(norm):  # the norm added its bias to every row: keep it on its own row only
+        bias = norm.bias.detach().to(rows.dtype)
+        if id(norm) not in bias_rows:
+            return lambda x, hook: x - bias
+        keep = torch.ones(len(rows) if alive is None else alive[-1], 1, 1, 1, dtype=rows.dtype, device=rows.device)
+        keep[bias_rows[id(norm)]] = 0
+        return lambda x, hook: x - keep[: x.size(0)] * bias
+
+    if start is None:
+        subs, outside = [sub for _, sub in stream.sublayers(n)], [stream.emb_norm, stream.final_norm]
+    else:  # one layer: the start's
+        (first,) = [i for i, sub in stream.sublayers(n) if sub is start]
+        subs, outside = stream.layers[first].sublayers(), []
+    unit = rows.new_ones(())
+    spec = [(norm.hook_scale.name, hold(clean[norm.hook_scale.name] if norm.hook_scale.name in clean else unit))
+            for norm in [*(sub.norm for sub in subs), *outside] if norm is not None]
+    spec += [(sub.hook_norm.name, unbias(sub.norm)) for sub in subs]
+    if start is not None:
+        spec.append((start.hook_resid_before.name, lambda x, hook: rows))
+    if stop is not None:
+        def end(x, hook):
+            raise _Stop(x)
+        spec.append((stop.name, end))
+
+    def norm_rows(norm, x):  # a norm outside the layers (embedding, final): the module, frozen, then its bias
+        return unbias(norm)(norm(x), None)
+
+    def grow(x: torch.Tensor, i: int) -> torch.Tensor:
+        if alive is None or alive[i] <= x.size(0):
+            return x
+        return torch.cat([x, x.new_zeros(alive[i] - x.size(0), *x.shape[1:])])
+
+    def block_of(i: int):
+        def block(sub: Sublayer, h: torch.Tensor) -> torch.Tensor:
+            out = write(i, sub)
+            return rows.new_zeros(()) if out is None else out
+        return block
+
+    with evaluating(model), torch.no_grad(), model.hooks(spec):
+        try:
+            if start is not None:
+                return stream.layers[first].compose(torch.zeros_like(rows), block_of(first))
+            x = rows if stream.emb_norm is None else norm_rows(stream.emb_norm, rows)
+            for i in range(n):
+                x = stream.layers[i].compose(grow(x, i), block_of(i))
+            x = grow(x, n)
+            return x if stream.final_norm is None or n < len(stream.layers) else norm_rows(stream.final_norm, x)
+        except _Stop as stopped:
+            return stopped.rows
+
+
 def _point(model, stack: str, layers: int) -> str:
     return model.stream(stack).resid(layers).name
 
@@ -153,17 +242,10 @@ def decompose_resid(model, src: torch.Tensor, tgt: torch.Tensor, *, stack: str =
     cross-attention heads are components of the decoder stream (see `source_attribution` for where they read).
     """
     layers = _check(model, src, tgt, stack, layer)
-    names = _capture_names(model, stack, layers)
     point = _point(model, stack, layers)
-    was = model.training
-    model.eval()  # dropout would make the parts not sum to anything reproducible
-    try:
-        with torch.no_grad():
-            _, trace = model.run_with_cache(src, tgt, names=[*names, point])
-    finally:
-        model.train(was)
-    labels, info, values = stream_components(model, trace, stack, layers, split_heads=split_heads)
-    return Components(labels, info, values, trace[point], point)
+    rm = ReplacementModel(model, src, tgt, freeze=(), names=[*_capture_names(model, stack, layers), point])
+    labels, info, values = stream_components(rm.model, rm.clean, stack, layers, split_heads=split_heads)
+    return Components(labels, info, values, rm.clean[point], point)
 
 
 def stream_components(model, trace, stack: str, layers: int, *, split_heads: bool = True, before: str | None = None
@@ -171,11 +253,17 @@ def stream_components(model, trace, stack: str, layers: int, *, split_heads: boo
     """The components of the `stack` stream after its first `layers` layers, from a trace holding
     `_capture_names(model, stack, layers)`: (labels, info, values (N, B, L, D) float64). `before` (a block
     path such as "dec.2.cross_attn") stops where that block would write: the stream that block reads
-    (pre-norm: before its input norm)."""
-    shape = trace[model.stream(stack).hook_tok.name].shape
+    (pre-norm: before its input norm).
+
+    One row per component, carried through the layers by `walk` (the layers' own `compose`, norms frozen): the
+    embeddings start the rows, each block's write fills its rows, each norm's bias fills its own."""
+    stream = model.stream(stack)
+    tok = trace[stream.hook_tok.name]
     labels: list[str] = []
     info: list[dict] = []
-    parts: list[torch.Tensor] = []
+    parts: list[torch.Tensor | None] = []  # each row's write, (B, L, D) or broadcastable; None: a norm's bias
+    at: dict[str, list[int]] = {}  # a block's path (its heads, or its write) or "<path>.bias" -> its rows
+    bias_rows: dict[int, int] = {}
     events = _events(model, stack, layers, trace)
     if before is not None:
         stop = [n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == before]
@@ -184,13 +272,14 @@ def stream_components(model, trace, stack: str, layers: int, *, split_heads: boo
         events = events[: stop[0]]
     for ev in events:
         if ev[0] == "norm":
-            _, path, norm, scale = ev
-            parts = [frozen_norm(p, norm, scale) for p in parts]
+            _, path, norm, _ = ev
+            bias_rows[id(norm)] = len(labels)
             labels.append(f"{path}.bias")
             info.append({"stack": stack, "kind": "norm_bias", "layer": _layer_of(path), "head_index": None})
-            parts.append(norm.bias.detach().double().expand(shape))
+            parts.append(None)
             continue
         _, label, inf, x = ev
+        first = len(labels)
         if inf["head_index"] == "*":
             if split_heads:
                 for h in range(x.size(1)):
@@ -204,8 +293,31 @@ def stream_components(model, trace, stack: str, layers: int, *, split_heads: boo
         else:
             labels.append(label)
             info.append(inf)
-            parts.append(x.double().expand(shape))
-    return labels, info, torch.stack(parts)
+            parts.append(x.double())
+        at[label] = list(range(first, len(labels)))
+    first = next((n for n, inf in enumerate(info) if inf["layer"] is not None), len(labels))
+    alive = []  # rows through layer i: the embeddings' and every row of the layers up to i (their norms' biases too)
+    for i in range(layers):
+        alive.append(max([alive[-1] if alive else first, *(n + 1 for n, inf in enumerate(info) if inf["layer"] == i)]))
+    alive.append(len(labels))
+    rows = torch.zeros(first, *tok.shape, dtype=torch.float64, device=tok.device)
+    for n in range(2):  # the token and position embeddings start the stream (and the embedding norm's bias row)
+        rows[n] = parts[n]
+
+    def write(i: int, sub: Sublayer) -> torch.Tensor | None:
+        path = path_of(sub.block)
+        mine = [*at.get(path, ()), *at.get(f"{path}.bias", ())]
+        if not mine:
+            return None
+        out = torch.zeros(alive[i], *tok.shape, dtype=torch.float64, device=tok.device)
+        for n in mine:
+            out[n] = parts[n]
+        return out
+
+    stop = None if before is None else next(sub for _, sub in stream.sublayers(layers)
+                                            if path_of(sub.block) == before).hook_resid_before
+    values = walk(model, stack, trace, rows, write, layers=layers, bias_rows=bias_rows, stop=stop, alive=alive)
+    return labels, info, values
 
 
 def _layer_of(path: str) -> int | None:
@@ -337,27 +449,26 @@ def source_attribution(model, src, tgt, position: int, token: int, *, baseline_t
         raise ValueError(f"position {position} out of range for a target prefix of {tgt.size(1)} tokens")
     position %= tgt.size(1)
     block = "cross_attn" if kind == "cross" else "self_attn"
-    layers = len(model.dec)
     attns = [getattr(layer, block) for layer in model.dec]
-    names = _capture_names(model, "dec", layers)
+    names = _capture_names(model, "dec", len(model.dec))
     names += [point.name for a in attns for point in (a.hook_probs, a.hook_v)]
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            _, trace = model.run_with_cache(src, tgt, names=names)
-    finally:
-        model.train(was)
-    events = _events(model, "dec", layers, trace)
+    clean = ReplacementModel(model, src, tgt, freeze=(), names=names).clean
     direction, _ = logit_direction(model, token, baseline_token)
-    out = []
+    pieces = []  # per layer (H, K, D): what each head moved from each key into `position`
     for attn in attns:
-        probs = trace[attn.hook_probs.name][0, :, position].double()  # (H, K)
-        v = trace[attn.hook_v.name][0].double()  # (H, K, Dh)
-        per_key = probs[..., None] * torch.einsum("hkd,hde->hke", v, attn.head_weights().detach().double())
-        start = next(n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == path_of(attn))
-        for ev in events[start + 1:]:
-            if ev[0] == "norm":
-                per_key = frozen_norm(per_key, ev[2], ev[3][0, position])
-        out.append(per_key @ direction)
-    return torch.stack(out).cpu()  # (L, H, K)
+        probs = clean[attn.hook_probs.name][0, :, position].double()  # (H, K)
+        v = clean[attn.hook_v.name][0].double()  # (H, K, Dh)
+        pieces.append(probs[..., None] * torch.einsum("hkd,hde->hke", v, attn.head_weights().detach().double()))
+    H, K, D = pieces[0].shape
+    rows = torch.zeros(len(attns) * H * K, 1, 1, D, dtype=torch.float64, device=direction.device)
+
+    def write(i: int, sub: Sublayer) -> torch.Tensor | None:  # each piece on its own row, through every later norm
+        if sub.block is not attns[i]:
+            return None
+        out = torch.zeros_like(rows)
+        out[i * H * K:(i + 1) * H * K, 0, 0] = pieces[i].reshape(H * K, D)
+        return out
+
+    at = {name: value[:, position:position + 1] for name, value in clean.items() if name.endswith(".hook_scale")}
+    out = walk(model, "dec", at, rows, write)  # no bias rows: the norms' biases are not what a key moved
+    return (out[:, 0, 0] @ direction).view(len(attns), H, K).cpu()  # (L, H, K)
