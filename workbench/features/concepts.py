@@ -12,12 +12,12 @@ asserts what the notebook prints on a smaller set. Every causal number has its c
 
 - `remove_with_control` removes, at the source number word, the given features' part Σ a_f W_dec[f] of
   `hook_memory`, and as control as many other features' directions (drawn at random among the features outside
-  the group, seeded), each with the activation of the group feature it stands for, the sum rescaled to the
+  the concept's, seeded), each with the activation of the group feature it stands for, the sum rescaled to the
   group's norm: the same count and the same norm, only the directions differ.
 - `plural_contrasts` reads logit(plural noun) − logit(singular) at the English noun after the number word,
   teacher-forced on the reference, with the decoder's own number word replaced by *a* (singular) and, as the
   edit of the same size, by another number word (still plural); and with `hook_memory` zeroed at every source
-  position, or only at the German number word and noun.
+  position, or only at the German number word and the source piece after it (the noun, or its first adjective).
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class PluralContrast:
     number_to_a: float  # the decoder's own number word replaced by a / A
     number_to_other: float  # replaced by another number word (the same-size edit that keeps the plural)
     memory_zeroed: float  # hook_memory zeroed at every source position (the decoder's number word kept)
-    memory_zeroed_at_words: float  # hook_memory zeroed at the German number word and the German noun only
+    memory_zeroed_at_words: float  # hook_memory zeroed only at the German number word and the source piece after it
 
 
 def plural_noun(tm: TranslationModel, case: NumberCase) -> tuple[int, int] | None:
