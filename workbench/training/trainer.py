@@ -96,6 +96,19 @@ class Trainer:
         self._rng: dict[str, torch.Tensor] | None = None
 
         # 2. resume point, after finishing or removing what a killed save left behind
+        ckpt, skipped = self._resume_point(resume)
+        if ckpt is not None:
+            src_tokenizer = src_tokenizer or ckpt.src_tokenizer
+            tgt_tokenizer = tgt_tokenizer or ckpt.tgt_tokenizer
+        # 3. data and tokenizers
+        self._data(src_tokenizer, tgt_tokenizer, train_data, valid_data, valid_text)
+        # 4. model and optimiser, then the resumed state
+        self._model_and_optimizer(ckpt, model)
+        if ckpt is not None:
+            self._resumed(ckpt, skipped)
+
+    def _resume_point(self, resume: bool | str | Path) -> tuple[Any, list]:
+        """The checkpoint to resume from (None: a fresh run) and the newer ones skipped for non-finite weights."""
         if self.dist.main:
             clean_stale(self.out_dir)
         if self.dist.world > 1:
@@ -105,11 +118,12 @@ class Trainer:
             ckpt = load_checkpoint(resume, with_train_state=True)
         elif resume and read_pointer(self.out_dir, LATEST) is not None:
             ckpt, skipped = run_dir.load_resume_point(self.out_dir)
-        if ckpt is not None:
-            src_tokenizer = src_tokenizer or ckpt.src_tokenizer
-            tgt_tokenizer = tgt_tokenizer or ckpt.tgt_tokenizer
+        return ckpt, skipped
 
-        # 3. data and tokenizers
+    def _data(self, src_tokenizer, tgt_tokenizer, train_data: ParallelData | None, valid_data: ParallelData | None,
+              valid_text: tuple[list[str], list[str]] | None) -> None:
+        """The tokenizers and the training and validation data: as given, else read as the config says."""
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.src_tok, self.tgt_tok = src_tokenizer, tgt_tokenizer
         self.valid_text = valid_text
@@ -123,7 +137,10 @@ class Trainer:
                     f"length filter (max_pair_len={cfg.max_pair_len}) dropped {loaded.dropped} of {loaded.read}")
         self.train_data, self.valid_data = train_data, valid_data
 
-        # 4. model and optimiser
+    def _model_and_optimizer(self, ckpt, model: Transformer | None) -> None:
+        """The model (the checkpoint's, the one given, or a new one from the config), the optimiser, the compiled /
+        distributed wrapper, and the running state that saving and the moving average keep."""
+        cfg = self.cfg
         if ckpt is not None:
             self.model_cfg = ckpt.config
             model = ckpt.model.train()
@@ -160,14 +177,16 @@ class Trainer:
         if cfg.ema_decay:
             self.ema = {name: p.detach().clone() for name, p in self.model.named_parameters()}
             self._ema_sources = [p.detach() for p in self.model.parameters()]
-        if ckpt is not None:
-            self._load_train_state(ckpt.train_state, ckpt.train_log)
-            self.last_good, self._saved_step = ckpt.path, self.step
-            valid = [r["step"] for r in self.log if r.get("kind") == "valid"]
-            self._validated_step = valid[-1] if valid else None
-            if skipped:
-                self.progress.message(f"skipped {', '.join(p.name for p in skipped)}: non-finite weights")
-            self.progress.message(f"resumed from {ckpt.path} at step {self.step} (epoch {self.epoch})")
+
+    def _resumed(self, ckpt, skipped: list) -> None:
+        """Step, epoch, log, optimiser and RNG state from the resume point, and what was skipped, said once."""
+        self._load_train_state(ckpt.train_state, ckpt.train_log)
+        self.last_good, self._saved_step = ckpt.path, self.step
+        valid = [r["step"] for r in self.log if r.get("kind") == "valid"]
+        self._validated_step = valid[-1] if valid else None
+        if skipped:
+            self.progress.message(f"skipped {', '.join(p.name for p in skipped)}: non-finite weights")
+        self.progress.message(f"resumed from {ckpt.path} at step {self.step} (epoch {self.epoch})")
 
     def _vocab_sizes(self) -> tuple[int, int]:
         if self.src_tok is None:  # copy task: ids are the vocabulary
