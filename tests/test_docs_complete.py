@@ -1,5 +1,7 @@
-"""The docs list what the code has (issue 37 point 6): every CLI command, every tab the served app shows, every
-URL key the page binds. A command, tab or key added without its line in the docs fails here."""
+"""The docs list what the code has (issue 37 point 6): every CLI command, every tab of the app's one list
+(`ui.app_tabs.TABS`, which also builds the served page's tabs and their `tab=` values), every URL key the page binds,
+and no URL key the page does not bind. A command, tab or key added (or removed) without its line in the docs fails
+here."""
 
 from __future__ import annotations
 
@@ -33,12 +35,23 @@ def served(tmp_path_factory):
     return Workbench(root / "alpha", default_dir=None, background=False, sync_url=True, extra_tabs=SERVED_TABS)
 
 
+def test_one_tab_list_drives_the_page(served):
+    """The served page's tabs and their `tab=` values are TABS', in its order (no second list of tabs)."""
+    from workbench.ui.app_tabs import TABS
+
+    assert [title for title, _ in served.tabs] == [t.title for t in TABS]
+    assert list(served.param.tab.objects) == [t.key for t in TABS]
+    assert [f.key for f in served.link.fields].count("tab") == 1
+
+
 def test_every_tab_has_its_row_in_the_app_doc(served):
+    from workbench.ui.app_tabs import TABS
+
     text = (DOCS / "app.md").read_text(encoding="utf-8")
-    missing = [title for title, _ in served.tabs if f"| {title} tab |" not in text]
+    missing = [t.title for t in TABS if f"| {t.title} tab |" not in text]
     assert not missing, f"docs/app.md's table of what the page does lacks: {missing}"
     row = next(line for line in text.splitlines() if line.startswith("| `tab` |"))
-    assert all(f"`{slug}`" in row for slug in served.param.tab.objects), row
+    assert re.findall(r"`([a-z-]+)`", row.split("|")[2]) == [t.key for t in TABS], row
 
 
 def test_every_url_key_is_in_the_app_doc(served):
@@ -48,3 +61,4 @@ def test_every_url_key_is_in_the_app_doc(served):
     bound = {field.key for field in served.link.fields}
     assert bound, "no URL key bound: the test would pass for nothing"
     assert bound <= keys, f"docs/app.md's URL table lacks: {sorted(bound - keys)}"
+    assert keys <= bound, f"docs/app.md's URL table names keys the page does not read: {sorted(keys - bound)}"

@@ -18,20 +18,12 @@ import panel as pn
 import param
 
 from . import loader
-from .learn import Step, start_here
+from .app_tabs import BUILT_IN
+from .learn import Step, link_terms, start_here
 from .link import Link, slug
 from .notebook import ordered_notebook_updates
 from .session import Session, first_loadable
-from .views import (
-    AblationPanel,
-    AnalysisView,
-    AttentionView,
-    CompareView,
-    InternalsView,
-    LazyTab,
-    OutputPanel,
-    SourcePanel,
-)
+from .views import AblationPanel, AttentionView, LazyTab, OutputPanel, SourcePanel
 
 TITLE = "Attention Workbench"
 # The store's URL keys, in the order the query lists them (link.py writes and reads them; docs/app.md lists all keys).
@@ -94,11 +86,11 @@ class Workbench(pn.viewable.Viewer):
         self.output = OutputPanel(session=session)
         self.attention = AttentionView(session=session)
         self.ablation = AblationPanel(session=session)
-        self.internals = InternalsView(session=session)
-        self.compare = CompareView(session=session)
-        self.analysis = AnalysisView(session=session)
-        self.tabs = [("Attention", None), ("Internals", self.internals), ("Compare", self.compare),
-                     ("Analysis", self.analysis), *[(title, factory(session)) for title, factory in extra_tabs]]
+        # the tabs: app_tabs.TABS' built-in ones (None: the Attention tab, built in `__panel__`), then `extra_tabs`
+        self.tabs = [(t.title, None if t.factory is None else t.factory(session)) for t in BUILT_IN]
+        self.tabs += [(title, factory(session)) for title, factory in extra_tabs]
+        built = dict(self.tabs)
+        self.internals, self.compare, self.analysis = built["Internals"], built["Compare"], built["Analysis"]
         self.param.tab.objects = [slug(title) for title, _ in self.tabs]
         link.bind("tab", self, "tab")
         self._show_tab()
@@ -143,8 +135,9 @@ class Workbench(pn.viewable.Viewer):
 
     def __panel__(self):
         header = pn.pane.Markdown(
-            f"# {TITLE}\nType a sentence and see what the translation model attends to. Views: pick a kind, "
-            "layer and head; tap a heatmap row to highlight a token; tap a grid tile to select a head to ablate.",
+            f"# {TITLE}\n" + link_terms("Type a sentence and see what the translation model attends to. Views: pick "
+                                          "a kind, layer and head; tap a heatmap row to highlight a token; tap a grid "
+                                          "tile to select a head to ablate."),
             css_classes=["wb-header"], stylesheets=[CSS], sizing_mode="stretch_width")
         # The view takes what the ablation panel leaves; below ~1200 px the panel moves under it (nothing overlaps).
         inspect = pn.FlexBox(pn.Column(self.attention, sizing_mode="stretch_width", min_width=0,
