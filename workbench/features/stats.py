@@ -163,115 +163,150 @@ def _priority(keys: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
 def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, data: ParallelData, *, top: int = 16,
                          max_tokens: int = 4096, dist_info: Dist | None = None, meta: dict[str, Any] | None = None,
                          chunk: int = 4096, sample: int = 32) -> FeatureStats:
+    """Every feature's statistics over `data` (this rank's share of its batches; torchrun ranks are merged): one pass
+    accumulating (`_Accumulator`), the merge across ranks, then the kept contexts resolved to sentences."""
     model, d = tm.model.eval(), dictionary.eval()
     site = site_of(d)
     di = dist_info or Dist()
-    n_feat = d.cfg.d_sae
-    nb = BIN_EDGES.numel() - 1
-    count = torch.zeros(n_feat, dtype=torch.int64)
-    total = torch.zeros(n_feat, dtype=torch.float64)
-    fmax = torch.zeros(n_feat)
-    hist = torch.zeros(n_feat * nb, dtype=torch.int64)
-    top_v = torch.zeros(n_feat, 0)
-    top_k = torch.zeros(n_feat, 0, dtype=torch.int64)  # key = sentence * 4096 + position
-    smp_p = torch.zeros(n_feat, 0, dtype=torch.float64)  # the sample: priorities, keys, values
-    smp_k = torch.zeros(n_feat, 0, dtype=torch.int64)
-    smp_v = torch.zeros(n_feat, 0)
-    tokens = 0
-    plan = data.batches(max_tokens, shuffle=False)[di.rank :: di.world]
-    for idx in plan:
+    acc = _Accumulator.empty(d.cfg.d_sae, top, sample)
+    for idx in data.batches(max_tokens, shuffle=False)[di.rank :: di.world]:
         batch = data.collate(idx, model.cfg)
         x, _ = site_rows(model, batch, site)
         mask = site_mask(batch, site, model.cfg.pad_id)
         sent = torch.tensor(idx)[:, None].expand_as(mask)[mask]
         pos = torch.arange(mask.size(1))[None].expand_as(mask)[mask]
         keys = sent * 4096 + pos
-        tokens += x.size(0)
+        acc.tokens += x.size(0)
         for i in range(0, x.size(0), chunk):
-            f = d.encode(x[i : i + chunk]).cpu()
-            nz = f > 0
-            count += nz.sum(0)
-            total += f.sum(0, dtype=torch.float64)
-            fmax = torch.maximum(fmax, f.max(0).values)
-            rows, feats = nz.nonzero(as_tuple=True)
-            vals = f[rows, feats]
-            b = torch.bucketize(vals, BIN_EDGES[1:-1])
-            hist.index_add_(0, feats * nb + b, torch.ones_like(b))
-            k = min(top, f.size(0))
-            bv, bi = f.T.topk(k, dim=1)
-            chunk_keys = keys[i : i + chunk]
-            top_v, top_k = _merge_top(top_v, top_k, bv, chunk_keys[bi], top)
-            if sample:
-                prio = torch.full((n_feat, f.size(0)), -1.0, dtype=torch.float64)
-                prio[feats, rows] = _priority(chunk_keys[rows], feats)
-                pv, pi = prio.topk(min(sample, f.size(0)), dim=1)
-                smp_p, smp_k, smp_v = _merge_top(smp_p, smp_k, pv, torch.where(pv >= 0, chunk_keys[pi], -1), sample,
-                                                 (smp_v, f.T.gather(1, pi)))
-    hist = hist.view(n_feat, nb)
+            acc.add(d.encode(x[i : i + chunk]).cpu(), keys[i : i + chunk])
     if di.world > 1:
+        acc.merge_ranks(di.world)
+    return acc.finish(data, {"site": site.name, "side": site.side, "top": top, "sample": sample, "world": di.world,
+                             **(meta or {})})
+
+
+@dataclass
+class _Accumulator:
+    """`corpus_feature_stats`'s running figures per feature: firing count, sum, max, histogram of values, the top
+    activations and a uniform sample of firings (each by key = sentence * 4096 + position)."""
+
+    top: int
+    sample: int
+    count: torch.Tensor
+    total: torch.Tensor
+    fmax: torch.Tensor
+    hist: torch.Tensor
+    top_v: torch.Tensor
+    top_k: torch.Tensor
+    smp_p: torch.Tensor  # the sample: priorities, keys, values
+    smp_k: torch.Tensor
+    smp_v: torch.Tensor
+    tokens: int = 0
+
+    @classmethod
+    def empty(cls, n_feat: int, top: int, sample: int) -> _Accumulator:
+        nb = BIN_EDGES.numel() - 1
+        return cls(top, sample, torch.zeros(n_feat, dtype=torch.int64), torch.zeros(n_feat, dtype=torch.float64),
+                   torch.zeros(n_feat), torch.zeros(n_feat * nb, dtype=torch.int64), torch.zeros(n_feat, 0),
+                   torch.zeros(n_feat, 0, dtype=torch.int64), torch.zeros(n_feat, 0, dtype=torch.float64),
+                   torch.zeros(n_feat, 0, dtype=torch.int64), torch.zeros(n_feat, 0))
+
+    def add(self, f: torch.Tensor, chunk_keys: torch.Tensor) -> None:
+        """One chunk of feature activations (rows, features) and the rows' keys."""
+        nb = BIN_EDGES.numel() - 1
+        nz = f > 0
+        self.count += nz.sum(0)
+        self.total += f.sum(0, dtype=torch.float64)
+        self.fmax = torch.maximum(self.fmax, f.max(0).values)
+        rows, feats = nz.nonzero(as_tuple=True)
+        vals = f[rows, feats]
+        b = torch.bucketize(vals, BIN_EDGES[1:-1])
+        self.hist.index_add_(0, feats * nb + b, torch.ones_like(b))
+        k = min(self.top, f.size(0))
+        bv, bi = f.T.topk(k, dim=1)
+        self.top_v, self.top_k = _merge_top(self.top_v, self.top_k, bv, chunk_keys[bi], self.top)
+        if self.sample:
+            prio = torch.full((f.size(1), f.size(0)), -1.0, dtype=torch.float64)
+            prio[feats, rows] = _priority(chunk_keys[rows], feats)
+            pv, pi = prio.topk(min(self.sample, f.size(0)), dim=1)
+            self.smp_p, self.smp_k, self.smp_v = _merge_top(
+                self.smp_p, self.smp_k, pv, torch.where(pv >= 0, chunk_keys[pi], -1), self.sample,
+                (self.smp_v, f.T.gather(1, pi)))
+
+    def merge_ranks(self, world: int) -> None:
+        """Sum the counts and merge the top activations and samples of every torchrun rank (all ranks call it)."""
         import torch.distributed as dist
 
-        for t in (count, total, hist):
+        n_feat = self.count.numel()
+        for t in (self.count, self.total, self.hist):
             dist.all_reduce(t)
-        dist.all_reduce(fmax, op=dist.ReduceOp.MAX)
-        tokens_t = torch.tensor([tokens])
+        dist.all_reduce(self.fmax, op=dist.ReduceOp.MAX)
+        tokens_t = torch.tensor([self.tokens])
         dist.all_reduce(tokens_t)
-        tokens = int(tokens_t)
+        self.tokens = int(tokens_t)
         # pad to `top` columns so every rank sends the same shape
-        pad = top - top_v.size(1)
-        top_v = torch.cat([top_v, torch.full((n_feat, pad), -1.0)], 1)
-        top_k = torch.cat([top_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
-        vs = [torch.empty_like(top_v) for _ in range(di.world)]
-        ks = [torch.empty_like(top_k) for _ in range(di.world)]
+        pad = self.top - self.top_v.size(1)
+        top_v = torch.cat([self.top_v, torch.full((n_feat, pad), -1.0)], 1)
+        top_k = torch.cat([self.top_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+        vs = [torch.empty_like(top_v) for _ in range(world)]
+        ks = [torch.empty_like(top_k) for _ in range(world)]
         dist.all_gather(vs, top_v)
         dist.all_gather(ks, top_k)
         top_v, top_k = vs[0], ks[0]
         for v, k in zip(vs[1:], ks[1:]):
-            top_v, top_k = _merge_top(top_v, top_k, v, k, top)
-        if sample:
-            pad = sample - smp_p.size(1)
-            smp_p = torch.cat([smp_p, torch.full((n_feat, pad), -1.0, dtype=torch.float64)], 1)
-            smp_k = torch.cat([smp_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
-            smp_v = torch.cat([smp_v, torch.zeros(n_feat, pad)], 1)
-            got = [[torch.empty_like(t) for _ in range(di.world)] for t in (smp_p, smp_k, smp_v)]
+            top_v, top_k = _merge_top(top_v, top_k, v, k, self.top)
+        self.top_v, self.top_k = top_v, top_k
+        if self.sample:
+            pad = self.sample - self.smp_p.size(1)
+            smp_p = torch.cat([self.smp_p, torch.full((n_feat, pad), -1.0, dtype=torch.float64)], 1)
+            smp_k = torch.cat([self.smp_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+            smp_v = torch.cat([self.smp_v, torch.zeros(n_feat, pad)], 1)
+            got = [[torch.empty_like(t) for _ in range(world)] for t in (smp_p, smp_k, smp_v)]
             for t, g in zip((smp_p, smp_k, smp_v), got):
                 dist.all_gather(g, t)
             smp_p, smp_k, smp_v = got[0][0], got[1][0], got[2][0]
             for p, k, v in zip(got[0][1:], got[1][1:], got[2][1:]):
-                smp_p, smp_k, smp_v = _merge_top(smp_p, smp_k, p, k, sample, (smp_v, v))
-    pad = top - top_v.size(1)
-    if pad > 0:
-        top_v = torch.cat([top_v, torch.zeros(n_feat, pad)], 1)
-        top_k = torch.cat([top_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
-    valid = (top_v > 0) & (top_k >= 0)
-    top_k = top_k.where(valid, torch.full_like(top_k, -1))
-    top_v = top_v.where(valid, torch.zeros_like(top_v))
-    referenced = top_k[valid].tolist()
-    if sample:
-        pad = sample - smp_p.size(1)
+                smp_p, smp_k, smp_v = _merge_top(smp_p, smp_k, p, k, self.sample, (smp_v, v))
+            self.smp_p, self.smp_k, self.smp_v = smp_p, smp_k, smp_v
+
+    def finish(self, data: ParallelData, info: dict[str, Any]) -> FeatureStats:
+        """The `FeatureStats`: tables padded to `top` / `sample` columns, empty slots -1, keys resolved to the
+        sentences kept (those some top activation or sample refers to)."""
+        n_feat, top, sample = self.count.numel(), self.top, self.sample
+        top_v, top_k, smp_p, smp_k, smp_v = self.top_v, self.top_k, self.smp_p, self.smp_k, self.smp_v
+        pad = top - top_v.size(1)
         if pad > 0:
-            smp_p = torch.cat([smp_p, torch.full((n_feat, pad), -1.0, dtype=torch.float64)], 1)
-            smp_k = torch.cat([smp_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
-            smp_v = torch.cat([smp_v, torch.zeros(n_feat, pad)], 1)
-        s_valid = (smp_p >= 0) & (smp_k >= 0) & (smp_v > 0)
-        smp_k = smp_k.where(s_valid, torch.full_like(smp_k, -1))
-        smp_v = smp_v.where(s_valid, torch.zeros_like(smp_v))
-        referenced += smp_k[s_valid].tolist()
-    corpus_ids = sorted({int(k) // 4096 for k in referenced})
-    where = {s: i for i, s in enumerate(corpus_ids)}
+            top_v = torch.cat([top_v, torch.zeros(n_feat, pad)], 1)
+            top_k = torch.cat([top_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+        valid = (top_v > 0) & (top_k >= 0)
+        top_k = top_k.where(valid, torch.full_like(top_k, -1))
+        top_v = top_v.where(valid, torch.zeros_like(top_v))
+        referenced = top_k[valid].tolist()
+        if sample:
+            pad = sample - smp_p.size(1)
+            if pad > 0:
+                smp_p = torch.cat([smp_p, torch.full((n_feat, pad), -1.0, dtype=torch.float64)], 1)
+                smp_k = torch.cat([smp_k, torch.full((n_feat, pad), -1, dtype=torch.int64)], 1)
+                smp_v = torch.cat([smp_v, torch.zeros(n_feat, pad)], 1)
+            s_valid = (smp_p >= 0) & (smp_k >= 0) & (smp_v > 0)
+            smp_k = smp_k.where(s_valid, torch.full_like(smp_k, -1))
+            smp_v = smp_v.where(s_valid, torch.zeros_like(smp_v))
+            referenced += smp_k[s_valid].tolist()
+        corpus_ids = sorted({int(k) // 4096 for k in referenced})
+        where = {s: i for i, s in enumerate(corpus_ids)}
 
-    def sentences(keys: torch.Tensor) -> torch.Tensor:
-        return torch.tensor([[where[int(k) // 4096] if k >= 0 else -1 for k in row] for row in keys.tolist()],
-                            dtype=torch.int64).view(keys.shape)
+        def sentences(keys: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([[where[int(k) // 4096] if k >= 0 else -1 for k in row] for row in keys.tolist()],
+                                dtype=torch.int64).view(keys.shape)
 
-    top_sentence = sentences(top_k)
-    top_position = torch.where(top_k >= 0, top_k % 4096, torch.zeros_like(top_k))
-    info = {"site": site.name, "side": site.side, "top": top, "sample": sample, "world": di.world, **(meta or {})}
-    return FeatureStats(count, total, fmax, hist, top_v, top_sentence, top_position, tokens,
-                        [data.src[s] for s in corpus_ids], [data.tgt[s] for s in corpus_ids], corpus_ids, info,
-                        sample_values=smp_v if sample else None, sample_sentence=sentences(smp_k) if sample else None,
-                        sample_position=torch.where(smp_k >= 0, smp_k % 4096, torch.zeros_like(smp_k))
-                        if sample else None)
+        top_position = torch.where(top_k >= 0, top_k % 4096, torch.zeros_like(top_k))
+        return FeatureStats(self.count, self.total, self.fmax, self.hist.view(n_feat, -1), top_v, sentences(top_k),
+                            top_position, self.tokens, [data.src[s] for s in corpus_ids],
+                            [data.tgt[s] for s in corpus_ids], corpus_ids, info,
+                            sample_values=smp_v if sample else None,
+                            sample_sentence=sentences(smp_k) if sample else None,
+                            sample_position=torch.where(smp_k >= 0, smp_k % 4096, torch.zeros_like(smp_k))
+                            if sample else None)
 
 
 def corpus_feature_stats_cli(args) -> int:
