@@ -95,3 +95,21 @@ def test_the_views_texts_carry_their_terms():
     assert 'href="#glossary-positional-encoding"' in link_terms(views.POSITIONS_HOW_TO_READ)
     note = views.InternalsView._smoothing(0.1, RuntimeError("not measured here"))[0]
     assert 'href="#glossary-label-smoothing"' in note.object
+
+
+def test_every_views_text_links_its_terms(app):
+    """The terms of art in the views' own texts link to the glossary (issue 37 point 5): the header, the ablation
+    panel, the Analysis and Graph tabs' texts, the Features tab's dictionary names (L0, FVU), the Compare note."""
+    from workbench.ui import features_view, graph_view, views
+    from workbench.ui.learn import link_terms
+
+    header = app.__panel__().objects[0].object
+    assert 'href="#glossary-head"' in header
+    ablation = views._ablation_md([], None, None)
+    assert 'href="#glossary-ablation"' in ablation and 'href="#glossary-head"' in ablation
+    assert 'href="#glossary-rollout"' in link_terms(views.ANALYSIS_HOW_TO_READ)
+    for name in ("L0", "FVU", "SAE", "transcoder", "dictionary"):
+        assert f'href="#{anchor(name)}"' in features_view.DICTIONARY_TERMS, name
+    intro = graph_view.GraphView(session=app.session).__panel__().objects[0].object
+    assert 'href="#glossary-attribution-graph"' in intro and 'href="#glossary-logit"' in intro
+    assert 'href="#glossary-teacher-forcing"' in link_terms(views._md_escape("B reads A's output (teacher forcing)"))

@@ -39,10 +39,14 @@ from ..features.attribution import feature_attribution
 from ..features.dashboard import FeatureData
 from ..features.sites import splice
 from . import loader
+from .learn import link_terms
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
 from .work import Offloaded, Snapshot
 
+DICTIONARY_TERMS = link_terms(
+    "Each dictionary (an SAE, or a transcoder for a feed-forward layer) is named by its site, architecture and width, "
+    "and by its card's L0 (features active per token) and FVU (what it fails to reconstruct).")
 WHY_TOP = 8  # features listed under "Why this word"
 DASHBOARD_CONTEXTS = 12  # top contexts a dashboard lists (`feature_dashboard`'s default)
 STEER_PATTERN = r"^(|[+-]?\d+(\.\d+)?|=-?\d+(\.\d+)?)$"  # "", "5", "+5", "-2.5", "=-2": FeatureEdit.parse's
@@ -387,6 +391,7 @@ class FeaturesView(LazyTab):
         finally:
             self._syncing = False
         objs = [self._controls,
+                pn.pane.Markdown(DICTIONARY_TERMS, css_classes=["features-terms"], sizing_mode="stretch_width"),
                 pn.pane.Markdown(f"**{answer['site']}** ({answer['n']} features; dictionaries here: "
                                  f"{', '.join(answer['sites'])}). Features active on each token of the sentence:",
                                  sizing_mode="stretch_width"),

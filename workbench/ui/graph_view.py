@@ -59,6 +59,7 @@ from ..charts.qk import qk_caption, qk_pairs_table
 from ..core.batching import decoder_input
 from ..corpus.data import dataset_files
 from .features_view import feature_data, sites_of
+from .learn import link_terms
 from .link import MESSAGE
 from .views import LazyTab, _md_escape
 from .work import Offloaded, Snapshot
@@ -411,7 +412,7 @@ class GraphView(LazyTab):
         self._select_node(fig)
         self._qk_refresh()
         self._feature_refresh()
-        objs = [pn.pane.Markdown(note, css_classes=["graph-note"], sizing_mode="stretch_width"),
+        objs = [pn.pane.Markdown(link_terms(note), css_classes=["graph-note"], sizing_mode="stretch_width"),
                 # no margin of its own: the stretched row already spans the tab (a margin pushed it 5 px past the page)
                 pn.pane.Bokeh(row(fig, side, sizing_mode="stretch_width"), sizing_mode="stretch_width",
                               css_classes=["graph-figure"], margin=0),
@@ -541,11 +542,11 @@ class GraphView(LazyTab):
                                                css_classes=["graph-qk-features"], margin=(5, 10, 12, 10))
         used = ", ".join(answer["dictionaries"]) or "none (whole heads and FFNs)"
         self._qk_box.objects = [
-            pn.pane.Markdown(f"**Why this head attends here** (QK attribution): {_md_escape(answer['caption'])}. "
-                             f"Query part × key part terms, largest first; a head's part is what it moved from the "
-                             f"piece after ←. Dictionaries: {_md_escape(used)}. "
-                             f"Computed in {answer['seconds']:.2f} s.", css_classes=["graph-qk-note"],
-                             sizing_mode="stretch_width"),
+            pn.pane.Markdown(link_terms(f"**Why this head attends here** (QK attribution): "
+                                        f"{_md_escape(answer['caption'])}. Query part × key part terms, largest "
+                                        f"first; a head's part is what it moved from the piece after ←. "
+                                        f"Dictionaries: {_md_escape(used)}. Computed in {answer['seconds']:.2f} s."),
+                             css_classes=["graph-qk-note"], sizing_mode="stretch_width"),
             pn.Row(keys, feats),
             pn.pane.DataFrame(answer["table"], index=False, css_classes=["graph-qk-table"],
                               sizing_mode="stretch_width")]
@@ -582,8 +583,8 @@ class GraphView(LazyTab):
         return StringIO(json.dumps(data, ensure_ascii=False))
 
     def __panel__(self):
-        return pn.Column(pn.pane.Markdown("Pick an output token: the graph of the components that wrote its logit. "
-                                          "Tap a node to see what it is."),
+        return pn.Column(pn.pane.Markdown(link_terms("Pick an output token: the attribution graph of the components "
+                                                     "that wrote its logit. Tap a node to see what it is.")),
                          self._picker, self._controls, self._box, sizing_mode="stretch_width")
 
 

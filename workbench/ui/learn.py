@@ -29,6 +29,9 @@ GLOSSARY: dict[str, str] = {
                             "be far off when the change is large, so the app marks it as an estimate.",
     "beam search": "Decoding that keeps the k best partial translations at each step instead of only the best "
                    "word (greedy); k is the beam size.",
+    "attribution graph": "The parts of the model (embeddings, heads, feed-forward layers or dictionary features) "
+                         "that wrote one output word's logit, joined by how much each wrote into the next; the "
+                         "edges into the logit add up to it.",
     "BLEU": "A translation score from 0 to 100 counting word n-grams shared with a reference translation "
             "(Papineni et al. 2002; computed with sacreBLEU).",
     "causal mask": "The decoder's mask: each output position may attend only to itself and earlier positions, so "
@@ -38,6 +41,8 @@ GLOSSARY: dict[str, str] = {
     "cross-attention": "The decoder reading the encoder's output: each output position attends over the source "
                        "tokens. This is where the model 'looks at' the sentence it translates.",
     "dead feature": "A dictionary feature that never fires on the evaluation text.",
+    "dictionary": "A sparse autoencoder (SAE) or transcoder trained on one activation of the model, its site: it "
+                  "rewrites the activation as a few active features out of thousands, plus an error term.",
     "DLA": "Direct logit attribution: how much each component (head, layer, embedding) adds directly to the "
            "chosen word's logit, through the residual stream.",
     "EAP": "Edge attribution patching (Syed et al. 2023): attribution patching applied to every connection between "
@@ -51,10 +56,14 @@ GLOSSARY: dict[str, str] = {
     "L0": "How many dictionary features are active on a token, on average: the sparsity of a dictionary.",
     "label smoothing": "Training against a target that keeps 1 − ε on the reference word and spreads ε over the "
                        "vocabulary, so the model is not pushed to be certain (Szegedy et al. 2016).",
+    "logit": "The model's raw score for a word before the softmax turns all the scores into probabilities: the "
+             "higher the logit, the likelier the word.",
     "logit lens": "Reading an intermediate layer's state through the output layer, to see which word it already "
                   "points to.",
     "positional encoding": "A vector added to each token's embedding that says where it is in the sentence; "
                            "attention itself does not know order.",
+    "QK attribution": "Why a head attends where it does: its attention score (query · key) split exactly into "
+                      "terms, each a pair of a query-side and a key-side part of the model.",
     "rollout": "Attention rollout (Abnar & Zuidema 2020): attention multiplied through the layers, an estimate of "
                "how information flows from inputs to outputs.",
     "SAE": "Sparse autoencoder: a dictionary that rewrites an activation as a few active features out of many.",

@@ -42,7 +42,7 @@ from ..core.heads import KINDS, Head
 from ..training.config import TrainConfig
 from ..training.setup import lr_at, lr_schedule
 from . import loader
-from .learn import link_terms
+from .learn import link_terms, term
 from .session import Session, fmt_logp
 from .work import Request, translate
 
@@ -276,8 +276,8 @@ class AblationPanel(pn.viewable.Viewer):
 
 def _ablation_md(ablate, a, r) -> str:
     if not ablate or r is None:
-        return ("Select a head (grid view: tap a tile; or the layer/head pickers) and press "
-                "**Ablate**, or choose heads in the list. Ablated heads output zeros.")
+        return link_terms("Select a head (grid view: tap a tile; or the layer/head pickers) and press **Ablate**, or "
+                          f"choose heads in the list. {term('ablation', 'Ablated')} heads output zeros.")
     if a is None:
         return "*Ablating…*"
     same = "same as the original" if a.text == r.text else "**changed**"
@@ -409,6 +409,14 @@ MASKS_HOW_TO_READ = (
     "cross-attention — every output position may read every real source token, never the padding.")
 
 
+ANALYSIS_HOW_TO_READ = (
+    "*Head statistics*: how each head spreads its attention over this sentence (entropy: how spread out, 0 = on one "
+    "token; distance: how far from its own position it looks; prev, next, first, eos, punct: the share on that "
+    "token), one table row per head, and the chosen statistic per layer and head. *Decoder rollout*: attention "
+    "multiplied through the decoder's layers (rollout), how much each output token draws on each source token and "
+    "on the target prefix.")
+
+
 class InternalsView(LazyTab):
     """Positional encodings, the masks of a padded batch (labelled with this sentence's pieces), the checkpoint's
     own LR schedule (from its stored training config) over the LR its log recorded, its label smoothing (the
@@ -476,7 +484,7 @@ class InternalsView(LazyTab):
             lr = [_fail("Learning-rate schedule", schedule)]
         else:
             frame, words = schedule
-            lr = [pn.pane.Markdown(words, css_classes=["lr-schedule-note"], sizing_mode="stretch_width"),
+            lr = [pn.pane.Markdown(link_terms(words), css_classes=["lr-schedule-note"], sizing_mode="stretch_width"),
                   pn.pane.Vega(schedule_vs_log_chart(frame), sizing_mode="stretch_width")]
         return [pn.pane.Markdown("### Positional encodings"), pn.pane.Markdown(link_terms(POSITIONS_HOW_TO_READ)),
                 _wrapped(parts["positions"], "Positional encodings"),
@@ -646,7 +654,7 @@ class CompareView(LazyTab):
                              heads_b=None if heads is None or heads >= b.n_heads(kind) else heads, words=words,
                              select_a=_select(r, kind), select_b=_select(b, kind), labels=labels,
                              height=matrix_height(len(r.queries(kind))), width=420)
-        note = (f"B reads A's output (teacher-forced): log p(A's output | B) = {fmt_logp(b.log_prob)} vs "
+        note = (f"B reads A's output (teacher forcing): log p(A's output | B) = {fmt_logp(b.log_prob)} vs "
                 f"{fmt_logp(r.log_prob)} under A. {labels[1]}: {why}.")
         return note, direction, fig
 
@@ -656,7 +664,8 @@ class CompareView(LazyTab):
         for child in fig.children:  # one pane each, side by side in a row (their ranges stay linked)
             child.title.text_font_size = "12px"
             panes.append(pn.pane.Bokeh(_stretch(child), min_width=0, sizing_mode="stretch_width"))
-        out = [pn.pane.Markdown(_md_escape(note), css_classes=["compare-note"], sizing_mode="stretch_width")]
+        out = [pn.pane.Markdown(link_terms(_md_escape(note)), css_classes=["compare-note"],
+                                sizing_mode="stretch_width")]
         if direction:
             out.append(pn.pane.Alert(_md_escape(direction), alert_type="warning", css_classes=["compare-direction"],
                                      sizing_mode="stretch_width"))
@@ -693,7 +702,8 @@ class AnalysisView(LazyTab):
                                     tgt_tokens=list(r.out_pieces))
 
     def render(self, fig):
-        return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
+        return [pn.pane.Markdown(link_terms(ANALYSIS_HOW_TO_READ), css_classes=["analysis-note"],
+                                 sizing_mode="stretch_width"), pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
 
     def __panel__(self):
         controls = pn.Row(pn.widgets.RadioButtonGroup.from_param(self.param.analysis, name=""),
