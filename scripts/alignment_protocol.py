@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from workbench.analysis.alignment import bootstrap_aer, read_alignments, score_alignments
-from workbench.analysis.word_align import METHODS, SHIFTS, AlignmentSpec, align_pairs, encode_words, papers_protocol
+from workbench.analysis.word_align import ATTENTION_METHODS, SHIFTS, align_pairs, aligner, encode_words, papers_protocol
 from workbench.decoding.translator import load
 
 NAMES = {"weights": "attention weights", "norms": "norms ‖Σ α f(x)‖ (Kobayashi et al. 2020)",
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--tgt", required=True)
     ap.add_argument("--gold", required=True)
     ap.add_argument("--swap-gold", action="store_true", help="the gold writes the model's target word first")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(ATTENTION_METHODS))
     ap.add_argument("--shifts", default=",".join(SHIFTS))
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--eos", choices=["drop", "null"], default=None,
@@ -68,7 +68,7 @@ def main() -> None:
                         "interval": list(r.interval), "per_layer": list(r.per_layer), "published": r.published,
                         "precision": r.score.precision, "recall": r.score.recall} for r in rows]}
     if tm.alignment:  # the checkpoint's own aligner on the same lines, for contrast (chosen on lines 1-150)
-        spec = AlignmentSpec.from_dict(tm.alignment).check(tm.model)
+        spec = aligner(tm.model, tm.alignment, directory=tm.meta["path"])[0].check(tm.model)
         links = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, src, tgt, spec)
         own, ci = score_alignments(links, gold), bootstrap_aer(links, gold, draws=args.draws)
         print(f"\nits alignment.json ({spec.label()}) on the same {len(src)} lines: AER {100 * own.aer:.1f} % "

@@ -23,6 +23,7 @@ import torch
 
 from workbench.analysis.alignment_layer import (
     AlignmentLayer,
+    load_run_layer,
     piece_targets,
     save_alignment_layer,
     train_alignment_layer,
@@ -57,7 +58,8 @@ def teacher_links(tm, sources, targets, spec: AlignmentSpec, cache: Path, batch:
     out = []
     for start in range(0, len(sources), 512):
         maps = alignment_maps(tm.model, sources[start : start + 512], targets[start : start + 512],
-                              method=spec.method, shift=spec.shift, batch_size=batch, heads=spec.needs_heads)
+                              method=spec.method, shift=spec.shift, batch_size=batch, heads=spec.needs_heads,
+                              layer=spec.layer)
         out += [spec.links_of(m) for m in maps]
         print(f"teacher: {len(out)}/{len(sources)} pairs", flush=True)
     cache.write_text("".join(json.dumps(sorted(x)) + "\n" for x in out), encoding="utf-8")
@@ -72,6 +74,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=8000, help="the first N pairs of at most --max-pieces a side")
     ap.add_argument("--max-pieces", type=int, default=80)
     ap.add_argument("--teacher", default=None, metavar="METHOD:SHIFT:UNITS:EOS:SYM")
+    ap.add_argument("--teacher-run", default=None, metavar="DIR",
+                    help="teacher: the layer trained in this run directory (awi, EOS dropped, grow-diag): a second "
+                         "round of self-training")
     ap.add_argument("--source-layer", type=int, default=2, help="decoder stream after this many layers: queries")
     ap.add_argument("--both-ways", action="store_true", help="also train the column direction (source -> target)")
     ap.add_argument("--steps", type=int, default=1500)
@@ -88,7 +93,11 @@ def main() -> None:
     run = Path(args.run)
     run.mkdir(parents=True, exist_ok=True)
     tm = load(args.checkpoint, device=args.device)
-    spec = teacher_spec(args.teacher, tm.alignment).check(tm.model)
+    if args.teacher_run:
+        spec = AlignmentSpec("layer", "awi", "drop", ((0, None),), {}, "grow-diag",
+                             load_run_layer(args.teacher_run, device=args.device))
+    else:
+        spec = teacher_spec(args.teacher, tm.alignment).check(tm.model)
     src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
     tgt_lines = Path(args.tgt).read_text(encoding="utf-8").splitlines()
     sources, targets = [], []

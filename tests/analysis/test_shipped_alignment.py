@@ -8,7 +8,7 @@ from model_helpers import ROOT, SHARED_DATA
 
 from workbench.analysis.alignment import read_alignments, score_alignments
 from workbench.analysis.source_share import LowShareThresholds, output_source_shares, sentence_share
-from workbench.analysis.word_align import AlignmentSpec, align_pairs, fallback_spec
+from workbench.analysis.word_align import align_pairs, aligner, fallback_spec
 from workbench.decoding.translator import load
 
 RWTH = SHARED_DATA / "alignments" / "rwth-deen"
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def test_the_stored_aligner_was_chosen_on_lines_1_150_and_beats_the_fallback_held_out(name, src, tgt, swap):
     tm = load(ROOT / "checkpoints" / name)
     assert tm.alignment is not None, f"checkpoints/{name}/alignment.json is missing"
-    spec = AlignmentSpec.from_dict(tm.alignment).check(tm.model)
+    spec = aligner(tm.model, tm.alignment, directory=tm.meta["path"])[0].check(tm.model)
     assert spec.provenance["chosen_on"].startswith("test.talp lines 1-150")
     rows = slice(150, 190)  # 40 held-out lines
     s = (RWTH / f"test.{src}").read_text(encoding="utf-8").splitlines()[rows]

@@ -149,6 +149,18 @@ def load_alignment_layer(directory: str | Path, device: str | torch.device = "cp
     return layer.to(device).eval()
 
 
+def load_run_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
+    """The layer saved by `train_alignment_layer` in a run directory (state.json + state.safetensors)."""
+    d = Path(directory)
+    cfg = json.loads((d / "state.json").read_text(encoding="utf-8"))["config"]
+    layer = AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
+                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
+                           both_ways=bool(cfg.get("both_ways", False)))
+    state = load_file(str(d / "state.safetensors"))
+    layer.load_state_dict({k[len("layer."):]: v for k, v in state.items() if k.startswith("layer.")})
+    return layer.to(device).eval()
+
+
 # ------------------------------------------------------------------------------------------------ training
 
 
@@ -242,7 +254,7 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
         step, order = int(meta["step"]), list(meta["order"])
         log(f"resumed at step {step}")
     start = time.perf_counter()
-    cached = cache_inputs(model, layer, sources, targets, log=log)
+    cached = cache_inputs(model, layer, sources, targets, log=log) if step < steps else []
     layer.train()
     per_epoch = max(1, len(order) // batch_size)
 
