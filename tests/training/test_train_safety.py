@@ -8,6 +8,8 @@ same command finishes the run with exactly the weights of an uninterrupted one.
 """
 
 import json
+import multiprocessing
+import os
 import random
 import re
 import signal
@@ -149,30 +151,48 @@ def test_each_step_is_saved_once(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ kills
 
-# Runs `workbench train CFG` and, when K >= 0, SIGKILLs itself at its K-th os.rename/os.replace:
-# the moments between the renames of a checkpoint write are where a kill can do harm.
-CHILD = """
-import os, signal, sys
-from workbench.cli import main
-k = int(sys.argv[2])
-calls = [0]
-def killing(real):
-    def wrapper(*args, **kw):
-        if calls[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-        calls[0] += 1
-        return real(*args, **kw)
-    return wrapper
-os.rename, os.replace = killing(os.rename), killing(os.replace)
-sys.exit(main(["train", sys.argv[1]]))
-"""
+# `workbench train CFG` in a child process that, when KILL_AT >= 0, SIGKILLs itself at its KILL_AT-th
+# os.rename/os.replace: the moments between the renames of a checkpoint write are where a kill can do harm.
+# The child is forked from this process, which has torch and workbench imported already (a fresh interpreter
+# spends seconds importing them, and these tests start 25 of them); what it runs is the CLI's own `main`.
+FORK = multiprocessing.get_context("fork")
 
 
-def child(tmp_path, cfg: str, kill_at: int = -1) -> subprocess.Popen:
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    return subprocess.Popen([sys.executable, str(script), cfg, str(kill_at)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+def _train_killing_at(cfg: str, kill_at: int, err_path: str) -> None:
+    sys.stdout = open(os.devnull, "w")  # the child ends with the run: nothing to close
+    sys.stderr = open(err_path, "w", buffering=1)
+    calls = [0]
+
+    def killing(real):
+        def wrapper(*args, **kw):
+            if calls[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            calls[0] += 1
+            return real(*args, **kw)
+        return wrapper
+
+    os.rename, os.replace = killing(os.rename), killing(os.replace)
+    sys.exit(cli_main(["train", cfg]))
+
+
+class Child:
+    """A started `workbench train` child: `.proc` (a multiprocessing.Process), `.err()` (what it wrote to stderr)."""
+
+    def __init__(self, tmp_path, cfg: str, kill_at: int = -1):
+        self.err_path = tmp_path / f"child_{time.monotonic_ns()}.err"
+        self.proc = FORK.Process(target=_train_killing_at, args=(cfg, kill_at, str(self.err_path)))
+        self.proc.start()
+
+    def err(self) -> str:
+        return self.err_path.read_text() if self.err_path.exists() else ""
+
+    def wait(self) -> int:
+        """The exit code (negative: killed by that signal), once the child has ended."""
+        self.proc.join(timeout=120)
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            pytest.fail(f"the training child did not end within 120 s:\n{self.err()}")
+        return self.proc.exitcode
 
 
 def assert_run_dir_sound(run):
@@ -200,18 +220,18 @@ def reference(tmp_path):
 KILL_RUN = dict(max_steps=6, save_every=3, log_every=3, keep_last=1)
 
 
-@pytest.mark.slow  # about 25 s: one subprocess (torch import included) per kill point
+@pytest.mark.slow  # one child run per kill point
 def test_a_kill_at_any_rename_leaves_a_loadable_run_and_the_same_command_finishes_it_exactly(tmp_path, reference):
     ref = reference(**KILL_RUN)
     # kill at the 0th, 1st, ... rename/replace of the run until one more than the run makes
     for kill_at in range(16):
         run = tmp_path / f"run{kill_at}"
         cfg = write_cfg(tmp_path / f"cfg{kill_at}.json", **copy_cfg(run, **KILL_RUN))
-        proc = child(tmp_path, cfg, kill_at)
-        err = proc.communicate(timeout=120)[1]
-        if proc.returncode == 0:
+        proc = Child(tmp_path, cfg, kill_at)
+        returncode = proc.wait()
+        if returncode == 0:
             break
-        assert proc.returncode == -signal.SIGKILL, (kill_at, proc.returncode, err)
+        assert returncode == -signal.SIGKILL, (kill_at, returncode, proc.err())
         assert_run_dir_sound(run)
         assert cli_main(["train", cfg]) == 0  # the same command resumes and finishes
         assert not [p.name for p in run.iterdir() if p.name.startswith(".")], kill_at  # stale ones cleaned up
@@ -233,16 +253,16 @@ def test_sigkill_at_random_moments(tmp_path, reference, seed):
     killed_mid_run = 0
     for _ in range(3):
         before = read_pointer(run)
-        proc = child(tmp_path, cfg)
-        # start-up (imports, data) takes seconds under load: kill at a random moment after the next save
-        while read_pointer(run) == before and proc.poll() is None:
+        proc = Child(tmp_path, cfg)
+        # start-up (data, model) takes a while under load: kill at a random moment after the next save
+        while read_pointer(run) == before and proc.proc.is_alive():
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=120)
+        proc.proc.kill()
+        returncode = proc.wait()
         assert_run_dir_sound(run)
         latest = read_pointer(run)
-        killed_mid_run += proc.returncode == -signal.SIGKILL and latest is not None and latest.name < "step_0000040"
+        killed_mid_run += returncode == -signal.SIGKILL and latest is not None and latest.name < "step_0000040"
     assert killed_mid_run, "no kill landed between the first checkpoint and the end"
     assert cli_main(["train", cfg]) == 0
     assert_run_dir_sound(run)
