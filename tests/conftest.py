@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_helpers for tests in subfolders too
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # model_helpers for tests in subfolders too
 
 from model_helpers import SHARED_DATA, make_model  # noqa: E402
 
@@ -103,12 +104,21 @@ def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": CHROMIUM}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # `make test` runs the suite on two pytest-xdist workers with --dist loadgroup: a test file goes to one
+    # worker whole (its module-scoped fixtures, trained models and servers, are built once), and so does
+    # tests/browser/ (one served app and one Chromium for all of it, started by the worker that runs them).
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        group = "browser" if path.parent.name == "browser" else (
+            path.relative_to(TESTS.parent).as_posix() if path.is_relative_to(TESTS.parent) else str(path))
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
