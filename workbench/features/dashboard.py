@@ -227,6 +227,30 @@ class FeatureData:
         variants = 2 + len(head_list)  # clean, the whole edit, each head
         src_v, tgt_v = src.repeat(variants, 1), tgt_in.repeat(variants, 1)
         delta = amounts[:, None] * direction[None]  # (n, d)
+        hooks = self._removal_hooks(delta, pos, head_list, edit)
+        with model.hooks(hooks):
+            out = model(src_v, tgt_v, project=False)  # (variants * n, T, D): project the aligned rows only
+        logp = model.output_proj(out.view(variants, n, *out.shape[1:])[:, rows, at]).float().log_softmax(-1)
+        prob = logp.exp()  # (variants, n, V)
+        dp = (prob[:1] - prob[1:]).mean(1)  # (variants-1, V): mean probability it adds
+        drop = (logp[:1] - logp[1:]).mean(1)  # mean log-prob drop without it
+        p_clean, p_without = prob[0].mean(0), prob[1].mean(0)
+        tv = float(0.5 * (prob[0] - prob[1]).abs().sum(-1).mean())  # mean total variation: how much it moves at all
+        tokens, lowers, head_rows = self._effect_rows(dp, drop, p_clean, p_without, head_list, top)
+        return {"feature": f, "contexts": n, "tokens": tokens, "lowers": lowers, "heads": head_rows,
+                "edited": edited, "edit": edit if self._memory_site else "site", "total_variation": tv,
+                "note": "mean change in probability at the aligned position when the feature's part is removed "
+                        "(dp = p_clean - p_without; drop: the mean log-probability drop; total_variation: the mean "
+                        "total variation distance between the two distributions); heads: the values of that "
+                        "head alone (on_top_tokens: mean log-prob drop on the top tokens, dp_on_top_tokens: their "
+                        "summed probability change)"}
+
+    def _removal_hooks(self, delta: torch.Tensor, pos: torch.Tensor, head_list: list[tuple[int, int]], edit: str
+                       ) -> list:
+        """`output_effects`'s edits, on a batch of variants of the n contexts (clean, the whole edit, each head):
+        `delta` (n, d) removed at `pos`, from every cross-attention's values (hook_memory) or at the site."""
+        model, n = self.tm.model, delta.size(0)
+        rows = torch.arange(n)
         hooks = []
         if self._memory_site:
             def value_hook(layer: int):
@@ -251,14 +275,11 @@ class FeatureData:
                 x[n + rows, pos] -= delta.to(x.dtype)
                 return x
             hooks.append((self.site.hook_out or self.site.hook_in, site_hook))
-        with model.hooks(hooks):
-            out = model(src_v, tgt_v, project=False)  # (variants * n, T, D): project the aligned rows only
-        logp = model.output_proj(out.view(variants, n, *out.shape[1:])[:, rows, at]).float().log_softmax(-1)
-        prob = logp.exp()  # (variants, n, V)
-        dp = (prob[:1] - prob[1:]).mean(1)  # (variants-1, V): mean probability it adds
-        drop = (logp[:1] - logp[1:]).mean(1)  # mean log-prob drop without it
-        p_clean, p_without = prob[0].mean(0), prob[1].mean(0)
-        tv = float(0.5 * (prob[0] - prob[1]).abs().sum(-1).mean())  # mean total variation: how much it moves at all
+        return hooks
+
+    def _effect_rows(self, dp: torch.Tensor, drop: torch.Tensor, p_clean: torch.Tensor, p_without: torch.Tensor,
+                     head_list: list[tuple[int, int]], top: int) -> tuple[list, list, list]:
+        """`output_effects`'s tables: the tokens the feature raises and lowers most, and each head's share."""
         tok = self.tm.tgt_tokenizer
 
         def entry(i: int) -> dict[str, Any]:
@@ -276,13 +297,7 @@ class FeatureData:
                               "dp_on_top_tokens": float(d_h[best.indices].sum()),
                               "tokens": [tok.pieces([int(i)])[0] for i in b.indices]})
         head_rows.sort(key=lambda r: -r["dp_on_top_tokens"])
-        return {"feature": f, "contexts": n, "tokens": tokens, "lowers": lowers, "heads": head_rows,
-                "edited": edited, "edit": edit if self._memory_site else "site", "total_variation": tv,
-                "note": "mean change in probability at the aligned position when the feature's part is removed "
-                        "(dp = p_clean - p_without; drop: the mean log-probability drop; total_variation: the mean "
-                        "total variation distance between the two distributions); heads: the values of that "
-                        "head alone (on_top_tokens: mean log-prob drop on the top tokens, dp_on_top_tokens: their "
-                        "summed probability change)"}
+        return tokens, lowers, head_rows
 
     # -- direct logit effect of the decoder direction --------------------------------------------
     def _direct_path(self, layer: int, sublayer: str) -> list:
