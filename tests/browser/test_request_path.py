@@ -1,6 +1,8 @@
 """The request path in Chromium (issue 28): every fresh load draws, links set the widgets (and refused values
 leave the URL), the Why tab answers fast on a long sentence and its sweeps never stall another user.
 
+Issue 37: the sweep and the graphs run in the server's worker processes; closing a page stops its sweep there.
+
 Before: about 1 load in 10 showed the translation and then "No attention to show yet." forever; a link's
 selection drew one head while the pickers named another; a Why sweep on a 60-word sentence took 183 s and
 two of them made another user's 10-word translation wait 287 s.
@@ -8,10 +10,14 @@ two of them made another user's 10-word translation wait 287 s.
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import time
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
+import pytest
 from test_app import FIGURE_JS, TIMEOUT, open_app, submit, text, version
 
 # A 60-word English sentence for the shipped en->de default (general-en-de): the Why tab on a real model.
@@ -150,5 +156,111 @@ def test_why_sweeps_never_stall_another_users_translation(browser, app_server):
             break
         pa.wait_for_timeout(250)
     assert progressed, f"the exact sweep stayed at {before} sites while the other page translated"
+    a.close()
+    b.close()
+
+
+# -- issue 37: heavy work in worker processes, seen from the browser ----------------------------------------------
+
+
+def _server_pid(url: str) -> int:
+    """The `panel serve` process listening on the app's port (found in /proc: Linux)."""
+    port = str(urlparse(url).port)
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in cmd and b"--port" in cmd and port.encode() in cmd:
+            return int(proc.name)
+    raise AssertionError(f"no panel serve process on port {port}")
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, parent in parents.items() if parent == p]
+        found += kids
+        todo += kids
+    return found
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of the processes still alive."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def test_closing_a_page_stops_its_sweep_in_the_worker_processes(browser, app_server):
+    """Order, not durations: the exact sweep runs in the server's worker processes (their CPU time grows), and once
+    its page is closed the workers go quiet well before the sweep could have ended (its own progress rate, measured
+    in the same run, says when that would have been)."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("reads worker processes from /proc (Linux)")
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    _why(page, app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG}))
+    page.locator(".why-exact button").click(timeout=TIMEOUT)
+    page.locator(".why-progress").get_by_text("patched").wait_for(timeout=TIMEOUT)
+    server = _server_pid(app_server)
+    workers = _descendants(server)
+    assert workers, "the server started no worker process"
+    first, start = _patched(page), time.monotonic()
+    cpu = _cpu_seconds(workers)
+    while _patched(page) <= first:  # a few batches, for the sweep's rate (and the workers' CPU time to grow)
+        page.wait_for_timeout(250)
+        assert time.monotonic() - start < TIMEOUT / 1000, "the sweep made no progress"
+    done, total = (int(g.replace(",", "")) for g in re.search(r"patched ([\d,]+) of ([\d,]+)",
+                                                              text(page, ".why-progress")).groups())
+    assert _cpu_seconds(workers) > cpu, "the sweep's CPU time is not in the worker processes"
+    remaining = (total - done) / ((done - first) / (time.monotonic() - start))  # seconds, at its own rate
+    ctx.close()  # the page is gone: the server destroys its session (within ~6 s here) and cancels its job
+    closed = time.monotonic()
+    while True:  # quiet: the workers' CPU time grows by under 0.1 s in a second
+        before = _cpu_seconds(workers)
+        time.sleep(1.0)
+        if _cpu_seconds(workers) - before < 0.1:
+            break
+        assert time.monotonic() - closed < max(remaining / 2, 30), (
+            f"the workers kept computing after the page closed (the sweep had {remaining:.0f} s of work left)")
+    assert time.monotonic() - closed < remaining / 2 or remaining < 60
+
+
+GRAPH_NOTE = ".graph-note"
+
+
+def test_graphs_keep_being_drawn_while_another_page_is_answered(browser, app_server):
+    """Order and progress: page A builds graph after graph (in the worker processes) while page B picks heads; every
+    pick of B is answered, and A draws new graphs meanwhile."""
+    a, b = browser.new_context(), browser.new_context()
+    pa, pb = a.new_page(), b.new_page()
+    open_app(pa, app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG, "tab": "graph", "gctx": "false"}))
+    open_app(pb, app_server + "?ckpt=general-en-de")
+    drawn = []
+    for position in (3, 4, 5):
+        pa.locator(".graph-token-list select").select_option(index=position)
+        for label, title in (("head 1", "head 1"), ("all (mean)", "mean of all heads")):  # B's picks, meanwhile
+            pb.locator(".head-picker select").select_option(label=label)
+            pb.wait_for_function(f"() => {{ const f = ({FIGURE_JS})(); return f !== null && "
+                                 f"f.title.includes({title!r}); }}", timeout=TIMEOUT)
+        for _ in range(TIMEOUT // 250):
+            if f"output position {position}:" in text(pa, GRAPH_NOTE):
+                drawn.append(position)
+                break
+            pa.wait_for_timeout(250)
+    assert drawn == [3, 4, 5]
     a.close()
     b.close()
