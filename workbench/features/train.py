@@ -294,28 +294,46 @@ class FeatureTrainer:
         return (clean.exp() * (clean - spliced)).sum(-1)[mask].sum() / n.clamp_min(1)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor | None) -> dict[str, float]:
+        """One optimiser step on the rows `x` (targets `y`, a transcoder's; None: `x` itself); returns the step's
+        figures over the global batch (FVU, the auxiliary, L1 / L0-penalty and KL terms, L0)."""
         c, d = self.cfg, self.dictionary
         target = x if y is None else y
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
         if self.step == 0:
-            with torch.no_grad():  # start the decoder bias at the data mean (SAELens's "mean" b_dec init), the
-                # mean over every rank's rows so that all ranks start from the same weights
-                total = self._all_reduce(torch.cat([target.sum(0), target.new_tensor([target.size(0)])]))
-                d.b_dec.copy_(total[:-1] / total[-1])
-                if d.cfg.skip:
-                    self._init_skip(x, target)
-                if d.cfg.architecture in THRESHOLDED:
-                    # one threshold for every latent at which the first batch keeps k per row on average: BatchTopK's
-                    # first estimate, and JumpReLU's start at its target L0 rather than at every latent firing
-                    acts = d.pre_activations(x).relu().flatten()
-                    cut = acts.topk(min(d.cfg.k * x.size(0), acts.numel()), sorted=False).values.min()
-                    d.threshold.fill_(float(self._all_reduce(cut.reshape(1))) / self.dist.world)
+            self._first_step_init(x, target)
         dead = self.since_fired >= c.dead_after
         k_aux = c.k_aux or d.cfg.d_in // 2
         out = d.training_forward(x, dead=dead, k_aux=k_aux, bandwidth=c.bandwidth)
         # scale-free losses: sums over this rank's rows divided by the global batch's variance
         denom = self._all_reduce((target - target.mean(0)).pow(2).sum().detach()) / self.dist.world
+        loss, mse, aux, kl, l1 = self._loss(x, target, out, denom)
+        self._optimizer_step(loss)
+        self._constrain(out)
+        record = self._record(out, mse, aux, l1, kl)
+        self.step += 1
+        return record
+
+    def _first_step_init(self, x: torch.Tensor, target: torch.Tensor) -> None:
+        """Before the first step: the decoder bias at the data mean, the skip map, the first threshold."""
+        d = self.dictionary
+        with torch.no_grad():  # start the decoder bias at the data mean (SAELens's "mean" b_dec init), the
+            # mean over every rank's rows so that all ranks start from the same weights
+            total = self._all_reduce(torch.cat([target.sum(0), target.new_tensor([target.size(0)])]))
+            d.b_dec.copy_(total[:-1] / total[-1])
+            if d.cfg.skip:
+                self._init_skip(x, target)
+            if d.cfg.architecture in THRESHOLDED:
+                # one threshold for every latent at which the first batch keeps k per row on average: BatchTopK's
+                # first estimate, and JumpReLU's start at its target L0 rather than at every latent firing
+                acts = d.pre_activations(x).relu().flatten()
+                cut = acts.topk(min(d.cfg.k * x.size(0), acts.numel()), sorted=False).values.min()
+                d.threshold.fill_(float(self._all_reduce(cut.reshape(1))) / self.dist.world)
+
+    def _loss(self, x: torch.Tensor, target: torch.Tensor, out, denom: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(loss, mse, aux, kl, l1): the reconstruction error (or its readout), AuxK, the end-to-end KL and the
+        sparsity penalty, as the architecture and config say."""
+        c, d = self.cfg, self.dictionary
         err = target - out.recon
         mse = err.pow(2).sum() / denom
         loss = mse
@@ -339,6 +357,11 @@ class FeatureTrainer:
         elif c.architecture == "jumprelu":
             l1 = out.l0 / d.cfg.k  # the L0 penalty (Rajamanoharan et al. 2024), relative to the target
             loss = loss + self.l1 * l1
+        return loss, mse, aux, kl, l1
+
+    def _optimizer_step(self, loss: torch.Tensor) -> None:
+        """Backward, gradients averaged over ranks, one Adam step."""
+        d = self.dictionary
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.dist.world > 1:
@@ -347,6 +370,10 @@ class FeatureTrainer:
                     self._all_reduce(p.grad)
                     p.grad /= self.dist.world
         self.optimizer.step()
+
+    def _constrain(self, out) -> None:
+        """After the step: unit decoder rows, a non-negative JumpReLU threshold, BatchTopK's running threshold."""
+        c, d = self.cfg, self.dictionary
         if c.architecture != "relu":
             d.normalize_decoder()
         if c.architecture == "jumprelu":
@@ -357,6 +384,12 @@ class FeatureTrainer:
                 kept = out.acts[out.acts > 0]
                 low = self._all_reduce((kept.min() if kept.numel() else d.threshold[0]).reshape(1)) / self.dist.world
                 d.threshold.mul_(1 - c.threshold_lr).add_(c.threshold_lr * low)
+
+    def _record(self, out, mse: torch.Tensor, aux: torch.Tensor, l1: torch.Tensor, kl: torch.Tensor
+                ) -> dict[str, float]:
+        """Firing counts, L0 and the loss terms over the global batch; the L1 coefficient steered toward the target
+        L0."""
+        c, d = self.cfg, self.dictionary
         # firing counts and L0 over the global batch
         with torch.no_grad():
             if out.indices is not None:
@@ -372,7 +405,6 @@ class FeatureTrainer:
         if c.architecture == "relu" and c.target_l0 > 0 or c.architecture == "jumprelu":
             target = c.target_l0 or d.cfg.k
             self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / target)))
-        self.step += 1
         return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0}
 
     # -- the loop ------------------------------------------------------------------------------
