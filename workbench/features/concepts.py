@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.batching import decoder_input
 from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import capture_site, site_of
@@ -165,7 +166,7 @@ def _log_probs(tm: TranslationModel, case: NumberCase, deltas: Sequence[torch.Te
     model, cfg = tm.model, tm.model.cfg
     n = 1 + len(deltas)
     src = torch.tensor([case.src_ids]).expand(n, -1)
-    tgt_in = torch.tensor([[cfg.start_id, *case.tgt_ids]]).expand(n, -1)
+    tgt_in = torch.tensor([decoder_input(case.tgt_ids, cfg.start_id, prefix=True)]).expand(n, -1)
     stack = torch.stack([torch.zeros_like(deltas[0]), *deltas]) if deltas else None
 
     def remove(x: torch.Tensor, hook) -> torch.Tensor:
@@ -267,7 +268,7 @@ def plural_contrasts(tm: TranslationModel, case: NumberCase, numbers: Mapping[st
     prefixes[1] = [*case.tgt_ids[: case.out_pos], _one_piece(tm, "a", piece)]
     prefixes[2] = [*case.tgt_ids[: case.out_pos], _one_piece(tm, other, piece)]
     src = torch.tensor([case.src_ids]).expand(5, -1)
-    tgt_in = torch.tensor([[cfg.start_id, *p] for p in prefixes])
+    tgt_in = torch.tensor([decoder_input(p, cfg.start_id, prefix=True) for p in prefixes])
     noun_src = [p for p in (case.position + 1,) if p < len(case.src_ids) - 1]
 
     def zero(x: torch.Tensor, hook) -> torch.Tensor:
