@@ -2,21 +2,26 @@
 graphs are, and how far interventions on the real model confirm them.
 
     nice python scripts/feature_graph_report.py --sentences 20 --sampled 100 --threads 1 \
-        --json docs/evidence/feature_graph.json
+        --json docs/evidence/feature_graph.json [--features runs/fg_k8]
 
 The shipped multi30k-de-en and its shipped dictionaries (checkpoints/multi30k-de-en/features: SAEs on hook_memory
 and dec.{0..3}.cross_attn.hook_out, the dec.1.ffn skip transcoder). Greedy translations of test2016's first
 sentences. Two modes, as benchmarks/bench_graph.py: *every*, every output position of the first --sentences
 sentences; *sampled*, one position of each of the next --sampled sentences, drawn uniformly with a generator seeded by
---seed. Per graph (target "logit"): node and feature counts, `prune(0.8)`'s size (the logit node included), the share
-of the influence held by the 100 most influential nodes, the share held by error nodes, the completeness error.
+--seed. Per graph (target "logit"): node and feature counts, `prune(0.8)`'s size (the logit node included) and what
+kinds of node it keeps, the same size under circuit-tracer's conventions where they differ from ours (every
+embedding kept whatever its influence; no bias node), the share of the influence held by the 100 most influential
+nodes, the share `prune(0.8, max_nodes=100)`'s graph holds by its own paths (`paths_within`), circuit-tracer's
+replacement and completeness scores (`graph_scores`), the share held by error nodes, the completeness error.
 Interventions at one position per sentence (7·i mod its length in every mode, the drawn one in sampled mode), for the
 targets "logit" and "demeaned": the real model's target drop with the graph's top-5 features by attribution clamped
 to 0 together (the dictionaries spliced in, errors kept: `feature_check`) next to 5 random active features (10
 draws) and the top-5 by gradient x activation in the real model (the ranking one would use without a graph), each
 beside the graph's prediction (the sum of their attributions); and the top-10 features one by one,
-predicted vs real, with their rank correlation. With --site-sets N: `prune(0.8)`'s size with subsets of the
-dictionaries on N more sentences (from line 100), to see which sites cost the nodes. With --freeze-study N: the top-5
+predicted vs real, with their rank correlation; and the pruned graph itself (`prune(0.8, max_nodes=100)`): its
+features clamped together against every other active feature clamped together (`pruned_check`). With --site-sets
+N: `prune(0.8)`'s size with subsets of the dictionaries on N more sentences (from line 100), to see which sites cost
+the nodes. With --freeze-study N: the top-5
 features ranked by gradient x activation with the gradient taken under each part of the freezing alone (N sentences
 from line 200), to see what makes gradient x activation's ranking beat the graph's. Records go to --records (JSON
 lines; a rerun resumes), the summary to --json.
@@ -144,7 +149,9 @@ def summarise(records: list[dict]) -> dict:
                                    for k in sorted({k for row in rows for k in row["kept80_kinds"]})},
              "kept80_feature_sites_positions_median": float(np.median(
                  [row["kept80_feature_sites_positions"] for row in rows])),
-             "top100_paths_within_share_median": float(np.median([row["top100_paths_within_share"] for row in rows])),
+             # the row key's name is older than its meaning: prune(0.8, max_nodes=100)'s graph, not always 100 nodes
+             "pruned_graph_paths_within_share_median": float(np.median(
+                 [row["top100_paths_within_share"] for row in rows])),
              "site_error_share_median": float(np.median([row["site_error_share"] for row in rows])),
              "nodes_mean": float(np.mean([row["nodes"] for row in rows])),
              "features_mean": float(np.mean([row["features"] for row in rows])),
