@@ -245,6 +245,10 @@ def greedy(
     Settings come from `config` (a DecodeConfig; its beam and n_best are ignored) with keyword
     `options` (max_len_b=, min_len=, alpha=, ...) overriding its fields. `encoded`: the encoder's output
     for `src`, computed before (`model.encode(src)`), so runs that edit only the decoder reuse it.
+
+    One step: the decoding loop. Its state (sentences, tokens, scores, end steps, limits, encoder output, cache,
+    recorder) shrinks together when sentences finish; split into functions, each would pass all eight back and
+    forth, and the loop is the one place a reader checks that they stay aligned.
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
@@ -459,6 +463,10 @@ def beam_search(
 
     Settings come from `config` (a DecodeConfig) with keyword `options` (beam=, n_best=, alpha=, ...)
     overriding its fields. `encoded`: the encoder's output for `src` when already computed (as `greedy`).
+
+    One step: the decoding loop; each stage of a step is already its own function (`_candidates`, `_merge_finished`,
+    `_advance`, `_collect_beam`), and what remains is the state they share (beams, encoder output, cache, hook rows,
+    recorder), shrunk together when sentences finish, which a reader checks in one place.
     """
     cfg = decode_config(config, options)
     _check_model(model, src)
