@@ -114,3 +114,22 @@ def test_load_model_and_feature_data_use_the_one_cache(tmp_path, monkeypatch):
     # a copy of the checkpoint elsewhere is another entry
     shutil.copytree(tmp_path / "alpha", tmp_path / "beta")
     assert loader.load_model(tmp_path / "beta") is not tm
+
+
+def test_what_is_derived_from_a_model_goes_with_it(tmp_path, monkeypatch):
+    """The Graph tab's corpus contexts (`graph_view.model_contexts`) are cached per checkpoint with the model and
+    evicted with it, never keyed by the model object (which kept evicted models alive)."""
+    from workbench.ui import graph_view
+
+    monkeypatch.setattr(loader, "CACHE", CheckpointCache({**loader.LIMITS, "model": 1}))
+    build_checkpoint(tmp_path / "alpha", seed=0, steps=0)
+    tm = loader.load_model(tmp_path / "alpha")
+    measured = []
+    monkeypatch.setattr(graph_view, "_corpus", lambda *_: (["Ein Hund."], ["A dog."], "one sentence"))
+    monkeypatch.setattr(graph_view, "component_contexts", lambda m, s, r, check=None: measured.append(m) or {})
+    assert graph_view.model_contexts(tm) == ({}, "one sentence")
+    assert graph_view.model_contexts(tm) == ({}, "one sentence") and measured == [tm]  # once per checkpoint
+    assert sorted(k[0] for k in loader.CACHE.keys()) == ["contexts", "model"]
+    _checkpoint_dir(tmp_path / "beta")
+    loader.CACHE.get("model", tmp_path / "beta", object)  # alpha's model goes, and its contexts with it
+    assert [k[0] for k in loader.CACHE.keys()] == ["model"]

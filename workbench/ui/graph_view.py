@@ -58,6 +58,7 @@ from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_
 from ..charts.qk import qk_caption, qk_pairs_table
 from ..core.batching import decoder_input
 from ..corpus.data import dataset_files
+from . import loader
 from .features_view import feature_data, sites_of
 from .learn import link_terms
 from .link import MESSAGE
@@ -69,8 +70,6 @@ MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 2
 SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
 CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
 CONTEXT_SENTENCES = 60  # test sentences the corpus contexts are measured on (about 2 s on one core, once per model)
-_CONTEXTS: dict = {}  # TranslationModel -> (contexts, where), for the process
-_CONTEXTS_LOCK = threading.Lock()
 
 
 def _corpus(src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], str] | None:
@@ -86,18 +85,13 @@ def _corpus(src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], str] | 
 def model_contexts(tm, check=None) -> tuple[dict, str] | None:
     """(`component_contexts` of a TranslationModel on the test set of its language pair, where they were
     measured), once per model and process; None when no such test set is here."""
-    with _CONTEXTS_LOCK:
-        if tm in _CONTEXTS:
-            return _CONTEXTS[tm]
-    corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
-    found = None
-    if corpus is not None:
-        found = component_contexts(tm, corpus[0], corpus[1], check=check), corpus[2]
-    with _CONTEXTS_LOCK:
-        while len(_CONTEXTS) >= 8:
-            _CONTEXTS.pop(next(iter(_CONTEXTS)))
-        _CONTEXTS[tm] = found
-    return found
+    def measure():
+        corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+        if corpus is None:
+            return None
+        return component_contexts(tm, corpus[0], corpus[1], check=check), corpus[2]
+
+    return loader.load_derived("contexts", tm, measure)  # `loader.CACHE`, with the model's checkpoint
 
 
 def estimate(nodes: int) -> tuple[float, float]:

@@ -126,9 +126,11 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
     return entries[0] if entries else None
 
 
-LIMITS = {"model": 4, "log": 8, "features": 16}
+LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8}
 """Entries kept per kind: 4 models (the shipped ones are 20-90 MB each in memory), 8 training logs, 16 dictionaries
-(a few MB each, with their corpus statistics)."""
+(a few MB each, with their corpus statistics), the Graph tab's corpus contexts of 8 models."""
+DERIVED = ("features", "contexts")
+"""The kinds computed from a loaded model: evicted with it."""
 
 
 def files_stamp(directory: str | Path) -> tuple:
@@ -194,8 +196,8 @@ class CheckpointCache:
         while (keys := [k for k in self._entries if k[0] == kind]) and len(keys) > self.limits[kind]:
             old = keys[0]  # the least recently used of its kind
             del self._entries[old]
-            if kind == "model":  # what was derived from the model (its dictionaries) goes with it
-                for k in [k for k in self._entries if k[0] == "features" and k[1] == old[1]]:
+            if kind == "model":  # what was derived from the model (its dictionaries, ...) goes with it
+                for k in [k for k in self._entries if k[0] in DERIVED and k[1] == old[1]]:
                     del self._entries[k]
 
     def keys(self) -> list[tuple]:
@@ -258,14 +260,20 @@ def load_train_log(path: str | Path) -> list[dict]:
     return CACHE.get("log", path, lambda: read_log(resolve_checkpoint(path) / "train_log.jsonl"))
 
 
-def load_features(tm: TranslationModel, directory: str | Path, load: Callable[[], object]):
-    """A dictionary of model `tm` (its `FeatureData`, built by `load()`), cached with the model's checkpoint
-    (`CACHE`: keyed by the checkpoint and the dictionary directory's own files, evicted with the model). A model
-    that names no checkpoint directory (built in memory) has nothing to key it by: loaded each time."""
+def load_derived(kind: str, tm: TranslationModel, load: Callable[[], object], *extra: Hashable):
+    """What `load()` computes from model `tm` (a `DERIVED` kind), cached with the model's checkpoint (`CACHE`,
+    evicted with the model). A model that names no checkpoint directory (built in memory) has nothing to key it by:
+    computed each time."""
     path = tm.meta.get("path")
     if not path:
         return load()
-    return CACHE.get("features", path, load, str(Path(directory).resolve()), files_stamp(directory))
+    return CACHE.get(kind, path, load, *extra)
+
+
+def load_features(tm: TranslationModel, directory: str | Path, load: Callable[[], object]):
+    """A dictionary of model `tm` (its `FeatureData`, built by `load()`), cached with the model's checkpoint and
+    keyed by the dictionary directory's own files too (`load_derived`)."""
+    return load_derived("features", tm, load, str(Path(directory).resolve()), files_stamp(directory))
 
 
 def read_meta(path: str | Path) -> dict:
