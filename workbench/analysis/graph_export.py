@@ -243,6 +243,34 @@ def circuit_tracer_graph(graph: AttributionGraph, *, slug: str, token_prob: floa
     if graph.meta.get("target") == "demeaned":
         versus = " minus the mean logit"
 
+    nodes = _node_entries(graph, kept, rows, src_len, token_prob, token_str, versus)
+    ids = [e["node_id"] for e in nodes.values()]
+    if len(set(ids)) != len(ids):  # the viewer keys nodes (and merges features) by layer_feature_ctx
+        dup = sorted({x for x in ids if ids.count(x) > 1})
+        raise ValueError(f"two nodes share a (layer, feature, ctx_idx) in the circuit-tracer layout: {dup[:5]}")
+
+    a = graph.adjacency
+    targets, sources = kept.edge_mask.nonzero(as_tuple=True)
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(a[t, s])}
+             for t, s in zip(targets.tolist(), sources.tolist()) if s in nodes and t in nodes]
+    connected = {x for link in links for x in (link["source"], link["target"])}
+    used = [e for e in nodes.values() if e["node_id"] in connected or e["feature_type"] in ("embedding", "logit")]
+    src_part, tgt_part = tokens[:src_len], tokens[src_len:]
+    transcoder_list: list[str] = []
+    if feature_scans:
+        transcoder_list = _transcoder_list(graph, nodes, connected, feature_scans, len(rows))
+        scan = "custom-" + scan  # the viewer then looks a feature up in transcoder_list[its row]
+    metadata = {"slug": slug, "scan": scan, "transcoder_list": transcoder_list,
+                "prompt_tokens": [_process_token(t) for t in tokens],
+                "prompt": prompt if prompt is not None else " ".join(src_part) + " → " + " ".join(tgt_part),
+                "node_threshold": node_threshold}
+    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    return {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
+
+
+def _node_entries(graph: AttributionGraph, kept, rows: dict, src_len: int, token_prob: float, token_str: str,
+                  versus: str) -> dict[int, dict[str, Any]]:
+    """{graph node: its circuit-tracer node entry} for the nodes `prune_graph` kept."""
     nodes: dict[int, dict[str, Any]] = {}
     for i in kept.node_mask.nonzero().flatten().tolist():
         node = graph.nodes[i]
@@ -265,39 +293,25 @@ def circuit_tracer_graph(graph: AttributionGraph, *, slug: str, token_prob: floa
                      "activation": None if activation is None else _finite(float(activation))}
         entry.update(run_idx=0, reverse_ctx_idx=0, jsNodeId=entry["node_id"])
         nodes[i] = entry
-    ids = [e["node_id"] for e in nodes.values()]
-    if len(set(ids)) != len(ids):  # the viewer keys nodes (and merges features) by layer_feature_ctx
-        dup = sorted({x for x in ids if ids.count(x) > 1})
-        raise ValueError(f"two nodes share a (layer, feature, ctx_idx) in the circuit-tracer layout: {dup[:5]}")
+    return nodes
 
-    a = graph.adjacency
-    targets, sources = kept.edge_mask.nonzero(as_tuple=True)
-    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(a[t, s])}
-             for t, s in zip(targets.tolist(), sources.tolist()) if s in nodes and t in nodes]
-    connected = {x for link in links for x in (link["source"], link["target"])}
-    used = [e for e in nodes.values() if e["node_id"] in connected or e["feature_type"] in ("embedding", "logit")]
-    src_part, tgt_part = tokens[:src_len], tokens[src_len:]
-    transcoder_list: list[str] = []
-    if feature_scans:
-        by_row: dict[str, str] = {}
-        for i, e in nodes.items():
-            if graph.nodes[i]["kind"] != "feature" or e["node_id"] not in connected:
-                continue
-            site = graph.nodes[i].get("site")
-            if site not in feature_scans:
-                raise ValueError(f"feature node {graph.nodes[i].get('label')} is of site {site!r}, which "
-                                 f"feature_scans lacks (it has {sorted(feature_scans)})")
-            if by_row.setdefault(e["layer"], feature_scans[site]) != feature_scans[site]:
-                raise ValueError(f"row {e['layer']} holds features of two dictionaries: the viewer reads one per row")
-            by_row[e["layer"]] = feature_scans[site]
-        transcoder_list = [by_row.get(str(r), "") for r in range(len(rows) + 1)]
-        scan = "custom-" + scan  # the viewer then looks a feature up in transcoder_list[its row]
-    metadata = {"slug": slug, "scan": scan, "transcoder_list": transcoder_list,
-                "prompt_tokens": [_process_token(t) for t in tokens],
-                "prompt": prompt if prompt is not None else " ".join(src_part) + " → " + " ".join(tgt_part),
-                "node_threshold": node_threshold}
-    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
-    return {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
+
+def _transcoder_list(graph: AttributionGraph, nodes: dict[int, dict[str, Any]], connected: set,
+                     feature_scans: dict[str, str], n_rows: int) -> list[str]:
+    """The viewer's `transcoder_list`: per row, the folder of feature files of the dictionary whose features sit
+    there (one per row), from `feature_scans` {site: folder}."""
+    by_row: dict[str, str] = {}
+    for i, e in nodes.items():
+        if graph.nodes[i]["kind"] != "feature" or e["node_id"] not in connected:
+            continue
+        site = graph.nodes[i].get("site")
+        if site not in feature_scans:
+            raise ValueError(f"feature node {graph.nodes[i].get('label')} is of site {site!r}, which "
+                             f"feature_scans lacks (it has {sorted(feature_scans)})")
+        if by_row.setdefault(e["layer"], feature_scans[site]) != feature_scans[site]:
+            raise ValueError(f"row {e['layer']} holds features of two dictionaries: the viewer reads one per row")
+        by_row[e["layer"]] = feature_scans[site]
+    return [by_row.get(str(r), "") for r in range(n_rows + 1)]
 
 
 def validate_circuit_tracer(data: dict[str, Any]) -> None:
