@@ -297,32 +297,11 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
     positions shift when the output changes). `model` may be a `TranslationModel`: re-decoding then follows its
     settings; `config=` (a DecodeConfig) and `decode_options` set them on a bare model (default: greedy)."""
     model, config = decoding_setup(model, decode_options.pop("config", None))
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if ablation is not None and ablation not in ABLATIONS:
-        raise ValueError(f"ablation must be one of {ABLATIONS} or None, got {ablation!r}")
-    if ablation is not None and (corrupted_src is not None or corrupted_tgt is not None or direction != "noising"):
-        raise ValueError("ablation replaces the corrupted input: give no corrupted_src/corrupted_tgt and keep "
-                         "direction='noising'")
-    if ablation is None and corrupted_src is None and corrupted_tgt is None:
-        raise ValueError("give corrupted_src and/or corrupted_tgt, or an ablation")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if ablation in ("mean", "resample") and sites == "pattern":
-        raise ValueError("mean/resample ablation of attention patterns is undefined across source lengths; "
-                         "use ablation='zero' or a corrupted input")
+    _check_sweep(sites, direction, ablation, corrupted_src, corrupted_tgt, batch_size)
     src, tgt, c_src, c_tgt = _clean_and_corrupted(model, src, tgt, corrupted_src, corrupted_tgt)
     translate = None
     if isinstance(metric, str):
-        if metric not in TRANSLATION_METRICS:
-            raise ValueError(f"metric must be a function or one of {TRANSLATION_METRICS}, got {metric!r}")
-        if sites not in ENCODER_SIDE:
-            raise ValueError(f"metric={metric!r} re-decodes the translation; it supports the encoder-side sites "
-                             f"{ENCODER_SIDE}, not {sites!r}")
-        if detokenize is None or reference_text is None:
-            raise ValueError(f"metric={metric!r} needs detokenize= and reference_text=")
-        search = decode_config(config or DecodeConfig(beam=1), decode_options)
-        translate = _translation_metric(model, metric, detokenize, reference_text, search)
+        translate = _string_metric(model, metric, sites, detokenize, reference_text, config, decode_options)
     rows, cols, site_list = build_sites(model, sites, src.size(1), tgt.size(1), positions)
     names = sorted({n for s in site_list for n, _ in s.edits})
     with evaluating(model):
@@ -354,6 +333,38 @@ def patching_sweep(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, s
     return PatchingResult(values, rows, cols, clean_m, corr_m, passes + n_pass,
                           {"sites": sites, "direction": direction, "ablation": ablation,
                            "metric": getattr(metric, "__name__", str(metric))})
+
+
+def _check_sweep(sites: str, direction: str, ablation: str | None, corrupted_src, corrupted_tgt, batch_size: int
+                 ) -> None:
+    """`patching_sweep`'s refusals: options that contradict each other or name nothing."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if ablation is not None and ablation not in ABLATIONS:
+        raise ValueError(f"ablation must be one of {ABLATIONS} or None, got {ablation!r}")
+    if ablation is not None and (corrupted_src is not None or corrupted_tgt is not None or direction != "noising"):
+        raise ValueError("ablation replaces the corrupted input: give no corrupted_src/corrupted_tgt and keep "
+                         "direction='noising'")
+    if ablation is None and corrupted_src is None and corrupted_tgt is None:
+        raise ValueError("give corrupted_src and/or corrupted_tgt, or an ablation")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if ablation in ("mean", "resample") and sites == "pattern":
+        raise ValueError("mean/resample ablation of attention patterns is undefined across source lengths; "
+                         "use ablation='zero' or a corrupted input")
+
+
+def _string_metric(model, metric: str, sites: str, detokenize, reference_text, config, decode_options: dict):
+    """A translation metric named by text ("bleu", "chrf"): the function of a source that re-decodes and scores."""
+    if metric not in TRANSLATION_METRICS:
+        raise ValueError(f"metric must be a function or one of {TRANSLATION_METRICS}, got {metric!r}")
+    if sites not in ENCODER_SIDE:
+        raise ValueError(f"metric={metric!r} re-decodes the translation; it supports the encoder-side sites "
+                         f"{ENCODER_SIDE}, not {sites!r}")
+    if detokenize is None or reference_text is None:
+        raise ValueError(f"metric={metric!r} needs detokenize= and reference_text=")
+    search = decode_config(config or DecodeConfig(beam=1), decode_options)
+    return _translation_metric(model, metric, detokenize, reference_text, search)
 
 
 def attribution_patching(model, src, tgt, *, corrupted_src=None, corrupted_tgt=None, sites: str = "head",
@@ -468,48 +479,67 @@ def path_patching(model, src, tgt, *, corrupted_src, metric: Metric, batch_size:
         with torch.no_grad():
             clean_logits, clean = model.run_with_cache(src, tgt, names=moved)
             corr_logits, corr = model.run_with_cache(c_src, tgt, names=moved)
-            passes = 2
-            new_inputs: dict[str, list[torch.Tensor]] = {n: [] for n in recv_names}
-            for start in range(0, len(sender_list), batch_size):
-                chunk = sender_list[start : start + batch_size]
-                n = len(chunk)
-
-                def freeze(x, hook, chunk=chunk):
-                    out = clean[hook.name].expand_as(x).clone()
-                    for j, (_, name, h) in enumerate(chunk):
-                        if name == hook.name:
-                            if h is None:
-                                out[j] = corr[name][0]
-                            else:
-                                out[j, h] = corr[name][0, h]
-                    return out
-
-                with model.capture(recv_names) as store, model.hooks({n_: freeze for n_ in moved}):
-                    model(src.expand(n, -1), tgt.expand(n, -1))
-                passes += 1
-                for name in recv_names:
-                    new_inputs[name].append(store[name][-1])
-            values_in = {n: torch.cat(v) for n, v in new_inputs.items()}  # (senders, ...)
-            jobs = [(s, r) for s in range(len(sender_list)) for r in range(len(recv))]
-            vals: list[float] = []
-            for start in range(0, len(jobs), batch_size):
-                chunk = jobs[start : start + batch_size]
-
-                def put(x, hook, chunk=chunk):
-                    out = x.clone()
-                    for j, (s, r) in enumerate(chunk):
-                        if hook.name in recv[r][1]:
-                            out[j] = values_in[hook.name][s]
-                    return out
-
-                with model.hooks({n_: put for n_ in recv_names}):
-                    logits = model(src.expand(len(chunk), -1), tgt.expand(len(chunk), -1))
-                vals += metric(logits).double().cpu().tolist()
-                passes += 1
+            values_in, n_first = _receiver_inputs(model, src, tgt, sender_list, moved, clean, corr, recv_names,
+                                                  batch_size)
+            vals, n_second = _patch_receivers(model, src, tgt, len(sender_list), recv, values_in, metric, batch_size)
+            passes = 2 + n_first + n_second
     values = torch.tensor(vals, dtype=torch.float64).view(len(sender_list), len(recv))
     return PatchingResult(values, [s for s, _, _ in sender_list], [label for label, _ in recv],
                           float(metric(clean_logits)[0]), float(metric(corr_logits)[0]), passes,
                           {"sites": f"path:{senders}->{receivers}", "embeddings": embeddings})
+
+
+def _receiver_inputs(model, src, tgt, sender_list: list, moved: list[str], clean, corr, recv_names: list[str],
+                     batch_size: int) -> tuple[dict[str, torch.Tensor], int]:
+    """`path_patching`'s first half: each receiver's input recomputed with one sender corrupted and every other
+    component frozen clean ({receiver hook: (senders, ...)}), and the forwards it took."""
+    passes = 0
+    new_inputs: dict[str, list[torch.Tensor]] = {n: [] for n in recv_names}
+    for start in range(0, len(sender_list), batch_size):
+        chunk = sender_list[start : start + batch_size]
+        n = len(chunk)
+
+        def freeze(x, hook, chunk=chunk):
+            out = clean[hook.name].expand_as(x).clone()
+            for j, (_, name, h) in enumerate(chunk):
+                if name == hook.name:
+                    if h is None:
+                        out[j] = corr[name][0]
+                    else:
+                        out[j, h] = corr[name][0, h]
+            return out
+
+        with model.capture(recv_names) as store, model.hooks({n_: freeze for n_ in moved}):
+            model(src.expand(n, -1), tgt.expand(n, -1))
+        passes += 1
+        for name in recv_names:
+            new_inputs[name].append(store[name][-1])
+    return {n: torch.cat(v) for n, v in new_inputs.items()}, passes  # (senders, ...)
+
+
+def _patch_receivers(model, src, tgt, n_senders: int, recv: list, values_in: dict[str, torch.Tensor], metric: Metric,
+                     batch_size: int) -> tuple[list[float], int]:
+    """`path_patching`'s second half: the metric with each (sender, receiver) input patched alone into a clean run,
+    sender-major, and the forwards it took."""
+    passes = 0
+    recv_names = [n for _, names in recv for n in names]
+    jobs = [(s, r) for s in range(n_senders) for r in range(len(recv))]
+    vals: list[float] = []
+    for start in range(0, len(jobs), batch_size):
+        chunk = jobs[start : start + batch_size]
+
+        def put(x, hook, chunk=chunk):
+            out = x.clone()
+            for j, (s, r) in enumerate(chunk):
+                if hook.name in recv[r][1]:
+                    out[j] = values_in[hook.name][s]
+            return out
+
+        with model.hooks({n_: put for n_ in recv_names}):
+            logits = model(src.expand(len(chunk), -1), tgt.expand(len(chunk), -1))
+        vals += metric(logits).double().cpu().tolist()
+        passes += 1
+    return vals, passes
 
 
 # ------------------------------------------------------------------------------------- many sentences
