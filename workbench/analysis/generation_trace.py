@@ -14,7 +14,7 @@ self-attention scores/probabilities of keys after a step filled as the causal ma
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -100,6 +100,16 @@ def generation_trace(model, src, names: str | Iterable[str] | DecodeConfig = "*"
     rows = [0] * steps if beam == 1 else replay_beam(gen, 0).path
     if len(rows) != steps:
         raise RuntimeError(f"the recorded ancestry has {len(rows)} steps for a hypothesis of {steps} tokens")
+    tensors = _along_path(model, chosen, store, rows)
+    tgt = torch.tensor([decoder_input(hyp.tokens, cfg.start_id)], dtype=torch.long, device=model.device)
+    return hyp, Trace(tensors, src=src, tgt=tgt, meta={"search": "greedy" if beam == 1 else f"beam {beam}",
+                                                     "rows": list(rows)})
+
+
+def _along_path(model, chosen: Sequence[str], store: dict, rows: Sequence[int]) -> dict[str, torch.Tensor]:
+    """{hook: tensor} along the chosen hypothesis: source-side hooks once, decoder hooks one row per step (the beam
+    row `rows[step]`), concatenated over positions; the decoder's self-attention padded to the last step's keys."""
+    steps = len(rows)
     tensors: dict[str, torch.Tensor] = {}
     once = source_side_names(model)
     # decoder self-attention grows one key per step: its rows are padded to the last step's keys
@@ -119,6 +129,4 @@ def generation_trace(model, src, names: str | Iterable[str] | DecodeConfig = "*"
             fill = 0.0 if name.endswith("hook_probs") else torch.finfo(pieces[0].dtype).min
             pieces = [torch.nn.functional.pad(p, (0, steps - p.size(-1)), value=fill) for p in pieces]
         tensors[name] = torch.cat(pieces, axis)
-    tgt = torch.tensor([decoder_input(hyp.tokens, cfg.start_id)], dtype=torch.long, device=model.device)
-    return hyp, Trace(tensors, src=src, tgt=tgt, meta={"search": "greedy" if beam == 1 else f"beam {beam}",
-                                                     "rows": list(rows)})
+    return tensors
