@@ -293,57 +293,13 @@ class _EdgeState:
 
     # -- the hooks -----------------------------------------------------------------------------------------
     def hooks(self, src_embed: torch.Tensor | None) -> list[tuple[str, object]]:
+        """(hook name, function) for every sender's write and receiver's read of both stacks, the norms the
+        differences pass, the memory hand-over and the logits' read; `src_embed` replaces the source embedding."""
         g, model = self.g, self.net.model
         spec: list[tuple[str, object]] = []
-
-        def embed(stack: str):
-            sender = g.s_index["src_embed" if stack == "enc" else "tgt_embed"]
-
-            def fn(x, hook):
-                if stack == "enc" and src_embed is not None:
-                    x = src_embed
-                self.emit(sender, x)
-                return x
-            return fn
-
-        def heads(senders: list[int]):
-            def fn(x, hook):  # (B, H, L, D)
-                for h, sender in enumerate(senders):
-                    self.emit(sender, x[:, h])
-            return fn
-
-        def ffn_out(sender: int):
-            def fn(x, hook):
-                self.emit(sender, x)
-            return fn
-
-        def norm_passed(norm):
-            def fn(x, hook):
-                self.through(norm)
-            return fn
-
-        def split_input(recv: list[int], memory: bool, norm):
-            def fn(x, hook):  # (B, L, H, D): each head's copy of what the block reads
-                stack = self.memory if memory else self.stack
-                return self.receive(x[:, :, 0], recv, stack, norm).permute(1, 2, 0, 3)
-            return fn
-
-        def ffn_in(recv: int, norm):
-            def fn(x, hook):
-                return self.receive(x, [recv], self.stack, norm)[0]
-            return fn
-
-        def memory_done(x, hook):  # the encoder's differences are what cross-attention keys and values read
-            self.memory, self.stack = self.stack, ([], None)
-
-        def logits_in(x, hook):  # the decoder output; the logits read its last position
-            last = self.receive(x[:, -1:], [g.r_index["logits"]], (self.stack[0], None if self.stack[1] is None
-                                                                   else self.stack[1][:, :, -1:]))[0]
-            return torch.cat([x[:, :-1], last], dim=1)
-
         for stack in ("enc", "dec"):
             stream = model.stream(stack)
-            spec.append((stream.hook_embed.name, embed(stack)))
+            spec.append((stream.hook_embed.name, self._embed_hook(stack, src_embed)))
             for i, sub in stream.sublayers():
                 read_norm = None if sub.norm_on_stream else sub.norm  # pre-norm: the receiver reads through it
                 if sub.is_attention:
@@ -354,20 +310,65 @@ class _EdgeState:
                     for part, point in inputs.items():
                         recv = [g.r_index[f"{n}.{part}"] for n in names]
                         from_memory = cross and part != "q"
-                        spec.append((point.name, split_input(recv, from_memory, None if from_memory else read_norm)))
-                    spec.append((sub.block.hook_result.name, heads([g.s_index[n] for n in names])))
+                        spec.append((point.name, self._split_input_hook(recv, from_memory,
+                                                                        None if from_memory else read_norm)))
+                    spec.append((sub.block.hook_result.name, self._heads_hook([g.s_index[n] for n in names])))
                 else:
-                    spec.append((sub.block.hook_in.name, ffn_in(g.r_index[path_of(sub.block)], read_norm)))
-                    spec.append((sub.block.hook_out.name, ffn_out(g.s_index[path_of(sub.block)])))
+                    spec.append((sub.block.hook_in.name, self._ffn_in_hook(g.r_index[path_of(sub.block)], read_norm)))
+                    spec.append((sub.block.hook_out.name, self._ffn_out_hook(g.s_index[path_of(sub.block)])))
                 if sub.norm_on_stream:
-                    spec.append((sub.hook_norm.name, norm_passed(sub.norm)))
+                    spec.append((sub.hook_norm.name, self._norm_passed_hook(sub.norm)))
             if stream.final_norm is not None:
-                spec.append((stream.hook_out.name, norm_passed(stream.final_norm)))
+                spec.append((stream.hook_out.name, self._norm_passed_hook(stream.final_norm)))
             if stack == "enc":
-                spec.append((stream.hook_out.name, memory_done))
-        spec.append((model.stream("dec").hook_out.name, logits_in))
+                spec.append((stream.hook_out.name, self._memory_done))
+        spec.append((model.stream("dec").hook_out.name, self._logits_in))
         return spec
 
+    def _embed_hook(self, stack: str, src_embed: torch.Tensor | None):
+        sender = self.g.s_index["src_embed" if stack == "enc" else "tgt_embed"]
+
+        def fn(x, hook):
+            if stack == "enc" and src_embed is not None:
+                x = src_embed
+            self.emit(sender, x)
+            return x
+        return fn
+
+    def _heads_hook(self, senders: list[int]):
+        def fn(x, hook):  # (B, H, L, D)
+            for h, sender in enumerate(senders):
+                self.emit(sender, x[:, h])
+        return fn
+
+    def _ffn_out_hook(self, sender: int):
+        def fn(x, hook):
+            self.emit(sender, x)
+        return fn
+
+    def _norm_passed_hook(self, norm):
+        def fn(x, hook):
+            self.through(norm)
+        return fn
+
+    def _split_input_hook(self, recv: list[int], memory: bool, norm):
+        def fn(x, hook):  # (B, L, H, D): each head's copy of what the block reads
+            stack = self.memory if memory else self.stack
+            return self.receive(x[:, :, 0], recv, stack, norm).permute(1, 2, 0, 3)
+        return fn
+
+    def _ffn_in_hook(self, recv: int, norm):
+        def fn(x, hook):
+            return self.receive(x, [recv], self.stack, norm)[0]
+        return fn
+
+    def _memory_done(self, x, hook):  # the encoder's differences are what cross-attention keys and values read
+        self.memory, self.stack = self.stack, ([], None)
+
+    def _logits_in(self, x, hook):  # the decoder output; the logits read its last position
+        last = self.receive(x[:, -1:], [self.g.r_index["logits"]], (self.stack[0], None if self.stack[1] is None
+                                                                    else self.stack[1][:, :, -1:]))[0]
+        return torch.cat([x[:, :-1], last], dim=1)
 
 def _as_pair(p) -> Pair:
     return Pair(p.src, p.corrupted_src, p.tgt, int(p.position), int(p.good), int(p.bad))
