@@ -55,6 +55,7 @@ import torch
 
 from ..core.heads import Head, check_kind, stack_of
 from ..core.hooks import path_of
+from ..core.model import evaluating
 from ..features.dictionary import SparseDictionary
 from ..features.sites import Site, site_of
 from .decompose import _capture_names, _events, _one, frozen_norm, stream_components
@@ -370,12 +371,8 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
         names = []
         for layer in sorted({e[0] for e in edges}):
             names += qk_hooks(model, layer, [c.dictionary for c in covers], by_position, kind)
-        was = model.training
-        model.eval()  # dropout would make the parts sum to nothing reproducible
-        try:
+        with evaluating(model):  # dropout would make the parts sum to nothing reproducible
             _, trace = model.run_with_cache(src, tgt, names=list(dict.fromkeys(names)))
-        finally:
-            model.train(was)
     memory = next((c for c in covers if c.what == "memory"), None) if kind == "cross" else None
     dev = model.device  # the parts are float64 on the model's device (its weights and norms are there); terms on CPU
     inputs: dict[int, tuple] = {}  # per layer: what its block reads, as components
@@ -403,15 +400,7 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
                 model, trace, k_labels, k_info, k_parts[:, 0, s].to(dev), position=s, events=k_events,
                 covers=[c for c in reach if c.stack == k_stack], by_position=by_position)
         (ql, qi, qp), (kl, ki, kp) = sides[q_key], sides[k_key]
-        h, dh = attn.n_heads, attn.d_head
-        w_q = attn.q_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]  # (Dh, D)
-        w_k = attn.k_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]
-        zero = torch.zeros(dh, dtype=torch.float64, device=dev)
-        b_q = zero if attn.q_proj.bias is None else attn.q_proj.bias.detach().double().to(dev).view(h, dh)[head]
-        b_k = zero if attn.k_proj.bias is None else attn.k_proj.bias.detach().double().to(dev).view(h, dh)[head]
-        q = torch.cat([qp @ w_q.T, b_q[None]])  # (A + 1, Dh)
-        k = torch.cat([kp @ w_k.T, b_k[None]])  # (K + 1, Dh)
-        terms = (q @ k.T / math.sqrt(dh)).cpu()
+        terms = _qk_terms(attn, head, qp, kp, dev)
         bias_info = {"stack": None, "kind": "qk_bias", "layer": layer, "head_index": head, "from": None}
         unused = [c.site.name for c in covers if c not in reach and c is not memory]
         out.append(QKAttribution(
@@ -422,6 +411,19 @@ def qk_attributions(model, src, tgt, edges: Iterable[tuple[int, int, int, int]],
              "dictionaries": [c.site.name for c in covers if c.site.name not in unused], "unused": unused}))
     return out
 
+
+def _qk_terms(attn, head: int, qp: torch.Tensor, kp: torch.Tensor, dev) -> torch.Tensor:
+    """(A + 1, K + 1) on the CPU: each query part's query against each key part's key, for one head, scaled as the
+    score is (the last row and column: the projections' biases)."""
+    h, dh = attn.n_heads, attn.d_head
+    w_q = attn.q_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]  # (Dh, D)
+    w_k = attn.k_proj.weight.detach().double().to(dev).view(h, dh, -1)[head]
+    zero = torch.zeros(dh, dtype=torch.float64, device=dev)
+    b_q = zero if attn.q_proj.bias is None else attn.q_proj.bias.detach().double().to(dev).view(h, dh)[head]
+    b_k = zero if attn.k_proj.bias is None else attn.k_proj.bias.detach().double().to(dev).view(h, dh)[head]
+    q = torch.cat([qp @ w_q.T, b_q[None]])  # (A + 1, Dh)
+    k = torch.cat([kp @ w_k.T, b_k[None]])  # (K + 1, Dh)
+    return (q @ k.T / math.sqrt(dh)).cpu()
 
 def qk_attribution(model, src, tgt, *, layer: int, head: int, t: int, s: int, kind: str = "cross",
                    dictionaries: Sequence[SparseDictionary] | None = None, by_position: bool = True,
@@ -558,9 +560,7 @@ def own_word_check(model, sentences: Iterable[tuple], *, layer: int, head: int,
     edges = dict.fromkeys((*GROUPS, OFF_GOLD), 0)
     chance: list[float] = []
     n_sent = 0
-    was = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for src_ids, tgt_ids, *gold in sentences:
             gold = gold[0] if gold else None
             src = torch.tensor([list(src_ids)], device=model.device)
@@ -569,21 +569,11 @@ def own_word_check(model, sentences: Iterable[tuple], *, layer: int, head: int,
             n_sent += 1
             probs = {(lay, h): trace[model.dec[lay].cross_attn.hook_probs.name][0, h].cpu()
                      for lay, h in [(layer, head), *others]}
-            S = src.size(1)
-            asked: list[tuple[str, tuple[int, int, int, int]]] = []
-            for t in range(tgt.size(1)):
-                s = int(probs[layer, head][t].argmax())
-                if s == S - 1 or S < 3:  # the row rests on EOS: the head is not aligning here
-                    continue
-                r = int(torch.randint(S - 2, (1,), generator=g))
-                r = r + 1 if r >= s else r  # a uniform other piece, EOS excluded
-                lay, h = others[int(torch.randint(len(others), (1,), generator=g))]
-                o = int(probs[lay, h][t, :-1].argmax())
-                first = GROUPS[0] if gold is None or (t, s) in gold else OFF_GOLD
-                asked += [(first, (layer, head, t, s)), (GROUPS[1], (layer, head, t, r)), (GROUPS[2], (lay, h, t, o))]
+            asked = _asked_edges(probs, layer, head, others, src.size(1), tgt.size(1), gold, g)
             if not asked:
                 continue
             rows: dict[tuple[int, int, int], list[QKAttribution]] = {}
+            S = src.size(1)
             if contrast:  # every non-EOS piece of each row asked, in one call (each side expanded once per position)
                 wanted = list(dict.fromkeys(e[:3] for _, e in asked))
                 flat = qk_attributions(model, src, tgt, [(*row, p) for row in wanted for p in range(S - 1)],
@@ -598,27 +588,49 @@ def own_word_check(model, sentences: Iterable[tuple], *, layer: int, head: int,
                 own = word_features(stats, piece, feats) if stats is not None else set()
                 if group == GROUPS[0] and feats:
                     chance.append(len(own) / len(feats))
-
-                def cat(k: int, _s=s, _own=own, _qk=qk) -> str:
-                    inf = _qk.key_info[k]
-                    return key_category(inf, _qk.key_labels[k], _s, inf.get("feature") in _own)
-
-                sums = qk.terms.sum(0)
-                varying = torch.tensor([key_category(i, lab, s) != "biases"
-                                        for i, lab in zip(qk.key_info, qk.key_labels)])
-                picks = (int(qk.terms.abs().flatten().argmax()) % qk.terms.size(1), int(sums.abs().argmax()),
-                         int(sums.abs().masked_fill(~varying, -1).argmax()))
-                cats = [cat(k) for k in picks]
-                if contrast:
-                    label, info = _contrast_top(rows[lay, h, t], s)
-                    cats.append(key_category(info, label, s, info.get("feature") in own))
+                cats = _edge_categories(qk, s, own, rows[lay, h, t] if contrast else None)
                 for reading, c in zip(READINGS, cats):
                     counts[reading][group][c] = counts[reading][group].get(c, 0) + 1
                 edges[group] += 1
-    finally:
-        model.train(was)
     if not edges[OFF_GOLD]:  # no gold given (or every argmax linked): no such group
         edges.pop(OFF_GOLD)
         for table in counts.values():
             table.pop(OFF_GOLD)
     return OwnWordCheck(layer, head, counts, edges, sum(chance) / len(chance) if chance else None, n_sent)
+
+
+def _asked_edges(probs: dict, layer: int, head: int, others: list[tuple[int, int]], S: int, T: int, gold,
+                 g: torch.Generator) -> list[tuple[str, tuple[int, int, int, int]]]:
+    """`own_word_check`'s edges of one sentence, three per decoder row where the head's argmax is a source piece
+    (not EOS): (group, (layer, head, row, piece)) for that edge (or OFF_GOLD when gold does not link it), a random
+    other piece of the row, and a random other cross head's argmax edge; drawn from `g` in that order."""
+    asked: list[tuple[str, tuple[int, int, int, int]]] = []
+    for t in range(T):
+        s = int(probs[layer, head][t].argmax())
+        if s == S - 1 or S < 3:  # the row rests on EOS: the head is not aligning here
+            continue
+        r = int(torch.randint(S - 2, (1,), generator=g))
+        r = r + 1 if r >= s else r  # a uniform other piece, EOS excluded
+        lay, h = others[int(torch.randint(len(others), (1,), generator=g))]
+        o = int(probs[lay, h][t, :-1].argmax())
+        first = GROUPS[0] if gold is None or (t, s) in gold else OFF_GOLD
+        asked += [(first, (layer, head, t, s)), (GROUPS[1], (layer, head, t, r)), (GROUPS[2], (lay, h, t, o))]
+    return asked
+
+
+def _edge_categories(qk: QKAttribution, s: int, own: set, row: list[QKAttribution] | None) -> list[str]:
+    """The key-side category of one edge's top part under each reading (READINGS; "contrast" only with the row's
+    attributions at every piece, `row`)."""
+    def cat(k: int) -> str:
+        inf = qk.key_info[k]
+        return key_category(inf, qk.key_labels[k], s, inf.get("feature") in own)
+
+    sums = qk.terms.sum(0)
+    varying = torch.tensor([key_category(i, lab, s) != "biases" for i, lab in zip(qk.key_info, qk.key_labels)])
+    picks = (int(qk.terms.abs().flatten().argmax()) % qk.terms.size(1), int(sums.abs().argmax()),
+             int(sums.abs().masked_fill(~varying, -1).argmax()))
+    cats = [cat(k) for k in picks]
+    if row is not None:
+        label, info = _contrast_top(row, s)
+        cats.append(key_category(info, label, s, info.get("feature") in own))
+    return cats
