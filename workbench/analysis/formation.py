@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..core.heads import Head
+from ..core.model import evaluating
 from ..core.protocols import Progress
 from ..decoding.translator import load as load_checkpoint
 from .alignment import Link, read_alignments, score_alignments
@@ -100,13 +101,8 @@ class FormationProbe:
 
     def measure(self, tm, *, step: int | None = None) -> dict:
         """One snapshot's record (module docstring); `tm` a `TranslationModel`."""
-        model = tm.model
-        was = model.training
-        model.eval()
-        try:
+        with evaluating(tm.model):
             return self._measure(tm, step)
-        finally:
-            model.train(was)
 
     @torch.no_grad()
     def _measure(self, tm, step: int | None) -> dict:

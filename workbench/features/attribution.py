@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..core.batching import decoder_input
-from ..core.model import Transformer
+from ..core.model import Transformer, evaluating
 from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import Site, site_of, splice_hooks
@@ -250,14 +250,9 @@ def feature_attribution(tm_or_model: TranslationModel | Transformer, dictionary:
     out_hook = site.hook_out or site.hook_in
     hooks = [(h, _width_check(site, d)) for h in site.hooks] + [(site.hook_in, read)]
     hooks += splice_hooks(site, d, error=True) + [(out_hook, tap)]
-    was = model.training
-    model.eval()
-    try:
-        with torch.enable_grad(), model.hooks(hooks):
-            value = _metric(model(x.src, x.tgt_in), x)[0]
-            (grad,) = torch.autograd.grad(value, zero["z"])
-    finally:
-        model.train(was)
+    with evaluating(model), torch.enable_grad(), model.hooks(hooks):
+        value = _metric(model(x.src, x.tgt_in), x)[0]
+        (grad,) = torch.autograd.grad(value, zero["z"])
     with torch.no_grad():
         feats = d.encode(grabbed["in"][0].float()).double()  # (L, F)
         act, g = grabbed["x"][0].double(), grad[0].double()  # (L, d_out)
@@ -316,11 +311,6 @@ def ablate_features(tm_or_model: TranslationModel | Transformer, dictionary: Spa
 
     hooks = [(h, _width_check(site, d)) for h in site.hooks] + [(site.hook_in, read),
                                                                  (site.hook_out or site.hook_in, edit)]
-    was = model.training
-    model.eval()
-    try:
-        with model.hooks(hooks):
-            logits = model(x.src.expand(n, -1), x.tgt_in.expand(n, -1))
-    finally:
-        model.train(was)
+    with evaluating(model), model.hooks(hooks):
+        logits = model(x.src.expand(n, -1), x.tgt_in.expand(n, -1))
     return _metric(logits, x).double().cpu()
