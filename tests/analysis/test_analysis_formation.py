@@ -64,5 +64,8 @@ def test_records_over_a_run_in_step_order_and_cached(tmp_path):
     def no_load(path):
         raise AssertionError(f"{path} was measured already")
 
-    again = formation_records(run, probe, cache=cache, load=no_load)
+    seen = []  # the one progress protocol: progress(done, total, what)
+    again = formation_records(run, probe, cache=cache, load=no_load,
+                              progress=lambda done, total, what="": seen.append((done, total, what)))
     assert again == records
+    assert seen == [(1, 2, "step 512"), (2, 2, "step 8000")]
