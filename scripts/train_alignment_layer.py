@@ -2,12 +2,14 @@
 
     nice -n 10 python scripts/train_alignment_layer.py --checkpoint checkpoints/general-en-de \
         --src ../shared/data/wmt14-train-sample/train.en --tgt ../shared/data/wmt14-train-sample/train.de \
-        --pairs 8000 --steps 1500 --run runs/align_layer --save
+        --pairs 3000 --both-ways --teacher norms:awi:0/0:null:grow-diag --steps 600 --run R1
+    (copy R1/state.* into R2) ... --steps 900 --teacher-run R1 --run R2 --save      # a second round, then store
 
-Teacher: the shift-attention aligner `--teacher` (method:shift:units:eos:symmetrize; default the checkpoint's
-alignment.json as it was chosen on RWTH lines 1-150), run on `--pairs` training pairs (not the gold set); the
-text is split into words at whitespace and punctuation first, as the gold sets are tokenized. The teacher's links
-are cached in RUN/teacher.jsonl; training checkpoints into RUN and resumes (`alignment_layer.train_alignment_layer`).
+Teacher: the aligner `--teacher` (METHOD:SHIFT:UNITS:EOS:SYMMETRIZE, heads as LAYER/HEAD; above: the aligner
+general-en-de shipped before the layer), default the checkpoint's alignment.json, or with `--teacher-run` a layer
+trained before (self-training). It runs on `--pairs` training pairs (never the gold sets); the text is split into
+words at whitespace and punctuation first, as the gold sets are tokenized. The teacher's links are cached in
+RUN/teacher.jsonl; training checkpoints into RUN and resumes (`alignment_layer.train_alignment_layer`).
 `--save` writes alignment_layer.safetensors + alignment_layer.json into the checkpoint directory.
 """
 
@@ -28,7 +30,7 @@ from workbench.analysis.alignment_layer import (
     save_alignment_layer,
     train_alignment_layer,
 )
-from workbench.analysis.word_align import AlignmentSpec, alignment_maps, encode_words, parse_units
+from workbench.analysis.word_align import AlignmentSpec, aligner, alignment_maps, encode_words, parse_units
 from workbench.decoding.translator import load
 
 WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
@@ -39,11 +41,11 @@ def tokenize(line: str) -> str:
     return " ".join(WORD.findall(line))
 
 
-def teacher_spec(text: str | None, stored: dict | None) -> AlignmentSpec:
+def teacher_spec(text: str | None, tm) -> AlignmentSpec:
     if text is None:
-        if not stored:
+        if not tm.alignment:
             raise ValueError("the checkpoint has no alignment.json: give --teacher METHOD:SHIFT:UNITS:EOS:SYM")
-        return AlignmentSpec.from_dict(stored)
+        return aligner(tm.model, tm.alignment, directory=tm.meta.get("path"))[0]
     method, shift, units, eos, sym = text.split(":", 4) if text.count(":") >= 4 else (None,) * 5
     if method is None:
         raise ValueError("--teacher is METHOD:SHIFT:UNITS:EOS:SYMMETRIZE, units as 0/0 for head 0 of layer 0")
@@ -97,7 +99,7 @@ def main() -> None:
         spec = AlignmentSpec("layer", "awi", "drop", ((0, None),), {}, "grow-diag",
                              load_run_layer(args.teacher_run, device=args.device))
     else:
-        spec = teacher_spec(args.teacher, tm.alignment).check(tm.model)
+        spec = teacher_spec(args.teacher, tm).check(tm.model)
     src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
     tgt_lines = Path(args.tgt).read_text(encoding="utf-8").splitlines()
     sources, targets = [], []
