@@ -19,6 +19,7 @@ Input policy (chosen to match Marian and CTranslate2, which keep one output line
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -36,6 +37,19 @@ from ..core.model import Transformer
 from ..core.splice import Steer, steering_hooks
 from ..core.trace import Trace
 from .search import Generation, generate
+
+# The notes of the `trace` call running in this thread (or task). A ContextVar, not warnings.catch_warnings:
+# that swaps the process-wide filter list, so in a server it recorded other threads' warnings (Panel's
+# deprecations reached a page's message) and could garble their filters.
+_NOTES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("translation_notes", default=None)
+
+
+def _warn(message: str, *, stacklevel: int) -> None:
+    """Warn the caller, and note `message` for the `trace` call listening in this thread, if any."""
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.append(message)
+    warnings.warn(message, stacklevel=stacklevel + 1)
 
 _LINE_BREAKS = str.maketrans({"\n": " ", "\r": " ", "\v": " ", "\f": " ", "\x1c": " ", "\x1d": " ", "\x1e": " ",
                               "\x85": " ", "\u2028": " ", "\u2029": " "})
@@ -130,11 +144,8 @@ class TranslationModel:
         room = self.model.cfg.max_positions - (1 if self.append_eos else 0)
         truncated = len(ids) > room
         if truncated:
-            warnings.warn(
-                f"{where} has {len(ids)} source tokens; truncated to {room} to fit the model's "
-                f"max_positions ({self.model.cfg.max_positions})",
-                stacklevel=3,
-            )
+            _warn(f"{where} has {len(ids)} source tokens; truncated to {room} to fit the model's "
+                  f"max_positions ({self.model.cfg.max_positions})", stacklevel=3)
             ids = ids[:room]
         return ids + ([self.model.cfg.eos_id] if self.append_eos else []), truncated
 
@@ -208,8 +219,9 @@ class TranslationModel:
         what was cut to fit max_positions is in `notes` (as well as warned). An empty source gives an empty
         Translation with no trace."""
         cfg = self.config_with(**options)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        notes: list[str] = []
+        listening = _NOTES.set(notes)  # this call's notes only: other threads' warnings never land here
+        try:
             src_ids, cut = self.encode_source(text, where="the sentence")
             if not src_ids:
                 r = Translation(source=text, text="")
@@ -221,9 +233,9 @@ class TranslationModel:
                 src = torch.tensor([src_ids], dtype=torch.long, device=self.device)
                 with torch.no_grad():
                     self._fill([r], [0], generate(self.model, src, cfg, trace=True))
-        r.notes = [str(w.message) for w in caught]
-        for w in caught:  # still a warning for the caller, as translate() gives one
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        finally:
+            _NOTES.reset(listening)
+        r.notes = notes
         return r
 
     def score(self, source: str | Sequence[int], output: str | Sequence[int], *, trace: bool = False) -> Translation:
@@ -242,8 +254,8 @@ class TranslationModel:
             out_ids = self.tgt_tokenizer.encode(output)
             room = cfg.max_positions - 1
             if len(out_ids) > room:
-                warnings.warn(f"the output has {len(out_ids)} tokens; truncated to {room} to fit the model's "
-                              f"max_positions ({cfg.max_positions})", stacklevel=2)
+                _warn(f"the output has {len(out_ids)} tokens; truncated to {room} to fit the model's "
+                      f"max_positions ({cfg.max_positions})", stacklevel=2)
                 out_ids, cut = out_ids[:room], True
             out_ids = [*out_ids, cfg.eos_id]
         else:
