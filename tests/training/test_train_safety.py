@@ -320,5 +320,8 @@ def test_time_spent_stopped_does_not_count_against_the_time_budget(tmp_path):
     assert proc.returncode == 0, err
     log = load_checkpoint(run).train_log
     train = [r for r in log if r["kind"] == "train"]
-    assert 6.0 <= train[-1]["time"] < 8.0, train[-1]  # the budget, not the budget plus the stop
-    assert train[-1]["step"] > int(stopped_at.name[5:]) + 50  # it trained on after the stop
+    # The budget, not the budget plus the 8-second stop (counted, the run would stop at its first step after
+    # SIGCONT with a time of 14 s or more); how many steps fit after the stop depends on the machine's load, so
+    # the test asks only that training went on.
+    assert 6.0 <= train[-1]["time"] < 8.0, train[-1]
+    assert train[-1]["step"] > int(stopped_at.name[5:])  # it trained on after the stop
