@@ -43,12 +43,12 @@ endif
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (CI has 2 cores; the tests use one thread each, and the
 # browser tests mostly wait on the server and Chromium): a test file, and tests/browser/ as a whole, stays on one
-# worker (tests/conftest.py groups them). TEST_WORKERS=0 runs it in one process.
+# worker (--dist loadfile, and tests/conftest.py's scheduler for tests/browser/). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) chromium
 	$(PY) -m ruff check workbench apps tests benchmarks scripts notebooks
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The same suite with files and tests shuffled (pytest-randomly prints the seed; replay with
 # PYTEST_ARGS=--randomly-seed=N): order dependence between tests shows up here.

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))  # model_helpers for tests in subfolders too
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_helpers for tests in subfolders too
 
 from model_helpers import SHARED_DATA, make_model  # noqa: E402
 
@@ -104,21 +103,30 @@ def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": CHROMIUM}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    # `make test` runs the suite on two pytest-xdist workers with --dist loadgroup: a test file goes to one
-    # worker whole (its module-scoped fixtures, trained models and servers, are built once), and so does
-    # tests/browser/ (one served app and one Chromium for all of it, started by the worker that runs them).
-    for item in items:
-        path = Path(str(item.fspath)).resolve()
-        group = "browser" if path.parent.name == "browser" else (
-            path.relative_to(TESTS.parent).as_posix() if path.is_relative_to(TESTS.parent) else str(path))
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown (and unused) without it
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers with `--dist loadfile`: a test file goes to one worker whole (its
+    module-scoped fixtures, trained models and servers, are built once), and here tests/browser/ goes as one unit
+    too (one served app and one Chromium for all of it). pytest-xdist's own `loadgroup` cannot do this on pytest 9:
+    it renames node ids through an attribute pytest no longer reads."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BrowserAsOneFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/browser/" if scope.startswith("tests/browser/") else scope
+
+    return BrowserAsOneFile(config, log)
 
 
 @pytest.fixture
