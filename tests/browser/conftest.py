@@ -66,8 +66,10 @@ def app_server(tmp_path_factory):
         [sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "attention.py"), "--port", str(port),
          "--setup", str(ROOT / "apps" / "serve_setup.py"),
          "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
-         # closed pages' sessions are destroyed within ~6 s (a page's own session must outlive its script loading)
-         "--check-unused-sessions", "1000", "--unused-session-lifetime", "5000",
+         # closed pages' sessions are destroyed within ~11 s. A page's own session must outlive its script loading:
+         # at 5 s, a page that took longer to load (the suite's other worker and a busy machine beside it) found
+         # its session gone (Bokeh's `assert self._session is not None` in the log, a page that never opens).
+         "--check-unused-sessions", "1000", "--unused-session-lifetime", "10000",
          "--args", "--checkpoints", str(root)],
         stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

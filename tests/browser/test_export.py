@@ -20,7 +20,7 @@ def test_export_downloads_a_file_that_draws_offline(browser, app_server, tmp_pat
     open_app(first_gone, app_server + "?ckpt=demo")
     first_gone.close()
     page = ctx.new_page()
-    page.wait_for_timeout(7000)  # the server destroys closed sessions within ~6 s (conftest)
+    page.wait_for_timeout(12_000)  # the server destroys closed sessions within ~11 s (conftest)
     open_app(page, app_server + "?ckpt=demo")
     with page.expect_download(timeout=TIMEOUT) as info:
         page.locator(".export-html button").click()
