@@ -1,7 +1,8 @@
 """The request path in Chromium (issue 28): every fresh load draws, links set the widgets (and refused values
 leave the URL), the Why tab answers fast on a long sentence and its sweeps never stall another user.
 
-Issue 37: the sweep and the graphs run in the server's worker processes; closing a page stops its sweep there.
+Issue 37: the sweep runs in the server's worker processes, and closing a page stops it there; graphs (the heavy lane)
+keep being drawn while another page is answered.
 
 Before: about 1 load in 10 showed the translation and then "No attention to show yet." forever; a link's
 selection drew one head while the pickers named another; a Why sweep on a 60-word sentence took 183 s and
@@ -243,8 +244,8 @@ GRAPH_NOTE = ".graph-note"
 
 
 def test_graphs_keep_being_drawn_while_another_page_is_answered(browser, app_server):
-    """Order and progress: page A builds graph after graph (in the worker processes) while page B picks heads; every
-    pick of B is answered, and A draws new graphs meanwhile."""
+    """Order and progress: page A builds graph after graph (the heavy lane) while page B picks heads; every pick of B
+    is answered, and A draws new graphs meanwhile."""
     a, b = browser.new_context(), browser.new_context()
     pa, pb = a.new_page(), b.new_page()
     open_app(pa, app_server + "?" + urlencode({"ckpt": "general-en-de", "src": LONG, "tab": "graph", "gctx": "false"}))

@@ -23,7 +23,7 @@ from workbench.ui.features_view import FeaturesView, explore  # noqa: E402
 from workbench.ui.graph_view import GraphView, graph_answer  # noqa: E402
 from workbench.ui.requests import HEAVY_NICE  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
-from workbench.ui.work import Snapshot  # noqa: E402
+from workbench.ui.work import Offloaded, Snapshot  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 SENTENCE = "Ein Hund läuft durch den Park."
@@ -120,6 +120,7 @@ def tiny(tmp_path_factory):
 
 def test_served_each_tab_sends_its_work_to_the_pool_and_a_closed_page_cancels_it(pool, tiny, monkeypatch):
     monkeypatch.setattr(workers, "_PLACEMENT", pool)
+    monkeypatch.setattr(GraphView, "compute", Offloaded(graph_answer))  # as with WORKBENCH_APP_GRAPHS_IN_WORKERS=1
     sent = []
     real_submit = pool.submit
 
