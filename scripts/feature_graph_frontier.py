@@ -11,7 +11,9 @@ applied in order, folders of dictionary folders (each replaces the shipped one o
 position of the first --sentences test2016 sentences (greedy translations), target "logit", the same graphs for
 every set. Per set: the dictionaries' k and training FVU, the mean active features per position at each site (read
 off the graphs' nodes), `prune(0.8)`'s size (the logit node included: share within 100 nodes, median, 90th
-percentile), the share the 100 most influential nodes hold (median). Written to --json.
+percentile), the share the 100 most influential nodes hold (median), what the 80 %-influence nodes are (mean count
+per graph: features by site, heads and whole FFNs by stack, embeddings, errors, the bias node) and the bias node's
+share of the influence (median). Written to --json.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ def folders(checkpoint: Path, spec: str) -> dict[str, Path]:
     return out
 
 
+def part_of(node: dict) -> str:
+    """Where a node of a pruned graph sits: a feature's site, a head's or whole FFN's stack, or its kind."""
+    if node["kind"] == "feature":
+        return f"feature {node['site']}"
+    if node["kind"] in ("head", "ffn"):
+        return f"{node['kind']} {node['stack']}"
+    if node["kind"] == "error" and node.get("site"):
+        return "site error"
+    return node["kind"]
+
+
 def training_fvu(folder: Path) -> float | None:
     path = folder / "training.json"
     return json.loads(path.read_text(encoding="utf-8")).get("final", {}).get("fvu") if path.exists() else None
@@ -89,7 +102,8 @@ def main() -> None:
         name, spec = item.rsplit("=", 1) if "=" in item else (item, "")
         where = folders(checkpoint, spec)
         dicts = [SparseDictionary.load(d) for d in where.values()]
-        kept, top100, active, seconds = [], [], defaultdict(list), []
+        kept, top100, active, seconds, bias_share = [], [], defaultdict(list), [], []
+        composition: dict[str, int] = defaultdict(int)
         for line, toks in zip(lines, outs):
             src = torch.tensor([tm.encode_source(line)[0]])
             tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
@@ -97,7 +111,11 @@ def main() -> None:
                 t = time.perf_counter()
                 g = feature_graph(model, dicts, src, tgt, pos)
                 inf = g.influence[:-1]
-                kept.append(len(g.prune(0.8)))
+                keep = g.prune(0.8)
+                kept.append(len(keep))
+                for j in keep[:-1].tolist():
+                    composition[part_of(g.nodes[j])] += 1
+                bias_share.append(float(inf[g.index(kind="bias")].sum() / inf.sum()))
                 seconds.append(time.perf_counter() - t)
                 top100.append(float(inf.sort(descending=True).values[:100].sum() / inf.sum()))
                 per: dict[tuple[str, int], int] = defaultdict(int)
@@ -118,6 +136,8 @@ def main() -> None:
                       "kept80_median_p90_max": [float(np.median(kept_a)), float(np.percentile(kept_a, 90)),
                                                 int(kept_a.max())],
                       "top100_share_median": float(np.median(top100)),
+                      "kept80_parts_mean": {k: v / len(kept) for k, v in sorted(composition.items())},
+                      "bias_node_share_median": float(np.median(bias_share)),
                       "graph_seconds_mean": float(np.mean(seconds))}
         print(name, json.dumps(sets[name]), flush=True)
         out_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
