@@ -93,7 +93,13 @@ def test_graph_tab_draws_taps_links_and_exports(browser, app_server, tmp_path):
     ctx = browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 1100})
     page = ctx.new_page()
     watch = open_graph(page, app_server + "?ckpt=demo")
+    before = text(page, ".graph-note")
     submit(page, "Ein Hund läuft im Schnee.")
+    # the new sentence's graph, not the last one still on the page under the loading spinner (which takes the taps)
+    for _ in range(TIMEOUT // 100):
+        if text(page, ".graph-note") != before:
+            break
+        page.wait_for_timeout(100)
     page.wait_for_function(DRAWN_JS, timeout=TIMEOUT)
     head = tap(page, "head")
     assert "strongest edges in" in head["text"] and head["visible"] and head["bars"] > 0

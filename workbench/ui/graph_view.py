@@ -360,8 +360,8 @@ class GraphView(LazyTab):
                 features, kept)
 
     # Heavy: the page's heavy lane. In the worker processes only with WORKBENCH_APP_GRAPHS_IN_WORKERS=1 for now:
-    # served that way, two browser tests of the tap panel (tests/browser/test_graph_tab.py) failed (a redraw after
-    # the first tap), which is not understood yet; in the heavy threads they pass.
+    # served that way, the tapped head's QK table browser test (tests/browser/test_graph_tab.py) failed in 3 of 7
+    # runs, not understood yet (docs/app.md); in the heavy threads it passes.
     compute = Offloaded(graph_answer) if GRAPHS_IN_WORKERS else staticmethod(graph_answer)
 
     def _keep(self, answer: dict) -> None:
