@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from workbench import load
-from workbench.analysis.alti import alti
-from workbench.analysis.score_split import split_cross_scores
-from workbench.analysis.word_align import AlignmentSpec, align_pairs, encode_words
+from workbench.analysis.alignment.word_align import AlignmentSpec, align_pairs, encode_words
+from workbench.analysis.attribution.alti import alti
+from workbench.analysis.attribution.score_split import split_cross_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from workbench import load
-from workbench.analysis.circuits import EdgeGraph, edge_scores, iterative_circuits
-from workbench.analysis.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
+from workbench.analysis.circuits.circuits import EdgeGraph, edge_scores, iterative_circuits
+from workbench.analysis.circuits.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"

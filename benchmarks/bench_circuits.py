@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from workbench import load
-from workbench.analysis.attribution import spearman
-from workbench.analysis.circuits import (
+from workbench.analysis.attribution.attribution import spearman
+from workbench.analysis.circuits.circuits import (
     EdgeGraph,
     circuit_metric,
     edge_patching,
@@ -44,7 +44,7 @@ from workbench.analysis.circuits import (
     iterative_circuits,
     node_circuit_of_size,
 )
-from workbench.analysis.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
+from workbench.analysis.circuits.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, noun_swaps, word_swaps
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"

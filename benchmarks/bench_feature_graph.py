@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from workbench import load
-from workbench.analysis.feature_graph import feature_graph, feature_nodes
-from workbench.analysis.graph import attribution_graph
+from workbench.analysis.attribution.feature_graph import feature_graph, feature_nodes
+from workbench.analysis.attribution.graph import attribution_graph
 from workbench.features.dictionary import SparseDictionary
 
 ROOT = Path(__file__).resolve().parents[1]

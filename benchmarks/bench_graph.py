@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from workbench import load
-from workbench.analysis.graph import attribution_graph, faithfulness_check, removable, remove_nodes
-from workbench.analysis.patching import logit_diff, patching_sweep
+from workbench.analysis.attribution.graph import attribution_graph, faithfulness_check, removable, remove_nodes
+from workbench.analysis.circuits.patching import logit_diff, patching_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"

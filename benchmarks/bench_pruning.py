@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_pruning.py [--sentences 64] [--steps 0,4,8,12,16] \
         [--out benchmarks/results/pruning_cpu.json]
 
-`workbench.analysis.pruning.pruning_curve` decodes the unpruned model once for every kind's level 0 and hands
+`workbench.analysis.circuits.pruning.pruning_curve` decodes the unpruned model once for every kind's level 0 and hands
 the clean encoder output to every level that removes decoder heads (decoder self- and cross-attention cannot
 change the encoder). The baseline here is the same curve without either reuse: the unpruned model decoded for
 each kind, and the source re-encoded at every level (`reuse_clean=False` plus two extra unpruned decodes). Both
@@ -27,8 +27,8 @@ import pandas as pd
 import torch
 
 from workbench import load
-from workbench.analysis.interventions_effect import head_importance
-from workbench.analysis.pruning import pruning_curve
+from workbench.analysis.circuits.interventions_effect import head_importance
+from workbench.analysis.circuits.pruning import pruning_curve
 from workbench.corpus.data import dataset_files, read_parallel
 
 ROOT = Path(__file__).resolve().parents[1]

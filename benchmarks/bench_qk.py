@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.analysis.qk_attribution import qk_attribution, qk_attributions
+from workbench.analysis.attribution.qk_attribution import qk_attribution, qk_attributions
 from workbench.core.batching import decoder_input
 from workbench.corpus.data import dataset_files
 from workbench.decoding.translator import load

@@ -3,7 +3,7 @@ and attribution patching vs real patching (time and rank agreement).
 
     .venv/bin/python benchmarks/bench_why.py [--device cpu|cuda] [--pairs 20] [--out benchmarks/results/why_cpu.json]
 
-The clean/corrupted pair swaps one source noun (workbench.analysis.contrast.noun_swaps) in a Multi30k test2016
+The clean/corrupted pair swaps one source noun (workbench.analysis.circuits.contrast.noun_swaps) in a Multi30k test2016
 sentence of 20 source tokens (EOS included); the metric is the logit difference between the clean and the
 corrupted output token at the first position where the two greedy translations differ. All in one run:
   - sweep, batched:   patching_sweep(sites="head"), every head of all three kinds x every query position
@@ -15,7 +15,7 @@ Then, over --pairs sentence pairs, the Spearman correlation of attribution patch
 the head, resid_enc, resid_dec and cross_kv families (effects = patched metric - clean metric, noising, over
 the sites where either is non-zero), and the mean
 per-step Spearman agreement of six source attributions of the clean output (attention, saliency, input x
-gradient, integrated gradients, occlusion, memory patching: workbench.analysis.attribute).
+gradient, integrated gradients, occlusion, memory patching: workbench.analysis.attribution.attribute).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from workbench.analysis import (
     patching_sweep,
     spearman,
 )
-from workbench.analysis.contrast import noun_swaps
+from workbench.analysis.circuits.contrast import noun_swaps
 from workbench.corpus.data import dataset_files
 
 ROOT = Path(__file__).resolve().parents[1]

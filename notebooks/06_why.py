@@ -29,7 +29,7 @@ import torch
 
 from workbench import load
 from workbench.analysis import direct_logit_attribution, logit_diff, patching_sweep, source_attribution, spearman
-from workbench.analysis.contrast import noun_swaps
+from workbench.analysis.circuits.contrast import noun_swaps
 from workbench.checkpoint.shipped import shipped
 from workbench.corpus.data import dataset_files
 

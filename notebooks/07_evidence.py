@@ -16,7 +16,8 @@
 # 4. **Formation.** What of this the early snapshot already has.
 #
 # Every number in the conclusions is printed by the cell that computes it, each causal claim beside its control;
-# `tests/analysis/test_evidence_claims.py` checks that the claims hold on the same side on a smaller set.
+# `tests/analysis/training_dynamics/test_evidence_claims.py` checks that the claims hold on the same side on a
+# smaller set.
 
 # %% tags=["parameters"]
 import os
@@ -33,13 +34,13 @@ from bokeh.io import output_notebook, show
 from bokeh.resources import INLINE
 
 from workbench import load
-from workbench.analysis.alignment import read_alignments
-from workbench.analysis.formation import gold_aer
-from workbench.analysis.head_stats import corpus_head_stats, punctuation_ids
-from workbench.analysis.pruning import pruning_curve
-from workbench.analysis.roles import head_roles
-from workbench.analysis.sentence_evidence import sentence_evidence
-from workbench.analysis.source_share import by_position, output_source_shares
+from workbench.analysis.alignment.alignment import read_alignments
+from workbench.analysis.attention.head_stats import corpus_head_stats, punctuation_ids
+from workbench.analysis.attention.roles import head_roles
+from workbench.analysis.attribution.sentence_evidence import sentence_evidence
+from workbench.analysis.attribution.source_share import by_position, output_source_shares
+from workbench.analysis.circuits.pruning import pruning_curve
+from workbench.analysis.training_dynamics.formation import gold_aer
 from workbench.charts.evidence import alignment_lines, pruning_chart, role_grid, source_share_bars
 from workbench.checkpoint.shipped import shipped
 from workbench.corpus.data import dataset_files, default_data_root

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.analysis.alignment import bootstrap_aer, read_alignments, score_alignments
-from workbench.analysis.alignment_layer import load_alignment_layer
-from workbench.analysis.word_align import EOS_RULES, AlignmentSpec, alignment_maps, encode_words
+from workbench.analysis.alignment.alignment import bootstrap_aer, read_alignments, score_alignments
+from workbench.analysis.alignment.alignment_layer import load_alignment_layer
+from workbench.analysis.alignment.word_align import EOS_RULES, AlignmentSpec, alignment_maps, encode_words
 from workbench.checkpoint.format import save_alignment
 from workbench.decoding.translator import load
 

@@ -17,8 +17,15 @@ import json
 import time
 from pathlib import Path
 
-from workbench.analysis.alignment import bootstrap_aer, read_alignments, score_alignments
-from workbench.analysis.word_align import ATTENTION_METHODS, SHIFTS, align_pairs, aligner, encode_words, papers_protocol
+from workbench.analysis.alignment.alignment import bootstrap_aer, read_alignments, score_alignments
+from workbench.analysis.alignment.word_align import (
+    ATTENTION_METHODS,
+    SHIFTS,
+    align_pairs,
+    aligner,
+    encode_words,
+    papers_protocol,
+)
 from workbench.decoding.translator import load
 
 NAMES = {"weights": "attention weights", "norms": "norms ‖Σ α f(x)‖ (Kobayashi et al. 2020)",

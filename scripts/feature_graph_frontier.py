@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.analysis.feature_graph import feature_graph
+from workbench.analysis.attribution.feature_graph import feature_graph
 from workbench.decoding.translator import load
 from workbench.features.dictionary import SparseDictionary
 

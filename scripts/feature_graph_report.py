@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.analysis.feature_graph import (
+from workbench.analysis.attribution.feature_graph import (
     feature_check,
     feature_graph,
     feature_nodes,
@@ -49,7 +49,7 @@ from workbench.analysis.feature_graph import (
     pruned_check,
     remove_features,
 )
-from workbench.analysis.graph import node_influence
+from workbench.analysis.attribution.graph import node_influence
 from workbench.core.hooks import HookPoint
 from workbench.core.replacement import ReplacementModel
 from workbench.core.splice import site_module

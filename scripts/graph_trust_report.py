@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.analysis.graph import attribution_graph
-from workbench.analysis.graph_trust import graph_trust, top_sets_vs_baselines
+from workbench.analysis.attribution.graph import attribution_graph
+from workbench.analysis.attribution.graph_trust import graph_trust, top_sets_vs_baselines
 from workbench.decoding.translator import load
 
 TARGETS = ("logit", "runner-up", "demeaned")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from workbench.analysis.alignment import read_alignments
-from workbench.analysis.qk_attribution import GROUPS, OFF_GOLD, OWN, READINGS, own_word_check
-from workbench.analysis.word_align import encode_words
+from workbench.analysis.alignment.alignment import read_alignments
+from workbench.analysis.alignment.word_align import encode_words
+from workbench.analysis.attribution.qk_attribution import GROUPS, OFF_GOLD, OWN, READINGS, own_word_check
 from workbench.core.batching import decoder_input
 from workbench.corpus.data import dataset_files
 from workbench.decoding.translator import load

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from workbench.analysis.score_split import margin_by_group, split_cross_scores
-from workbench.analysis.word_align import encode_words, parse_units
+from workbench.analysis.alignment.word_align import encode_words, parse_units
+from workbench.analysis.attribution.score_split import margin_by_group, split_cross_scores
 from workbench.decoding.translator import load
 
 

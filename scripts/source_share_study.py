@@ -19,7 +19,12 @@ import time
 
 import numpy as np
 
-from workbench.analysis.source_share import LowShareThresholds, by_position, output_source_shares, sentence_share
+from workbench.analysis.attribution.source_share import (
+    LowShareThresholds,
+    by_position,
+    output_source_shares,
+    sentence_share,
+)
 from workbench.decoding.translator import load
 
 

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from workbench.analysis.alignment_layer import (
+from workbench.analysis.alignment.alignment_layer import (
     AlignmentLayer,
     load_run_layer,
     piece_targets,
     save_alignment_layer,
     train_alignment_layer,
 )
-from workbench.analysis.word_align import AlignmentSpec, aligner, alignment_maps, encode_words, parse_units
+from workbench.analysis.alignment.word_align import AlignmentSpec, aligner, alignment_maps, encode_words, parse_units
 from workbench.decoding.translator import load
 
 WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")

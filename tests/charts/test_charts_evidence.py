@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from bokeh.models import GlyphRenderer
 
-from workbench.analysis.roles import HeadRoles
+from workbench.analysis.attention.roles import HeadRoles
 from workbench.charts import to_html
 from workbench.charts.evidence import (
     alignment_line_data,
@@ -81,8 +81,8 @@ def test_sentence_evidence_on_the_shipped_model():
     from model_helpers import ROOT
 
     from workbench import load
-    from workbench.analysis.sentence_evidence import sentence_evidence
-    from workbench.analysis.source_share import LowShareThresholds
+    from workbench.analysis.attribution.sentence_evidence import sentence_evidence
+    from workbench.analysis.attribution.source_share import LowShareThresholds
 
     tm = load(ROOT / "checkpoints" / "multi30k-de-en")
     src, out = "Ein Hund läuft im Schnee .", "A dog runs in the snow ."

@@ -9,7 +9,7 @@ import torch
 from model_helpers import make_model
 
 from workbench import presets
-from workbench.analysis.graph import attribution_graph
+from workbench.analysis.attribution.graph import attribution_graph
 from workbench.charts import attribution_graph_view, graph_data, save_html
 from workbench.charts.export import external_references
 
@@ -79,7 +79,7 @@ def test_a_feature_graph_draws_every_node_in_its_own_place(tmp_path):
     from dictionary_helpers import tiny_dictionaries
     from model_helpers import graph_model, one_sentence
 
-    from workbench.analysis.feature_graph import feature_graph
+    from workbench.analysis.attribution.feature_graph import feature_graph
 
     m = graph_model(norm_first=False)
     src, tgt = one_sentence(m.cfg)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workbench import Transformer, presets
-from workbench.analysis.alignment import parse_pharaoh
+from workbench.analysis.alignment.alignment import parse_pharaoh
 from workbench.checkpoint.format import load_checkpoint, save_checkpoint
 from workbench.checkpoint.tokenizer import SentencePieceTokenizer
 from workbench.cli import main
@@ -94,7 +94,7 @@ def test_aligner_options_do_what_they_say_and_unknown_values_name_the_valid_ones
     named; --symmetrize none gives one link per target word; each run's stderr names the aligner used."""
     import shutil
 
-    from workbench.analysis.word_align import AlignmentSpec
+    from workbench.analysis.alignment.word_align import AlignmentSpec
     from workbench.checkpoint.format import save_alignment
 
     ck = tmp_path / "ck"

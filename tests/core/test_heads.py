@@ -51,7 +51,7 @@ def test_check_names_the_missing_head():
 
 
 def test_ablation_reads_every_head_spelling():
-    from workbench.analysis.ablation import check_heads
+    from workbench.analysis.circuits.ablation import check_heads
 
     cfg = presets.tiny(src_vocab=20, tgt_vocab=20)
     assert check_heads(cfg, ["cross:1:0", ("cross", 1, 2), Head("enc_self", 0, 3)]) == {("cross", 1): [0, 2],

@@ -8,8 +8,8 @@ import pytest
 from model_helpers import make_batch, make_model
 
 from workbench import presets
-from workbench.analysis.head_stats import HeadStats, corpus_head_stats
-from workbench.analysis.interventions_effect import head_importance
+from workbench.analysis.attention.head_stats import HeadStats, corpus_head_stats
+from workbench.analysis.circuits.interventions_effect import head_importance
 from workbench.charts.head_view import head_view
 from workbench.charts.model_view import model_view
 from workbench.charts.select import combined_attention, select_attention

@@ -12,7 +12,7 @@ import torch
 from model_helpers import make_model
 
 from workbench import presets
-from workbench.analysis.gradients import run_with_grads
+from workbench.analysis.attribution.gradients import run_with_grads
 from workbench.features import DictionaryConfig, SparseDictionary, capture_site, site_of
 from workbench.features.attribution import ablate_features, feature_attribution
 

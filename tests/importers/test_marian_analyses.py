@@ -9,8 +9,8 @@ import pytest
 import torch
 from importer_helpers import write_marian_dir
 
-from workbench.analysis.graph import attribution_graph, remove_nodes
-from workbench.analysis.graph_trust import gradient_x_activation, graph_trust
+from workbench.analysis.attribution.graph import attribution_graph, remove_nodes
+from workbench.analysis.attribution.graph_trust import gradient_x_activation, graph_trust
 from workbench.core.replacement import ReplacementModel
 from workbench.corpus.data import Batch
 from workbench.features.sites import resolve_site, site_mask
@@ -73,8 +73,8 @@ def test_the_residual_decomposition_and_alti_walk_a_pad_start_model(marian):
     """Both walk the layers' own compose (issue 36 point 1): on the imported Marian model the parts sum to the
     decoder output at every position, position 0 (the pad start) included; the DLA sums to the logit; each head's
     per-key split sums to its DLA; ALTI+'s blocks rebuild their outputs and its rows are conserved, position 0 too."""
-    from workbench.analysis.alti import alti, alti_hooks, block_terms
-    from workbench.analysis.decompose import decompose_resid, direct_logit_attribution, source_attribution
+    from workbench.analysis.attribution.alti import alti, alti_hooks, block_terms
+    from workbench.analysis.attribution.decompose import decompose_resid, direct_logit_attribution, source_attribution
     from workbench.core.heads import Head
 
     model = marian.model

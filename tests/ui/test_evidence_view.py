@@ -13,7 +13,7 @@ from bokeh.models import GlyphRenderer
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 
-from workbench.analysis.sentence_evidence import sentence_evidence  # noqa: E402
+from workbench.analysis.attribution.sentence_evidence import sentence_evidence  # noqa: E402
 from workbench.ui import loader  # noqa: E402
 from workbench.ui.evidence_view import EvidenceView, checkpoint_roles, evidence_figure  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 
-from workbench.analysis.graph_export import validate_circuit_tracer  # noqa: E402
+from workbench.analysis.attribution.graph_export import validate_circuit_tracer  # noqa: E402
 from workbench.ui import loader  # noqa: E402
 from workbench.ui.graph_view import GraphView, sentence_tensors  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402

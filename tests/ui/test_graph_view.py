@@ -21,7 +21,7 @@ from app_fixtures import build_checkpoint  # noqa: E402
 from test_link import _page  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
-from workbench.analysis.graph import graph_size  # noqa: E402
+from workbench.analysis.attribution.graph import graph_size  # noqa: E402
 from workbench.charts.export import external_references  # noqa: E402
 from workbench.charts.graph import selected_detail  # noqa: E402
 from workbench.core.batching import decoder_input  # noqa: E402
@@ -392,7 +392,7 @@ def test_a_tapped_feature_node_links_its_dashboard_with_its_contexts_and_effects
     """In a feature graph (*Dictionary features*), a tapped feature node shows the link to its dashboard (this page on
     the Features tab at its site and feature, checkpoint and sentence kept), its top contexts and output effects (the
     feature's dashboard data, `feature_details`); the link opens the Features tab on that feature; a head clears it."""
-    from workbench.analysis.feature_graph import feature_details
+    from workbench.analysis.attribution.feature_graph import feature_details
     from workbench.ui.features_view import sites_of
 
     (tmp_path / "multi30k-de-en").symlink_to(Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.analysis.confidence import Familiarity, familiarity, source_hints
+from workbench.analysis.training_dynamics.confidence import Familiarity, familiarity, source_hints
 from workbench.ui import loader
 from workbench.ui.work import Request, translate
 

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
-from workbench.analysis.decompose import direct_logit_attribution  # noqa: E402
-from workbench.analysis.patching import log_prob, patching_sweep  # noqa: E402
+from workbench.analysis.attribution.decompose import direct_logit_attribution  # noqa: E402
+from workbench.analysis.circuits.patching import log_prob, patching_sweep  # noqa: E402
 from workbench.ui import Workbench, loader, why_view, workers  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.why_view import TAB, WhyView, explain_token, patch  # noqa: E402

@@ -9,7 +9,7 @@ Each module has one job; see docs/analysis.md for the definitions and the litera
 
 from __future__ import annotations
 
-from .alignment import (
+from .alignment.alignment import (
     AERScore,
     aer,
     alignment_head_scores,
@@ -21,11 +21,27 @@ from .alignment import (
     read_alignments,
     score_alignments,
 )
-from .alti import Alti, alti
-from .attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
-from .attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
-from .beam_replay import BeamReplay, add_cross_attention, replay_beam
-from .circuits import (
+from .alignment.word_align import WordMaps, Words, alignment_maps, encode_words, maps_from_trace
+from .attention.head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
+from .attention.logit_lens import LogitLens, logit_lens
+from .attention.norms import NORM_HOOKS, ValueNorms, value_norms
+from .attention.positional_share import positional_share, score_terms
+from .attention.rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
+from .attribution.alti import Alti, alti
+from .attribution.attribute import attribution_agreement, integrated_gradients, memory_patching, occlusion
+from .attribution.attribution import Attribution, gradient_attribution, spearman, step_agreement, token_attribution
+from .attribution.decompose import (
+    Components,
+    LogitAttribution,
+    LogitAttributions,
+    decompose_resid,
+    direct_logit_attribution,
+    logit_attributions,
+    source_attribution,
+)
+from .attribution.gradients import run_with_grads
+from .attribution.graph import AttributionGraph, attribution_graph, faithfulness_check, remove_nodes
+from .circuits.circuits import (
     EdgeGraph,
     EdgeScores,
     circuit_faithfulness,
@@ -38,24 +54,9 @@ from .circuits import (
     node_circuit_of_size,
     node_scores,
 )
-from .contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
-from .decompose import (
-    Components,
-    LogitAttribution,
-    LogitAttributions,
-    decompose_resid,
-    direct_logit_attribution,
-    logit_attributions,
-    source_attribution,
-)
-from .generation_trace import generation_trace
-from .gradients import run_with_grads
-from .graph import AttributionGraph, attribution_graph, faithfulness_check, remove_nodes
-from .head_stats import STATS, HeadStats, block_stats, corpus_head_stats, head_stats, punctuation_ids
-from .interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
-from .logit_lens import LogitLens, logit_lens
-from .norms import NORM_HOOKS, ValueNorms, value_norms
-from .patching import (
+from .circuits.contrast import GENDER_EN, NUMBER_DE, NUMBER_EN, ContrastPair, noun_swaps, word_swaps
+from .circuits.interventions_effect import head_importance, intervention_effect, patch_effect, run_outcome
+from .circuits.patching import (
     BatchPatchingResult,
     PatchingResult,
     attribution_patching,
@@ -66,9 +67,8 @@ from .patching import (
     path_patching,
     sequence_log_prob,
 )
-from .positional_share import positional_share, score_terms
-from .rollout import DecoderRollout, attention_flow, attention_rollout, decoder_rollout, encoder_rollout
-from .word_align import WordMaps, Words, alignment_maps, encode_words, maps_from_trace
+from .generation.beam_replay import BeamReplay, add_cross_attention, replay_beam
+from .generation.generation_trace import generation_trace
 
 __all__ = [
     "aer", "alignment_head_scores", "attention_links", "corpus_aer", "corpus_cross_attention", "parse_pharaoh",

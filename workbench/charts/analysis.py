@@ -16,7 +16,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, HoverTool, NumberFormatter, Range1d, TableColumn
 from bokeh.plotting import figure
 
-from ..analysis.attribution import step_agreement
+from ..analysis.attribution.attribution import step_agreement
 from .heatmap import DIVERGING, matrix_figure
 from .select import KIND_LABEL
 

@@ -1,4 +1,4 @@
-"""An attribution graph (workbench.analysis.graph) as an interactive Bokeh view: data in, Bokeh layout out.
+"""An attribution graph (workbench.analysis.attribution.graph) as an interactive Bokeh view: data in, Bokeh layout out.
 
     keep = graph.prune(0.8)
     view = attribution_graph_view(graph, keep, src_tokens=src_pieces, tgt_tokens=["<s>", *out_pieces])

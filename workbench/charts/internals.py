@@ -143,8 +143,9 @@ def confidence_data(gold: np.ndarray, top: np.ndarray, bins: int = 40) -> pd.Dat
 
 
 def confidence_chart(confidence, bins: int = 40):
-    """Altair: the model's real confidence on held-out text (`workbench.analysis.confidence.Confidence`), as
-    histograms of p(reference) and p(top choice), with a rule where its label smoothing puts the optimum."""
+    """Altair: the model's real confidence on held-out text
+    (`workbench.analysis.training_dynamics.confidence.Confidence`), as histograms of p(reference) and p(top choice),
+    with a rule where its label smoothing puts the optimum."""
     frame = confidence_data(confidence.gold, confidence.top, bins)
     bars = alt.Chart(frame).mark_bar(opacity=0.55, binSpacing=0).encode(
         x=alt.X("from:Q", bin="binned", title="probability the model gives", scale=alt.Scale(domain=[0, 1])),

@@ -61,7 +61,8 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
     train_log: list[dict[str, Any]] = field(default_factory=list)
     train_state: dict[str, Any] | None = None
-    alignment: dict[str, Any] | None = None  # alignment.json: the default word aligner (workbench.analysis.word_align)
+    # alignment.json: the default word aligner (workbench.analysis.alignment.word_align)
+    alignment: dict[str, Any] | None = None
 
 
 # ------------------------------------------------------------------------------------------- saving

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from ..analysis.alignment import read_alignments, score_alignments
+from ..analysis.alignment.alignment import read_alignments, score_alignments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@
 
 Output: per line pair `i-j` links, 0-based, source word first, sorted by target word; words are the
 whitespace tokens of the given lines (each word encoded on its own: a source word's score is the sum over
-its pieces, a target word's the mean over its pieces; see `workbench.analysis.word_align`). The pair is
+its pieces, a target word's the mean over its pieces; see `workbench.analysis.alignment.word_align`). The pair is
 teacher-forced: TGT is read as the output the model would give.
 
 Default aligner: the checkpoint's `alignment.json` (method, AWO/AWI, heads or layers averaged), else
@@ -29,8 +29,8 @@ import time
 import warnings
 from pathlib import Path
 
-from ..analysis.alignment import format_pharaoh, read_alignments, score_alignments
-from ..analysis.word_align import (
+from ..analysis.alignment.alignment import format_pharaoh, read_alignments, score_alignments
+from ..analysis.alignment.word_align import (
     ATTENTION_METHODS,
     EOS_RULES,
     METHODS,

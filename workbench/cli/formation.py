@@ -3,8 +3,8 @@
     workbench formation runs/m30k --gold-src rwth/test.de --gold-tgt rwth/test.en --gold rwth/test.talp \\
         --dataset multi30k --limit 200 --out formation/
 
-Writes formation.json (one record per snapshot, `workbench.analysis.formation`; measured snapshots are kept,
-so rerunning on a growing run measures only the new ones), formation.csv (one row per snapshot and head:
+Writes formation.json (one record per snapshot, `workbench.analysis.training_dynamics.formation`; measured snapshots
+are kept, so rerunning on a growing run measures only the new ones), formation.csv (one row per snapshot and head:
 AER for cross-attention heads, the role statistics and the roles) and formation.html (the curves).
 """
 
@@ -15,7 +15,7 @@ import csv
 import time
 from pathlib import Path
 
-from ..analysis.formation import FormationProbe, formation_records
+from ..analysis.training_dynamics.formation import FormationProbe, formation_records
 from ..corpus.data import dataset_files, read_parallel
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.graph import TARGETS
-from ..analysis.graph_export import export_sentence
+from ..analysis.attribution.graph import TARGETS
+from ..analysis.attribution.graph_export import export_sentence
 from ..core.protocols import print_progress
 from ..decoding.translator import load
 

@@ -1,5 +1,5 @@
 """`workbench heads`: head statistics of a checkpoint over a test set, as CSV + an offline HTML report, and
-every head's roles with the thresholds that decide them (`workbench.analysis.roles`).
+every head's roles with the thresholds that decide them (`workbench.analysis.attention.roles`).
 
     workbench heads CHECKPOINT --dataset multi30k --split test --src-lang de --tgt-lang en --out heads/
     workbench heads CHECKPOINT --src test.de --ref test.en --limit 500 --out heads/
@@ -13,10 +13,10 @@ import argparse
 import time
 from pathlib import Path
 
-from ..analysis.alignment import read_alignments
-from ..analysis.formation import gold_aer
-from ..analysis.head_stats import STATS, corpus_head_stats, punctuation_ids
-from ..analysis.roles import head_roles
+from ..analysis.alignment.alignment import read_alignments
+from ..analysis.attention.head_stats import STATS, corpus_head_stats, punctuation_ids
+from ..analysis.attention.roles import head_roles
+from ..analysis.training_dynamics.formation import gold_aer
 from ..corpus.data import dataset_files, read_parallel
 from ..decoding.evaluate import read_text
 from ..decoding.translator import load

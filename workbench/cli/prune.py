@@ -5,7 +5,7 @@
 
 Writes pruning.csv (one row per kind and heads removed), pruning.json (the same, the importance table, the
 baseline, the test set and the time taken) and pruning.html (the curves); prints, per kind, how many heads go
-at <= --max-loss BLEU (`workbench.analysis.pruning` says how importance is measured and what is reused).
+at <= --max-loss BLEU (`workbench.analysis.circuits.pruning` says how importance is measured and what is reused).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from ..analysis.pruning import pruning_curve
+from ..analysis.circuits.pruning import pruning_curve
 from ..core.heads import KINDS
 from .heads import add_corpus_arguments, read_corpus
 

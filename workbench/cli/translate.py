@@ -18,8 +18,8 @@ import contextlib
 import sys
 from pathlib import Path
 
-from ..analysis.alignment import format_pharaoh
-from ..analysis.word_align import align_pairs, aligner
+from ..analysis.alignment.alignment import format_pharaoh
+from ..analysis.alignment.word_align import align_pairs, aligner
 from ..decoding.evaluate import read_lines
 from ..decoding.translator import TranslationModel, load
 from ..features.dictionary import SparseDictionary

@@ -101,7 +101,8 @@ class TranslationModel:
         self.decode_config = decode or DecodeConfig()
         self.append_eos = append_eos
         self.meta = dict(meta or {})
-        self.alignment = alignment  # the checkpoint's alignment.json (workbench.analysis.word_align.AlignmentSpec)
+        # the checkpoint's alignment.json (workbench.analysis.alignment.word_align.AlignmentSpec)
+        self.alignment = alignment
 
     @classmethod
     def from_checkpoint(

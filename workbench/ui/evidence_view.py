@@ -20,10 +20,10 @@ import param
 from bokeh.layouts import column
 from bokeh.models import Div
 
-from ..analysis.alignment import read_alignments
-from ..analysis.formation import gold_aer, model_roles
-from ..analysis.sentence_evidence import sentence_evidence
-from ..analysis.word_align import METHODS
+from ..analysis.alignment.alignment import read_alignments
+from ..analysis.alignment.word_align import METHODS
+from ..analysis.attribution.sentence_evidence import sentence_evidence
+from ..analysis.training_dynamics.formation import gold_aer, model_roles
 from ..charts.evidence import alignment_lines, role_grid, source_share_bars
 from ..corpus.data import dataset_files, default_data_root
 from .learn import link_terms

@@ -48,11 +48,11 @@ import param
 import torch
 from bokeh.layouts import row
 
-from ..analysis.feature_graph import feature_details, feature_graph, feature_graph_size
-from ..analysis.graph import attribution_graph, component_contexts, graph_size
-from ..analysis.graph_export import circuit_tracer_graph, token_probability
-from ..analysis.graph_trust import graph_trust
-from ..analysis.qk_attribution import feature_piece, qk_attribution, qk_dictionaries
+from ..analysis.attribution.feature_graph import feature_details, feature_graph, feature_graph_size
+from ..analysis.attribution.graph import attribution_graph, component_contexts, graph_size
+from ..analysis.attribution.graph_export import circuit_tracer_graph, token_probability
+from ..analysis.attribution.graph_trust import graph_trust
+from ..analysis.attribution.qk_attribution import feature_piece, qk_attribution, qk_dictionaries
 from ..charts.export import to_html
 from ..charts.features import feature_node_html
 from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels

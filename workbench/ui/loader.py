@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.confidence import Familiarity, familiarity
+from ..analysis.training_dynamics.confidence import Familiarity, familiarity
 from ..checkpoint.format import LATEST, is_checkpoint, read_log, resolve_checkpoint
 from ..checkpoint.shipped import CHECKPOINTS
 from ..decoding.translator import TranslationModel, decode_config_from_meta

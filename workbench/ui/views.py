@@ -22,9 +22,9 @@ from bokeh import events
 from bokeh.models import LayoutDOM
 from bokeh.plotting import figure
 
-from ..analysis.confidence import checkpoint_confidence
-from ..analysis.head_stats import head_stats
-from ..analysis.rollout import decoder_rollout
+from ..analysis.attention.head_stats import head_stats
+from ..analysis.attention.rollout import decoder_rollout
+from ..analysis.training_dynamics.confidence import checkpoint_confidence
 from ..charts import (
     attention_heatmap,
     compare_traces,

@@ -29,9 +29,9 @@ import panel as pn
 import param
 import torch
 
-from ..analysis.contrast import NOUNS, NOUNS_EN, noun_swaps
-from ..analysis.decompose import direct_logit_attribution, source_attribution
-from ..analysis.patching import attribution_patching, build_sites, log_prob, patching_sweep
+from ..analysis.attribution.decompose import direct_logit_attribution, source_attribution
+from ..analysis.circuits.contrast import NOUNS, NOUNS_EN, noun_swaps
+from ..analysis.circuits.patching import attribution_patching, build_sites, log_prob, patching_sweep
 from ..charts.why import logit_attribution_grid, patching_heatmap
 from ..core.batching import decoder_input
 from . import workers

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ..analysis.ablation import AblationEffect, ablation_effect
-from ..analysis.confidence import source_hints
+from ..analysis.circuits.ablation import AblationEffect, ablation_effect
+from ..analysis.training_dynamics.confidence import source_hints
 from ..core.heads import Head
 from ..core.trace import Trace
 from ..decoding.translator import Translation, TranslationModel

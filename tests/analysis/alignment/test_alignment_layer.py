@@ -1,0 +1,151 @@
+"""The trained alignment layer (Garg et al. 2019) and Shift-Att (Chen et al. 2020): targets, rows, storage, resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from model_helpers import make_model
+
+from workbench import presets
+from workbench.analysis.alignment.alignment_layer import (
+    AlignmentLayer,
+    load_alignment_layer,
+    piece_targets,
+    save_alignment_layer,
+    train_alignment_layer,
+)
+from workbench.analysis.alignment.word_align import (
+    AlignmentSpec,
+    Words,
+    aligner,
+    alignment_maps,
+    encode_words,
+    hooks_for,
+    shift_att_spec,
+)
+
+
+class OneCharTokenizer:
+    """Each character one piece (ids 4..23): "a b c" is three one-piece words."""
+
+    def encode(self, text):
+        return [4 + (ord(c) % 20) for c in text]
+
+
+def _pairs():
+    tok = OneCharTokenizer()
+    src = [encode_words(tok, s) for s in ("a b c", "ab c", "c a b d")]
+    tgt = [encode_words(tok, t) for t in ("x y z", "x yz", "z x")]
+    return src, tgt
+
+
+def test_piece_targets_spread_over_the_linked_words_pieces():
+    src = Words(["ab", "c", "d"], [1, 2, 3, 4], [0, 0, 1, 2])
+    tgt = Words(["x", "yz", "w"], [5, 6, 7, 8], [0, 1, 1, 2])
+    g = piece_targets(src, tgt, {(0, 0), (2, 0), (1, 1)})  # x -> ab, d; yz -> c; w unlinked
+    expected = np.zeros((4, 5), dtype=np.float32)
+    expected[0, [0, 1, 3]] = 1 / 3  # x: the pieces of "ab" and "d"
+    expected[1, 2] = expected[2, 2] = 1.0  # both pieces of "yz": "c"
+    np.testing.assert_allclose(g, expected)  # w's row stays zero: not trained; the EOS column (4) unused
+
+
+def test_shift_semantics_by_hand_on_three_words():
+    """Target word j (0-based) is read by decoder position j + 1 (AWI, Shift-Att): with three one-piece words,
+    word j's row is row j + 1 of the layer's (or the heads' mean) probabilities, taken by hand from the trace."""
+    model = make_model(presets.tiny(vocab=30))
+    cfg = model.cfg
+    src, tgt = _pairs()
+    s, t = src[0], tgt[0]
+    layer = AlignmentLayer(cfg.d_model, source_layer=1, n_heads=2, dropout=0.0).eval()
+    maps = alignment_maps(model, [s], [t], method="layer", shift="awi", layer=layer)[0]
+    names = [*hooks_for(model, "layer", layer), *hooks_for(model, "weights")]
+    _, trace = model.run_with_cache(torch.tensor([[*s.ids, cfg.eos_id]]), torch.tensor([[cfg.start_id, *t.ids]]),
+                                    names=names)
+    memory = trace[model.hook_memory.name]
+    states = trace[model.stream("dec").resid(1).name]
+    with torch.no_grad():
+        p = layer(states, memory, torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool))[0]
+    assert maps.layers.shape == (1, 3, 4)  # one "layer", 3 target words, 3 source words + EOS
+    for j in range(3):
+        np.testing.assert_allclose(maps.layers[0, j], p[j + 1].numpy(), atol=1e-6)
+    att = alignment_maps(model, [s], [t], method="weights", shift="awi", heads=False)[0]
+    probs = trace["dec.0.cross_attn.hook_probs"][0].mean(0)  # (T, S) heads averaged
+    for j in range(3):
+        np.testing.assert_allclose(att.layers[0, j], probs[j + 1].numpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="AWI"):
+        AlignmentSpec("layer", "awo", "drop", ((0, None),))
+
+
+def test_save_load_round_trip_and_the_aligner_loads_it(tmp_path):
+    model = make_model(presets.tiny(vocab=30))
+    src, tgt = _pairs()
+    layer = AlignmentLayer(model.cfg.d_model, source_layer=2, n_heads=2)
+    save_alignment_layer(layer, tmp_path, {"note": "test"})
+    back = load_alignment_layer(tmp_path)
+    a = alignment_maps(model, src, tgt, method="layer", shift="awi", layer=layer.eval())
+    b = alignment_maps(model, src, tgt, method="layer", shift="awi", layer=back)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x.layers, y.layers, atol=1e-6)
+    stored = {"method": "layer", "shift": "awi", "eos": "null", "symmetrize": "intersect", "units": [[0, None]]}
+    spec, _ = aligner(model, stored, directory=tmp_path)
+    assert spec.layer is not None and spec.eos == "null" and spec.symmetrize == "intersect"
+    with pytest.raises(ValueError, match="directory"):
+        aligner(model, stored)
+    with pytest.raises(FileNotFoundError, match="no trained alignment layer"):
+        aligner(model, stored, directory=tmp_path / "missing")
+    with pytest.raises(ValueError, match="method must be one of"):
+        aligner(model, stored, "gradients")
+
+
+def test_shift_att_preset_uses_the_stored_choice_else_the_middle_layer():
+    model = make_model(presets.tiny(vocab=30))
+    spec = shift_att_spec(model)
+    assert (spec.method, spec.shift, spec.symmetrize, spec.units) == ("weights", "awi", "grow-diag",
+                                                                       ((max(len(model.dec) // 2 - 1, 0), None),))
+    stored = {"method": "norms", "shift": "awi", "units": [[0, 0]], "shift-att": {"layer": 1, "symmetrize": "none"}}
+    chosen, origin = aligner(model, stored, "shift-att")
+    assert chosen.units == ((1, None),) and chosen.symmetrize == "none" and "Shift-Att" in origin
+
+
+@pytest.mark.parametrize("both_ways", [False, True])
+def test_training_learns_its_targets_and_resumes_exactly(tmp_path, both_ways):
+    """Targets: each target word linked to the source word at the same index. Four steps straight equal two, a
+    stop, and two more resumed from the saved state (weights and Adam moments). `both_ways` also trains the
+    columns and scores a link by the product of both directions' probabilities."""
+    model = make_model(presets.tiny(vocab=30))
+    src, tgt = _pairs()
+    links = [{(j, j) for j in range(min(len(s.words), len(t.words)))} for s, t in zip(src, tgt)]
+    labels = [piece_targets(s, t, x) for s, t, x in zip(src, tgt, links)]
+
+    def fresh():
+        torch.manual_seed(3)
+        return AlignmentLayer(model.cfg.d_model, source_layer=1, n_heads=2, dropout=0.0, both_ways=both_ways)
+
+    quiet = lambda *_: None  # noqa: E731
+    straight = fresh()
+    r = train_alignment_layer(straight, model, src, tgt, labels, directory=tmp_path / "a", steps=4, batch_size=2,
+                              lr=1e-2, log=quiet)
+    assert r["step"] == 4
+    split = fresh()
+    train_alignment_layer(split, model, src, tgt, labels, directory=tmp_path / "b", steps=2, batch_size=2, lr=1e-2,
+                          log=quiet)
+    resumed = fresh()
+    train_alignment_layer(resumed, model, src, tgt, labels, directory=tmp_path / "b", steps=4, batch_size=2,
+                          lr=1e-2, log=quiet)
+    for (k, v), w in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(v, w, msg=k)
+    long = fresh()
+    first = train_alignment_layer(long, model, src, tgt, labels, directory=tmp_path / "c", steps=5, batch_size=3,
+                                  lr=1e-2, log=quiet)
+    more = train_alignment_layer(long, model, src, tgt, labels, directory=tmp_path / "c", steps=60, batch_size=3,
+                                 lr=1e-2, log=quiet)
+    assert more["step"] == 60 and first["loss"] is not None
+    maps = alignment_maps(model, src, tgt, method="layer", shift="awi", layer=long)
+    hits = sum((j, j) in m.links(0, None) for m, x in zip(maps, links) for (j, _) in x)
+    assert hits == sum(len(x) for x in links)  # it learned the diagonal it was taught
+    if both_ways:  # the product of rows and columns: each row sums to at most 1, position 0 reads no word
+        with torch.no_grad():
+            x = long(torch.randn(1, 4, model.cfg.d_model), torch.randn(1, 5, model.cfg.d_model),
+                     torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 5, dtype=torch.bool))
+        assert float(x[0, 0].sum()) == 0.0 and bool((x.sum(-1) <= 1 + 1e-6).all())

@@ -1,0 +1,1 @@
+"""Cross-attention as a word aligner: alignments, AER and the protocols of the alignment papers."""

@@ -1,0 +1,301 @@
+"""An alignment layer on top of a frozen model, trained on the model's own symmetrized alignments (Garg et al.
+2019, "Jointly Learning to Align and Translate with Transformer Models"; Chen et al. 2020's Shift-AET).
+
+    layer = AlignmentLayer(model.cfg.d_model, source_layer=2)
+    train_alignment_layer(layer, model, sources, targets, teacher_links, directory="runs/align_layer")
+    maps = alignment_maps(model, src, tgt, method="layer", shift="awi", layer=layer)   # word_align, as any method
+    save_alignment_layer(layer, "checkpoints/general-en-de")   # alignment_layer.safetensors + its JSON config
+
+The model is not trained: it runs teacher-forced on [start, y_1 .. y_n] and the layer reads two of its
+activations, the encoder output (`hook_memory`: keys) and the decoder stream after `source_layer` layers
+(queries). Decoder position t has read y_1 .. y_t only; Garg et al. give the alignment layer the whole target,
+so one bidirectional self-attention block (no causal mask) runs over the decoder positions first. Then ONE
+attention head, softmax over the source pieces and EOS, gives (T + 1, S + 1) probabilities per sentence: row t
+is read as decoder position t, so the "awi" shift (the row that reads y_t) picks the rows for y_1 .. y_n, and
+`word_align.to_words` turns them into word maps exactly as it does attention (source pieces summed, target
+pieces averaged).
+
+Training target (Garg et al. eq. 5): for each target piece, the uniform distribution over the pieces of the
+source words its word is linked to by the teacher (the model's own symmetrized attention alignments); a piece
+whose word has no link does not count. Loss: cross-entropy of the layer's row against that distribution.
+Training writes `state.safetensors` + `state.json` (weights, optimiser, step, data order) every
+`save_every` steps into `directory` and resumes from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ...core.batching import decoder_input, pad_sequences
+from .alignment import Link
+
+LAYER_FILE = "alignment_layer.safetensors"
+LAYER_CONFIG = "alignment_layer.json"
+
+
+class AlignmentLayer(nn.Module):
+    """Bidirectional self-attention over the frozen decoder stream, then one attention head onto the encoder
+    output. `forward` returns probabilities (B, T, S): row t over the source positions (EOS included)."""
+
+    def __init__(self, d_model: int, *, source_layer: int, n_heads: int = 4, d_ff: int | None = None,
+                 dropout: float = 0.1, both_ways: bool = False) -> None:
+        super().__init__()
+        self.d_model, self.source_layer, self.n_heads = d_model, source_layer, n_heads
+        self.d_ff = d_ff or 2 * d_model
+        self.dropout = dropout
+        self.both_ways = both_ways
+        self.context = nn.TransformerEncoderLayer(d_model, n_heads, self.d_ff, dropout, batch_first=True,
+                                                  norm_first=True)
+        self.norm_q = nn.LayerNorm(d_model)
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+
+    def config(self) -> dict:
+        return {"d_model": self.d_model, "source_layer": self.source_layer, "n_heads": self.n_heads,
+                "d_ff": self.d_ff, "dropout": self.dropout, "both_ways": self.both_ways}
+
+    def logits(self, states: torch.Tensor, memory: torch.Tensor, tgt_pad: torch.Tensor) -> torch.Tensor:
+        """(B, T, S) scores q·k/√d. `states` (B, T, D) the decoder stream, `memory` (B, S, D) the encoder output;
+        `tgt_pad` (B, T) True at padding."""
+        x = self.context(states, src_key_padding_mask=tgt_pad)
+        return self.query(self.norm_q(x)) @ self.key(memory).transpose(1, 2) / math.sqrt(self.d_model)
+
+    def scores(self, states, memory, tgt_pad, src_pad) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities both ways: rows (B, T, S) over the source positions (EOS included), columns (B, T, S)
+        over the target positions that read a word (1 .. n: the start position 0 and padding excluded)."""
+        z = self.logits(states, memory, tgt_pad)
+        rows = z.masked_fill(src_pad[:, None, :], float("-inf")).log_softmax(-1)
+        no_word = tgt_pad.clone()
+        no_word[:, 0] = True
+        cols = z.masked_fill(no_word[:, :, None], float("-inf")).log_softmax(-2)
+        return rows, cols
+
+    def forward(self, states, memory, tgt_pad, src_pad) -> torch.Tensor:
+        """Alignment scores (B, T, S): the row probabilities, or with `both_ways` their product with the column
+        probabilities (a link must be likely both from its target and from its source position)."""
+        rows, cols = self.scores(states, memory, tgt_pad, src_pad)
+        if not self.both_ways:
+            return rows.exp()
+        return (rows + cols).exp().masked_fill(~torch.isfinite(rows + cols), 0.0)
+
+
+def hooks_for_layer(model, layer: AlignmentLayer) -> list[str]:
+    """The trace entries the layer reads: the encoder output and the decoder stream it takes queries from."""
+    return [model.hook_memory.name, model.stream("dec").resid(layer.source_layer).name]
+
+
+def layer_maps(model, layer: AlignmentLayer, trace) -> torch.Tensor:
+    """(1, B, T, S) probabilities from a teacher-forced trace holding `hooks_for_layer` (a 'layer' of one)."""
+    memory = trace[model.hook_memory.name]
+    states = trace[model.stream("dec").resid(layer.source_layer).name]
+    src_pad = trace.src == model.cfg.pad_id
+    tgt_pad = _tgt_pad(trace.tgt, model.cfg)
+    was = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            p = layer(states.to(memory.dtype), memory, tgt_pad.to(memory.device), src_pad.to(memory.device))
+    finally:
+        layer.train(was)
+    return p.float()[None]
+
+
+def _tgt_pad(tgt: torch.Tensor, cfg) -> torch.Tensor:
+    """Padding of teacher-forced decoder inputs [start, y ...]: position 0 is always real (a decoder start may
+    be the padding id), later padding ids are padding."""
+    pad = tgt == cfg.pad_id
+    pad[:, 0] = False
+    return pad
+
+
+# ------------------------------------------------------------------------------------------------ storage
+
+
+def save_alignment_layer(layer: AlignmentLayer, directory: str | Path, provenance: dict | None = None) -> Path:
+    """Write `alignment_layer.safetensors` and `alignment_layer.json` (its shape and provenance) into a
+    checkpoint directory; the checkpoint's other files are untouched."""
+    d = Path(directory)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in layer.state_dict().items()}
+    save_file(tensors, str(d / LAYER_FILE))
+    (d / LAYER_CONFIG).write_text(json.dumps({**layer.config(), "provenance": provenance or {}}, indent=2) + "\n",
+                                  encoding="utf-8")
+    return d / LAYER_FILE
+
+
+def load_alignment_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
+    """The alignment layer stored beside a checkpoint (`save_alignment_layer`); safetensors only, no pickle."""
+    d = Path(directory)
+    if not (d / LAYER_FILE).exists() or not (d / LAYER_CONFIG).exists():
+        raise FileNotFoundError(f"{d} has no trained alignment layer ({LAYER_FILE} + {LAYER_CONFIG}); train one "
+                                f"with scripts/train_alignment_layer.py")
+    cfg = json.loads((d / LAYER_CONFIG).read_text(encoding="utf-8"))
+    layer = AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
+                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
+                           both_ways=bool(cfg.get("both_ways", False)))
+    state = load_file(str(d / LAYER_FILE))
+    missing, extra = set(layer.state_dict()) - set(state), set(state) - set(layer.state_dict())
+    if missing or extra:
+        raise ValueError(f"{d / LAYER_FILE}: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    layer.load_state_dict(state)
+    return layer.to(device).eval()
+
+
+def load_run_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
+    """The layer saved by `train_alignment_layer` in a run directory (state.json + state.safetensors)."""
+    d = Path(directory)
+    cfg = json.loads((d / "state.json").read_text(encoding="utf-8"))["config"]
+    layer = AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
+                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
+                           both_ways=bool(cfg.get("both_ways", False)))
+    state = load_file(str(d / "state.safetensors"))
+    layer.load_state_dict({k[len("layer."):]: v for k, v in state.items() if k.startswith("layer.")})
+    return layer.to(device).eval()
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+def piece_targets(src, tgt, links: set[Link]) -> np.ndarray:
+    """(n target pieces, n source pieces + 1) training distribution: each target piece's row spreads evenly over
+    the pieces of the source words its word is linked to; rows of unlinked words are all zero (not trained).
+    `src`, `tgt`: `word_align.Words`; links (source word, target word)."""
+    out = np.zeros((len(tgt.ids), len(src.ids) + 1), dtype=np.float32)
+    src_pieces: dict[int, list[int]] = {}
+    for p, w in enumerate(src.word_of):
+        src_pieces.setdefault(w, []).append(p)
+    by_tgt: dict[int, list[int]] = {}
+    for s, t in links:
+        by_tgt.setdefault(t, []).extend(src_pieces.get(s, []))
+    for p, w in enumerate(tgt.word_of):
+        cols = by_tgt.get(w)
+        if cols:
+            out[p, cols] = 1.0 / len(cols)
+    return out
+
+
+def cache_inputs(model, layer: AlignmentLayer, sources: Sequence, targets: Sequence, *, batch_size: int = 64,
+                 log=print) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The frozen model's (decoder stream (n + 1, D), encoder output (m + 1, D)) per pair, float16 on the CPU:
+    run once, so training steps cost the layer alone."""
+    cfg = model.cfg
+    names = hooks_for_layer(model, layer)
+    out: list = [None] * len(sources)
+    order = sorted(range(len(sources)), key=lambda k: (len(sources[k].ids), len(targets[k].ids)))
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            src = pad_sequences([[*sources[k].ids, cfg.eos_id] for k in idx], cfg.pad_id, device=model.device)
+            tgt = pad_sequences([decoder_input(targets[k].ids, cfg.start_id, prefix=True) for k in idx],
+                                cfg.pad_id, device=model.device)
+            _, trace = model.run_with_cache(src, tgt, names=names)
+            for b, k in enumerate(idx):
+                n, m = len(targets[k].ids) + 1, len(sources[k].ids) + 1
+                out[k] = (trace[names[1]][b, :n].half().cpu(), trace[names[0]][b, :m].half().cpu())
+            if (start // batch_size) % 20 == 0:
+                log(f"cached {start + len(idx)}/{len(sources)} pairs")
+    return out
+
+
+def _batch(cached, labels, idx, device):
+    """Padded (states, memory, tgt_pad, src_pad, goal) for pairs `idx`; goal row t + 1 is y_t's (awi)."""
+    n = max(cached[k][0].size(0) for k in idx)
+    m = max(cached[k][1].size(0) for k in idx)
+    d = cached[idx[0]][0].size(1)
+    states = torch.zeros(len(idx), n, d)
+    memory = torch.zeros(len(idx), m, d)
+    tgt_pad = torch.ones(len(idx), n, dtype=torch.bool)
+    src_pad = torch.ones(len(idx), m, dtype=torch.bool)
+    goal = torch.zeros(len(idx), n, m)
+    for b, k in enumerate(idx):
+        st, mem = cached[k]
+        states[b, : st.size(0)] = st.float()
+        memory[b, : mem.size(0)] = mem.float()
+        tgt_pad[b, : st.size(0)] = False
+        src_pad[b, : mem.size(0)] = False
+        g = torch.from_numpy(labels[k])
+        goal[b, 1 : 1 + g.size(0), : g.size(1)] = g
+    return tuple(x.to(device) for x in (states, memory, tgt_pad, src_pad, goal))
+
+
+def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targets: Sequence,
+                          labels: Sequence[np.ndarray], *, directory: str | Path, steps: int = 1000,
+                          batch_size: int = 32, lr: float = 1e-3, seed: int = 0, save_every: int = 100,
+                          max_minutes: float | None = None, log=print) -> dict:
+    """Train `layer` (in place) on `labels[k]` = `piece_targets` of pair k; the model stays frozen. Resumes from
+    `directory`'s state when there is one; returns {"step", "loss", "seconds"}."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    device = model.device
+    layer.to(device)
+    opt = torch.optim.Adam(layer.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(sources)).tolist()
+    step, losses = 0, []
+    if (d / "state.json").exists():
+        meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
+        state = load_file(str(d / "state.safetensors"))
+        layer.load_state_dict({k[len("layer."):]: v for k, v in state.items() if k.startswith("layer.")})
+        opt_state: dict = {}
+        for key, v in state.items():
+            if key.startswith("opt."):
+                _, i, name = key.split(".", 2)
+                opt_state.setdefault(int(i), {})[name] = v.to(device) if name != "step" else v
+        opt.load_state_dict({"state": opt_state, "param_groups": opt.state_dict()["param_groups"]})
+        step, order = int(meta["step"]), list(meta["order"])
+        log(f"resumed at step {step}")
+    start = time.perf_counter()
+    cached = cache_inputs(model, layer, sources, targets, log=log) if step < steps else []
+    layer.train()
+    per_epoch = max(1, len(order) // batch_size)
+
+    def save() -> None:
+        tensors = {f"layer.{k}": v.detach().cpu().contiguous() for k, v in layer.state_dict().items()}
+        for i, st in opt.state_dict()["state"].items():
+            for name, v in st.items():
+                tensors[f"opt.{i}.{name}"] = torch.as_tensor(v).detach().cpu().contiguous()
+        save_file(tensors, str(d / "state.safetensors.tmp"))
+        (d / "state.safetensors.tmp").replace(d / "state.safetensors")
+        (d / "state.json").write_text(json.dumps({"step": step, "order": order, "config": layer.config(),
+                                                  "loss": float(np.mean(losses[-50:])) if losses else None}),
+                                      encoding="utf-8")
+
+    while step < steps:
+        if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
+            log(f"stopping at step {step}: {max_minutes} minutes")
+            break
+        e, i = divmod(step, per_epoch)
+        if i == 0 and e > 0:
+            order = np.random.default_rng(seed + e).permutation(len(sources)).tolist()
+        idx = order[i * batch_size : (i + 1) * batch_size]
+        states, memory, tgt_pad, src_pad, goal = _batch(cached, labels, idx, device)
+        logp, logq = layer.scores(states, memory, tgt_pad, src_pad)
+        rows = goal.sum(-1) > 0
+        loss = -(goal * logp.masked_fill(~torch.isfinite(logp), 0.0)).sum(-1)[rows].mean()
+        if layer.both_ways:  # each linked source piece: uniform over its linked target pieces, column-wise
+            linked = (goal > 0).float()
+            cols = linked.sum(-2) > 0
+            back = linked / linked.sum(-2, keepdim=True).clamp_min(1.0)
+            loss = loss - (back * logq.masked_fill(~torch.isfinite(logq), 0.0)).sum(-2)[cols].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        step += 1
+        if step % 50 == 0:
+            log(f"step {step} loss {np.mean(losses[-50:]):.4f} ({time.perf_counter() - start:.0f} s)")
+        if step % save_every == 0:
+            save()
+    save()
+    layer.eval()
+    return {"step": step, "loss": float(np.mean(losses[-50:])) if losses else None,
+            "seconds": time.perf_counter() - start}

@@ -1,0 +1,1 @@
+"""What attention does: per-head statistics, roles, rollout and flow, value norms, positions, logit lens."""

@@ -1,0 +1,1 @@
+"""What is necessary: patching, ablations, pruning curves and circuits over contrastive pairs."""

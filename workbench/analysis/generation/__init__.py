@@ -1,0 +1,1 @@
+"""What a greedy or beam search saw and chose, step by step."""

@@ -1,0 +1,1 @@
+"""How a model's attention and confidence change as it trains."""
