@@ -133,3 +133,21 @@ def test_what_is_derived_from_a_model_goes_with_it(tmp_path, monkeypatch):
     _checkpoint_dir(tmp_path / "beta")
     loader.CACHE.get("model", tmp_path / "beta", object)  # alpha's model goes, and its contexts with it
     assert [k[0] for k in loader.CACHE.keys()] == ["model"]
+
+
+def test_the_evidence_tabs_measurements_are_cached_with_the_model(tmp_path, monkeypatch):
+    """The Evidence tab's gold AER is measured once per checkpoint and leaves with the model (it was an
+    `lru_cache` keyed by the model object, which kept up to 8 evicted models alive)."""
+    from workbench.ui import evidence_view
+
+    monkeypatch.setattr(loader, "CACHE", CheckpointCache({**loader.LIMITS, "model": 1}))
+    build_checkpoint(tmp_path / "alpha", seed=0, steps=0)
+    tm = loader.load_model(tmp_path / "alpha")
+    measured = []
+    monkeypatch.setattr(evidence_view, "_gold", lambda *_: ("gold",))
+    monkeypatch.setattr(evidence_view, "gold_aer", lambda m, *gold, shift: measured.append(m) or "scores")
+    assert evidence_view._alignment_scores(tm) == evidence_view._alignment_scores(tm) == "scores"
+    assert measured == [tm]  # once per checkpoint
+    _checkpoint_dir(tmp_path / "beta")
+    loader.CACHE.get("model", tmp_path / "beta", object)
+    assert [k[0] for k in loader.CACHE.keys()] == ["model"]

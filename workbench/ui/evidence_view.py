@@ -12,7 +12,6 @@ the current sentence alone, said in the figure's title) and cached; the alignmen
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import panel as pn
@@ -26,6 +25,7 @@ from ..analysis.attribution.sentence_evidence import sentence_evidence
 from ..analysis.training_dynamics.formation import gold_aer, model_roles
 from ..charts.evidence import alignment_lines, role_grid, source_share_bars
 from ..corpus.data import dataset_files, default_data_root
+from . import loader
 from .learn import link_terms
 from .views import LazyTab
 from .work import Offloaded, Snapshot
@@ -56,19 +56,21 @@ def _gold(src_lang: str, tgt_lang: str):
     return (en, de, links) if swap else (de, en, links)
 
 
-@functools.lru_cache(maxsize=8)
 def _alignment_scores(tm):
-    """(per-head AER, diagonal AER, pairs) of a model on the RWTH gold, or None: once per model and process."""
-    gold = _gold(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
-    return None if gold is None else gold_aer(tm, *gold, shift="awi")
+    """(per-head AER, diagonal AER, pairs) of a model on the RWTH gold, or None: once per checkpoint and process,
+    kept with the model in `loader.CACHE` (evicted with it)."""
+    def measure():
+        gold = _gold(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+        return None if gold is None else gold_aer(tm, *gold, shift="awi")
+    return loader.load_derived("evidence", tm, measure, "gold_aer")
 
 
-@functools.lru_cache(maxsize=8)
 def _corpus_roles(tm):
-    corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
-    if corpus is None:
-        return None
-    return _roles(tm, corpus[0], corpus[1], corpus[2])
+    """The head roles measured on the checkpoint's corpus, or None: once per checkpoint and process (`loader.CACHE`)."""
+    def measure():
+        corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
+        return None if corpus is None else _roles(tm, corpus[0], corpus[1], corpus[2])
+    return loader.load_derived("evidence", tm, measure, "roles")
 
 
 def _roles(tm, sources, refs, where: str):

@@ -126,10 +126,11 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
     return entries[0] if entries else None
 
 
-LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8}
+LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8, "evidence": 16}
 """Entries kept per kind: 4 models (the shipped ones are 20-90 MB each in memory), 8 training logs, 16 dictionaries
-(a few MB each, with their corpus statistics), the Graph tab's corpus contexts of 8 models."""
-DERIVED = ("features", "contexts")
+(a few MB each, with their corpus statistics), the Graph tab's corpus contexts of 8 models, the Evidence tab's
+measured gold AER and head roles (two per model)."""
+DERIVED = ("features", "contexts", "evidence")
 """The kinds computed from a loaded model: evicted with it."""
 
 
