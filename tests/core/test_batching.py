@@ -34,3 +34,20 @@ def test_refuses_a_bad_batch_size_and_mismatched_lengths():
         next(corpus_batches(SOURCES, pad_id=0, batch_size=0))
     with pytest.raises(ValueError, match="6 sources but 2 outputs"):
         next(corpus_batches(SOURCES, OUTPUTS[:2], pad_id=0, batch_size=2))
+
+
+def test_source_end_and_prefix_give_the_alignment_loops_batches():
+    """`source_end` + `prefix=True`: the batches the alignment analyses built by hand (source + EOS, decoder
+    input = start + the whole target), in the same (source length, target length) order."""
+    eos, start = 3, 1
+    order = sorted(range(len(SOURCES)), key=lambda k: (len(SOURCES[k]), len(OUTPUTS[k])))
+    got = list(corpus_batches(SOURCES, OUTPUTS, pad_id=0, start_id=start, batch_size=4, source_end=eos,
+                              prefix=True))
+    assert [idx for idx, _ in got] == [order[0:4], order[4:]]
+    for idx, b in got:
+        assert torch.equal(b.src, pad_sequences([[*SOURCES[k], eos] for k in idx], 0))
+        assert torch.equal(b.tgt_in, pad_sequences([decoder_input(OUTPUTS[k], start, prefix=True) for k in idx], 0))
+        assert b.tgt_out is None
+        assert b.src_lengths.tolist() == [len(SOURCES[k]) + 1 for k in idx]
+        assert b.tgt_lengths.tolist() == [len(OUTPUTS[k]) + 1 for k in idx]
+        assert b.tgt_mask().sum().item() == sum(len(OUTPUTS[k]) + 1 for k in idx)

@@ -100,26 +100,34 @@ def length_order(sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[in
 
 def corpus_batches(sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None, *,
                    pad_id: int, start_id: int = 0, batch_size: int, order: Sequence[int] | None = None,
+                   source_end: int | None = None, prefix: bool = False,
                    device: torch.device | str | None = None) -> Iterator[tuple[list[int], TeacherForced]]:
     """The one loop over a corpus: `(indices, batch)` for consecutive slices of `batch_size` sentences of `order`
     (default `length_order(sources, outputs)`; `range(len(sources))` keeps the given order). `batch` is a
     `TeacherForced`: padded sources, and with `outputs` (each as predicted, EOS last) the decoder inputs
     (start + output[:-1]) and outputs. Results come in `order`; putting them back is the caller's one line,
-    `out[i] = ...` for `i` in `indices`."""
+    `out[i] = ...` for `i` in `indices`.
+
+    For word lists without their EOS (the alignment analyses): `source_end` is appended to every source, and
+    `prefix=True` reads each output whole (start + output, `decoder_input(prefix=True)`), so the batch has no
+    `tgt_out` and `tgt_lengths` counts the start token."""
     if batch_size < 1:
         raise ValueError(f"batch_size ({batch_size}) must be at least 1")
     if outputs is not None and len(outputs) != len(sources):
         raise ValueError(f"{len(sources)} sources but {len(outputs)} outputs")
     order = length_order(sources, outputs) if order is None else list(order)
+    end = [] if source_end is None else [source_end]
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        src = pad_sequences([list(sources[i]) for i in idx], pad_id, device=device)
-        src_lengths = torch.tensor([len(sources[i]) for i in idx], dtype=torch.long, device=src.device)
+        src_rows = [[*sources[i], *end] for i in idx]
+        src = pad_sequences(src_rows, pad_id, device=device)
+        src_lengths = torch.tensor([len(r) for r in src_rows], dtype=torch.long, device=src.device)
         if outputs is None:
             yield idx, TeacherForced(src, None, None, src_lengths, None)
             continue
         rows = [list(outputs[i]) for i in idx]
-        tgt_in = pad_sequences([decoder_input(o, start_id) for o in rows], pad_id, device=device)
-        tgt_out = pad_sequences(rows, pad_id, device=device)
-        tgt_lengths = torch.tensor([len(o) for o in rows], dtype=torch.long, device=src.device)
+        tgt_rows = [decoder_input(o, start_id, prefix=prefix) for o in rows]
+        tgt_in = pad_sequences(tgt_rows, pad_id, device=device)
+        tgt_out = None if prefix else pad_sequences(rows, pad_id, device=device)
+        tgt_lengths = torch.tensor([len(r) for r in tgt_rows], dtype=torch.long, device=src.device)
         yield idx, TeacherForced(src, tgt_in, tgt_out, src_lengths, tgt_lengths)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...core.batching import decoder_input, pad_sequences
+from ...core.batching import corpus_batches
 from ...core.heads import Head, hook_name
 from ..attention.head_stats import capture_attention, fit_to_positions
 
@@ -260,20 +260,18 @@ def corpus_cross_attention(model, sources: Sequence[Sequence[int]], targets: Seq
         warnings.warn(fitted.report("corpus_cross_attention"), stacklevel=2)
     sources, targets = fitted.sources, fitted.targets
     names = model.hook_names(hook_name("cross", "*"))
+    for k, t in enumerate(targets):
+        if len(t) < 2:
+            raise ValueError(f"target {k} has {len(t)} tokens: need at least one word and EOS")
     out: list[np.ndarray] = []
+    batches = corpus_batches(sources, targets, pad_id=cfg.pad_id, start_id=cfg.start_id, batch_size=batch_size,
+                             order=range(len(sources)), device=model.device)
     with torch.no_grad():
-        for start in range(0, len(sources), batch_size):
-            src_rows = [list(s) for s in sources[start : start + batch_size]]
-            tgt_rows = [list(t) for t in targets[start : start + batch_size]]
-            for n, t in enumerate(tgt_rows):
-                if len(t) < 2:
-                    raise ValueError(f"target {start + n} has {len(t)} tokens: need at least one word and EOS")
-            src = pad_sequences(src_rows, cfg.pad_id, device=model.device)
-            tgt = pad_sequences([decoder_input(t, cfg.start_id) for t in tgt_rows], cfg.pad_id, device=model.device)
-            trace = capture_attention(model, src, tgt, names)
+        for idx, b in batches:
+            trace = capture_attention(model, b.src, b.tgt_in, names)
             cross = trace.stack(hook_name("cross", "*")).float().cpu().numpy()  # (L, B, H, T, S)
-            for b, (s, t) in enumerate(zip(src_rows, tgt_rows)):
-                n_words = len(t) - 1
+            for i, k in enumerate(idx):
+                n_words = len(targets[k]) - 1
                 rows = slice(0, n_words) if shift == "predict" else slice(1, n_words + 1)
-                out.append(cross[:, b, :, rows, : len(s) - 1])
+                out.append(cross[:, i, :, rows, : len(sources[k]) - 1])
     return CorpusAttention(out, fitted.ids, fitted.skipped)

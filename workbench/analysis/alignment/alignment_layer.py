@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ...core.batching import decoder_input, pad_sequences
+from ...core.batching import corpus_batches
+from ...core.model import evaluating
 from .alignment import Link
 
 LAYER_FILE = "alignment_layer.safetensors"
@@ -99,13 +100,8 @@ def layer_maps(model, layer: AlignmentLayer, trace) -> torch.Tensor:
     states = trace[model.stream("dec").resid(layer.source_layer).name]
     src_pad = trace.src == model.cfg.pad_id
     tgt_pad = _tgt_pad(trace.tgt, model.cfg)
-    was = layer.training
-    layer.eval()
-    try:
-        with torch.no_grad():
-            p = layer(states.to(memory.dtype), memory, tgt_pad.to(memory.device), src_pad.to(memory.device))
-    finally:
-        layer.train(was)
+    with evaluating(layer), torch.no_grad():
+        p = layer(states.to(memory.dtype), memory, tgt_pad.to(memory.device), src_pad.to(memory.device))
     return p.float()[None]
 
 
@@ -189,20 +185,19 @@ def cache_inputs(model, layer: AlignmentLayer, sources: Sequence, targets: Seque
     cfg = model.cfg
     names = hooks_for_layer(model, layer)
     out: list = [None] * len(sources)
-    order = sorted(range(len(sources)), key=lambda k: (len(sources[k].ids), len(targets[k].ids)))
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            src = pad_sequences([[*sources[k].ids, cfg.eos_id] for k in idx], cfg.pad_id, device=model.device)
-            tgt = pad_sequences([decoder_input(targets[k].ids, cfg.start_id, prefix=True) for k in idx],
-                                cfg.pad_id, device=model.device)
-            _, trace = model.run_with_cache(src, tgt, names=names)
-            for b, k in enumerate(idx):
+    batches = corpus_batches([s.ids for s in sources], [t.ids for t in targets], pad_id=cfg.pad_id,
+                             start_id=cfg.start_id, batch_size=batch_size, source_end=cfg.eos_id, prefix=True,
+                             device=model.device)
+    done = 0
+    with evaluating(model), torch.no_grad():
+        for n_batch, (idx, b) in enumerate(batches):
+            _, trace = model.run_with_cache(b.src, b.tgt_in, names=names)
+            for i, k in enumerate(idx):
                 n, m = len(targets[k].ids) + 1, len(sources[k].ids) + 1
-                out[k] = (trace[names[1]][b, :n].half().cpu(), trace[names[0]][b, :m].half().cpu())
-            if (start // batch_size) % 20 == 0:
-                log(f"cached {start + len(idx)}/{len(sources)} pairs")
+                out[k] = (trace[names[1]][i, :n].half().cpu(), trace[names[0]][i, :m].half().cpu())
+            done += len(idx)
+            if n_batch % 20 == 0:
+                log(f"cached {done}/{len(sources)} pairs")
     return out
 
 
@@ -227,6 +222,51 @@ def _batch(cached, labels, idx, device):
     return tuple(x.to(device) for x in (states, memory, tgt_pad, src_pad, goal))
 
 
+def _resume(d: Path, layer: AlignmentLayer, opt: torch.optim.Optimizer, device) -> tuple[int, list[int]] | None:
+    """Load `d`'s saved layer weights and Adam state into `layer` and `opt`; (step, order), or None when `d`
+    holds no state yet."""
+    if not (d / "state.json").exists():
+        return None
+    meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
+    state = load_file(str(d / "state.safetensors"))
+    layer.load_state_dict({k[len("layer."):]: v for k, v in state.items() if k.startswith("layer.")})
+    opt_state: dict = {}
+    for key, v in state.items():
+        if key.startswith("opt."):
+            _, i, name = key.split(".", 2)
+            opt_state.setdefault(int(i), {})[name] = v.to(device) if name != "step" else v
+    opt.load_state_dict({"state": opt_state, "param_groups": opt.state_dict()["param_groups"]})
+    return int(meta["step"]), list(meta["order"])
+
+
+def _save(d: Path, layer: AlignmentLayer, opt: torch.optim.Optimizer, step: int, order: list[int],
+          losses: list[float]) -> None:
+    """Write the layer, Adam's state, the step, the epoch's order and the recent loss to `d` (tensors atomically)."""
+    tensors = {f"layer.{k}": v.detach().cpu().contiguous() for k, v in layer.state_dict().items()}
+    for i, st in opt.state_dict()["state"].items():
+        for name, v in st.items():
+            tensors[f"opt.{i}.{name}"] = torch.as_tensor(v).detach().cpu().contiguous()
+    save_file(tensors, str(d / "state.safetensors.tmp"))
+    (d / "state.safetensors.tmp").replace(d / "state.safetensors")
+    (d / "state.json").write_text(json.dumps({"step": step, "order": order, "config": layer.config(),
+                                              "loss": float(np.mean(losses[-50:])) if losses else None}),
+                                  encoding="utf-8")
+
+
+def _loss(layer: AlignmentLayer, states, memory, tgt_pad, src_pad, goal) -> torch.Tensor:
+    """Cross-entropy of the layer's rows against `goal` over target rows with a link; `both_ways` adds the
+    columns' (each linked source piece: uniform over its linked target pieces)."""
+    logp, logq = layer.scores(states, memory, tgt_pad, src_pad)
+    rows = goal.sum(-1) > 0
+    loss = -(goal * logp.masked_fill(~torch.isfinite(logp), 0.0)).sum(-1)[rows].mean()
+    if layer.both_ways:
+        linked = (goal > 0).float()
+        cols = linked.sum(-2) > 0
+        back = linked / linked.sum(-2, keepdim=True).clamp_min(1.0)
+        loss = loss - (back * logq.masked_fill(~torch.isfinite(logq), 0.0)).sum(-2)[cols].mean()
+    return loss
+
+
 def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targets: Sequence,
                           labels: Sequence[np.ndarray], *, directory: str | Path, steps: int = 1000,
                           batch_size: int = 32, lr: float = 1e-3, seed: int = 0, save_every: int = 100,
@@ -238,37 +278,16 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
     device = model.device
     layer.to(device)
     opt = torch.optim.Adam(layer.parameters(), lr=lr)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(sources)).tolist()
-    step, losses = 0, []
-    if (d / "state.json").exists():
-        meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
-        state = load_file(str(d / "state.safetensors"))
-        layer.load_state_dict({k[len("layer."):]: v for k, v in state.items() if k.startswith("layer.")})
-        opt_state: dict = {}
-        for key, v in state.items():
-            if key.startswith("opt."):
-                _, i, name = key.split(".", 2)
-                opt_state.setdefault(int(i), {})[name] = v.to(device) if name != "step" else v
-        opt.load_state_dict({"state": opt_state, "param_groups": opt.state_dict()["param_groups"]})
-        step, order = int(meta["step"]), list(meta["order"])
+    step, order = 0, np.random.default_rng(seed).permutation(len(sources)).tolist()
+    losses: list[float] = []
+    resumed = _resume(d, layer, opt, device)
+    if resumed is not None:
+        step, order = resumed
         log(f"resumed at step {step}")
     start = time.perf_counter()
     cached = cache_inputs(model, layer, sources, targets, log=log) if step < steps else []
     layer.train()
     per_epoch = max(1, len(order) // batch_size)
-
-    def save() -> None:
-        tensors = {f"layer.{k}": v.detach().cpu().contiguous() for k, v in layer.state_dict().items()}
-        for i, st in opt.state_dict()["state"].items():
-            for name, v in st.items():
-                tensors[f"opt.{i}.{name}"] = torch.as_tensor(v).detach().cpu().contiguous()
-        save_file(tensors, str(d / "state.safetensors.tmp"))
-        (d / "state.safetensors.tmp").replace(d / "state.safetensors")
-        (d / "state.json").write_text(json.dumps({"step": step, "order": order, "config": layer.config(),
-                                                  "loss": float(np.mean(losses[-50:])) if losses else None}),
-                                      encoding="utf-8")
-
     while step < steps:
         if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
             log(f"stopping at step {step}: {max_minutes} minutes")
@@ -276,16 +295,7 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
         e, i = divmod(step, per_epoch)
         if i == 0 and e > 0:
             order = np.random.default_rng(seed + e).permutation(len(sources)).tolist()
-        idx = order[i * batch_size : (i + 1) * batch_size]
-        states, memory, tgt_pad, src_pad, goal = _batch(cached, labels, idx, device)
-        logp, logq = layer.scores(states, memory, tgt_pad, src_pad)
-        rows = goal.sum(-1) > 0
-        loss = -(goal * logp.masked_fill(~torch.isfinite(logp), 0.0)).sum(-1)[rows].mean()
-        if layer.both_ways:  # each linked source piece: uniform over its linked target pieces, column-wise
-            linked = (goal > 0).float()
-            cols = linked.sum(-2) > 0
-            back = linked / linked.sum(-2, keepdim=True).clamp_min(1.0)
-            loss = loss - (back * logq.masked_fill(~torch.isfinite(logq), 0.0)).sum(-2)[cols].mean()
+        loss = _loss(layer, *_batch(cached, labels, order[i * batch_size : (i + 1) * batch_size], device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -294,8 +304,8 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
         if step % 50 == 0:
             log(f"step {step} loss {np.mean(losses[-50:]):.4f} ({time.perf_counter() - start:.0f} s)")
         if step % save_every == 0:
-            save()
-    save()
+            _save(d, layer, opt, step, order, losses)
+    _save(d, layer, opt, step, order, losses)
     layer.eval()
     return {"step": step, "loss": float(np.mean(losses[-50:])) if losses else None,
             "seconds": time.perf_counter() - start}

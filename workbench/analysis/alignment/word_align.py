@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...core.batching import decoder_input, pad_sequences
+from ...core.batching import corpus_batches
+from ...core.model import evaluating
 from ..attention.norms import value_norms
 from ..attribution.alti import alti_hooks, block_terms, cross_contributions
 from .alignment import AERScore, Link, bootstrap_aer, score_alignments
@@ -278,24 +279,17 @@ def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *,
                              f"takes {cfg.max_positions - 1} at most")
     names = hooks_for(model, method, layer)
     heads = heads and method != "layer"
-    order = sorted(range(len(sources)), key=lambda k: (len(sources[k].ids), len(targets[k].ids)))
     out: list[WordMaps | None] = [None] * len(sources)
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                batch = order[start : start + batch_size]
-                src = pad_sequences([[*sources[k].ids, cfg.eos_id] for k in batch], cfg.pad_id, device=model.device)
-                tgt = pad_sequences([decoder_input(targets[k].ids, cfg.start_id, prefix=True) for k in batch],
-                                    cfg.pad_id, device=model.device)
-                _, trace = model.run_with_cache(src, tgt, names=names)
-                per_head, layers = piece_maps(model, trace, method, heads=heads, layer=layer)
-                for b, k in enumerate(batch):
-                    out[k] = _word_maps(None if per_head is None else per_head[:, b], layers[:, b], sources[k],
-                                        targets[k], method, shift)
-    finally:
-        model.train(was)
+    batches = corpus_batches([s.ids for s in sources], [t.ids for t in targets], pad_id=cfg.pad_id,
+                             start_id=cfg.start_id, batch_size=batch_size, source_end=cfg.eos_id, prefix=True,
+                             device=model.device)
+    with evaluating(model), torch.no_grad():
+        for batch, b in batches:
+            _, trace = model.run_with_cache(b.src, b.tgt_in, names=names)
+            per_head, layers = piece_maps(model, trace, method, heads=heads, layer=layer)
+            for i, k in enumerate(batch):
+                out[k] = _word_maps(None if per_head is None else per_head[:, i], layers[:, i], sources[k],
+                                    targets[k], method, shift)
     return out  # type: ignore[return-value]
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ...core.hooks import path_of
+from ...core.model import evaluating
 from .decompose import _capture_names, frozen_norm, stream_components
 
 GROUPS = ("token", "position", "self-attn heads", "cross-attn heads", "ffn", "biases")
@@ -106,12 +107,8 @@ def split_cross_scores(model, src: torch.Tensor, tgt: torch.Tensor, layer: int, 
     if not 0 <= layer < len(model.dec):
         raise ValueError(f"layer {layer} out of range: the decoder has {len(model.dec)} layers")
     if trace is None:
-        was = model.training
-        model.eval()
-        try:
+        with evaluating(model):
             _, trace = model.run_with_cache(src.to(model.device), tgt.to(model.device), names=split_hooks(model, layer))
-        finally:
-            model.train(was)
     attn = model.dec[layer].cross_attn
     (q_labels, q_info, q_parts), (k_labels, k_info, k_parts) = cross_inputs(model, trace, layer)
     h, dh = attn.n_heads, attn.d_head
