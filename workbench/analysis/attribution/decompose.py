@@ -142,6 +142,36 @@ class _Stop(Exception):
         self.rows = rows
 
 
+def _unbias_by(bias_rows: Mapping[int, int], n_rows: int, like: torch.Tensor):
+    """`unbias(norm)`: a hook taking the bias a norm added to every row back off, but for the norm's own row
+    `bias_rows[id(norm)]` (off every row where it has none); `n_rows` rows at most, `like`'s dtype and device."""
+    def unbias(norm):
+        bias = norm.bias.detach().to(like.dtype)
+        if id(norm) not in bias_rows:
+            return lambda x, hook: x - bias
+        keep = torch.ones(n_rows, 1, 1, 1, dtype=like.dtype, device=like.device)
+        keep[bias_rows[id(norm)]] = 0
+        return lambda x, hook: x - keep[: x.size(0)] * bias
+    return unbias
+
+
+def _walk_hooks(stream, n: int, first: int | None, clean: Mapping[str, torch.Tensor], unbias, unit: torch.Tensor
+                ) -> list:
+    """The hooks that make `walk`'s layers linear: every norm's scale held at its clean value (`unit` where the
+    clean run has none) and its bias kept on its own row, over the first `n` layers and the outside norms, or
+    over layer `first` alone."""
+    def hold(value: torch.Tensor):
+        return lambda x, hook: value.to(x.dtype).expand_as(x)
+
+    if first is None:
+        subs, outside = [sub for _, sub in stream.sublayers(n)], [stream.emb_norm, stream.final_norm]
+    else:
+        subs, outside = stream.layers[first].sublayers(), []
+    spec = [(norm.hook_scale.name, hold(clean[norm.hook_scale.name] if norm.hook_scale.name in clean else unit))
+            for norm in [*(sub.norm for sub in subs), *outside] if norm is not None]
+    return spec + [(sub.hook_norm.name, unbias(sub.norm)) for sub in subs]
+
+
 def walk(model, stack: str, clean: Mapping[str, torch.Tensor], rows: torch.Tensor,
          write: Callable[[int, Sublayer], torch.Tensor | None], *, layers: int | None = None,
          bias_rows: Mapping[int, int] | None = None, start: Sublayer | None = None,
@@ -161,27 +191,11 @@ def walk(model, stack: str, clean: Mapping[str, torch.Tensor], rows: torch.Tenso
     stream = model.stream(stack)
     n = len(stream.layers) if layers is None else layers
     bias_rows = bias_rows or {}
-
-    def hold(value: torch.Tensor):
-        return lambda x, hook: value.to(x.dtype).expand_as(x)
-
-    def unbias(norm):  # the norm added its bias to every row: keep it on its own row only
-        bias = norm.bias.detach().to(rows.dtype)
-        if id(norm) not in bias_rows:
-            return lambda x, hook: x - bias
-        keep = torch.ones(len(rows) if alive is None else alive[-1], 1, 1, 1, dtype=rows.dtype, device=rows.device)
-        keep[bias_rows[id(norm)]] = 0
-        return lambda x, hook: x - keep[: x.size(0)] * bias
-
-    if start is None:
-        subs, outside = [sub for _, sub in stream.sublayers(n)], [stream.emb_norm, stream.final_norm]
-    else:  # one layer: the start's
+    unbias = _unbias_by(bias_rows, len(rows) if alive is None else alive[-1], rows)
+    first = None  # with `start`: its layer, the one walked
+    if start is not None:
         (first,) = [i for i, sub in stream.sublayers(n) if sub is start]
-        subs, outside = stream.layers[first].sublayers(), []
-    unit = rows.new_ones(())
-    spec = [(norm.hook_scale.name, hold(clean[norm.hook_scale.name] if norm.hook_scale.name in clean else unit))
-            for norm in [*(sub.norm for sub in subs), *outside] if norm is not None]
-    spec += [(sub.hook_norm.name, unbias(sub.norm)) for sub in subs]
+    spec = _walk_hooks(stream, n, first, clean, unbias, rows.new_ones(()))
     if start is not None:
         spec.append((start.hook_resid_before.name, lambda x, hook: rows))
     if stop is not None:
@@ -248,28 +262,16 @@ def decompose_resid(model, src: torch.Tensor, tgt: torch.Tensor, *, stack: str =
     return Components(labels, info, values, rm.clean[point], point)
 
 
-def stream_components(model, trace, stack: str, layers: int, *, split_heads: bool = True, before: str | None = None
-                      ) -> tuple[list[str], list[dict[str, Any]], torch.Tensor]:
-    """The components of the `stack` stream after its first `layers` layers, from a trace holding
-    `_capture_names(model, stack, layers)`: (labels, info, values (N, B, L, D) float64). `before` (a block
-    path such as "dec.2.cross_attn") stops where that block would write: the stream that block reads
-    (pre-norm: before its input norm).
-
-    One row per component, carried through the layers by `walk` (the layers' own `compose`, norms frozen): the
-    embeddings start the rows, each block's write fills its rows, each norm's bias fills its own."""
-    stream = model.stream(stack)
-    tok = trace[stream.hook_tok.name]
+def _component_rows(events: list, stack: str, split_heads: bool) -> tuple[list[str], list[dict[str, Any]], list,
+                                                                        dict[str, list[int]], dict[int, int]]:
+    """`stream_components`' rows from its events, in order: (labels, info, parts, at, bias_rows). `parts[n]`: row
+    n's write, (B, L, D) or broadcastable, None for a norm's bias; `at`: a block's path (its heads, or its write) or
+    "<path>.bias" -> its rows; `bias_rows`: id(norm) -> its bias row."""
     labels: list[str] = []
     info: list[dict] = []
-    parts: list[torch.Tensor | None] = []  # each row's write, (B, L, D) or broadcastable; None: a norm's bias
-    at: dict[str, list[int]] = {}  # a block's path (its heads, or its write) or "<path>.bias" -> its rows
+    parts: list[torch.Tensor | None] = []
+    at: dict[str, list[int]] = {}
     bias_rows: dict[int, int] = {}
-    events = _events(model, stack, layers, trace)
-    if before is not None:
-        stop = [n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == before]
-        if not stop:
-            raise ValueError(f"no block {before!r} in the first {layers} layers of the {stack} stack")
-        events = events[: stop[0]]
     for ev in events:
         if ev[0] == "norm":
             _, path, norm, _ = ev
@@ -295,6 +297,27 @@ def stream_components(model, trace, stack: str, layers: int, *, split_heads: boo
             info.append(inf)
             parts.append(x.double())
         at[label] = list(range(first, len(labels)))
+    return labels, info, parts, at, bias_rows
+
+
+def stream_components(model, trace, stack: str, layers: int, *, split_heads: bool = True, before: str | None = None
+                      ) -> tuple[list[str], list[dict[str, Any]], torch.Tensor]:
+    """The components of the `stack` stream after its first `layers` layers, from a trace holding
+    `_capture_names(model, stack, layers)`: (labels, info, values (N, B, L, D) float64). `before` (a block
+    path such as "dec.2.cross_attn") stops where that block would write: the stream that block reads
+    (pre-norm: before its input norm).
+
+    One row per component, carried through the layers by `walk` (the layers' own `compose`, norms frozen): the
+    embeddings start the rows, each block's write fills its rows, each norm's bias fills its own."""
+    stream = model.stream(stack)
+    tok = trace[stream.hook_tok.name]
+    events = _events(model, stack, layers, trace)
+    if before is not None:
+        stop = [n for n, ev in enumerate(events) if ev[0] == "write" and ev[1] == before]
+        if not stop:
+            raise ValueError(f"no block {before!r} in the first {layers} layers of the {stack} stack")
+        events = events[: stop[0]]
+    labels, info, parts, at, bias_rows = _component_rows(events, stack, split_heads)
     first = next((n for n, inf in enumerate(info) if inf["layer"] is not None), len(labels))
     alive = []  # rows through layer i: the embeddings' and every row of the layers up to i (their norms' biases too)
     for i in range(layers):

@@ -47,13 +47,14 @@ at graph time).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ...core.hooks import HookPoint
 from ...core.model import evaluating
+from ...core.protocols import Progress
 from ...core.replacement import FEATURES, FREEZABLE, ReplacementModel
 from ...core.splice import attach, site_module
 from ...features.dashboard import FeatureData
@@ -71,7 +72,7 @@ def _by_site(dictionaries: Mapping[str, Any] | Iterable[SparseDictionary]) -> di
 def feature_graph(model, dictionaries: Mapping[str, Any] | Iterable[SparseDictionary], src, tgt, position: int = -1,
                   token: int | None = None, *, baseline_token: int | None = None, target: str = "logit",
                   src_tokens: list[str] | None = None, tgt_tokens: list[str] | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> AttributionGraph:
+                  progress: Progress | None = None) -> AttributionGraph:
     """The attribution graph of `token` at decoder `position` with `dictionaries`' features as nodes ({site:
     dictionary}, or dictionaries whose configs name their sites). Arguments as `graph.attribution_graph`'s."""
     sites = _by_site(dictionaries)

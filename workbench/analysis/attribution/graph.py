@@ -53,6 +53,7 @@ from ...core.batching import decoder_input
 from ...core.hooks import path_of
 from ...core.layers import Sublayer
 from ...core.model import evaluating
+from ...core.protocols import Progress
 from ...core.replacement import ReplacementModel
 
 NODE_KINDS = ("embed", "bias", "error", "head", "ffn", "feature", "logit")
@@ -219,7 +220,7 @@ TARGETS = ("logit", "runner-up", "demeaned")
 def attribution_graph(model, src, tgt, position: int = -1, token: int | None = None, *,
                       baseline_token: int | None = None, target: str = "logit",
                       src_tokens: list[str] | None = None, tgt_tokens: list[str] | None = None,
-                      progress: Callable[[int, int], None] | None = None) -> AttributionGraph:
+                      progress: Progress | None = None) -> AttributionGraph:
     """The attribution graph of the logit of `token` (default: the model's top token) at decoder position
     `position` (the token predicted after reading tgt[position]); with `baseline_token`, of the logit difference.
     `target`: "logit" (that logit, or the difference to `baseline_token`), "runner-up" (the difference to the
