@@ -168,6 +168,36 @@ def attention_links(matrix: np.ndarray, *, method: str = "argmax", threshold: fl
     raise ValueError(f"method must be 'argmax' or 'threshold', got {method!r}")
 
 
+def _reference_links(cross, arrays: list[np.ndarray], references) -> tuple[str, list[set[Link]],
+                                                                           list[set[Link]] | None]:
+    """`alignment_head_scores`' references as (label, sure, possible): the model-average aligner's argmax links
+    when there are none; else the references (picked by `cross.ids` when `cross` skipped sentences), each link
+    checked against its sentence's attention shape."""
+    if references is None:
+        label = "model-average aligner (argmax of all heads, all layers)"
+        sure = [attention_links(a.mean((0, 1)), method="argmax") for a in arrays]
+        possible = None
+    else:
+        ids = getattr(cross, "ids", None)
+        if ids is not None and len(references) == len(ids) + len(cross.skipped) != len(arrays):
+            references = [references[i] for i in ids]  # the corpus's references; cross skipped some sentences
+        if len(references) != len(arrays):
+            raise ValueError(f"{len(references)} references for {len(arrays)} sentences")
+        label = "reference alignments"
+        sure, possible = [], []
+        for ref in references:
+            s, p = ref if isinstance(ref, tuple) else (ref, ref)
+            sure.append(set(s))
+            possible.append(set(p) | set(s))
+        for n, (a, s) in enumerate(zip(arrays, possible)):
+            t, src = a.shape[2:]
+            bad = [(i, j) for i, j in s if not (0 <= i < src and 0 <= j < t)]
+            if bad:
+                raise ValueError(f"sentence {n}: links {sorted(bad)[:5]} fall outside its {t} x {src} attention "
+                                 "(target x source); do the references index words while the attention has pieces?")
+    return label, sure, possible
+
+
 def alignment_head_scores(
     cross: Sequence[np.ndarray],
     references: Sequence[set[Link] | tuple[set[Link], set[Link]]] | None = None,
@@ -191,28 +221,7 @@ def alignment_head_scores(
     if len(shapes) != 1 or arrays[0].ndim != 4:
         raise ValueError(f"every sentence needs an (L, H, T, S) array with the same L and H, got {sorted(shapes)}")
     n_layers, n_heads = arrays[0].shape[:2]
-    if references is None:
-        label = "model-average aligner (argmax of all heads, all layers)"
-        sure = [attention_links(a.mean((0, 1)), method="argmax") for a in arrays]
-        possible = None
-    else:
-        ids = getattr(cross, "ids", None)
-        if ids is not None and len(references) == len(ids) + len(cross.skipped) != len(arrays):
-            references = [references[i] for i in ids]  # the corpus's references; cross skipped some sentences
-        if len(references) != len(arrays):
-            raise ValueError(f"{len(references)} references for {len(arrays)} sentences")
-        label = "reference alignments"
-        sure, possible = [], []
-        for ref in references:
-            s, p = ref if isinstance(ref, tuple) else (ref, ref)
-            sure.append(set(s))
-            possible.append(set(p) | set(s))
-        for n, (a, s) in enumerate(zip(arrays, possible)):
-            t, src = a.shape[2:]
-            bad = [(i, j) for i, j in s if not (0 <= i < src and 0 <= j < t)]
-            if bad:
-                raise ValueError(f"sentence {n}: links {sorted(bad)[:5]} fall outside its {t} x {src} attention "
-                                 "(target x source); do the references index words while the attention has pieces?")
+    label, sure, possible = _reference_links(cross, arrays, references)
     rows = []
 
     def score(pick, layer, head):
