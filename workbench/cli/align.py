@@ -151,6 +151,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score_config(maps: list, gold: list, rows: slice, held: list[int], method: str, shift: str, eos: str,
+                  sym: str, max_units: int) -> dict:
+    """One searched configuration: the best units on the chosen lines `rows`, their AER there and on the `held`
+    lines, and (for the tables in docs/analysis.md) every single unit's."""
+    dev_maps, dev_gold = maps[rows], gold[rows]
+    held_maps, held_gold = [maps[k] for k in held], [gold[k] for k in held]
+    units, dev_aer, single = choose_units(dev_maps, dev_gold, eos=eos, symmetrize=sym, max_units=max_units)
+    held_aer = (score_alignments([m.links(units=units, eos=eos, symmetrize=sym) for m in held_maps],
+                                 held_gold).aer if held else None)
+    tabled = eos == "drop" and sym in ("none", "grow-diag")  # the held-out tables in docs/analysis.md
+    held_single = ({f"{u[0]}:{'' if u[1] is None else u[1]}": score_alignments(
+                    [m.links(*u, eos=eos, symmetrize=sym) for m in held_maps], held_gold).aer
+                    for u in single} if held and tabled else {})
+    return {"method": method, "shift": shift, "eos": eos, "symmetrize": sym,
+            "units": [list(u) for u in units],
+            "dev_aer": dev_aer, "held_out_aer": held_aer,
+            "single_dev": {f"{u[0]}:{'' if u[1] is None else u[1]}": a for u, a in single.items()},
+            "single_held_out": held_single}
+
+
+def _chosen_spec(best: dict, args: argparse.Namespace, rows: slice, n_held: int, methods: list[str]) -> AlignmentSpec:
+    """The best configuration as the checkpoint's `AlignmentSpec`, its provenance saying how it was chosen."""
+    return AlignmentSpec(best["method"], best["shift"], best["eos"], tuple((a, b) for a, b in best["units"]), {
+        "chosen_on": f"{Path(args.choose).name} lines {rows.start + 1}-{rows.stop}"
+                     + (" (columns swapped)" if args.swap_gold else ""),
+        "dev_aer": round(best["dev_aer"], 4),
+        "held_out_aer": None if best["held_out_aer"] is None else round(best["held_out_aer"], 4),
+        "held_out": f"the other {n_held} lines",
+        "searched": f"methods {'/'.join(methods)} x AWO/AWI x eos drop/null x symmetrize none/intersect/grow-diag/"
+                    f"grow-diag-final/union; every head (ALTI+: every layer) and layer, then the best "
+                    f"2..{args.max_units} heads averaged",
+        "created_by": f"attention-workbench {__version__}",
+    }, best["symmetrize"])
+
+
 def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse.Namespace) -> int:
     gold = read_alignments(args.choose, base=args.gold_base, swap=args.swap_gold)
     if len(gold) != len(src):
@@ -176,22 +211,9 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
             # per-head ALTI+ costs H times its per-layer maps; the search takes ALTI+ per layer, as the paper does
             maps = alignment_maps(tm.model, sources, targets, method=method, shift=shift, batch_size=args.batch,
                                   heads=method != "alti")
-            dev_maps, dev_gold = maps[rows], gold[rows]
-            held_maps, held_gold = [maps[k] for k in held], [gold[k] for k in held]
             for eos, sym in [(e, y) for e in EOS_RULES for y in SYMMETRIZE]:
-                units, dev_aer, single = choose_units(dev_maps, dev_gold, eos=eos, symmetrize=sym,
-                                                      max_units=args.max_units)
-                held_aer = (score_alignments([m.links(units=units, eos=eos, symmetrize=sym) for m in held_maps],
-                                             held_gold).aer if held else None)
-                tabled = eos == "drop" and sym in ("none", "grow-diag")  # the held-out tables in docs/analysis.md
-                held_single = ({f"{u[0]}:{'' if u[1] is None else u[1]}": score_alignments(
-                                [m.links(*u, eos=eos, symmetrize=sym) for m in held_maps], held_gold).aer
-                                for u in single} if held and tabled else {})
-                entry = {"method": method, "shift": shift, "eos": eos, "symmetrize": sym,
-                         "units": [list(u) for u in units],
-                         "dev_aer": dev_aer, "held_out_aer": held_aer,
-                         "single_dev": {f"{u[0]}:{'' if u[1] is None else u[1]}": a for u, a in single.items()},
-                         "single_held_out": held_single}
+                entry = _score_config(maps, gold, rows, held, method, shift, eos, sym, args.max_units)
+                units, dev_aer, held_aer = entry["units"], entry["dev_aer"], entry["held_out_aer"]
                 report["configs"].append(entry)
                 print(f"{method:8s} {shift} eos={eos:4s} {sym:15s} dev AER {100 * dev_aer:5.1f} %"
                       + (f"  held-out {100 * held_aer:5.1f} %" if held_aer is not None else "")
@@ -199,17 +221,7 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
                 if best is None or dev_aer < best["dev_aer"]:
                     best = entry
     assert best is not None
-    spec = AlignmentSpec(best["method"], best["shift"], best["eos"], tuple((a, b) for a, b in best["units"]), {
-        "chosen_on": f"{Path(args.choose).name} lines {rows.start + 1}-{rows.stop}"
-                     + (" (columns swapped)" if args.swap_gold else ""),
-        "dev_aer": round(best["dev_aer"], 4),
-        "held_out_aer": None if best["held_out_aer"] is None else round(best["held_out_aer"], 4),
-        "held_out": f"the other {len(held)} lines",
-        "searched": f"methods {'/'.join(methods)} x AWO/AWI x eos drop/null x symmetrize none/intersect/grow-diag/"
-                    f"grow-diag-final/union; every head (ALTI+: every layer) and layer, then the best "
-                    f"2..{args.max_units} heads averaged",
-        "created_by": f"attention-workbench {__version__}",
-    }, best["symmetrize"])
+    spec = _chosen_spec(best, args, rows, len(held), methods)
     report["chosen"] = spec.to_dict()
     print(f"chosen: {spec.label()}: AER {100 * best['dev_aer']:.1f} % on the chosen lines"
           + (f", {100 * best['held_out_aer']:.1f} % held out" if best["held_out_aer"] is not None else ""))
