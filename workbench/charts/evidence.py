@@ -196,17 +196,27 @@ def formation_chart(records: Sequence[dict], *,
         raise ValueError("no snapshots to draw")
     records = sorted(records, key=lambda r: int(r["step"]))
     steps = [max(int(r["step"]), 1) for r in records]
-
-    def series(values):
-        return [np.nan if v is None else float(v) for v in values]
-
     ticks = [m * 10 ** e for e in range(7) for m in (1, 2, 5) if min(steps) / 2 <= m * 10 ** e <= max(steps) * 2]
+    figs = [_formation_aer(records, steps, ticks)]
+    share = _formation_share(records, steps, ticks, positions)
+    if share is not None:
+        figs.append(share)
+    figs.append(_formation_roles(records, steps, ticks, roles))
+    return column(*figs)
 
-    def outside_legend(fig, items):
-        fig.add_layout(Legend(items=items, location="top_left", click_policy="hide"), "right")
-        fig.xaxis.ticker = ticks or steps  # 1-2-5 steps: a log axis' own ticks run into one another past 1000
 
-    figs = []
+def _series(values) -> list[float]:
+    return [np.nan if v is None else float(v) for v in values]
+
+
+def _outside_legend(fig, items, ticks: list[int], steps: list[int]) -> None:
+    fig.add_layout(Legend(items=items, location="top_left", click_policy="hide"), "right")
+    fig.xaxis.ticker = ticks or steps  # 1-2-5 steps: a log axis' own ticks run into one another past 1000
+
+
+def _formation_aer(records: Sequence[dict], steps: list[int], ticks: list[int]):
+    """`formation_chart`'s AER panel: each head's curve, the head best at the end in bold, each snapshot's best
+    head and the diagonal aligner."""
     fig = figure(width=760, height=300, x_axis_type="log", title="cross-attention heads' AER (lower is better)",
                  tools="hover,save", toolbar_location="above")
     items = []
@@ -229,37 +239,44 @@ def formation_chart(records: Sequence[dict], *,
             bold = fig.line(steps, grid[:, layer, head].tolist(), color=KIND_COLOR["cross"], line_width=3,
                             name="aer_final_best")
             items.append(LegendItem(label=f"cross:{layer}:{head} (best at the end)", renderers=[bold]))
-    best = series(r.get("best_aer") for r in records)
+    best = _series(r.get("best_aer") for r in records)
     if any(np.isfinite(best)):
         dots = fig.scatter(steps, best, color="black", size=5, name="aer_best")
         items.append(LegendItem(label="best head of each snapshot", renderers=[dots]))
-        diag = series(r.get("diagonal_aer") for r in records)
+        diag = _series(r.get("diagonal_aer") for r in records)
         if any(np.isfinite(diag)):
             dashed = fig.line(steps, diag, line_dash="dashed", color="#444444", line_width=2)
             items.append(LegendItem(label="diagonal aligner", renderers=[dashed]))
     fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "AER"
     if items:
-        outside_legend(fig, items)
-    figs.append(fig)
+        _outside_legend(fig, items, ticks, steps)
+    return fig
 
-    share = series(r.get("source_share") for r in records)
-    if any(np.isfinite(share)):
-        fig = figure(width=760, height=240, x_axis_type="log", y_range=Range1d(0, 1), title="source share",
-                     tools="hover,save", toolbar_location="above")
-        mean = fig.line(steps, share, line_width=3, color="#9467bd")
-        fig.scatter(steps, share, color="#9467bd", size=4)
-        items = [LegendItem(label="mean over output tokens", renderers=[mean])]
-        palette = ["#c5b0d5", "#8c564b", "#e377c2", "#bcbd22"]
-        for colour, t in zip(palette, positions):
-            at = series((r.get("source_share_by_position") or [])[t]
-                        if t < len(r.get("source_share_by_position") or []) else None for r in records)
-            if any(np.isfinite(at)):
-                items.append(LegendItem(label=f"output position {t}", renderers=[
-                    fig.line(steps, at, line_width=1.5, line_dash="dotdash", color=colour)]))
-        fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "source share"
-        outside_legend(fig, items)
-        figs.append(fig)
 
+def _formation_share(records: Sequence[dict], steps: list[int], ticks: list[int], positions: Sequence[int]):
+    """`formation_chart`'s source-share panel (the mean and a few output positions); None without shares."""
+    share = _series(r.get("source_share") for r in records)
+    if not any(np.isfinite(share)):
+        return None
+    fig = figure(width=760, height=240, x_axis_type="log", y_range=Range1d(0, 1), title="source share",
+                 tools="hover,save", toolbar_location="above")
+    mean = fig.line(steps, share, line_width=3, color="#9467bd")
+    fig.scatter(steps, share, color="#9467bd", size=4)
+    items = [LegendItem(label="mean over output tokens", renderers=[mean])]
+    palette = ["#c5b0d5", "#8c564b", "#e377c2", "#bcbd22"]
+    for colour, t in zip(palette, positions):
+        at = _series((r.get("source_share_by_position") or [])[t]
+                     if t < len(r.get("source_share_by_position") or []) else None for r in records)
+        if any(np.isfinite(at)):
+            items.append(LegendItem(label=f"output position {t}", renderers=[
+                fig.line(steps, at, line_width=1.5, line_dash="dotdash", color=colour)]))
+    fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "source share"
+    _outside_legend(fig, items, ticks, steps)
+    return fig
+
+
+def _formation_roles(records: Sequence[dict], steps: list[int], ticks: list[int], roles: Sequence[str]):
+    """`formation_chart`'s panel of how many heads hold each role."""
     counts = {role: [sum(c.get(role, 0) for c in r.get("role_counts", {}).values()) for r in records]
               for role in roles}
     top = max([1, *(max(v) for v in counts.values())])
@@ -269,6 +286,5 @@ def formation_chart(records: Sequence[dict], *,
              for role, v in counts.items()]
     fig.xaxis.axis_label, fig.yaxis.axis_label = "training step", "heads"
     fig.yaxis.ticker = list(range(0, top + 1, max(1, top // 6)))
-    outside_legend(fig, items)
-    figs.append(fig)
-    return column(*figs)
+    _outside_legend(fig, items, ticks, steps)
+    return fig

@@ -124,6 +124,56 @@ def node_detail(graph, i: int, *, src_tokens: Sequence[str] | None = None, tgt_t
             "contexts": _context_lines((contexts or {}).get(component_key(n), []))}
 
 
+def _feature_offsets(graph, keep: list[int], enc_depth: int) -> dict[int, float]:
+    """A feature graph's nodes: several features at one (row, position) spread across the column, by feature id;
+    each kept feature node's x offset."""
+    spread: dict[tuple, list[int]] = {}
+    for i in keep:
+        n = graph.nodes[i]
+        if n["kind"] == "feature":
+            spread.setdefault((n["stack"], n["position"], _row(n, enc_depth)), []).append(i)
+    return {i: ((k + 0.5) / len(ids) - 0.5) * 0.8 for ids in spread.values()
+            for k, i in enumerate(sorted(ids, key=lambda j: graph.nodes[j]["feature"]))}
+
+
+def _place(n: dict, S: int, top_row: int, heads: int, enc_depth: int, feature_offset: float | None
+           ) -> tuple[float, float]:
+    """A node's (x, y): the logit top right, the bias bottom left, the others at their position's column (a
+    head, feature or error node offset within it) and their layer's row."""
+    kind = n["kind"]
+    if kind == "logit":
+        return S + GAP + n["position"], top_row
+    if kind == "bias":
+        return -2, 0
+    base = n["position"] if n["stack"] == "enc" else S + GAP + n["position"]
+    off = ((n["head"] + 0.5) / heads - 0.5) * 0.8 if kind == "head" else (
+        feature_offset if kind == "feature" else 0.4 if kind == "error" else 0.0)
+    return base + off, _row(n, enc_depth)
+
+
+def _edge_data(graph, keep: list[int], where: dict[int, tuple], max_edges: int) -> dict[str, list]:
+    """Column data for the `max_edges` strongest edges among the kept nodes, drawn between their places."""
+    idx = torch.tensor(keep)
+    sub = graph.adjacency[idx][:, idx]
+    flat = sub.abs().flatten()
+    order = flat.argsort(descending=True)[: max_edges]
+    order = order[flat[order] > 0]
+    peak = float(flat[order[0]]) if len(order) else 1.0
+    edges: dict[str, list] = {k: [] for k in ("xs", "ys", "color", "width", "weight", "source", "target")}
+    for o in order.tolist():
+        t, s = divmod(o, len(keep))
+        w = float(sub[t, s])
+        (x0, y0), (x1, y1) = where[keep[s]], where[keep[t]]
+        edges["xs"].append([x0, x1])
+        edges["ys"].append([y0, y1])
+        edges["color"].append(POSITIVE if w > 0 else NEGATIVE)
+        edges["width"].append(0.6 + 5.4 * abs(w) / peak)
+        edges["weight"].append(w)
+        edges["source"].append(keep[s])
+        edges["target"].append(keep[t])
+    return edges
+
+
 def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_tokens: Sequence[str] | None = None,
                tgt_tokens: Sequence[str] | None = None, max_edges: int = 400,
                contexts: dict | None = None) -> tuple[dict, dict]:
@@ -134,14 +184,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
     top_row = max(row_labels(graph))
     heads = max((n["head"] for n in graph.nodes if n["head"] is not None), default=0) + 1
     enc_depth = _depth(graph, "enc")
-    # a feature graph's nodes: several features at one (row, position) spread across the column, by feature id
-    spread: dict[tuple, list[int]] = {}
-    for i in keep:
-        n = graph.nodes[i]
-        if n["kind"] == "feature":
-            spread.setdefault((n["stack"], n["position"], _row(n, enc_depth)), []).append(i)
-    feature_offset = {i: ((k + 0.5) / len(ids) - 0.5) * 0.8 for ids in spread.values()
-                      for k, i in enumerate(sorted(ids, key=lambda j: graph.nodes[j]["feature"]))}
+    feature_offset = _feature_offsets(graph, keep, enc_depth)
     cols = ("x", "y", "label", "kind", "color", "attribution", "influence", "context", "attention", "size", "alpha",
             "index", "keys", "weights", "edges_in", "edges_out", "tag", "contexts")
     nodes: dict[str, list] = {k: [] for k in cols}
@@ -150,15 +193,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
     for i in keep:
         n = graph.nodes[i]
         kind = n["kind"]
-        if kind == "logit":
-            x, y = S + GAP + n["position"], top_row
-        elif kind == "bias":
-            x, y = -2, 0
-        else:
-            base = n["position"] if n["stack"] == "enc" else S + GAP + n["position"]
-            off = ((n["head"] + 0.5) / heads - 0.5) * 0.8 if kind == "head" else (
-                feature_offset[i] if kind == "feature" else 0.4 if kind == "error" else 0.0)
-            x, y = base + off, _row(n, enc_depth)
+        x, y = _place(n, S, top_row, heads, enc_depth, feature_offset.get(i))
         where[i] = (x, y)
         d = node_detail(graph, i, src_tokens=src_tokens, tgt_tokens=tgt_tokens, contexts=contexts)
         order = sorted(range(len(d["weights"])), key=lambda k: -d["weights"][k])[:5]
@@ -181,24 +216,7 @@ def graph_data(graph, keep: Sequence[int] | torch.Tensor | None = None, *, src_t
         nodes["edges_out"].append([f"{lab} {w:+.3f}" for lab, w in d["edges_out"]])
         nodes["tag"].append(d["context"] if kind == "logit" else "")
         nodes["contexts"].append(d["contexts"])
-    idx = torch.tensor(keep)
-    sub = graph.adjacency[idx][:, idx]
-    flat = sub.abs().flatten()
-    order = flat.argsort(descending=True)[: max_edges]
-    order = order[flat[order] > 0]
-    peak = float(flat[order[0]]) if len(order) else 1.0
-    edges: dict[str, list] = {k: [] for k in ("xs", "ys", "color", "width", "weight", "source", "target")}
-    for o in order.tolist():
-        t, s = divmod(o, len(keep))
-        w = float(sub[t, s])
-        (x0, y0), (x1, y1) = where[keep[s]], where[keep[t]]
-        edges["xs"].append([x0, x1])
-        edges["ys"].append([y0, y1])
-        edges["color"].append(POSITIVE if w > 0 else NEGATIVE)
-        edges["width"].append(0.6 + 5.4 * abs(w) / peak)
-        edges["weight"].append(w)
-        edges["source"].append(keep[s])
-        edges["target"].append(keep[t])
+    edges = _edge_data(graph, keep, where, max_edges)
     return nodes, edges
 
 
@@ -243,6 +261,58 @@ att.visible = true;
 """
 
 
+def _label_axes(fig, graph, drawn_index: list[int], src_tokens: Sequence[str] | None,
+                tgt_tokens: Sequence[str] | None) -> None:
+    """Name the rows (layered by layer) and the columns (the pieces at each position: every piece when they fit;
+    on long sentences only the positions that hold a drawn node, `drawn_index`, and the ends); set the ranges."""
+    rows = row_labels(graph)
+    fig.yaxis.ticker = FixedTicker(ticks=sorted(rows))
+    fig.yaxis.major_label_overrides = {k: v for k, v in rows.items()}
+    fig.yaxis.major_label_text_font_size = "10px"
+    S = graph.meta.get("src_len", 0)
+    T = graph.position + 1
+    shown = {"enc": set(range(S)), "dec": set(range(T))}
+    if S + T > LABELLED_COLUMNS:
+        drawn = [graph.nodes[i] for i in drawn_index]
+        shown = {stack: {n["position"] for n in drawn if n["stack"] == stack and n["position"] is not None}
+                 | {0, length - 1} for stack, length in (("enc", S), ("dec", T))}
+    ticks = {q: str(src_tokens[q]) if src_tokens is not None and q < len(src_tokens) else f"s{q}"
+             for q in sorted(shown["enc"]) if q < S}
+    ticks.update({S + GAP + q: str(tgt_tokens[q]) if tgt_tokens is not None and q < len(tgt_tokens) else f"t{q}"
+                  for q in sorted(shown["dec"]) if q < T})
+    fig.xaxis.ticker = FixedTicker(ticks=sorted(ticks))
+    fig.xaxis.major_label_overrides = ticks
+    fig.xaxis.major_label_orientation = 0.9
+    fig.xaxis.major_label_text_font_size = "9px" if len(ticks) > 40 else "10px"
+    fig.xaxis.axis_label = "source pieces (encoder)  |  decoder input pieces (the target prefix)"
+    fig.x_range = Range1d(-3, S + GAP + T + 0.5)
+    fig.y_range = Range1d(-0.7, max(rows) + 0.8)
+    fig.grid.visible = False
+    fig.ygrid.visible = True
+    fig.ygrid.grid_line_alpha = 0.25
+
+
+def _tap_panel(node_src: ColumnDataSource, edge_src: ColumnDataSource, side_width: int, corpus: str):
+    """The side panel a tap fills: the node's detail and, for a head, a bar chart of its attention over the
+    keys."""
+    detail = Div(text="<i>Tap a node: what it is, its strongest edges in and out, and for a head its attention "
+                      "over the keys.</i>", width=side_width, name="graph_detail",
+                 styles={"font-size": "12px", "line-height": "1.35"})
+    bars = ColumnDataSource({"y": [], "w": [], "text": []}, name="graph_node_attention_data")
+    att = figure(width=side_width, height=360, x_range=Range1d(0, 1.45), y_range=Range1d(-0.6, 0.4), tools="",
+                 toolbar_location=None, title="attention over the keys", name="graph_node_attention", visible=False)
+    att.hbar(y="y", right="w", height=0.75, source=bars, fill_color=KIND_COLORS["cross_attn"], line_color=None)
+    att.text(x="w", y="y", text="text", source=bars, x_offset=4, text_baseline="middle", text_font_size="10px")
+    att.yaxis.visible = False
+    att.xaxis.axis_label = "attention weight"
+    att.grid.visible = False
+    att.title.text_font_size = "12px"
+    args = {"nodes": node_src, "edges": edge_src, "detail": detail, "bars": bars, "att": att,
+            "limit": ATTENTION_BARS, "corpus": corpus or "a corpus"}
+    node_src.selected.js_on_change("indices", CustomJS(args=args, code=TAP_JS))
+    return column(detail, att, width=side_width + 10, name="graph_side")  # + the Div's own 5 px margins
+
+
 def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = None, *,
                             src_tokens: Sequence[str] | None = None, tgt_tokens: Sequence[str] | None = None,
                             title: str = "", width: int = 1000, height: int = 640, max_edges: int = 400,
@@ -276,56 +346,15 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
     # the logit node names its word; the other nodes' pieces are on the x axis (hover or tap a node for its name)
     fig.add_layout(LabelSet(x="x", y="y", text="tag", source=node_src, text_font_size="11px", y_offset=14,
                             text_align="center", text_color="#000000", text_font_style="bold"))
-    # the axes name the rows (layered by layer) and the columns (the pieces at each position)
-    rows = row_labels(graph)
-    fig.yaxis.ticker = FixedTicker(ticks=sorted(rows))
-    fig.yaxis.major_label_overrides = {k: v for k, v in rows.items()}
-    fig.yaxis.major_label_text_font_size = "10px"
-    S = graph.meta.get("src_len", 0)
-    T = graph.position + 1
-    # every piece when they fit; on long sentences only the positions that hold a drawn node (and the ends)
-    shown = {"enc": set(range(S)), "dec": set(range(T))}
-    if S + T > LABELLED_COLUMNS:
-        drawn = [graph.nodes[i] for i in nodes["index"]]
-        shown = {stack: {n["position"] for n in drawn if n["stack"] == stack and n["position"] is not None}
-                 | {0, length - 1} for stack, length in (("enc", S), ("dec", T))}
-    ticks = {q: str(src_tokens[q]) if src_tokens is not None and q < len(src_tokens) else f"s{q}"
-             for q in sorted(shown["enc"]) if q < S}
-    ticks.update({S + GAP + q: str(tgt_tokens[q]) if tgt_tokens is not None and q < len(tgt_tokens) else f"t{q}"
-                  for q in sorted(shown["dec"]) if q < T})
-    fig.xaxis.ticker = FixedTicker(ticks=sorted(ticks))
-    fig.xaxis.major_label_overrides = ticks
-    fig.xaxis.major_label_orientation = 0.9
-    fig.xaxis.major_label_text_font_size = "9px" if len(ticks) > 40 else "10px"
-    fig.xaxis.axis_label = "source pieces (encoder)  |  decoder input pieces (the target prefix)"
-    fig.x_range = Range1d(-3, S + GAP + T + 0.5)
-    fig.y_range = Range1d(-0.7, max(rows) + 0.8)
-    fig.grid.visible = False
-    fig.ygrid.visible = True
-    fig.ygrid.grid_line_alpha = 0.25
+    _label_axes(fig, graph, nodes["index"], src_tokens, tgt_tokens)
     fig.title.text_font_size = "13px"
 
-    detail = Div(text="<i>Tap a node: what it is, its strongest edges in and out, and for a head its attention "
-                      "over the keys.</i>", width=side_width, name="graph_detail",
-                 styles={"font-size": "12px", "line-height": "1.35"})
-    bars = ColumnDataSource({"y": [], "w": [], "text": []}, name="graph_node_attention_data")
-    att = figure(width=side_width, height=360, x_range=Range1d(0, 1.45), y_range=Range1d(-0.6, 0.4), tools="",
-                 toolbar_location=None, title="attention over the keys", name="graph_node_attention", visible=False)
-    att.hbar(y="y", right="w", height=0.75, source=bars, fill_color=KIND_COLORS["cross_attn"], line_color=None)
-    att.text(x="w", y="y", text="text", source=bars, x_offset=4, text_baseline="middle", text_font_size="10px")
-    att.yaxis.visible = False
-    att.xaxis.axis_label = "attention weight"
-    att.grid.visible = False
-    att.title.text_font_size = "12px"
-    args = {"nodes": node_src, "edges": edge_src, "detail": detail, "bars": bars, "att": att,
-            "limit": ATTENTION_BARS, "corpus": corpus or "a corpus"}
-    node_src.selected.js_on_change("indices", CustomJS(args=args, code=TAP_JS))
+    side = _tap_panel(node_src, edge_src, side_width, corpus)
     legend = Div(text="&nbsp;&nbsp;".join(f'<span style="color:{c}">&#9679;</span>&nbsp;{k}'
                                           for k, c in KIND_COLORS.items())
                  + f'&nbsp;&nbsp; edges: <span style="color:{POSITIVE}">raise</span> / '
                    f'<span style="color:{NEGATIVE}">lower</span> the target node; size: influence',
                  name="graph_legend", styles={"font-size": "12px"})
-    side = column(detail, att, width=side_width + 10, name="graph_side")  # + the Div's own 5 px margins
     return fig, side, legend
 
 

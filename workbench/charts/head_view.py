@@ -159,35 +159,16 @@ def head_view_figure(
     the figure; colours follow the head index (the key is drawn in the figure). Past max_height the figure
     shows a window of rows that the mouse wheel scrolls.
     """
-    if not atts:
-        raise ValueError("head_view needs at least one layer of attention")
+    labels = _layer_labels(atts, labels)
     first = atts[0]
-    for a in atts[1:]:
-        if (a.queries, a.keys, a.heads) != (first.queries, first.keys, first.heads):
-            raise ValueError("every layer in a head view must share tokens and heads")
-    labels = [f"layer {a.layer}" for a in atts] if labels is None else list(labels)
-    if len(labels) != len(atts) or len(set(labels)) != len(labels):
-        raise ValueError(f"need one distinct label per layer, got {labels}")
-    lq, lk = len(first.queries), len(first.keys)
-    n = max(lq, lk)
-    dropped = f" (lines < {min_weight:g}" + (f", beyond top {top_k} per query" if top_k else "") + " hidden)"
-    title = first.describe() if len(atts) == 1 else first.describe().split(", layer")[0]
+    n = max(len(first.queries), len(first.keys))
     rows_shown = min(n, max(8, (max_height - 80) // row_height))
     windowed = rows_shown < n  # long sentence: draw only the lines crossing the scrolled window
     window = None
     if windowed:
         window = (-0.5 - WINDOW_MARGIN * rows_shown, rows_shown - 0.5 + WINDOW_MARGIN * rows_shown)
-    fig = figure(
-        # Long sentences: a window of rows, scrolled with the mouse wheel (pan) instead of a canvas thousands of
-        # pixels tall, which the browser repaints whole (painting cost grows with the canvas; see docs/views.md).
-        width=width, height=max(240, min(max_height, n * row_height + 80)), x_range=Range1d(-0.75, 1.75),
-        y_range=Range1d(rows_shown - 0.5, -0.5, bounds=(-0.5, n - 0.5)),
-        tools="tap,ywheel_pan,ywheel_zoom,ypan,reset,save", active_scroll="ywheel_pan", toolbar_location="above",
-        title=title + dropped,
-    )
-    fig.axis.visible = False
-    fig.grid.visible = False
-    fig.title.text_font_size = "11px"
+    fig = _lines_figure(first, len(atts), rows_shown, min_weight=min_weight, top_k=top_k, width=width,
+                        row_height=row_height, max_height=max_height)
     all_colors = head_colors(first.n_heads_total or max(first.heads) + 1)
     colors = [all_colors[h] for h in first.heads]
     per_layer = {label: line_data(a.values, min_weight, top_k, highlight) for label, a in zip(labels, atts)}
@@ -196,21 +177,7 @@ def head_view_figure(
     # 1 px: Chromium's canvas strokes hairlines far faster than wider lines (measured 4.2 s vs 31 s for 22k
     # lines on a 5480 px tall software-rendered canvas; 1.5 s with no lines at all).
     fig.multi_line(xs="xs", ys="ys", source=paths, line_color="color", line_alpha="alpha", line_width=1)
-    short = lambda t: t if len(t) <= max_label else t[: max_label - 1] + "…"
-    qsrc = ColumnDataSource({"x": np.zeros(lq), "y": np.arange(lq), "t": [short(t) for t in first.queries]})
-    ksrc = ColumnDataSource({"x": np.ones(lk), "y": np.arange(lk), "t": [short(t) for t in first.keys]})
-    for source, align, offset in ((qsrc, "right", -6), (ksrc, "left", 4)):
-        fig.text(x="x", y="y", text="t", source=source, text_align=align, text_baseline="middle", x_offset=offset,
-                 text_font_size="11px")
-    qdots = fig.scatter(x="x", y="y", source=qsrc, size=7, color="#444444", nonselection_alpha=0.4)
-    fig.scatter(x="x", y="y", source=ksrc, size=7, color="#444444")
-    if highlight is not None:
-        qsrc.selected.indices = [highlight]
-    # Colour key: one off-screen square per head, shown by a legend that reads each item's own row.
-    key = fig.scatter(x=[-10.0] * len(colors), y=[0] * len(colors), color=colors, marker="square", size=10)
-    fig.add_layout(Legend(items=[LegendItem(label=f"head {h}", renderers=[key], index=i)
-                                 for i, h in enumerate(first.heads)], label_text_font_size="10px"), "right")
-    fig.select_one(TapTool).renderers = [qdots]
+    qsrc = _tokens_and_key(fig, first, colors, highlight, max_label)
     buttons = CheckboxButtonGroup(labels=[f"h{h}" for h in first.heads], active=list(range(len(first.heads))),
                                   name="head_toggles")
     store, picker = {}, None
@@ -233,6 +200,65 @@ def head_view_figure(
         fig.y_range.js_on_change("start", update)
         fig.y_range.js_on_change("end", update)
     return column(row(*controls), fig)
+
+
+def _lines_figure(first: Attention, n_layers: int, rows_shown: int, *, min_weight: float, top_k: int | None,
+                  width: int, row_height: int, max_height: int):
+    """The empty figure: queries at x 0, keys at x 1, `rows_shown` rows of the longer side in view, its title
+    saying which lines are hidden."""
+    n = max(len(first.queries), len(first.keys))
+    dropped = f" (lines < {min_weight:g}" + (f", beyond top {top_k} per query" if top_k else "") + " hidden)"
+    title = first.describe() if n_layers == 1 else first.describe().split(", layer")[0]
+    fig = figure(
+        # Long sentences: a window of rows, scrolled with the mouse wheel (pan) instead of a canvas thousands of
+        # pixels tall, which the browser repaints whole (painting cost grows with the canvas; see docs/views.md).
+        width=width, height=max(240, min(max_height, n * row_height + 80)), x_range=Range1d(-0.75, 1.75),
+        y_range=Range1d(rows_shown - 0.5, -0.5, bounds=(-0.5, n - 0.5)),
+        tools="tap,ywheel_pan,ywheel_zoom,ypan,reset,save", active_scroll="ywheel_pan", toolbar_location="above",
+        title=title + dropped,
+    )
+    fig.axis.visible = False
+    fig.grid.visible = False
+    fig.title.text_font_size = "11px"
+    return fig
+
+
+def _layer_labels(atts: Sequence[Attention], labels: Sequence[str] | None) -> list[str]:
+    """The picker's distinct label per layer (default "layer i"), after checking every layer shares tokens and
+    heads."""
+    if not atts:
+        raise ValueError("head_view needs at least one layer of attention")
+    first = atts[0]
+    for a in atts[1:]:
+        if (a.queries, a.keys, a.heads) != (first.queries, first.keys, first.heads):
+            raise ValueError("every layer in a head view must share tokens and heads")
+    labels = [f"layer {a.layer}" for a in atts] if labels is None else list(labels)
+    if len(labels) != len(atts) or len(set(labels)) != len(labels):
+        raise ValueError(f"need one distinct label per layer, got {labels}")
+    return labels
+
+
+def _tokens_and_key(fig, first: Attention, colors: list[str], highlight: int | None, max_label: int
+                    ) -> ColumnDataSource:
+    """Draw the query tokens (left, tappable) and key tokens (right) with their dots, and the heads' colour key;
+    returns the queries' source, whose selection is the highlighted query."""
+    lq, lk = len(first.queries), len(first.keys)
+    short = lambda t: t if len(t) <= max_label else t[: max_label - 1] + "…"  # noqa: E731
+    qsrc = ColumnDataSource({"x": np.zeros(lq), "y": np.arange(lq), "t": [short(t) for t in first.queries]})
+    ksrc = ColumnDataSource({"x": np.ones(lk), "y": np.arange(lk), "t": [short(t) for t in first.keys]})
+    for source, align, offset in ((qsrc, "right", -6), (ksrc, "left", 4)):
+        fig.text(x="x", y="y", text="t", source=source, text_align=align, text_baseline="middle", x_offset=offset,
+                 text_font_size="11px")
+    qdots = fig.scatter(x="x", y="y", source=qsrc, size=7, color="#444444", nonselection_alpha=0.4)
+    fig.scatter(x="x", y="y", source=ksrc, size=7, color="#444444")
+    if highlight is not None:
+        qsrc.selected.indices = [highlight]
+    # Colour key: one off-screen square per head, shown by a legend that reads each item's own row.
+    key = fig.scatter(x=[-10.0] * len(colors), y=[0] * len(colors), color=colors, marker="square", size=10)
+    fig.add_layout(Legend(items=[LegendItem(label=f"head {h}", renderers=[key], index=i)
+                                 for i, h in enumerate(first.heads)], label_text_font_size="10px"), "right")
+    fig.select_one(TapTool).renderers = [qdots]
+    return qsrc
 
 
 def head_view(

@@ -60,21 +60,7 @@ def model_view_figure(
     first = atts[0]
     lq, lk = len(first.queries), len(first.keys)
     n_rows, n_cols = len(atts), max(len(a.heads) for a in atts)
-    gap = 0.08
-    cols: dict[str, list] = {k: [] for k in ("image", "x", "y", "dw", "dh", "layer", "head", "scale", "factor")}
-    for r, att in enumerate(atts):
-        tiles_l, scales, factor = quantize(att.values, att.masked, thumb)
-        for c, h in enumerate(att.heads):
-            tile, scale = tiles_l[c], float(scales[c])
-            cols["image"].append(tile)
-            cols["x"].append(c + gap / 2)
-            cols["y"].append(r + gap / 2)
-            cols["dw"].append(1 - gap)
-            cols["dh"].append(1 - gap)
-            cols["layer"].append(att.layer)
-            cols["head"].append(h)
-            cols["scale"].append(scale)
-            cols["factor"].append(factor)
+    cols = _tile_columns(atts, thumb)
     mapper = LinearColorMapper(palette=TILE_PALETTE, low=0, high=255)
     title = title or f"{KIND_LABEL[first.kind]}: layers x heads ({lq}x{lk} tokens; tap a tile)"
     grid = figure(
@@ -100,6 +86,42 @@ def model_view_figure(
     grid.yaxis.major_label_overrides = {r + 0.5: f"L{a.layer}" for r, a in enumerate(atts)}
     grid.grid.visible = False
 
+    big, big_src = _enlarged_tile(first, cols)
+    tiles.selected.js_on_change("indices", CustomJS(args={"tiles": tiles, "big": big_src, "fig": big}, code="""
+        const i = tiles.selected.indices[0];
+        if (i === undefined) return;
+        const d = tiles.data;
+        big.data = {...big.data, image: [d.image[i]], scale: [d.scale[i]]};
+        const f = d.factor[i];
+        fig.title.text = 'layer ' + d.layer[i] + ', head ' + d.head[i] + (f > 1 ? ' [downsampled x' + f + ']' : '');
+    """))
+    return row(grid, big)
+
+
+def _tile_columns(atts: Sequence[Attention], thumb: int) -> dict[str, list]:
+    """The grid's column data: one 8-bit thumbnail per (layer, head) with its place (row = layer, column =
+    head), weight scale and downsampling factor."""
+    gap = 0.08
+    cols: dict[str, list] = {k: [] for k in ("image", "x", "y", "dw", "dh", "layer", "head", "scale", "factor")}
+    for r, att in enumerate(atts):
+        tiles_l, scales, factor = quantize(att.values, att.masked, thumb)
+        for c, h in enumerate(att.heads):
+            tile, scale = tiles_l[c], float(scales[c])
+            cols["image"].append(tile)
+            cols["x"].append(c + gap / 2)
+            cols["y"].append(r + gap / 2)
+            cols["dw"].append(1 - gap)
+            cols["dh"].append(1 - gap)
+            cols["layer"].append(att.layer)
+            cols["head"].append(h)
+            cols["scale"].append(scale)
+            cols["factor"].append(factor)
+    return cols
+
+
+def _enlarged_tile(first: Attention, cols: dict[str, list]):
+    """(figure, source) of the enlarged panel, showing the first tile until one is tapped."""
+    lq, lk = len(first.queries), len(first.keys)
     big_src = ColumnDataSource({"image": [cols["image"][0]], "x": [-0.5], "y": [-0.5], "dw": [lk], "dh": [lq],
                                 "scale": [cols["scale"][0]]})
     big = figure(width=min(700, max(300, 14 * lk + 140)), height=min(700, max(280, 14 * lq + 120)),
@@ -116,15 +138,7 @@ def model_view_figure(
                                         "@image": weight}))
     label_axes(big, first.queries, first.keys)
     big.grid.visible = False
-    tiles.selected.js_on_change("indices", CustomJS(args={"tiles": tiles, "big": big_src, "fig": big}, code="""
-        const i = tiles.selected.indices[0];
-        if (i === undefined) return;
-        const d = tiles.data;
-        big.data = {...big.data, image: [d.image[i]], scale: [d.scale[i]]};
-        const f = d.factor[i];
-        fig.title.text = 'layer ' + d.layer[i] + ', head ' + d.head[i] + (f > 1 ? ' [downsampled x' + f + ']' : '');
-    """))
-    return row(grid, big)
+    return big, big_src
 
 
 def _big_title(layer: int, head: int, factor: int) -> str:
