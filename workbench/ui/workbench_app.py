@@ -52,19 +52,11 @@ class Workbench(pn.viewable.Viewer):
                  sentence: str | None = None, sync_url: bool | None = None, background: bool | None = None,
                  default_dir: Path | None = loader.DEFAULT_DIR, extra_tabs: Sequence[tuple[str, TabFactory]] = (),
                  **params):
-        dirs = [*checkpoints, *([checkpoint] if checkpoint is not None else [])]
-        entries, problems = loader.discover(dirs, default=default_dir)
-        chosen = None
-        if checkpoint is not None:
-            target = Path(checkpoint).resolve()
-            chosen = next((e.label for e in entries if e.path == target), None)
         served = pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
         if not served:
             ordered_notebook_updates()  # a cell that changes the dashboard right after showing it loses nothing
-        extra = {"sentence": sentence} if sentence is not None else {}
-        background = served if background is None else background
-        session = Session(entries, problems=problems, checkpoint=chosen, autorun=False, background=background,
-                          **extra)
+        session, chosen = _open_session(checkpoint, checkpoints, sentence, served if background is None else background,
+                                        default_dir)
         super().__init__(session=session, **params)
         sync = served if sync_url is None else sync_url
         self.link = link = Link.of_page() if sync else Link()
@@ -72,33 +64,45 @@ class Workbench(pn.viewable.Viewer):
         for name, key in URL_KEYS.items():
             link.bind(key, session, name, late=name in SELECTION,
                       check=_ablation_check(session) if name == "ablate" else None)
-
-        def finish_link() -> None:
-            """The link's late values, checked against the first result; what was refused named in one message."""
-            note = link.finish()
-            if note:
-                if session.busy:  # the link's ablation is running: the note comes with its answer
-                    session.note_next(note)
-                else:
-                    session.notes = [*session.notes, note]
-
-        self.source = SourcePanel(session=session)
-        self.output = OutputPanel(session=session)
-        self.attention = AttentionView(session=session)
-        self.ablation = AblationPanel(session=session)
-        # the tabs: app_tabs.TABS' built-in ones (None: the Attention tab, built in `__panel__`), then `extra_tabs`
-        self.tabs = [(t.title, None if t.factory is None else t.factory(session)) for t in BUILT_IN]
-        self.tabs += [(title, factory(session)) for title, factory in extra_tabs]
-        built = dict(self.tabs)
-        self.internals, self.compare, self.analysis = built["Internals"], built["Compare"], built["Analysis"]
-        self.param.tab.objects = [slug(title) for title, _ in self.tabs]
+        self._build_views(extra_tabs)
         link.bind("tab", self, "tab")
         self._show_tab()
         for _, view in self.tabs:
             if isinstance(view, LazyTab):
                 view.bind_link(link)
         session.param.watch(lambda _e: link.write(), "version")  # changes made without events (discard_events)
+        self._first_answer(open_first=chosen is None and not named_checkpoint)
+        if served:
+            pn.state.on_session_destroyed(lambda _ctx: session.close())
 
+    def _build_views(self, extra_tabs: Sequence[tuple[str, TabFactory]]) -> None:
+        """The panels and the tabs: app_tabs.TABS' built-in ones (None: the Attention tab, built in `__panel__`),
+        then `extra_tabs`."""
+        session = self.session
+        self.source = SourcePanel(session=session)
+        self.output = OutputPanel(session=session)
+        self.attention = AttentionView(session=session)
+        self.ablation = AblationPanel(session=session)
+        self.tabs = [(t.title, None if t.factory is None else t.factory(session)) for t in BUILT_IN]
+        self.tabs += [(title, factory(session)) for title, factory in extra_tabs]
+        built = dict(self.tabs)
+        self.internals, self.compare, self.analysis = built["Internals"], built["Compare"], built["Analysis"]
+        self.param.tab.objects = [slug(title) for title, _ in self.tabs]
+
+    def _finish_link(self) -> None:
+        """The link's late values, checked against the first result; what was refused named in one message."""
+        note = self.link.finish()
+        if note:
+            if self.session.busy:  # the link's ablation is running: the note comes with its answer
+                self.session.note_next(note)
+            else:
+                self.session.notes = [*self.session.notes, note]
+
+    def _first_answer(self, *, open_first: bool) -> None:
+        """Turn autorun on and get the first result, then finish the link. Served, off the event loop (the link
+        finished on the first applied answer; `open_first`: open the first loadable checkpoint, none being
+        named); in a notebook inline, so the cell opens on something real."""
+        session = self.session
         session.autorun = True
         if session.background:  # served: even the first model load and translation run off the event loop
             pending = [True]
@@ -106,18 +110,16 @@ class Workbench(pn.viewable.Viewer):
             def first_answer(_event) -> None:  # the first applied answer only
                 if pending:
                     pending.clear()
-                    finish_link()
+                    self._finish_link()
 
             session.param.watch(first_answer, "version")
-            if chosen is None and not named_checkpoint and session.entries:
+            if open_first and session.entries:
                 _open_first_loadable(session)
             else:
                 session.refresh()
         else:
-            session.refresh()  # notebooks: the first result inline, so the cell opens on something real
-            finish_link()
-        if served:
-            pn.state.on_session_destroyed(lambda _ctx: session.close())
+            session.refresh()
+            self._finish_link()
 
     @param.depends("tab", watch=True)
     def _show_tab(self) -> None:
@@ -152,6 +154,21 @@ class Workbench(pn.viewable.Viewer):
         self.param.watch(lambda e: setattr(tabs, "active", names.index(e.new)), "tab")
         return pn.Column(header, start_here(self.open_step), self.source, self.output, tabs,
                          sizing_mode="stretch_width")
+
+
+def _open_session(checkpoint, checkpoints: Sequence[str | Path], sentence: str | None, background: bool,
+                  default_dir: Path | None) -> tuple[Session, str | None]:
+    """The store over the discovered checkpoints, autorun off until the views are bound, and the label of
+    `checkpoint` among them (None: not given, or not found)."""
+    dirs = [*checkpoints, *([checkpoint] if checkpoint is not None else [])]
+    entries, problems = loader.discover(dirs, default=default_dir)
+    chosen = None
+    if checkpoint is not None:
+        target = Path(checkpoint).resolve()
+        chosen = next((e.label for e in entries if e.path == target), None)
+    extra = {"sentence": sentence} if sentence is not None else {}
+    session = Session(entries, problems=problems, checkpoint=chosen, autorun=False, background=background, **extra)
+    return session, chosen
 
 
 def _open_first_loadable(session: Session) -> None:
