@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...core.model import evaluating
+
 
 def gradient_attribution(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,9 +58,7 @@ def token_attribution(model, src: torch.Tensor, tgt: torch.Tensor, targets: torc
         leaves[hook.name] = leaf
         return leaf
 
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         src_tok, tgt_tok = model.hook_src_tok.name, model.hook_tgt_tok.name
         with torch.enable_grad(), model.hooks({src_tok: make_leaf, tgt_tok: make_leaf}):
             logp = model(src, tgt).float().log_softmax(-1)[0]  # (T, V)
@@ -71,8 +71,6 @@ def token_attribution(model, src: torch.Tensor, tgt: torch.Tensor, targets: torc
                 rows["sx"].append((e_src[0].detach() * g_src[0]).sum(-1))
                 rows["ts"].append(g_tgt[0].norm(dim=-1))
                 rows["tx"].append((e_tgt[0].detach() * g_tgt[0]).sum(-1))
-    finally:
-        model.train(was_training)
     arr = {k: torch.stack(v).double().cpu().numpy() for k, v in rows.items()}
     return Attribution(arr["ss"], arr["sx"], arr["ts"], arr["tx"], chosen.detach().double().cpu().numpy())
 
