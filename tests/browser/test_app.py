@@ -5,7 +5,10 @@ Marker `browser` (added by conftest). Run: `pytest tests/browser -q` (screenshot
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -212,6 +215,17 @@ def test_a_bad_link_is_ignored_with_a_message(page, app_server):
     assert watch.errors == []
 
 
+# Every stylesheet the page's Bokeh documents hold (requested yet or not: a hidden component's too).
+STYLESHEETS_JS = """() => [...Bokeh.documents].flatMap(d => [...d.all_models])
+    .filter(m => (m.constructor.__qualified__ || '').endsWith('ImportedStyleSheet'))
+    .map(m => m.url)"""
+
+
+def off_host(urls: list[str], base: str) -> list[str]:
+    host = urlparse(base).netloc
+    return [u for u in urls if urlparse(u).scheme in ("http", "https") and urlparse(u).netloc != host]
+
+
 def test_every_tab_and_view_draws_without_errors(page, app_server):
     watch = open_app(page, app_server + "?ckpt=demo")
     for i in (1, 2):  # lines, grid
@@ -223,3 +237,21 @@ def test_every_tab_and_view_draws_without_errors(page, app_server):
         page.wait_for_timeout(800)
     assert page.locator(".view-error").count() == 0
     assert watch.errors == [] and watch.external == []
+    sheets = page.evaluate(STYLESHEETS_JS)
+    assert sheets and off_host(sheets, app_server) == []  # from the server's static route, not Panel's CDN
+
+
+def test_a_session_the_websocket_creates_names_no_cdn_stylesheet(app_server):
+    """A page whose first session expired before its scripts connected gets a session made by the websocket, which
+    Panel never rewrote to the server's static route: every stylesheet came from its CDN (a busy machine; the Graph
+    tab's tests with graphs in the worker processes). `pull_session` makes such a session directly (in a child
+    process: the client imports Panel, which this test process must not)."""
+    pull = ("import json, sys, panel\n"
+            "from bokeh.client import pull_session\n"
+            "from bokeh.models import ImportedStyleSheet\n"
+            "with pull_session(url=sys.argv[1], arguments={'ckpt': 'demo'}) as s:\n"
+            "    print(json.dumps([str(m.url) for m in s.document.models if isinstance(m, ImportedStyleSheet)]))\n")
+    out = subprocess.run([sys.executable, "-c", pull, app_server], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, check=True)
+    sheets = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sheets and off_host(sheets, app_server) == [], sheets
