@@ -645,8 +645,8 @@ def _placement_said() -> str:
         return f"Dask cluster at {os.environ['WORKBENCH_DASK_SCHEDULER']}"
     if processes == "0":
         return "the server's heavy threads (WORKBENCH_APP_HEAVY_PROCESSES=0)"
-    graphs = ("graphs too" if os.environ.get("WORKBENCH_APP_GRAPHS_IN_WORKERS") == "1"
-              else "graphs in the server's heavy threads")
+    graphs = ("graphs in the server's heavy threads" if os.environ.get("WORKBENCH_APP_GRAPHS_IN_WORKERS") == "0"
+              else "graphs too")
     return f"{processes} worker processes at nice {os.environ.get('WORKBENCH_APP_HEAVY_NICE', '10')} ({graphs})"
 
 
