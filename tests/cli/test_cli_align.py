@@ -150,3 +150,15 @@ def test_a_line_over_the_models_positions_is_left_empty_with_a_warning_naming_it
     s1, t1 = _files(tmp_path / "alone", src=[SRC[0], SRC[2]], tgt=[TGT[0], TGT[2]])
     assert main(["align", "--checkpoint", str(checkpoint), s1, t1, "--method", "weights"]) == 0
     assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
+
+
+def test_align_works_after_nnsight_is_imported(checkpoint, tmp_path):
+    """nnsight mounts a `.save` on every object when imported (its PYMOUNT): argparse then skipped `--save`'s
+    default, `args.save` was nnsight's bound method, and every plain `workbench align` was refused (seen in the
+    suite, where the nnsight tests share the process)."""
+    pytest.importorskip("nnsight")
+    import nnsight  # noqa: F401
+
+    s, t = _files(tmp_path)
+    assert main(["align", "--checkpoint", str(checkpoint), s, t, "-o", str(tmp_path / "a.txt")]) == 0
+    assert len((tmp_path / "a.txt").read_text(encoding="utf-8").splitlines()) == len(SRC)

@@ -84,7 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(ATTENTION_METHODS),
                    help="--choose: the methods to search (comma-separated; ALTI+ is searched per layer, not head)")
     p.add_argument("--report", default=None, metavar="FILE", help="--choose: every unit's AER as JSON")
-    p.add_argument("--save", action="store_true", help="--choose: store the choice as DIR/alignment.json")
+    # dest is not "save": nnsight, once imported, mounts a `.save` on every object, and argparse sets an option's
+    # default only where the namespace lacks the attribute, so `args.save` became nnsight's bound method (truthy)
+    p.add_argument("--save", dest="save_choice", action="store_true",
+                   help="--choose: store the choice as DIR/alignment.json")
 
 
 OPTIONS = {"method": (*METHODS, *PRESETS), "shift": SHIFTS, "eos": EOS_RULES, "symmetrize": SYMMETRIZE}
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     tm = load(args.checkpoint, device=args.device)
     if args.choose:
         return _choose(tm, src, tgt, args)
-    if args.lines or args.report or args.save:
+    if args.lines or args.report or args.save_choice:
         raise ValueError("--lines, --report and --save go with --choose GOLD")
     spec, origin = spec_of(tm, args)
     start = time.perf_counter()
@@ -227,6 +230,6 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
           + (f", {100 * best['held_out_aer']:.1f} % held out" if best["held_out_aer"] is not None else ""))
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    if args.save:
+    if args.save_choice:
         print(f"saved {save_alignment(args.checkpoint, spec.to_dict())}")
     return 0
