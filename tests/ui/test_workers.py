@@ -201,25 +201,3 @@ def test_a_dead_worker_hands_its_job_to_the_servers_threads_and_the_log_says_so(
         on_loop(main)
     assert answers == ["ran in the server's threads"] and workers._PLACEMENT is None
     assert "the worker pool broke" in caplog.text
-
-
-def test_heavy_niceness_is_relative_to_the_server_and_idempotent():
-    """Heavy threads sit HEAVY_NICE below the server process (not at an absolute 10, which equalled a server started
-    under `nice -n 10`), and lowering a thread twice does not compound."""
-    import threading
-
-    from workbench.ui import requests
-
-    server = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    seen = []
-
-    def heavy():
-        requests._lower_priority()
-        requests._lower_priority()
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-
-    t = threading.Thread(target=heavy)
-    t.start()
-    t.join()
-    assert seen == [min(19, server + HEAVY_NICE)] == [workers.below_server()]
-    assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == server  # the server itself is untouched

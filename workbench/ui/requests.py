@@ -63,7 +63,7 @@ def _lower_priority() -> None:
     Nice 10: a translation thread (nice 0) gets ~90 % of a contended core; 19 starved the sweeps entirely on a
     machine other jobs kept busy (0 sites patched in 12 s windows, benchmarks/bench_app.py --contention)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), workers.below_server(HEAVY_NICE))
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HEAVY_NICE)
     except (AttributeError, OSError):  # not Linux, or not permitted: the separate queue still holds
         pass
 

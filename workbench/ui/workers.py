@@ -63,16 +63,6 @@ DASK = os.environ.get("WORKBENCH_DASK_SCHEDULER", "")
 HEAVY_NICE = int(os.environ.get("WORKBENCH_APP_HEAVY_NICE", "10"))
 
 
-def below_server(nice: int = HEAVY_NICE) -> int:
-    """The niceness for heavy work: `nice` below the server process's own (its main thread's), at most 19. Relative,
-    so a server started under `nice -n 10` (the contention benchmark's command line) still runs its interactive work
-    above its heavy work; an absolute 10 put both at 10. Idempotent: read from the process, not the calling thread."""
-    try:
-        return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + nice)
-    except (AttributeError, OSError):
-        return nice
-
-
 class Cancelled(Exception):
     """Raised in a worker by `WorkerTicket.check` (the request path's `Cancelled` is this class)."""
 
@@ -316,7 +306,7 @@ class LocalPlacement(Placement):
         self._flags = ctx.RawArray("b", SLOTS)
         self.processes = processes
         self.pool = ProcessPoolExecutor(max_workers=processes, mp_context=ctx, initializer=_init_worker,
-                                        initargs=(self._queue, self._flags, below_server(nice)))
+                                        initargs=(self._queue, self._flags, nice))
 
     def submit(self, fn, args, report=None, wanted=lambda: True) -> Job:
         job_id = next(self._ids)
