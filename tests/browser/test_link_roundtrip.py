@@ -15,8 +15,9 @@ from test_app import TIMEOUT, open_app, submit, text, version, wait_version
 from test_graph_tab import DRAWN_JS, PANEL_JS, tap
 
 TITLES_JS = """() => [...Bokeh.index.all_views()]
-    .filter(v => v.el && v.el.isConnected && v.model.title && v.model.title.text)
-    .map(v => v.model.title.text).sort()"""
+    .filter(v => v.el instanceof Element && v.el.isConnected && v.el.getClientRects().length > 0
+                 && v.model.title && v.model.title.text)
+    .map(v => v.model.title.text).sort()"""  # shown ones: a tab being swapped keeps the old one's, hidden
 SENTENCES = ["Ein Hund läuft durch den Park.", "Zwei Männer spielen «Fußball» & lachen 🎉.",
              "Eine Frau <b>liest</b> ein Buch?"]
 CHECKPOINTS = ["demo", "demo_early", "other"]  # small ones (the default directory's are slower to load)
@@ -33,14 +34,16 @@ def _busy(page) -> bool:
 
 
 def settle(page) -> None:
-    """Wait until nothing changes: no spinner, and the URL and the drawn titles the same over two looks."""
-    last = None
+    """Wait until nothing changes: no spinner, a figure shown, and the URL and the shown figures' titles the same
+    over three looks. (A tab is drawn by the server after its click: until its answer the page shows no figure.)"""
+    looks = []
     for _ in range(TIMEOUT // 400):
         page.wait_for_timeout(400)
         now = (page.url, page.evaluate(TITLES_JS), text(page, ".translation").split("log p")[0])
-        if now == last and not _busy(page) and page.locator(".main-tabs .pn-loading").count() == 0:
+        looks = [*looks[-2:], now]
+        if (len(looks) == 3 and looks.count(now) == 3 and now[1] and not _busy(page)
+                and page.locator(".main-tabs .pn-loading").count() == 0):
             return
-        last = now
     raise AssertionError(f"the page never settled: {page.url}")
 
 
