@@ -14,7 +14,8 @@
 `--contention`: issue 28's and 37's fairness goal without browsers (sessions in this process). `--contention
 --browser`: the same in Chromium with 8 pages (6 clicking, one running exact Why sweeps, one building graphs), written
 to benchmarks/results/app_contention_browser_cpu.json with the machine's load average (a loaded machine makes the
-ratios not judgeable, and the file says so).
+ratios not judgeable, and the file says so). Run it without `nice`: the server and Chromium are its children and
+inherit its niceness, so under `nice -n 10` they ran at the heavy workers' own priority (the file records both).
 
 Without `--checkpoint` it uses the default under checkpoints/; if there is none, it builds a stand-in:
 the multi30k_small architecture (3+3 layers, d=256), randomly initialised, with generation limited to
@@ -121,7 +122,8 @@ def in_process(path: Path, texts: dict[int, list[str]]) -> dict:
     return out
 
 
-def serve(path: Path, log=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
+def serve(path: Path, log=subprocess.DEVNULL, cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
+    """`panel serve` the app on a free port; with `cpus`, the server and every process it starts run on those CPUs."""
     from conftest import _free_port
 
     port = _free_port()
@@ -129,7 +131,8 @@ def serve(path: Path, log=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
                              str(ROOT / "apps" / "serve_setup.py"), "--port",
                              str(port), "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
                              "--args", "--checkpoints", str(path)],
-                            stdout=log, stderr=subprocess.STDOUT if log is not subprocess.DEVNULL else log, cwd=ROOT)
+                            stdout=log, stderr=subprocess.STDOUT if log is not subprocess.DEVNULL else log, cwd=ROOT,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     url = f"http://127.0.0.1:{port}/attention?ckpt={path.name}"
     for _ in range(300):
         try:
@@ -581,6 +584,9 @@ def main() -> int:
     ap.add_argument("--browser", action="store_true",
                     help="with --contention: the same in Chromium, 8 pages (6 clicking, a Why sweep, a graph); writes "
                          "benchmarks/results/app_contention_browser_cpu.json unless --out says otherwise")
+    ap.add_argument("--split-cpus", action="store_true",
+                    help="with --contention --browser: the server (and its workers) on half the CPUs, Chromium on "
+                         "the other half, so the pages' own drawing does not compete with the server it measures")
     ap.add_argument("--out", help="write the JSON report here too")
     args = ap.parse_args()
     from workbench.ui import loader
@@ -621,8 +627,17 @@ def contention_in_browser(path: Path, what: str, tm, args) -> int:
     cpus = os.cpu_count() or 1
     load_before = os.getloadavg()
     log_path = Path(tempfile.gettempdir()) / f"bench_app_browser_{os.getpid()}.log"
+    placement = {"server": sorted(os.sched_getaffinity(0)), "driver_and_chromium": sorted(os.sched_getaffinity(0))}
+    if args.split_cpus:  # the server on its own CPU(s), as behind a real deployment where the browsers are elsewhere
+        every = sorted(os.sched_getaffinity(0))
+        if len(every) < 2:
+            raise SystemExit("--split-cpus needs at least 2 CPUs")
+        half = len(every) // 2
+        placement = {"server": every[half:], "driver_and_chromium": every[:half]}
+        os.sched_setaffinity(0, set(placement["driver_and_chromium"]))  # Chromium and its driver inherit it
     with log_path.open("w") as log:
-        proc, url = serve(path, log)
+        proc, url = serve(path, log, set(placement["server"]) if args.split_cpus else None)
+        niceness = {"server": os.getpriority(os.PRIO_PROCESS, proc.pid), "driver_and_chromium": os.nice(0)}
         try:
             result = browser_contention(url, LONG_EN.replace("fisherman", "man"), args.seconds)
         finally:
@@ -632,7 +647,8 @@ def contention_in_browser(path: Path, what: str, tm, args) -> int:
     report = {"benchmark": "bench_app.py --contention --browser", "checkpoint": what, "chromium": "/usr/bin/chromium",
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds_per_phase": args.seconds,
               "loadavg_before": [round(x, 2) for x in load_before], "heavy_placement": _placement_said(),
-              "phases": result, "verdict": contention_verdict(result, cpus)}
+              "niceness": niceness,
+              "cpus": placement, "phases": result, "verdict": contention_verdict(result, cpus)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=1), flush=True)
