@@ -548,7 +548,13 @@ def _card_bleu(result: dict[str, Any]) -> list[str]:
 
 
 def _card_training(training: dict[str, Any], tc: dict, arch: str) -> list[str]:
-    """How the dictionary was trained (training.json)."""
+    """How the dictionary was trained (training.json): a fine-tune's start first, then the fine-tune."""
+    start = training.get("finetuned_from")
+    if start and start.get("training"):
+        return _card_training(start["training"], start["training"].get("config", {}), arch) + _card_finetune(
+            training, tc, start)
+    if start:  # a start without its training record: the fine-tune alone
+        return ["", "## Training"] + _card_finetune(training, tc, start)
     return ["", "## Training", "",
               f"- {training['activations']:,} activations ({training['steps']} steps of {tc.get('batch')}) "
               + (f"drawn from the site's activations over `{tc.get('dataset')}:{tc.get('split')}` (teacher "
@@ -572,3 +578,19 @@ def _card_training(training: dict[str, Any], tc: dict, arch: str) -> list[str]:
               f"- Training time: {training['train_seconds'] / 60:.1f} min wall clock on {training['world']} "
               f"process(es) (the log's elapsed_s; the machine was shared, see the project's CHANGELOG).",
               f"- Command: `{tc.get('extra', {}).get('command', '')}`"]
+
+
+def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) -> list[str]:
+    """The end-to-end fine-tune (`features train --finetune-kl`) that made the dictionary from `start`."""
+    total = training["train_seconds"] + start.get("training", {}).get("train_seconds", 0.0)
+    cpu = training.get("train_cpu_seconds", 0.0) + start.get("training", {}).get("train_cpu_seconds", 0.0)
+    return [f"- Then fine-tuned end to end from `{start['directory']}` (Braun et al. 2024; feature indices kept: "
+            f"it starts from those weights): {training['steps']} steps, each on whole teacher-forced sentences of "
+            f"at most {tc.get('kl_tokens') or tc.get('max_tokens')} padded tokens a side ({training['activations']:,} "
+            f"site rows, {training['epochs']} epochs of `{tc.get('dataset')}:{tc.get('split')}`), loss KL(clean ‖ "
+            f"spliced) per target token + {tc.get('finetune_mse'):g} x FVU; Adam, peak lr "
+            f"{tc.get('kl_lr') or tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay.",
+            f"- Fine-tune time: {training['train_seconds'] / 60:.1f} min wall clock "
+            f"({training.get('train_cpu_seconds', 0.0) / 60:.1f} min of CPU) on {training['world']} process(es); "
+            f"with the start's training, {total / 60:.1f} min wall clock ({cpu / 60:.1f} min of CPU).",
+            f"- Fine-tune command: `{tc.get('extra', {}).get('command', '')}`"]

@@ -38,6 +38,7 @@ from ..training.distributed import Dist, init_distributed
 from ..training.progress import make_progress
 from ..training.schedule import warmup_cosine
 from .dictionary import THRESHOLDED, DictionaryConfig, SparseDictionary
+from .finetune import SentenceStream, load_start, spliced_terms, start_record
 from .sites import Site, resolve_site, site_mask, site_rows, splice_hooks
 from .stream import ActivationStream
 
@@ -111,6 +112,15 @@ class FeatureTrainConfig:
     kl_tokens: int = 0
     """Padded tokens per side of the end-to-end term's sentence batch (0: `max_tokens`); its full forward and
     backward pass over the vocabulary costs several reconstruction steps, so a smaller batch keeps it cheap."""
+    finetune_kl: str = ""
+    """A trained dictionary's directory to fine-tune end to end instead of training from scratch (same site,
+    architecture, width, k): `kl_steps` steps, each on a batch of whole teacher-forced sentences (`kl_tokens`
+    padded tokens a side, 0: `max_tokens`), loss KL(clean ‖ spliced) per target token + `finetune_mse` x the
+    batch's FVU, Adam at `kl_lr` (0: `lr`) with `warmup` steps of warm-up and cosine decay. The feature indices
+    keep their identities (see `features.finetune`); `activations`, `cache` and the reconstruction-only settings
+    do not apply, and `readout`, `fisher` and `kl_coef` are refused."""
+    finetune_mse: float = 0.1
+    """The fine-tune's weight of the FVU beside the KL (keeps the reconstruction, and so the card's FVU, sane)."""
     seed: int = 0
     log_every: int = 50
     save_every_s: float = 120.0
@@ -125,6 +135,8 @@ class FeatureTrainConfig:
 
     @property
     def steps(self) -> int:
+        if self.finetune_kl:
+            return max(1, self.kl_steps)
         return max(1, self.activations // self.batch)
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,7 +162,11 @@ class FeatureTrainer:
             data = ParallelData.encode(src, tgt, self.tm.src_tokenizer, self.tm.tgt_tokenizer,
                                        max_len=self.model.cfg.max_positions - 1)
         self.data = data
-        if cache is not None or cfg.cache:
+        if cfg.finetune_kl:
+            _check_finetune(cfg)
+            self.stream = SentenceStream(data, self.model.cfg, tokens=cfg.kl_tokens or cfg.max_tokens, seed=cfg.seed,
+                                         rank=self.dist.rank, world=self.dist.world)
+        elif cache is not None or cfg.cache:
             rows = cache if cache is not None else CachedActivations.read(self.model, data, self.site,
                                                                           max_tokens=cfg.max_tokens)
             self.stream = CachedStream(rows, batch=self.local_batch, seed=cfg.seed, rank=self.dist.rank,
@@ -160,12 +176,15 @@ class FeatureTrainer:
                                            batch=self.local_batch, max_tokens=cfg.max_tokens, seed=cfg.seed,
                                            rank=self.dist.rank, world=self.dist.world)
         d = self.model.cfg.d_model
+        self.start = start_record(cfg.finetune_kl) if cfg.finetune_kl else None
+        begun = {"finetuned_from": self.start["directory"], "start_command": self.start["command"]} \
+            if self.start else {}  # cfg.json names the start and its own command: the whole recipe
         dcfg = DictionaryConfig(
             hook_name=self.site.hook_in, d_in=d, d_sae=cfg.d_sae, architecture=cfg.architecture, k=cfg.k,
             d_out=d if self.site.transcoder else None, hook_name_out=self.site.hook_out, skip=cfg.skip,
             model_name=Path(cfg.checkpoint).name,
             extra={"site": self.site.name, "side": self.site.side, "corpus": f"{cfg.dataset}:{cfg.split}",
-                   "checkpoint": str(cfg.checkpoint), **cfg.extra})
+                   "checkpoint": str(cfg.checkpoint), **begun, **cfg.extra})
         self.readout = None
         if cfg.readout:
             if self.site.hook_in != self.model.hook_memory.name:
@@ -179,8 +198,11 @@ class FeatureTrainer:
                                           max_tokens=cfg.max_tokens, seed=cfg.seed)
         self.dictionary = SparseDictionary(dcfg)
         self.dictionary.reset_parameters(torch.Generator().manual_seed(cfg.seed))
+        if cfg.finetune_kl:
+            load_start(self.dictionary, cfg.finetune_kl)
         self.optimizer = torch.optim.Adam(self.dictionary.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=6.25e-10)
         self.step = 0
+        self.rows_seen = 0  # site rows trained on, all ranks together
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # activations since each latent last fired
         self.l1 = cfg.l1
         self.kl_epoch = self.kl_pos = 0  # the end-to-end term's place in its own plan of whole-sentence batches
@@ -202,7 +224,7 @@ class FeatureTrainer:
         state = {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "step": self.step,
                  "dictionary": self.dictionary.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "since_fired": self.since_fired, "l1": self.l1, "log": json.dumps(self.log),
-                 "kl_epoch": self.kl_epoch, "kl_pos": self.kl_pos,
+                 "kl_epoch": self.kl_epoch, "kl_pos": self.kl_pos, "rows_seen": self.rows_seen,
                  "elapsed": self.elapsed, "cpu": self.cpu, "stream": self.stream.state_dict(),
                  "torch_rng": torch.get_rng_state()}
         target = self._state_file(self.dist.rank)
@@ -229,12 +251,17 @@ class FeatureTrainer:
         self.step, self.since_fired, self.l1 = state["step"], state["since_fired"], state["l1"]
         self.log, self.elapsed, self.cpu = json.loads(state["log"]), state["elapsed"], state.get("cpu", 0.0)
         self.kl_epoch, self.kl_pos = state.get("kl_epoch", 0), state.get("kl_pos", 0)
+        self.rows_seen = state.get("rows_seen", self.step * self.cfg.batch)
         self.stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
 
     # -- one step ------------------------------------------------------------------------------
     def _lr(self) -> float:
         c = self.cfg
+        if c.finetune_kl:
+            peak = c.kl_lr or c.lr
+            return warmup_cosine(self.step + 1, peak_lr=peak, warmup=c.warmup, total=c.steps,
+                                 min_lr=peak * c.min_lr_frac)
         if c.kl_lr > 0 and c.kl_coef > 0 and self.step >= c.steps - c.kl_steps:
             return c.kl_lr
         return warmup_cosine(self.step + 1, peak_lr=c.lr, warmup=c.warmup, total=c.steps, min_lr=c.lr * c.min_lr_frac)
@@ -297,6 +324,8 @@ class FeatureTrainer:
         """One optimiser step on the rows `x` (targets `y`, a transcoder's; None: `x` itself); returns the step's
         figures over the global batch (FVU, the auxiliary, L1 / L0-penalty and KL terms, L0)."""
         c, d = self.cfg, self.dictionary
+        if c.finetune_kl:
+            return self._finetune_step(x)
         target = x if y is None else y
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
@@ -311,6 +340,18 @@ class FeatureTrainer:
         self._optimizer_step(loss)
         self._constrain(out)
         record = self._record(out, mse, aux, l1, kl)
+        self.step += 1
+        return record
+
+    def _finetune_step(self, batch) -> dict[str, float]:
+        """One step of `--finetune-kl`: KL(clean ‖ spliced) + finetune_mse x FVU on a whole-sentence batch."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr()
+        terms = spliced_terms(self.model, self.site, self.dictionary, batch, self._all_reduce, self.dist.world)
+        self._optimizer_step(terms.kl + self.cfg.finetune_mse * terms.fvu)
+        self._constrain(terms.out)
+        zero = torch.zeros(())
+        record = self._record(terms.out, terms.fvu, zero, zero, terms.kl, rows=terms.rows)
         self.step += 1
         return record
 
@@ -385,10 +426,10 @@ class FeatureTrainer:
                 low = self._all_reduce((kept.min() if kept.numel() else d.threshold[0]).reshape(1)) / self.dist.world
                 d.threshold.mul_(1 - c.threshold_lr).add_(c.threshold_lr * low)
 
-    def _record(self, out, mse: torch.Tensor, aux: torch.Tensor, l1: torch.Tensor, kl: torch.Tensor
-                ) -> dict[str, float]:
-        """Firing counts, L0 and the loss terms over the global batch; the L1 coefficient steered toward the target
-        L0."""
+    def _record(self, out, mse: torch.Tensor, aux: torch.Tensor, l1: torch.Tensor, kl: torch.Tensor, *,
+                rows: int | None = None) -> dict[str, float]:
+        """Firing counts, L0 and the loss terms over the global batch (`rows` this rank's rows, when not the
+        configured batch's share); the L1 coefficient steered toward the target L0."""
         c, d = self.cfg, self.dictionary
         # firing counts and L0 over the global batch
         with torch.no_grad():
@@ -397,15 +438,19 @@ class FeatureTrainer:
             else:
                 fired = (out.acts > 0).sum(0).float()
             kl = kl.detach() * self.dist.world  # each rank's share of the global mean: summed, then divided
-            stats = self._all_reduce(torch.cat([fired, torch.stack([mse.detach(), aux.detach(), l1.detach(), kl])]))
-            fired, (mse_v, aux_v, l1_v, kl_v) = stats[:-4], stats[-4:] / self.dist.world
-            l0 = float(fired.sum()) / c.batch
-            self.since_fired += c.batch
+            n = torch.tensor([float(self.local_batch if rows is None else rows)])
+            stats = self._all_reduce(torch.cat([fired, torch.stack([mse.detach(), aux.detach(), l1.detach(), kl]),
+                                                n]))
+            fired, (mse_v, aux_v, l1_v, kl_v), total = stats[:-5], stats[-5:-1] / self.dist.world, int(stats[-1])
+            l0 = float(fired.sum()) / max(total, 1)
+            self.rows_seen += total
+            self.since_fired += total
             self.since_fired[fired > 0] = 0
         if c.architecture == "relu" and c.target_l0 > 0 or c.architecture == "jumprelu":
             target = c.target_l0 or d.cfg.k
             self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / target)))
-        return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0}
+        return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0,
+                "rows": total}
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> SparseDictionary:
@@ -425,7 +470,7 @@ class FeatureTrainer:
                 m = self.train_step(x, y)
                 self.elapsed += time.time() - t0
                 self.cpu += time.process_time() - c0
-                rows_log += c.batch
+                rows_log += m.pop("rows")
                 n_log += 1
                 for key, v in m.items():
                     sums[key] = sums.get(key, 0.0) + v
@@ -434,13 +479,14 @@ class FeatureTrainer:
                     rec = {"step": self.step, "epoch": round(self.stream.epochs, 3), "lr": self._lr(),
                            **{k: v / n for k, v in sums.items()}, "l1_coef": self.l1,
                            "dead_frac": float((self.since_fired >= c.dead_after).float().mean()),
-                           "activations": self.step * c.batch, "elapsed_s": round(self.elapsed, 1),
+                           "activations": self.rows_seen, "elapsed_s": round(self.elapsed, 1),
                            "cpu_s": round(self.cpu, 1),
                            "tokens_per_s": rows_log / max(now - t_log, 1e-9)}
                     self.log.append(rec)
                     progress.step(self.step, rec | {"loss": rec["fvu"]})
                     progress.message(f"  fvu {rec['fvu']:.4f}  L0 {rec['l0']:.1f}  dead {rec['dead_frac']:.1%}  "
-                                     f"aux {rec['aux']:.3f}  " + (f"kl {rec['kl']:.4f}  " if c.kl_coef else "")
+                                     f"aux {rec['aux']:.3f}  "
+                                     + (f"kl {rec['kl']:.4f}  " if c.kl_coef or c.finetune_kl else "")
                                      + f"epoch {rec['epoch']:.2f}  activations/s "
                                      f"{rec['tokens_per_s']:,.0f}")
                     sums, rows_log, n_log, t_log = {}, 0, 0, now
@@ -460,11 +506,24 @@ class FeatureTrainer:
         return self.dictionary
 
     def save_dictionary(self, directory: Path) -> Path:
-        info = {"steps": self.step, "activations": self.step * self.cfg.batch, "train_seconds": round(self.elapsed, 1),
+        info = {"steps": self.step, "activations": self.rows_seen, "train_seconds": round(self.elapsed, 1),
                 "train_cpu_seconds": round(self.cpu, 1),
                 "epochs": round(self.stream.epochs, 3), "world": self.dist.world, "config": self.cfg.to_dict(),
                 "final": self.log[-1] if self.log else {}}
+        if self.start:
+            info["finetuned_from"] = self.start
         return self.dictionary.save(directory, files={"training.json": json.dumps(info, indent=1) + "\n"})
+
+
+def _check_finetune(cfg: FeatureTrainConfig) -> None:
+    """`finetune_kl` with settings that would change what it means: refused, naming them."""
+    clash = [name for name, on in (("readout", cfg.readout), ("fisher", cfg.fisher), ("kl_coef", cfg.kl_coef),
+                                   ("cache", cfg.cache)) if on]
+    if clash:
+        raise ValueError(f"--finetune-kl trains on KL + finetune_mse x FVU over whole sentences; "
+                         f"{', '.join('--' + c.replace('_', '-') for c in clash)} do not apply to it")
+    if cfg.kl_steps <= 0:
+        raise ValueError("--finetune-kl needs --kl-steps, the number of fine-tune steps")
 
 
 @torch.no_grad()

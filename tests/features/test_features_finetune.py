@@ -1,0 +1,163 @@
+"""`features train --finetune-kl DIR`: the KL it minimises is the one `features eval` measures, a fine-tune lowers
+the KL of a deliberately spoiled dictionary while its features keep their indices, it resumes exactly, it refuses
+settings that would change its meaning, and the card states the whole recipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from dictionary_helpers import tiny_dictionaries
+from model_helpers import make_model
+
+from workbench import presets
+from workbench.corpus.data import ParallelData
+from workbench.decoding.translator import TranslationModel
+from workbench.features import SparseDictionary, resolve_site, splice_hooks
+from workbench.features.evaluate import _card_training
+from workbench.features.finetune import SentenceStream, spliced_terms
+from workbench.features.sites import site_of
+from workbench.features.train import FeatureTrainConfig, FeatureTrainer
+
+
+def _tiny():
+    cfg = presets.tiny()
+    model = make_model(cfg)
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(3, 12, (60, 2), generator=g)
+    src = [torch.randint(4, cfg.src_vocab, (int(a),), generator=g).tolist() for a, _ in lens]
+    tgt = [torch.randint(4, cfg.tgt_vocab, (int(b),), generator=g).tolist() for _, b in lens]
+    return model, ParallelData(src, tgt)
+
+
+def _cfg(out_dir, **over) -> FeatureTrainConfig:
+    return FeatureTrainConfig(**{"checkpoint": "tiny", "site": "hook_memory", "out_dir": str(out_dir), "d_sae": 64,
+                                 "k": 4, "activations": 16 * 40, "batch": 16, "buffer": 64, "max_tokens": 64,
+                                 "warmup": 2, "lr": 1e-2, "log_every": 4, "progress": "none", "dead_after": 40} | over)
+
+
+def _finetune_cfg(out_dir, start, **over) -> FeatureTrainConfig:
+    return _cfg(out_dir, **{"finetune_kl": str(start), "kl_steps": 12, "kl_tokens": 64, "kl_lr": 3e-3} | over)
+
+
+@torch.no_grad()
+def _eval_kl(model, data: ParallelData, d: SparseDictionary) -> float:
+    """Mean KL(clean ‖ spliced) per target token, spliced as `features eval` splices (`splice_hooks`)."""
+    total, n = 0.0, 0
+    for idx in data.batches(256, shuffle=False):
+        batch = data.collate(idx, model.cfg)
+        mask = batch.tgt_out != model.cfg.pad_id
+        clean = model(batch.src, batch.tgt_in)[mask].float().log_softmax(-1)
+        with model.hooks(splice_hooks(site_of(d), d)):
+            spliced = model(batch.src, batch.tgt_in)[mask].float().log_softmax(-1)
+        total += float((clean.exp() * (clean - spliced)).sum())
+        n += int(mask.sum())
+    return total / n
+
+
+@pytest.fixture(scope="module")
+def spoiled(tmp_path_factory):
+    """A dictionary trained on reconstruction, then spoiled: noise on its decoder rows (renormalised)."""
+    model, data = _tiny()
+    root = tmp_path_factory.mktemp("start")
+    d = FeatureTrainer(_cfg(root / "run"), translation_model=TranslationModel(model, None), data=data).fit()
+    with torch.no_grad():
+        d.W_dec.add_(0.6 * torch.randn(d.W_dec.shape, generator=torch.Generator().manual_seed(5)))
+        d.normalize_decoder()
+    d.save(root / "spoiled", files={"training.json": (root / "run" / "dictionary" / "training.json").read_text()})
+    return model, data, root / "spoiled"
+
+
+@pytest.mark.parametrize("site", ["hook_memory", "dec.1.cross_attn.hook_out", "dec.0.ffn"])
+def test_the_kl_minimised_is_the_kl_the_evaluation_measures(site):
+    model, data = _tiny()
+    d = next(v for k, v in tiny_dictionaries(model).items() if k == site or k.startswith(site))
+    batch = data.collate(data.batches(256, shuffle=False)[0], model.cfg)
+    one = ParallelData([data.src[i] for i in data.batches(256, shuffle=False)[0]],
+                       [data.tgt[i] for i in data.batches(256, shuffle=False)[0]])
+    terms = spliced_terms(model, resolve_site(model, site), d, batch)
+    assert float(terms.kl) == pytest.approx(_eval_kl(model, one, d), rel=1e-4, abs=1e-7)
+    assert float(terms.kl) > 0 and terms.rows > 0 and terms.fvu.requires_grad
+    assert all(p.requires_grad for p in model.parameters())  # the model is left as it was
+
+
+def test_finetune_lowers_the_kl_of_a_spoiled_dictionary_and_keeps_feature_indices(tmp_path, spoiled):
+    model, data, start = spoiled
+    before = SparseDictionary.load(start)
+    trainer = FeatureTrainer(_finetune_cfg(tmp_path / "ft", start, kl_steps=40), translation_model=TranslationModel(
+        model, None), data=data)
+    assert torch.equal(trainer.dictionary.W_dec, before.W_dec)  # it starts from the trained weights
+    after = trainer.fit()
+    kl_before, kl_after = _eval_kl(model, data, before), _eval_kl(model, data, after)
+    assert kl_after < 0.7 * kl_before, (kl_before, kl_after)
+    log = trainer.log
+    assert all(r["l0"] <= 4 for r in log) and all(r["kl"] > 0 for r in log)
+    # feature i is still feature i: each decoder row is nearest its own start row
+    cos = torch.nn.functional.normalize(after.W_dec, dim=1) @ torch.nn.functional.normalize(before.W_dec, dim=1).T
+    assert torch.equal(cos.argmax(1), torch.arange(cos.size(0)))
+    saved = tmp_path / "ft" / "dictionary"
+    meta = json.loads((saved / "cfg.json").read_text())["metadata"]["workbench"]
+    assert meta["finetuned_from"] == str(start)
+    training = json.loads((saved / "training.json").read_text())
+    assert training["finetuned_from"]["directory"] == str(start)
+    assert training["finetuned_from"]["training"]["config"]["finetune_kl"] == ""  # the start's own record
+
+
+def test_finetune_resumes_exactly(tmp_path, spoiled):
+    model, data, start = spoiled
+    tm = TranslationModel(model, None)
+    whole = FeatureTrainer(_finetune_cfg(tmp_path / "a", start), translation_model=tm, data=data).fit()
+    first = FeatureTrainer(_finetune_cfg(tmp_path / "b", start), translation_model=tm, data=data)
+    step = first.train_step
+
+    def interrupted_after_five(*args):  # Ctrl-C during step 5: the loop stops after it and saves
+        out = step(*args)
+        if first.step == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    first.train_step = interrupted_after_five
+    first.fit()
+    assert first.interrupted and first.step == 5
+    resumed = FeatureTrainer(_finetune_cfg(tmp_path / "b", start), translation_model=tm, data=data)
+    assert resumed.step == 5
+    out = resumed.fit()
+    for (k, a), b in zip(whole.state_dict().items(), out.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert [r["step"] for r in resumed.log] == [4, 8, 12]
+
+
+def test_sentence_stream_covers_the_corpus_once_per_epoch_in_a_new_order():
+    model, data = _tiny()
+    stream = SentenceStream(data, model.cfg, tokens=64, seed=0)
+    first = [stream.next_batch()[0] for _ in range(len(data.batches(64, seed=1, epoch=0)))]
+    assert stream.epoch == 1 and stream.pos == 0
+    assert sum(b.src.size(0) for b in first) == len(data)
+    state = stream.state_dict()
+    again = SentenceStream(data, model.cfg, tokens=64, seed=0)
+    again.load_state_dict(state)
+    assert torch.equal(again.next_batch()[0].src, stream.next_batch()[0].src)
+
+
+@pytest.mark.parametrize("over,match", [({"k": 5}, "k: 4 there, 5 here"), ({"cache": True}, "--cache"),
+                                        ({"readout": True}, "--readout"), ({"kl_coef": 1.0}, "--kl-coef"),
+                                        ({"kl_steps": 0}, "--kl-steps")])
+def test_finetune_refuses_what_would_change_its_meaning(tmp_path, spoiled, over, match):
+    model, data, start = spoiled
+    with pytest.raises(ValueError, match=match):
+        FeatureTrainer(_finetune_cfg(tmp_path / "x", start, **over), translation_model=TranslationModel(model, None),
+                       data=data)
+
+
+def test_the_card_states_the_start_and_the_finetune(tmp_path, spoiled):
+    model, data, start = spoiled
+    trainer = FeatureTrainer(_finetune_cfg(tmp_path / "ft", start, kl_steps=3, extra={"command": "FT-COMMAND"}),
+                             translation_model=TranslationModel(model, None), data=data)
+    trainer.fit()
+    training = json.loads((tmp_path / "ft" / "dictionary" / "training.json").read_text())
+    training["finetuned_from"]["training"]["config"]["extra"]["command"] = "START-COMMAND"
+    text = "\n".join(_card_training(training, training["config"], "topk"))
+    assert "START-COMMAND" in text and "FT-COMMAND" in text
+    assert "KL(clean" in text and "feature indices" in text
