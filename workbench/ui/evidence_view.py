@@ -33,6 +33,7 @@ from .work import Offloaded, Snapshot
 METHOD_LABELS = {"attention weights": "weights", "value-weighted norms": "norms", "ALTI+ contributions": "alti"}
 ROLE_SENTENCES = 60  # test sentences the roles are measured on (a few seconds on one CPU thread)
 ROLE_GOLD_PAIRS = 100  # RWTH gold pairs for the alignment role
+ROLE_BATCH = 15  # sentences per batch of the role measurement: a closed page stops it within a batch (< 1 s)
 
 
 def _corpus(src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], str] | None:
@@ -65,28 +66,34 @@ def _alignment_scores(tm):
     return loader.load_derived("evidence", tm, measure, "gold_aer")
 
 
-def _corpus_roles(tm):
-    """The head roles measured on the checkpoint's corpus, or None: once per checkpoint and process (`loader.CACHE`)."""
+def _corpus_roles(tm, progress=None):
+    """The head roles measured on the checkpoint's corpus, or None: once per checkpoint and process (`loader.CACHE`).
+    A measurement stopped by `progress` raising caches nothing (the next caller measures)."""
     def measure():
         corpus = _corpus(tm.meta.get("src_lang", ""), tm.meta.get("tgt_lang", ""))
-        return None if corpus is None else _roles(tm, corpus[0], corpus[1], corpus[2])
+        return None if corpus is None else _roles(tm, corpus[0], corpus[1], corpus[2], progress)
     return loader.load_derived("evidence", tm, measure, "roles")
 
 
-def _roles(tm, sources, refs, where: str):
+def _roles(tm, sources, refs, where: str, progress=None):
     scores = _alignment_scores(tm)
     aer = diagonal = None
     if scores is not None:
         aer, diagonal, n = scores
         where += f"; alignment: AER on {n} RWTH gold pairs"
-    return model_roles(tm, sources, refs, aer=aer, diagonal_aer=diagonal), where
+    if progress is not None:
+        progress(0, len(sources))  # between the gold AER and the roles: a closed page stops here too
+    return model_roles(tm, sources, refs, aer=aer, diagonal_aer=diagonal, progress=progress,
+                       batch_size=ROLE_BATCH), where
 
 
-def checkpoint_roles(tm, source: str, output: str):
+def checkpoint_roles(tm, source: str, output: str, progress=None):
     """(HeadRoles, where they were measured) of a `TranslationModel`: on test sentences of its language pair,
-    measured once per model and process; without such a test set, on (`source`, `output`) alone."""
-    found = _corpus_roles(tm)
-    return found if found is not None else _roles(tm, [source], [output], "this sentence only (no test set here)")
+    measured once per model and process; without such a test set, on (`source`, `output`) alone. `progress(done,
+    total)` after each batch of the measurement: a caller stops it by raising from there."""
+    found = _corpus_roles(tm, progress)
+    return found if found is not None else _roles(tm, [source], [output], "this sentence only (no test set here)",
+                                                  progress)
 
 
 def evidence_figure(tm, source: str, output: str, *, method: str = "weights", roles=None, roles_from: str = ""):
@@ -104,9 +111,13 @@ def evidence(r, method: str, with_roles: bool, ticket=None) -> tuple:
     tm = r.model
     roles, where = None, ""
     if with_roles:
+        progress = None
         if ticket is not None:
             ticket.report("measuring the heads' roles (once per checkpoint)")
-        roles, where = checkpoint_roles(tm, r.request.sentence, r.text)
+
+            def progress(done: int, total: int) -> None:  # each batch: a closed page or a newer request stops it
+                ticket.report(f"measuring the heads' roles (once per checkpoint): {done} of {total} sentences")
+        roles, where = checkpoint_roles(tm, r.request.sentence, r.text, progress)
         if ticket is not None:
             ticket.check()  # a newer sentence or method supersedes this one: stop before the evidence
     return sentence_evidence(tm, r.request.sentence, r.text, method=method), roles, where

@@ -151,16 +151,18 @@ def _pairs(tm, sources: Sequence[str], references: Sequence[str]) -> list[tuple[
 
 @torch.no_grad()
 def model_roles(tm, sources: Sequence[str], references: Sequence[str], *, aer=None, diagonal_aer: float | None = None,
-                rules: RoleRules | None = None):
+                rules: RoleRules | None = None, progress: Progress | None = None, batch_size: int = 64):
     """Every head's roles (`roles.head_roles`) from statistics teacher-forced on the references of `sources`
-    (token counts for "rare" from the same sentences), with a per-head AER table for the alignment role."""
+    (token counts for "rare" from the same sentences), with a per-head AER table for the alignment role.
+    `progress(done, total)` after each batch (a caller stops the measurement by raising from it)."""
     cfg = tm.model.cfg
     pairs = _pairs(tm, sources, references)
     if not pairs:
         raise ValueError("no non-empty sentence to measure the heads on")
     stats = corpus_head_stats(tm.model, [s for s, _ in pairs], [t for _, t in pairs],
                               src_punct=punctuation_ids(tm.src_tokenizer.pieces(list(range(cfg.src_vocab)))),
-                              tgt_punct=punctuation_ids(tm.tgt_tokenizer.pieces(list(range(cfg.tgt_vocab)))))
+                              tgt_punct=punctuation_ids(tm.tgt_tokenizer.pieces(list(range(cfg.tgt_vocab)))),
+                              progress=progress, batch_size=batch_size)
     return head_roles(stats, aer=aer, diagonal_aer=diagonal_aer, rules=rules)
 
 
