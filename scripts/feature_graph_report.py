@@ -65,9 +65,9 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(ra, rb)[0, 1]) if len(a) > 2 and np.std(ra) > 0 and np.std(rb) > 0 else float("nan")
 
 
-def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int) -> dict:
+def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int, head_nodes: bool = False) -> dict:
     t = time.perf_counter()
-    g = feature_graph(model, dicts, src, tgt, pos)
+    g = feature_graph(model, dicts, src, tgt, pos, head_nodes=head_nodes)
     seconds = time.perf_counter() - t
     inf = g.influence[:-1]
     total = float(inf.sum())
@@ -80,6 +80,10 @@ def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int) -> dict:
            "kept80": len(keep80), "top100_share": top100,
            "kept80_every_embed": len(set(keep80.tolist()) | embeds), "kept80_no_bias": kept_without_bias(g),
            "kept80_kinds": dict(Counter(kind_of(g.nodes[i]) for i in keep80[:-1].tolist())),
+           "kept100_kinds": dict(Counter(kind_of(g.nodes[i]) for i in keep100[:-1].tolist())),
+           "kept80_ffn_layers": dict(Counter(f"{g.nodes[i]['stack']}.{g.nodes[i]['layer']}.ffn"
+                                             for i in keep80[:-1].tolist() if g.nodes[i]["kind"] == "ffn")),
+           "influence_share_by_kind": {k: v / total if total > 0 else 0.0 for k, v in influence_by_kind(g).items()},
            "kept80_feature_sites_positions": len({(g.nodes[i]["site"], g.nodes[i]["position"])
                                                   for i in keep80[:-1].tolist() if g.nodes[i]["kind"] == "feature"}),
            "top100_paths_within_share": float(paths_within(g, keep100[:-1])[:-1].sum()) / total if total > 0
@@ -88,7 +92,8 @@ def measure(model, dicts, src, tgt, pos: int, check: bool, seed: int) -> dict:
            "rel_error": abs(float(g.adjacency[-1].sum()) - g.logit) / max(abs(g.logit), 1e-12)}
     if check:
         for target in ("logit", "demeaned"):
-            gt = g if target == "logit" else feature_graph(model, dicts, src, tgt, pos, target=target)
+            gt = g if target == "logit" else feature_graph(model, dicts, src, tgt, pos, target=target,
+                                                           head_nodes=head_nodes)
             f = feature_check(model, dicts, src, tgt, gt, 5, random_sets=10, seed=seed)
             feats = feature_nodes(gt)
             top = [feats[j] for j in gt.attribution[feats].argsort(descending=True)[:10].tolist()]
@@ -109,6 +114,14 @@ def kind_of(node: dict) -> str:
     if node["kind"] == "error":
         return "site_error" if node.get("site") else "error"
     return node["kind"]
+
+
+def influence_by_kind(g) -> dict[str, float]:
+    """The influence on the logit summed over the nodes of each class (`kind_of`); the logit node left out."""
+    out: dict[str, float] = {}
+    for node, value in zip(g.nodes[:-1], g.influence[:-1].tolist()):
+        out[kind_of(node)] = out.get(kind_of(node), 0.0) + value
+    return out
 
 
 def kept_without_bias(g) -> int:
@@ -147,6 +160,13 @@ def summarise(records: list[dict]) -> dict:
                  "completeness_score_median": float(np.median([row["completeness"] for row in rows]))},
              "kept80_kinds_mean": {k: float(np.mean([row["kept80_kinds"].get(k, 0) for row in rows]))
                                    for k in sorted({k for row in rows for k in row["kept80_kinds"]})},
+             "kept100_kinds_mean": {k: float(np.mean([row["kept100_kinds"].get(k, 0) for row in rows]))
+                                    for k in sorted({k for row in rows for k in row.get("kept100_kinds", {})})},
+             "kept80_ffn_layers_mean": {k: float(np.mean([row["kept80_ffn_layers"].get(k, 0) for row in rows]))
+                                        for k in sorted({k for row in rows for k in row.get("kept80_ffn_layers", {})})},
+             "influence_share_by_kind_median": {
+                 k: float(np.median([row["influence_share_by_kind"].get(k, 0.0) for row in rows]))
+                 for k in sorted({k for row in rows for k in row.get("influence_share_by_kind", {})})},
              "kept80_feature_sites_positions_median": float(np.median(
                  [row["kept80_feature_sites_positions"] for row in rows])),
              # the row key's name is older than its meaning: prune(0.8, max_nodes=100)'s graph, not always 100 nodes
@@ -202,7 +222,7 @@ def summarise(records: list[dict]) -> dict:
     return out
 
 
-def site_sets(tm, dicts: dict, lines: list[str]) -> dict:
+def site_sets(tm, dicts: dict, lines: list[str], head_nodes: bool = False) -> dict:
     """Which dictionaries cost the nodes: `prune(0.8)`'s size with every shipped dictionary, with subsets of them, and
     with none (the head graph), at position 7·i mod its length of each sentence."""
     model = tm.model
@@ -216,7 +236,7 @@ def site_sets(tm, dicts: dict, lines: list[str]) -> dict:
         tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
         for name, sites in sets.items():
             kept[name].append(len(feature_graph(model, {s: dicts[s] for s in sites}, src, tgt,
-                                                (7 * i) % len(toks)).prune(0.8)))
+                                                (7 * i) % len(toks), head_nodes=head_nodes).prune(0.8)))
     return {name: {"kept80_median": float(np.median(v)), "share_at_most_100": float(np.mean(np.array(v) <= 100)),
                    "kept80": v} for name, v in kept.items()}
 
@@ -226,7 +246,7 @@ FREEZES = {"the graph's (attention, norms, gates, features)": ("attention", "nor
            "attention": ("attention",), "gates": ("gates",), "nothing (gradient x activation)": ()}
 
 
-def freeze_study(tm, dicts: dict, lines: list[str]) -> dict:
+def freeze_study(tm, dicts: dict, lines: list[str], head_nodes: bool = False) -> dict:
     """Why gradient x activation's top features remove more than the graph's: each feature's activation x (W_dec[f] .
     the target's gradient at its site's output) with the gradient taken in a replacement model that freezes only some
     parts; the real drop when each ranking's top 5 are clamped together (target: the logit), at position 7·i mod
@@ -238,7 +258,7 @@ def freeze_study(tm, dicts: dict, lines: list[str]) -> dict:
         pos = (7 * i) % len(toks)
         src = torch.tensor([tm.encode_source(line)[0]])
         tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
-        g = feature_graph(model, dicts, src, tgt, pos)
+        g = feature_graph(model, dicts, src, tgt, pos, head_nodes=head_nodes)
         feats = feature_nodes(g)
         sets = []
         for freeze in FREEZES.values():
@@ -301,6 +321,9 @@ def main() -> None:
                          "from line 200")
     ap.add_argument("--site-sets", type=int, default=0,
                     help="also: prune(0.8)'s size with subsets of the dictionaries, on N sentences from line 100")
+    ap.add_argument("--head-nodes", action="store_true",
+                    help="the older convention: attention blocks without a dictionary keep one node per head and "
+                         "position (default: they pass their input through, their heads edges)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--records", default=str(ROOT / "runs" / "feature_graph_report" / "records.jsonl"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "evidence" / "feature_graph.json"))
@@ -325,7 +348,8 @@ def main() -> None:
             "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
             "seed": args.seed, "sentences_every": args.sentences, "sentences_sampled": args.sampled,
             "k": {d.cfg.hook_name_out or d.cfg.hook_name: d.cfg.k for d in dicts},
-            "features": args.features or "the checkpoint's features/"}
+            "features": args.features or "the checkpoint's features/",
+            "attention_without_dictionary": "head nodes" if args.head_nodes else "pass-through (heads as edges)"}
     with records_path.open("a", encoding="utf-8") as log:
         for k, i in enumerate(todo):
             toks = outs[i]
@@ -334,7 +358,8 @@ def main() -> None:
             every = i < args.sentences
             pick = (7 * i) % len(toks) if every else min(int(float(uniforms[i]) * len(toks)), len(toks) - 1)
             positions = range(len(toks)) if every else [pick]
-            rows = [measure(model, dicts, src, tgt, p, p == pick, seed=i) for p in positions]
+            rows = [measure(model, dicts, src, tgt, p, p == pick, seed=i, head_nodes=args.head_nodes)
+                    for p in positions]
             rec = {"mode": "every" if every else "sampled", "sentence": i, "tokens": len(toks), "pick": pick,
                    "rows": rows}
             records.append(rec)
@@ -351,7 +376,7 @@ def main() -> None:
                    for d in dicts}
         all_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
         summary["site_sets"] = {"sentences": f"lines 100-{99 + args.site_sets}",
-                                **site_sets(tm, by_site, all_lines[100: 100 + args.site_sets])}
+                                **site_sets(tm, by_site, all_lines[100: 100 + args.site_sets], args.head_nodes)}
     elif "site_sets" in old:
         summary["site_sets"] = old["site_sets"]
     if args.freeze_study:
@@ -359,7 +384,8 @@ def main() -> None:
                    for d in dicts}
         all_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
         summary["freeze_study"] = {"sentences": f"lines 200-{199 + args.freeze_study}",
-                                   **freeze_study(tm, by_site, all_lines[200: 200 + args.freeze_study])}
+                                   **freeze_study(tm, by_site, all_lines[200: 200 + args.freeze_study],
+                                                  args.head_nodes)}
     elif "freeze_study" in old:
         summary["freeze_study"] = old["freeze_study"]
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -2,7 +2,8 @@
 cross-attention block's output and a skip transcoder on a decoder FFN, at once; pre- and post-norm): completeness,
 each node's edges in and out sum to its attribution, a feature's attribution is what removing it changes in the
 replacement model, the real-model interventions clamp the right feature, and the nodes carry what the exporter and
-the app read."""
+the app read. Attention blocks without a dictionary pass their input through (heads as edges): their edges are the
+head-node graph's with the head nodes eliminated (path sums), on a Marian-style pad-start decoder too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import copy
 import pytest
 import torch
 from dictionary_helpers import random_dictionary, tiny_dictionaries
-from model_helpers import graph_model, one_sentence
+from model_helpers import graph_model, make_model, one_sentence
 
 from workbench.analysis.attribution import graph as graph_module
 from workbench.analysis.attribution.feature_graph import (
@@ -23,6 +24,7 @@ from workbench.analysis.attribution.feature_graph import (
     remove_features,
 )
 from workbench.analysis.attribution.graph import attribution_graph
+from workbench.core import presets
 from workbench.core.hooks import HookPoint
 from workbench.core.replacement import FEATURES, FREEZABLE, ReplacementModel
 from workbench.core.splice import site_module
@@ -35,11 +37,27 @@ def model(request):
     return graph_model(norm_first=request.param)
 
 
+def assert_complete(g, tol: float = 1e-10) -> None:
+    """The target is the sum of the logit's edges; each inner node's edges in, and each node's edges out, sum to its
+    attribution; the sources' attributions sum to the target."""
+    A, a = g.adjacency, g.attribution
+    assert abs(float(A[-1].sum()) - g.logit) <= tol * max(1.0, abs(g.logit))
+    kinds = [n["kind"] for n in g.nodes]
+    inner = [i for i, k in enumerate(kinds) if k in ("head", "ffn", "feature")]
+    torch.testing.assert_close(A[inner].sum(1), a[inner], rtol=0, atol=tol)
+    reads = [i for i, k in enumerate(kinds) if k != "logit"]
+    torch.testing.assert_close(A[:, reads].sum(0), a[reads], rtol=0, atol=tol)
+    sources = [i for i, k in enumerate(kinds) if k in ("embed", "bias", "error")]
+    assert abs(float(a[sources].sum()) - g.logit) <= tol * max(1.0, abs(g.logit))
+
+
+@pytest.mark.parametrize("head_nodes", [False, True], ids=["heads-as-edges", "head-nodes"])
 @pytest.mark.parametrize("architecture", ["topk", "jumprelu", "batchtopk", "relu"])
-def test_completeness_and_every_nodes_edges_sum_to_its_attribution(model, architecture):
+def test_completeness_and_every_nodes_edges_sum_to_its_attribution(model, architecture, head_nodes):
     src, tgt = one_sentence(model.cfg)
     dicts = tiny_dictionaries(model, architecture=architecture)
-    g = feature_graph(model, dicts, src, tgt, position=4)
+    g = feature_graph(model, dicts, src, tgt, position=4, head_nodes=head_nodes)
+    assert bool(g.index(kind="head")) == head_nodes
     A, a = g.adjacency, g.attribution
     assert abs(float(A[-1].sum()) - g.logit) <= 1e-10 * abs(g.logit)  # contributions sum to the target
     kinds = [n["kind"] for n in g.nodes]
@@ -57,9 +75,11 @@ def test_feature_nodes_replace_the_blocks_nodes(model):
     dicts = tiny_dictionaries(model)
     g = feature_graph(model, dicts, src, tgt, position=4)
     cross = model.dec[1].cross_attn.hook_out.name
-    assert not g.index(kind="head", stack="dec", layer=1, block="cross_attn")
+    assert not g.index(kind="head")  # no dictionary: the heads are edges
     assert not g.index(kind="ffn", stack="dec", layer=0)
-    assert g.index(kind="head", stack="dec", layer=0, block="cross_attn")  # no dictionary: heads stay
+    old = feature_graph(model, dicts, src, tgt, position=4, head_nodes=True)
+    assert not old.index(kind="head", stack="dec", layer=1, block="cross_attn")
+    assert old.index(kind="head", stack="dec", layer=0, block="cross_attn")  # the older convention: heads stay
     for site, stack, length in ((cross, "dec", 5), ("dec.0.ffn", "dec", 5), (model.hook_memory.name, "enc", 8)):
         feats = g.index(kind="feature", site=site)
         per_pos = torch.bincount(torch.tensor([g.nodes[i]["position"] for i in feats]), minlength=length)
@@ -97,12 +117,76 @@ def test_a_features_attribution_is_what_removing_it_changes_in_the_replacement_m
         assert abs(drop - float(g.attribution[i])) <= 1e-10 * max(1.0, abs(drop)), node["label"]
 
 
-def test_without_dictionaries_nothing_changes(model):
+def test_without_dictionaries_and_with_head_nodes_it_is_the_head_graph(model):
     src, tgt = one_sentence(model.cfg)
-    g = feature_graph(model, {}, src, tgt, position=3)
+    g = feature_graph(model, {}, src, tgt, position=3, head_nodes=True)
     h = attribution_graph(model, src, tgt, position=3)
     assert [n["label"] for n in g.nodes] == [n["label"] for n in h.nodes]
     torch.testing.assert_close(g.adjacency, h.adjacency, rtol=0, atol=1e-12)
+    edges = feature_graph(model, {}, src, tgt, position=3)  # heads as edges: embeddings, FFNs, errors, bias
+    assert {n["kind"] for n in edges.nodes} == {"embed", "ffn", "error", "bias", "logit"}
+    assert_complete(edges)
+
+
+def one_dim_heads(norm_first: bool, **changes):
+    """A tiny model with one dimension per head (d_model = n_heads = 4) and every norm and bias random: a head's
+    write is a scalar times a fixed direction, so eliminating its node from a graph is exact with scalar edges."""
+    m = make_model(presets.tiny(vocab=50, d_model=4, n_heads=4, d_ff=8, norm_first=norm_first,
+                                enc_final_norm=True, dec_final_norm=True, **changes), seed=2)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return m
+
+
+def eliminate_heads(g):
+    """(the other nodes, their adjacency with the head nodes eliminated): every path through heads summed. With one
+    dimension per head, head h's write is s_h o_h, so an edge out of it per unit of s_h is A[t, h] / a_h and a path
+    t <- h1 <- ... <- hk <- s carries A[t, h1] / a_h1 ... A[hk, s]: A_RR + A_RH N (I - A_HH N)^-1 A_HR with
+    N = diag(1 / a_h). A head the target does not depend on (a_h = 0) has no edges out and carries nothing."""
+    heads = torch.tensor(g.index(kind="head"))
+    rest = torch.tensor([i for i, n in enumerate(g.nodes) if n["kind"] != "head"])
+    A, a = g.adjacency, g.attribution[heads]
+    dead = a == 0
+    assert not bool(A[:, heads[dead]].any())
+    n = torch.diag(torch.where(dead, 0.0, 1 / a.where(~dead, 1.0)))
+    eye = torch.eye(len(heads), dtype=A.dtype)
+    through = A[rest][:, heads] @ n @ torch.linalg.solve(eye - A[heads][:, heads] @ n, A[heads][:, rest])
+    return rest, A[rest][:, rest] + through
+
+
+@pytest.mark.parametrize("marian", [False, True], ids=["bos-start", "pad-start"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_heads_as_edges_are_the_head_graphs_paths_through_its_heads(norm_first, marian):
+    model = one_dim_heads(norm_first, **({"decoder_start_id": 0} if marian else {}))
+    src, tgt = one_sentence(model.cfg)
+    if marian:
+        assert model.cfg.start_id == model.cfg.pad_id
+    for dicts in (tiny_dictionaries(model), {}):
+        with_heads = feature_graph(model, dicts, src, tgt, position=4, head_nodes=True)
+        g = feature_graph(model, dicts, src, tgt, position=4)
+        rest, eliminated = eliminate_heads(with_heads)
+        assert [with_heads.nodes[i]["label"] for i in rest.tolist()] == [n["label"] for n in g.nodes]
+        assert len(with_heads.index(kind="head")) > 0 and not g.index(kind="head")
+        torch.testing.assert_close(g.adjacency, eliminated, rtol=0, atol=1e-12)
+        torch.testing.assert_close(g.attribution, with_heads.attribution[rest], rtol=0, atol=1e-12)
+        assert_complete(g)
+
+
+def test_a_pad_start_decoder_with_dictionaries_and_heads_as_edges():
+    """Marian's convention: the decoder starts with the padding id, position 0 a position like any other."""
+    model = make_model(presets.tiny(vocab=40, decoder_start_id=0), seed=3)
+    src, tgt = torch.tensor([[5, 6, 7, 8, 2]]), torch.tensor([[0, 9, 10, 11, 12]])
+    dicts = tiny_dictionaries(model)
+    for position in range(5):
+        g = feature_graph(model, dicts, src, tgt, position=position)
+        assert_complete(g)
+        assert g.index(kind="embed", stack="dec", position=0)
+        assert feature_graph_size(model, dicts, src, tgt, position) == len(g.nodes)
 
 
 def test_removing_a_feature_in_the_real_model_subtracts_its_decoded_write(model):
@@ -239,6 +323,9 @@ def test_the_size_is_known_before_the_graph_is_built(model):
     src, tgt = one_sentence(model.cfg)
     dicts = tiny_dictionaries(model)
     for position in (0, 4):
-        assert feature_graph_size(model, dicts, src, tgt, position) == len(
-            feature_graph(model, dicts, src, tgt, position).nodes)
-    assert feature_graph_size(model, {}, src, tgt, 3) == len(attribution_graph(model, src, tgt, 3).nodes)
+        for head_nodes in (False, True):
+            assert feature_graph_size(model, dicts, src, tgt, position, head_nodes=head_nodes) == len(
+                feature_graph(model, dicts, src, tgt, position, head_nodes=head_nodes).nodes)
+    assert feature_graph_size(model, {}, src, tgt, 3, head_nodes=True) == len(attribution_graph(model, src, tgt,
+                                                                                                3).nodes)
+    assert feature_graph_size(model, {}, src, tgt, 3) == len(feature_graph(model, {}, src, tgt, 3).nodes)

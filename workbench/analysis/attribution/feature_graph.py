@@ -60,7 +60,17 @@ from ...core.splice import attach, site_module
 from ...features.dashboard import FeatureData
 from ...features.dictionary import SparseDictionary
 from ...features.sites import site_of, splice
-from .graph import AttributionGraph, _build, _capture_names, _target, _tokens, graph_size, node_write, zero_writes
+from .graph import (
+    AttributionGraph,
+    _build,
+    _capture_names,
+    _target,
+    _tokens,
+    graph_size,
+    node_write,
+    target_of,
+    zero_writes,
+)
 
 
 def _by_site(dictionaries: Mapping[str, Any] | Iterable[SparseDictionary]) -> dict[str, Any]:
@@ -72,32 +82,37 @@ def _by_site(dictionaries: Mapping[str, Any] | Iterable[SparseDictionary]) -> di
 def feature_graph(model, dictionaries: Mapping[str, Any] | Iterable[SparseDictionary], src, tgt, position: int = -1,
                   token: int | None = None, *, baseline_token: int | None = None, target: str = "logit",
                   src_tokens: list[str] | None = None, tgt_tokens: list[str] | None = None,
-                  progress: Progress | None = None) -> AttributionGraph:
+                  progress: Progress | None = None, head_nodes: bool = False) -> AttributionGraph:
     """The attribution graph of `token` at decoder `position` with `dictionaries`' features as nodes ({site:
-    dictionary}, or dictionaries whose configs name their sites). Arguments as `graph.attribution_graph`'s."""
+    dictionary}, or dictionaries whose configs name their sites). Arguments as `graph.attribution_graph`'s.
+    An attention block without a dictionary passes its input through (its heads are edges, circuit-tracer's
+    convention); with `head_nodes`, it keeps one node per head and position, as head graphs do (the older
+    convention: with no dictionaries, the head graph itself)."""
     sites = _by_site(dictionaries)
     src, tgt, position = _target(model, src, tgt, position, token, baseline_token, target)
     rm = ReplacementModel(model, src, tgt, freeze=(*FREEZABLE, FEATURES) if sites else FREEZABLE, dtype=torch.float64,
                           names=_capture_names(model), splices=sites)
-    graph = _build(rm, position, token, baseline_token, target, src_tokens, tgt_tokens, progress)
+    graph = _build(rm, position, token, baseline_token, target, src_tokens, tgt_tokens, progress,
+                   head_nodes=head_nodes)
     graph.meta["sites"] = sorted(sites)
+    graph.meta["head_nodes"] = head_nodes
     return graph
 
 
 def feature_graph_size(model, dictionaries: Mapping[str, Any] | Iterable[SparseDictionary], src, tgt,
-                       position: int = -1) -> int:
+                       position: int = -1, *, head_nodes: bool = False) -> int:
     """How many nodes `feature_graph` builds (before building it: its adjacency is nodes² float64, 450 MB at 7,500
     nodes). One float32 forward pass: the active features are counted where the dictionaries' encoders put them (a
     float64 pre-activation at a TopK tie could move one)."""
     sites = _by_site(dictionaries)
     src, tgt, position = _target(model, src, tgt, position, None, None, "logit")
     rm = ReplacementModel(model, src, tgt, freeze=(), splices=sites)
-    n = graph_size(model, src.size(1), position)
+    n = graph_size(model, src.size(1), position, head_nodes=head_nodes)
     memory = model.stream("enc").hook_out.name
     for site, sf in rm.features.items():
         length = sf.active.size(1)
         n += int(sf.active[0].sum()) + length  # its features, one error per position
-        if sf.hook_in == memory:
+        if sf.hook_in == memory or not (sf.transcoder or head_nodes):  # an attention block's heads: none to replace
             continue
         module = site_module(model, site)
         block = module if sf.transcoder else next(m for m in model.modules() if getattr(m, "hook_out", None) is module)
@@ -142,12 +157,7 @@ def remove_features(model, dictionaries, src, tgt, graph: AttributionGraph, node
         spec += [(name, zero_writes(v)) for name, v in edits.items()]
         with model.hooks(spec):
             logits = model(src.expand(n, -1), tgt.expand(n, -1))[:, graph.position].double()
-    out = logits[:, graph.token]
-    if graph.baseline_token is not None:
-        out = out - logits[:, graph.baseline_token]
-    if graph.meta.get("target") == "demeaned":
-        out = out - logits.mean(-1)
-    return out.cpu()
+    return target_of(logits, graph).cpu()
 
 
 @contextlib.contextmanager
@@ -267,12 +277,7 @@ def feature_gradient_x_activation(model, dictionaries, src, tgt, graph: Attribut
 
     names = list(dict.fromkeys(outputs.values()))
     with evaluating(model), torch.enable_grad(), model.hooks([(n, tap) for n in names]):
-        logits = model(src, tgt)[0, graph.position].double()
-        target = logits[graph.token]
-        if graph.baseline_token is not None:
-            target = target - logits[graph.baseline_token]
-        if graph.meta.get("target") == "demeaned":
-            target = target - logits.mean()
+        target = target_of(model(src, tgt)[0, graph.position].double(), graph)
         grads = dict(zip(names, torch.autograd.grad(target, [leaves[n] for n in names])))
     out = torch.zeros(len(graph.nodes), dtype=torch.float64)
     for i in feature_nodes(graph):

@@ -200,15 +200,18 @@ def _check_unpadded(model, src: torch.Tensor, tgt: torch.Tensor) -> None:
 # ---------------------------------------------------------------------------------------------------- the graph
 
 
-def graph_size(model, src_len: int, position: int) -> int:
+def graph_size(model, src_len: int, position: int, *, head_nodes: bool = True) -> int:
     """How many nodes `attribution_graph` builds for a source of `src_len` tokens and decoder `position` (before
-    building it: the adjacency is nodes² float64, 8 bytes each)."""
+    building it: the adjacency is nodes² float64, 8 bytes each); without `head_nodes`, the attention blocks' share
+    left out (a feature graph's pass-through blocks)."""
     t = position + 1
     n = src_len + t + 2  # embeddings, bias, logit
     for stack, length in (("enc", src_len), ("dec", t)):
         stream = model.stream(stack)
         n += len(stream.layers) * length  # error nodes: one per layer and position
         for _, sub in stream.sublayers():  # a head x position or an FFN x position
+            if sub.is_attention and not head_nodes:
+                continue
             n += (sub.block.n_heads if sub.is_attention else 1) * length
     return n
 
@@ -238,7 +241,18 @@ def attribution_graph(model, src, tgt, position: int = -1, token: int | None = N
     core) on a tensor whose rows are the nodes' contributions."""
     src, tgt, position = _target(model, src, tgt, position, token, baseline_token, target)
     rm = ReplacementModel(model, src, tgt, dtype=torch.float64, names=_capture_names(model))
-    return _build(rm, position, token, baseline_token, target, src_tokens, tgt_tokens, progress)
+    return _build(rm, position, token, baseline_token, target, src_tokens, tgt_tokens, progress, head_nodes=True)
+
+
+def target_of(logits: torch.Tensor, graph: AttributionGraph) -> torch.Tensor:
+    """`graph`'s target read from logits over the vocabulary (last axis): the token's logit, less the baseline
+    token's when it has one, less the mean logit for a "demeaned" graph. What interventions compare."""
+    out = logits[..., graph.token]
+    if graph.baseline_token is not None:
+        out = out - logits[..., graph.baseline_token]
+    if graph.meta.get("target") == "demeaned":
+        out = out - logits.mean(-1)
+    return out
 
 
 def _target(model, src, tgt, position: int, token: int | None, baseline_token: int | None, target: str):
@@ -261,8 +275,10 @@ def _target(model, src, tgt, position: int, token: int | None, baseline_token: i
 
 
 def _build(rm: ReplacementModel, position: int, token: int | None, baseline_token: int | None, target: str,
-           src_tokens, tgt_tokens, progress) -> AttributionGraph:
-    """The graph on a replacement model (with or without dictionaries): the target's coefficients, then the walk."""
+           src_tokens, tgt_tokens, progress, *, head_nodes: bool) -> AttributionGraph:
+    """The graph on a replacement model (with or without dictionaries): the target's coefficients, then the walk.
+    Without `head_nodes`, an attention block without a dictionary has no nodes: it passes its input rows through
+    (`_Builder.pass_through`)."""
     vocab = rm.model.output_proj.weight.size(0)
     row = rm.logits[0, position]
     if token is None:
@@ -276,7 +292,7 @@ def _build(rm: ReplacementModel, position: int, token: int | None, baseline_toke
     if target == "demeaned":
         coef -= 1.0 / vocab
     logit = float(row @ coef)
-    builder = _Builder(rm, position, coef, src_tokens, tgt_tokens, progress)
+    builder = _Builder(rm, position, coef, src_tokens, tgt_tokens, progress, head_nodes)
     return builder.build(logit, token, baseline_token, target)
 
 
@@ -284,12 +300,15 @@ class _Builder:
     """One graph: gradients from the frozen model's backward pass, then the contribution walk (see
     `attribution_graph`). Split out of it for the two passes' shared state, not for reuse."""
 
-    def __init__(self, rm: ReplacementModel, position: int, coef: torch.Tensor, src_tokens, tgt_tokens, progress):
+    def __init__(self, rm: ReplacementModel, position: int, coef: torch.Tensor, src_tokens, tgt_tokens, progress,
+                 head_nodes: bool = True):
         self.rm, self.m, self.position, self.coef = rm, rm.model, position, coef
         self.x = {k: v[0] for k, v in rm.clean.items()}  # drop the batch axis
         self.length = {"enc": rm.src.size(1), "dec": rm.tgt.size(1)}
         self.blocks = {s: _blocks(self.m, s) for s in ("enc", "dec")}
         self.sites = _feature_sites(rm, self.blocks)  # block key or "memory" -> the dictionary's SiteFeatures
+        self.passthrough = set() if head_nodes else {key for s in ("enc", "dec") for key, sub in self.blocks[s]
+                                                     if sub.is_attention and key not in self.sites}
         self.names = {"enc": src_tokens, "dec": tgt_tokens}
         self.progress = progress
         self.steps, self.total = 0, 2 * (len(self.blocks["enc"]) + len(self.blocks["dec"])) + ("memory" in self.sites)
@@ -328,7 +347,7 @@ class _Builder:
         the frozen FFN's backward at each position; heads (H, Lq, D): the head's OV circuit applied to g (the
         pattern weights each key by its probability)."""
         block = sub.block
-        if key in self.sites:  # a dictionary's features read through their encoder rows (`_feature_edges`)
+        if key in self.sites or key in self.passthrough:  # features read through their encoder rows; no nodes
             return g
         if sub.is_attention:
             return torch.einsum("hdf,qf->hqd", block.ov().detach(), g)
@@ -352,7 +371,7 @@ class _Builder:
         memory = None
         for stack in ("enc", "dec"):
             stream = self.m.stream(stack)
-            rows = _Rows(self, stack, ids)
+            rows = _Rows(self, stack, ids, memory[1] if memory is not None else None)
             self.attribution[rows.node[: self.length[stack]]] = (g_emb[stack] * self.x[stream.hook_embed.name]).sum(-1)
             c = rows.start(self.x[stream.hook_embed.name])
 
@@ -413,6 +432,8 @@ class _Builder:
         err_ids = torch.tensor([ids["error"][stack, i, q] for q in range(self.length[stack])])
         if key in self.sites:
             return self._feature_edges(key, sub, hs, rows, read_rows, stream_in, g, out, err_ids)
+        if key in self.passthrough:
+            return self.pass_through(key, sub, hs, rows, read_rows, out)
         own = rows.block_rows[key]
         real = read_rows.node >= 0
         if sub.is_attention:
@@ -421,14 +442,15 @@ class _Builder:
             probs = self.rm.probs(block)[0]  # (H, Lq, Lk)
             write = self.x[block.hook_result.name]  # (H, Lq, D)
             weights = probs[:, :, read_rows.pos] * torch.einsum("nd,hqd->hqn", hs, r)  # (H, Lq, n_read)
-            A[tids.reshape(-1, 1), read_rows.node[real].reshape(1, -1)] = weights[:, :, real].reshape(H * Lq, -1)
+            sources, by_node = _by_node(weights[:, :, real].reshape(H * Lq, -1), read_rows.node[real])
+            A[tids.reshape(-1, 1), sources.reshape(1, -1)] = by_node
             with self.rm.frozen(), self.m.capture([block.hook_result.name]) as seen:
                 self._call(sub, torch.zeros_like(stream_in), stack)
                 value_bias = seen[block.hook_result.name][0][0]  # (H, Lq, D): the heads' output on a zero input
                 self._call(sub, stream_in, stack)
                 recon = seen[block.hook_result.name][1][0]
             A[tids.reshape(-1), bias_id] = (weights[:, :, ~real].sum(-1) + (g[None] * value_bias).sum(-1)).reshape(-1)
-            A[tids.reshape(-1), err_ids.repeat(H)] = ((write - recon) * g[None]).sum(-1).reshape(-1)
+            A[tids.reshape(-1), err_ids.repeat(H)] += ((write - recon) * g[None]).sum(-1).reshape(-1)
             self.attribution[tids.reshape(-1)] = (g[None] * write).sum(-1).reshape(-1)
             for node, row in zip(tids.reshape(-1).tolist(), probs.reshape(H * Lq, -1).tolist()):
                 self.nodes_list[node]["attention"] = [round(v, 4) for v in row]
@@ -445,9 +467,37 @@ class _Builder:
             recon = block(stream_in[None])[0]
         bias_dots = torch.zeros(len(tids), dtype=hs.dtype).index_add_(0, read_rows.pos[~real], dots[~real])
         A[tids, bias_id] = bias_dots + (g * const).sum(-1)
-        A[tids, err_ids] = ((write - recon) * g).sum(-1)
+        A[tids, err_ids] += ((write - recon) * g).sum(-1)  # += : a pass-through block's error rows may be read too
         self.attribution[tids] = (g * write).sum(-1)
         out[own, 0] = write
+        return out
+
+    def pass_through(self, key, sub: Sublayer, hs: torch.Tensor, rows: _Rows, read_rows, out: torch.Tensor
+                     ) -> torch.Tensor:
+        """An attention block without nodes (circuit-tracer's convention: with its pattern frozen it is linear, so
+        its heads are edges): each node's rows `hs` (n_read, D) at the key positions, mixed by the frozen pattern
+        through each head's value and output matrices, become that node's rows at the query positions; the block's
+        constant (value and output biases) goes to the bias rows, and what the rows miss of the clean output (float64
+        rounding) to the layer's error rows. Returns the block's writes as rows."""
+        block, stack = sub.block, key[0]
+        probs = self.rm.probs(block)[0]  # (H, Lq, Lk)
+        H, Lq, Lk = probs.shape
+        live = hs.ne(0).any(-1) | (read_rows.node < 0)  # rows not yet written hold zeros
+        nodes, group = torch.unique(read_rows.node[live], return_inverse=True)
+        values = hs[live] @ block.v_proj.weight.detach().T  # (n_live, H * Dh); the value bias is in the constant
+        dense = torch.zeros(len(nodes), Lk, values.size(1), dtype=hs.dtype)
+        dense.index_put_((group, read_rows.pos[live]), values, accumulate=True)
+        mixed = torch.einsum("hqk,gkhe->gqhe", probs, dense.view(len(nodes), Lk, H, -1)).reshape(len(nodes), Lq, -1)
+        at = torch.searchsorted(nodes, rows.node).clamp(max=len(nodes) - 1)
+        hit = (nodes[at] == rows.node).nonzero()[:, 0]
+        out[hit, 0] = mixed[at[hit], rows.pos[hit]] @ block.out_proj.weight.detach().T
+        with self.rm.frozen(), self.m.capture([block.hook_result.name]) as seen:
+            self._call(sub, torch.zeros(Lk, hs.size(1), dtype=hs.dtype), stack)
+        bias = 0.0 if block.out_proj.bias is None else block.out_proj.bias.detach()
+        out[rows.bias_rows, 0] += seen[block.hook_result.name][0][0].sum(0) + bias
+        clean = self.x[block.hook_result.name].sum(0) + bias  # (Lq, D)
+        recon = torch.zeros_like(clean).index_add_(0, rows.pos, out[:, 0])
+        out[rows.layer_error_rows[key[1]], 0] += clean - recon
         return out
 
     def _feature_edges(self, key, sub: Sublayer, hs: torch.Tensor, rows: _Rows, read_rows, stream_in: torch.Tensor,
@@ -500,10 +550,11 @@ class _Builder:
             from_bias = torch.zeros(len(fids), dtype=vv.dtype).index_add_(0, jj[~real], vv[~real])
         else:  # (n_f, n_read) dense
             real = read_rows.node >= 0
-            A[fids.reshape(-1, 1), read_rows.node[real].reshape(1, -1)] = coef[:, None] * weights[:, real]
+            sources, by_node = _by_node(weights[:, real], read_rows.node[real])
+            A[fids.reshape(-1, 1), sources.reshape(1, -1)] = coef[:, None] * by_node
             from_bias = weights[:, ~real].sum(1)
         A[fids, self.ids["bias"]] = coef * (from_bias + const)
-        A[fids, err_node] = coef * err
+        A[fids, err_node] += coef * err  # += : the layer's error node may also be a row it read
         self.attribution[fids] = coef * act
         if hs is not None and sf.W_skip is not None:  # the skip term: linear in what each row holds
             out[:, 0] += hs @ sf.W_skip.T
@@ -574,6 +625,8 @@ class _Builder:
                 L = self.length[stack]
                 if key in self.sites:
                     ids["features"][key] = self._site_nodes(key, self.sites[key], stack, i, b, add, tok)
+                elif key in self.passthrough:
+                    continue  # no nodes: its heads are edges (`pass_through`)
                 elif b == "ffn":
                     ids["blocks"][key] = torch.tensor([add(kind="ffn", stack=stack, layer=i, head=None, block="ffn",
                                                            position=q, token=tok(stack, q),
@@ -607,6 +660,14 @@ class _Builder:
                     label=f"error {sf.site} @{p}", site=sf.site) for p in range(self.length[stack])]
         return {"key": key, "ids": torch.tensor(fids, dtype=torch.long), "position": q, "feature": f,
                 "activation": act, "errors": torch.tensor(eids, dtype=torch.long)}
+
+
+def _by_node(weights: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct nodes, weights (T, n) summed over the rows of each node): the edges from rows that a node holds
+    at several positions (past a pass-through attention block) to each of T readers."""
+    distinct, inverse = torch.unique(nodes, return_inverse=True)
+    summed = torch.zeros(weights.size(0), len(distinct), dtype=weights.dtype).index_add_(1, inverse, weights)
+    return distinct, summed
 
 
 def _same_position(hs: torch.Tensor, pos: torch.Tensor, enc: torch.Tensor, q: torch.Tensor
@@ -667,39 +728,67 @@ class _MemoryRows:
 
 
 class _Rows:
-    """The rows of one stack's contribution walk: one per source node (its embedding at its position, each head's
-    and FFN's write at its query position) and one bias row per position; `node` is each row's node id (-1: bias),
-    `pos` its position. Through a norm, a row is mapped by the norm's frozen linear part at its position's scale;
-    the bias rows also get the norm's bias."""
+    """The rows of one stack's contribution walk: one per source node and position it has reached (its embedding at
+    its position, each head's, FFN's or feature's write at its query position, and, past a pass-through attention
+    block, the same node at the other positions that block mixes it into) and one bias row per position; `node` is
+    each row's node id (-1: bias), `pos` its position. Through a norm, a row is mapped by the norm's frozen linear
+    part at its position's scale; the bias rows also get the norm's bias."""
 
-    def __init__(self, builder: _Builder, stack: str, ids: dict[str, Any]) -> None:
+    def __init__(self, builder: _Builder, stack: str, ids: dict[str, Any], memory=None) -> None:
         self.b, self.stack = builder, stack
         L = builder.length[stack]
-        node = [*ids["embed"][stack], *[-1] * L]
-        pos = [*range(L), *range(L)]
+        self.node_list: list[int] = [*ids["embed"][stack], *[-1] * L]
+        self.pos_list: list[int] = [*range(L), *range(L)]
+        self.first_block = [-1] * (2 * L)  # the index of the block that writes each row (-1: before every block)
         self.block_rows: dict[tuple, torch.Tensor] = {}
         self.feature_rows: dict[tuple, torch.Tensor] = {}
         self.error_rows: dict[tuple, torch.Tensor] = {}
-        for key, _ in builder.blocks[stack]:
-            if key in ids["features"]:  # a dictionary's features, then its errors
-                nd = ids["features"][key]
-                first = len(node)
-                node += nd["ids"].tolist()
-                pos += nd["position"].tolist()
-                self.feature_rows[key] = torch.arange(first, len(node))
-                node += nd["errors"].tolist()
-                pos += list(range(L))
-                self.error_rows[key] = torch.arange(first + len(nd["ids"]), len(node))
-                continue
-            tids = ids["blocks"][key]
-            first = len(node)
-            node += tids.reshape(-1).tolist()
-            pos += (list(range(L)) * tids.size(0)) if tids.dim() == 2 else list(range(L))
-            self.block_rows[key] = torch.arange(first, len(node)).view(tids.shape)
-        self.node, self.pos = torch.tensor(node), torch.tensor(pos)
-        self.n = len(node)
+        self.layer_error_rows: dict[int, torch.Tensor] = {}  # a pass-through block's rounding, per layer
+        for index, (key, _) in enumerate(builder.blocks[stack]):
+            self._add_block(index, key, ids, L)
+        self._spread(memory, L)
+        self.node, self.pos = torch.tensor(self.node_list), torch.tensor(self.pos_list)
+        self.n = len(self.node_list)
         self.bias_rows = torch.arange(L, 2 * L)
         self.is_bias = (self.node < 0).to(torch.float64)[:, None, None]
+
+    def _append(self, nodes: list[int], positions: list[int], index: int) -> torch.Tensor:
+        first = len(self.node_list)
+        self.node_list += nodes
+        self.pos_list += positions
+        self.first_block += [index] * len(nodes)
+        return torch.arange(first, len(self.node_list))
+
+    def _add_block(self, index: int, key: tuple, ids: dict[str, Any], L: int) -> None:
+        """The rows block `key` writes at its own positions: its features then its errors, its head or FFN nodes,
+        or (a pass-through block) its layer's error rows, shared by the layer's pass-through blocks."""
+        if key in ids["features"]:
+            nd = ids["features"][key]
+            self.feature_rows[key] = self._append(nd["ids"].tolist(), nd["position"].tolist(), index)
+            self.error_rows[key] = self._append(nd["errors"].tolist(), list(range(L)), index)
+        elif key in self.b.passthrough:
+            if key[1] not in self.layer_error_rows:
+                errors = [int(ids["error"][self.stack, key[1], q]) for q in range(L)]
+                self.layer_error_rows[key[1]] = self._append(errors, list(range(L)), index)
+        else:
+            tids = ids["blocks"][key]
+            positions = (list(range(L)) * tids.size(0)) if tids.dim() == 2 else list(range(L))
+            self.block_rows[key] = self._append(tids.reshape(-1).tolist(), positions, index).view(tids.shape)
+
+    def _spread(self, memory, L: int) -> None:
+        """The rows a pass-through block mixes into: each node written before the stack's last pass-through block at
+        every other position it can reach (the encoder's every position, the decoder's later ones: causal), and the
+        memory's nodes at every decoder position when a cross-attention block passes them through."""
+        keys = [key for key, _ in self.b.blocks[self.stack]]
+        last = max((i for i, key in enumerate(keys) if key in self.b.passthrough), default=-1)
+        nodes_pos = []
+        for n, p, first in zip(self.node_list, self.pos_list, self.first_block):
+            if n >= 0 and first < last:
+                nodes_pos += [(n, q) for q in (range(L) if self.stack == "enc" else range(p + 1, L)) if q != p]
+        if memory is not None and any(key[2] == "cross_attn" for key in self.b.passthrough if key[0] == "dec"):
+            nodes_pos += [(int(m), q) for m in memory.node.unique().tolist() if m >= 0 for q in range(L)]
+        if nodes_pos:
+            self._append([n for n, _ in nodes_pos], [q for _, q in nodes_pos], len(keys))
 
     def start(self, embed: torch.Tensor) -> torch.Tensor:
         c = torch.zeros(self.n, 1, embed.size(-1), dtype=embed.dtype)
@@ -765,12 +854,7 @@ def remove_nodes(model, src, tgt, graph: AttributionGraph, node_sets: list[list[
     n = len(node_sets)
     with evaluating(model), torch.no_grad(), model.hooks({k: zero_writes(v) for k, v in edits.items()}):
         logits = model(src.expand(n, -1), tgt.expand(n, -1))[:, graph.position].double()
-    out = logits[:, graph.token]
-    if graph.baseline_token is not None:
-        out = out - logits[:, graph.baseline_token]
-    if graph.meta.get("target") == "demeaned":
-        out = out - logits.mean(-1)
-    return out.cpu()
+    return target_of(logits, graph).cpu()
 
 
 def removable(graph: AttributionGraph) -> list[int]:
