@@ -28,13 +28,6 @@ WAIT = 120
 
 
 @pytest.fixture(scope="module")
-def pool():
-    p = workers.LocalPlacement(1, HEAVY_NICE)
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
 def entries(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
     build_checkpoint(root / "alpha", seed=0, steps=0)

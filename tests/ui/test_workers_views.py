@@ -22,20 +22,12 @@ from workbench.ui import loader, workers  # noqa: E402
 from workbench.ui.evidence_view import EvidenceView, draw_evidence, evidence  # noqa: E402
 from workbench.ui.features_view import FeaturesView, explore  # noqa: E402
 from workbench.ui.graph_view import GraphView, graph_answer  # noqa: E402
-from workbench.ui.requests import HEAVY_NICE  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.work import Offloaded, Snapshot  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 SENTENCE = "Ein Hund läuft durch den Park."
 WAIT = 180
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = workers.LocalPlacement(1, HEAVY_NICE)
-    yield p
-    p.close()
 
 
 @pytest.fixture(scope="module")
