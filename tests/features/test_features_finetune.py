@@ -19,7 +19,7 @@ from workbench.decoding.translator import TranslationModel
 from workbench.features import SparseDictionary, resolve_site, splice_hooks
 from workbench.features.evaluate import _card_training
 from workbench.features.finetune import SentenceStream, spliced_terms
-from workbench.features.sites import site_of
+from workbench.features.sites import site_of, site_rows
 from workbench.features.train import FeatureTrainConfig, FeatureTrainer
 
 
@@ -106,11 +106,12 @@ def test_finetune_lowers_the_kl_of_a_spoiled_dictionary_and_keeps_feature_indice
     assert training["finetuned_from"]["training"]["config"]["finetune_kl"] == ""  # the start's own record
 
 
-def test_finetune_resumes_exactly(tmp_path, spoiled):
+@pytest.mark.parametrize("over", [{}, {"dense_cap": 0.1, "dense_rate": 0.05}])
+def test_finetune_resumes_exactly(tmp_path, spoiled, over):
     model, data, start = spoiled
     tm = TranslationModel(model, None)
-    whole = FeatureTrainer(_finetune_cfg(tmp_path / "a", start), translation_model=tm, data=data).fit()
-    first = FeatureTrainer(_finetune_cfg(tmp_path / "b", start), translation_model=tm, data=data)
+    whole = FeatureTrainer(_finetune_cfg(tmp_path / "a", start, **over), translation_model=tm, data=data).fit()
+    first = FeatureTrainer(_finetune_cfg(tmp_path / "b", start, **over), translation_model=tm, data=data)
     step = first.train_step
 
     def interrupted_after_five(*args):  # Ctrl-C during step 5: the loop stops after it and saves
@@ -121,12 +122,30 @@ def test_finetune_resumes_exactly(tmp_path, spoiled):
     first.train_step = interrupted_after_five
     first.fit()
     assert first.interrupted and first.step == 5
-    resumed = FeatureTrainer(_finetune_cfg(tmp_path / "b", start), translation_model=tm, data=data)
+    resumed = FeatureTrainer(_finetune_cfg(tmp_path / "b", start, **over), translation_model=tm, data=data)
     assert resumed.step == 5
     out = resumed.fit()
     for (k, a), b in zip(whole.state_dict().items(), out.state_dict().values()):
         assert torch.equal(a, b), k
     assert [r["step"] for r in resumed.log] == [4, 8, 12]
+
+
+def test_dense_cap_holds_back_features_that_fire_too_often(tmp_path):
+    model, data = _tiny()
+    tm = TranslationModel(model, None)
+    trainer = FeatureTrainer(_cfg(tmp_path / "run"), translation_model=tm, data=data)
+    trainer.fit()
+    x = torch.cat([site_rows(model, data.collate(idx, model.cfg), trainer.site)[0] for idx in data.batches(256)])
+    start = tmp_path / "run" / "dictionary"
+
+    def top_rate(**over) -> float:
+        d = FeatureTrainer(_finetune_cfg(tmp_path / str(len(over)), start, kl_steps=30, **over), translation_model=tm,
+                           data=data).fit()
+        with torch.no_grad():
+            return float((d.encode(x) > 0).float().mean(0).max())
+    cap = 0.15
+    assert top_rate() > cap  # without the cap some feature fires on more than 15 % of the rows
+    assert top_rate(dense_cap=cap, dense_rate=0.05) < cap
 
 
 def test_sentence_stream_covers_the_corpus_once_per_epoch_in_a_new_order():

@@ -121,6 +121,12 @@ class FeatureTrainConfig:
     do not apply, and `readout`, `fisher` and `kl_coef` are refused."""
     finetune_mse: float = 0.1
     """The fine-tune's weight of the FVU beside the KL (keeps the reconstruction, and so the card's FVU, sane)."""
+    dense_cap: float = 0.0
+    """A firing rate above which a feature is held back (0: none; issue 38 calls a feature dense above 0.1): while
+    a feature's running rate (an exponential mean over about ten batches) exceeds it, its encoder bias steps down
+    each step by `dense_rate` x the batch's mean active value, so it yields its top-k places to others (a bias
+    controller, as in the auxiliary-loss-free load balancing of mixture-of-experts routers, Wang et al. 2024)."""
+    dense_rate: float = 0.01
     seed: int = 0
     log_every: int = 50
     save_every_s: float = 120.0
@@ -204,6 +210,7 @@ class FeatureTrainer:
         self.step = 0
         self.rows_seen = 0  # site rows trained on, all ranks together
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # activations since each latent last fired
+        self.firing_rate: torch.Tensor | None = None  # `dense_cap`'s running firing rate per feature
         self.l1 = cfg.l1
         self.kl_epoch = self.kl_pos = 0  # the end-to-end term's place in its own plan of whole-sentence batches
         self._kl_plan: tuple[int, list[list[int]]] | None = None
@@ -223,7 +230,8 @@ class FeatureTrainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "step": self.step,
                  "dictionary": self.dictionary.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "since_fired": self.since_fired, "l1": self.l1, "log": json.dumps(self.log),
+                 "since_fired": self.since_fired, "firing_rate": self.firing_rate, "l1": self.l1,
+                 "log": json.dumps(self.log),
                  "kl_epoch": self.kl_epoch, "kl_pos": self.kl_pos, "rows_seen": self.rows_seen,
                  "elapsed": self.elapsed, "cpu": self.cpu, "stream": self.stream.state_dict(),
                  "torch_rng": torch.get_rng_state()}
@@ -252,6 +260,7 @@ class FeatureTrainer:
         self.log, self.elapsed, self.cpu = json.loads(state["log"]), state["elapsed"], state.get("cpu", 0.0)
         self.kl_epoch, self.kl_pos = state.get("kl_epoch", 0), state.get("kl_pos", 0)
         self.rows_seen = state.get("rows_seen", self.step * self.cfg.batch)
+        self.firing_rate = state.get("firing_rate")
         self.stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
 
@@ -446,11 +455,27 @@ class FeatureTrainer:
             self.rows_seen += total
             self.since_fired += total
             self.since_fired[fired > 0] = 0
+            held = self._hold_dense(fired / max(total, 1), out) if c.dense_cap > 0 else 0
         if c.architecture == "relu" and c.target_l0 > 0 or c.architecture == "jumprelu":
             target = c.target_l0 or d.cfg.k
             self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / target)))
         return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0,
-                "rows": total}
+                "rows": total, **({"held_back": held} if c.dense_cap > 0 else {})}
+
+    @torch.no_grad()
+    def _hold_dense(self, rate: torch.Tensor, out) -> int:
+        """`dense_cap`'s controller: the running firing rates updated with this batch's (global) `rate`, and the
+        encoder bias of each feature above the cap lowered; returns how many were."""
+        decay = 0.9
+        self.firing_rate = rate.clone() if self.firing_rate is None else self.firing_rate.mul_(decay).add_(
+            (1 - decay) * rate)
+        over = self.firing_rate > self.cfg.dense_cap
+        if not bool(over.any()):
+            return 0
+        kept = out.acts.detach()[out.acts.detach() > 0]
+        scale = self._all_reduce((kept.mean() if kept.numel() else kept.new_zeros(())).reshape(1)) / self.dist.world
+        self.dictionary.b_enc[over] -= self.cfg.dense_rate * float(scale)
+        return int(over.sum())
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> SparseDictionary:
