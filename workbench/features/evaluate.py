@@ -584,7 +584,8 @@ def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) ->
     """The end-to-end fine-tune (`features train --finetune-kl`) that made the dictionary from `start`."""
     total = training["train_seconds"] + start.get("training", {}).get("train_seconds", 0.0)
     cpu = training.get("train_cpu_seconds", 0.0) + start.get("training", {}).get("train_cpu_seconds", 0.0)
-    return [f"- Then fine-tuned end to end from `{start['directory']}` (Braun et al. 2024; feature indices kept: "
+    sha = f" (weights SHA-256 {start['weights_sha256'][:12]}…)" if start.get("weights_sha256") else ""
+    return [f"- Then fine-tuned end to end from `{start['directory']}`{sha} (Braun et al. 2024; feature indices kept: "
             f"it starts from those weights): {training['steps']} steps, each on whole teacher-forced sentences of "
             f"at most {tc.get('kl_tokens') or tc.get('max_tokens')} padded tokens a side ({training['activations']:,} "
             f"site rows, {training['epochs']} epochs of `{tc.get('dataset')}:{tc.get('split')}`), loss KL(clean ‖ "

@@ -17,6 +17,7 @@ so that the backward pass stays sparse; so the KL minimised is the KL `features 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from ..corpus.data import Batch, ParallelData
-from .dictionary import SparseDictionary, TrainingOutput
+from .dictionary import WEIGHTS_FILE, SparseDictionary, TrainingOutput
 from .sites import Site, site_mask
 
 FINETUNABLE = ("topk", "jumprelu", "relu")
@@ -80,12 +81,14 @@ class SentenceStream:
 
 
 def start_record(directory: str | Path) -> dict[str, Any]:
-    """What a trained dictionary's own files say of it: its directory, its cfg.json's command and its
-    training.json (the fine-tuned dictionary keeps them, so its card states the whole recipe)."""
+    """What a trained dictionary's own files say of it: its directory, the SHA-256 of its weights file, its
+    cfg.json's command and its training.json (the fine-tuned dictionary keeps them, so its card states the whole
+    recipe and which start it came from)."""
     directory = Path(directory)
     cfg = json.loads((directory / "cfg.json").read_text(encoding="utf-8"))
     train_file = directory / "training.json"
-    return {"directory": str(directory),
+    return {"directory": str(directory), "weights_sha256": hashlib.sha256((directory / WEIGHTS_FILE).read_bytes()
+                                                                         ).hexdigest(),
             "command": cfg.get("metadata", {}).get("workbench", {}).get("command", ""),
             "training": json.loads(train_file.read_text(encoding="utf-8")) if train_file.is_file() else {}}
 
