@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from workbench.analysis.alignment.alignment import bootstrap_aer, read_alignments, score_alignments
-from workbench.analysis.alignment.alignment_layer import load_alignment_layer
+from workbench.analysis.alignment.alignment_layer import load_alignment_layer, load_any_layer
 from workbench.analysis.alignment.word_align import EOS_RULES, AlignmentSpec, alignment_maps, encode_words
 from workbench.checkpoint.format import save_alignment
 from workbench.decoding.translator import load
@@ -73,6 +73,13 @@ def _report(links, gold, draws: int) -> dict:
             "all_508": _score(links, gold, draws)}
 
 
+def _layer_dev_grid(model, layer, sources, targets, gold) -> dict:
+    """{(EOS rule, symmetrization): AER} of an alignment layer on the given (choice) lines."""
+    maps = alignment_maps(model, sources, targets, method="layer", shift="awi", layer=layer)
+    return {(eos, sym): score_alignments([m.links(0, None, eos=eos, symmetrize=sym) for m in maps], gold).aer
+            for eos in EOS_RULES for sym in LAYER_SYM}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True)
@@ -80,6 +87,9 @@ def main() -> None:
     ap.add_argument("--layer-dir", default=None, help="where the alignment layer is (default: the checkpoint)")
     ap.add_argument("--shipped-spec", default=None, help="JSON of the aligner to compare against (default: "
                     "the checkpoint's alignment.json)")
+    ap.add_argument("--dev-only", nargs="+", default=None, metavar="DIR",
+                    help="score only these layers (run or checkpoint directories) on lines 1-150, every EOS rule and "
+                         "symmetrization, and stop: candidates are compared without looking at lines 151-508")
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--json", default=None)
     ap.add_argument("--save", action="store_true", help="store the winner on lines 151-508 (the layer only if it "
@@ -99,6 +109,13 @@ def main() -> None:
         sets[name] = ([encode_words(tm.src_tokenizer, x) for x in s], [encode_words(tm.tgt_tokenizer, x) for x in t],
                       read_alignments(data / gold, base=1, swap=swap))
     S, T, G = sets["rwth-deen"]
+    if args.dev_only:
+        for d in args.dev_only:
+            grid = _layer_dev_grid(tm.model, load_any_layer(d), S[DEV], T[DEV], G[DEV])
+            best = min(grid, key=grid.get)
+            print(json.dumps({"layer": d, "best": f"eos {best[0]} {best[1]}", "dev_aer": round(grid[best], 4),
+                              "grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()}}), flush=True)
+        return
     out: dict = {"checkpoint": args.checkpoint, "chosen_on": "RWTH de-en lines 1-150", "reported_on":
                  "RWTH lines 151-508 and all 508; Hansards en-fr all 447 with the RWTH choice",
                  "draws": args.draws, "published": PUBLISHED, "rows": {}}
@@ -138,9 +155,7 @@ def main() -> None:
     except FileNotFoundError as exc:
         print(f"no alignment layer: {exc}")
     else:
-        maps = alignment_maps(tm.model, S[DEV], T[DEV], method="layer", shift="awi", layer=layer)
-        grid = {(eos, sym): score_alignments([m.links(0, None, eos=eos, symmetrize=sym) for m in maps], G[DEV]).aer
-                for eos in EOS_RULES for sym in LAYER_SYM}
+        grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
         (eos, sym) = min(grid, key=grid.get)
         cfg = json.loads((Path(layer_dir) / "alignment_layer.json").read_text(encoding="utf-8"))
         run("layer", AlignmentSpec("layer", "awi", eos, ((0, None),), {}, sym), layer=layer,

@@ -4,12 +4,18 @@
         --src ../shared/data/wmt14-train-sample/train.en --tgt ../shared/data/wmt14-train-sample/train.de \
         --pairs 3000 --both-ways --teacher norms:awi:0/0:null:grow-diag --steps 600 --run R1
     (copy R1/state.* into R2) ... --steps 900 --teacher-run R1 --run R2 --save      # a second round, then store
+    ... --pairs 10000 --teacher-run checkpoints/general-en-de --init-from checkpoints/general-en-de \
+        --lr-decay --run R3 --save              # one more round: the stored layer teaches and is the starting point
 
 Teacher: the aligner `--teacher` (METHOD:SHIFT:UNITS:EOS:SYMMETRIZE, heads as LAYER/HEAD; above: the aligner
 general-en-de shipped before the layer), default the checkpoint's alignment.json, or with `--teacher-run` a layer
-trained before (self-training). It runs on `--pairs` training pairs (never the gold sets); the text is split into
-words at whitespace and punctuation first, as the gold sets are tokenized. The teacher's links are cached in
-RUN/teacher.jsonl; training checkpoints into RUN and resumes (`alignment_layer.train_alignment_layer`).
+trained before (self-training: a run directory or a checkpoint directory holding alignment_layer.*; its EOS rule
+and symmetrization `--teacher-eos` / `--teacher-symmetrize`, "intersect" keeps only the links both directions agree
+on). `--init-from` starts the layer from one trained before (a run or checkpoint directory) instead of from random
+weights; a run that already holds state resumes from it whatever `--init-from` says. It runs on `--pairs`
+training pairs (never the gold sets); the text is split into words at whitespace and punctuation first, as the
+gold sets are tokenized. The teacher's links are cached in RUN/teacher.jsonl; training checkpoints into RUN and
+resumes (`alignment_layer.train_alignment_layer`).
 `--save` writes alignment_layer.safetensors + alignment_layer.json into the checkpoint directory.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -25,12 +32,20 @@ import torch
 
 from workbench.analysis.alignment.alignment_layer import (
     AlignmentLayer,
-    load_run_layer,
+    load_any_layer,
     piece_targets,
     save_alignment_layer,
     train_alignment_layer,
 )
-from workbench.analysis.alignment.word_align import AlignmentSpec, aligner, alignment_maps, encode_words, parse_units
+from workbench.analysis.alignment.word_align import (
+    EOS_RULES,
+    SYMMETRIZE,
+    AlignmentSpec,
+    aligner,
+    alignment_maps,
+    encode_words,
+    parse_units,
+)
 from workbench.decoding.translator import load
 
 WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
@@ -77,8 +92,13 @@ def main() -> None:
     ap.add_argument("--max-pieces", type=int, default=80)
     ap.add_argument("--teacher", default=None, metavar="METHOD:SHIFT:UNITS:EOS:SYM")
     ap.add_argument("--teacher-run", default=None, metavar="DIR",
-                    help="teacher: the layer trained in this run directory (awi, EOS dropped, grow-diag): a second "
-                         "round of self-training")
+                    help="teacher: the layer trained in this run directory, or stored in this checkpoint directory "
+                         "(awi, --teacher-eos, --teacher-symmetrize): a further round of self-training")
+    ap.add_argument("--teacher-eos", default="drop", choices=EOS_RULES)
+    ap.add_argument("--teacher-symmetrize", default="grow-diag", choices=SYMMETRIZE)
+    ap.add_argument("--init-from", default=None, metavar="DIR",
+                    help="start from the layer in this run or checkpoint directory (its shape too)")
+    ap.add_argument("--lr-decay", action="store_true", help="learning rate falls linearly to lr / 10")
     ap.add_argument("--source-layer", type=int, default=2, help="decoder stream after this many layers: queries")
     ap.add_argument("--both-ways", action="store_true", help="also train the column direction (source -> target)")
     ap.add_argument("--steps", type=int, default=1500)
@@ -96,8 +116,8 @@ def main() -> None:
     run.mkdir(parents=True, exist_ok=True)
     tm = load(args.checkpoint, device=args.device)
     if args.teacher_run:
-        spec = AlignmentSpec("layer", "awi", "drop", ((0, None),), {}, "grow-diag",
-                             load_run_layer(args.teacher_run, device=args.device))
+        spec = AlignmentSpec("layer", "awi", args.teacher_eos, ((0, None),), {}, args.teacher_symmetrize,
+                             load_any_layer(args.teacher_run, device=args.device))
     else:
         spec = teacher_spec(args.teacher, tm).check(tm.model)
     src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
@@ -114,14 +134,20 @@ def main() -> None:
     links = teacher_links(tm, sources, targets, spec, run / "teacher.jsonl", args.batch)
     print(f"teacher {spec.label()}: {len(links)} pairs in {time.perf_counter() - t0:.0f} s", flush=True)
     labels = [piece_targets(s, t, x) for s, t, x in zip(sources, targets, links)]
-    layer = AlignmentLayer(tm.model.cfg.d_model, source_layer=args.source_layer, both_ways=args.both_ways)
+    if args.init_from:
+        layer = load_any_layer(args.init_from, device=args.device)
+    else:
+        layer = AlignmentLayer(tm.model.cfg.d_model, source_layer=args.source_layer, both_ways=args.both_ways)
     result = train_alignment_layer(layer, tm.model, sources, targets, labels, directory=run, steps=args.steps,
-                                   batch_size=args.batch, lr=args.lr, max_minutes=args.max_minutes)
+                                   batch_size=args.batch, lr=args.lr, max_minutes=args.max_minutes,
+                                   decay=args.steps if args.lr_decay else None)
     print(json.dumps(result), flush=True)
     if args.save:
         prov = {"teacher": spec.label(), "trained_on": f"{Path(args.src).name}/{Path(args.tgt).name}, first "
                 f"{len(sources)} pairs of <= {args.max_pieces} pieces a side, punctuation split",
-                "steps": result["step"], "batch": args.batch, "lr": args.lr, "final_loss": result["loss"],
+                "steps": result["step"], "batch": args.batch, "lr": args.lr, "lr_decay": args.lr_decay,
+                "init_from": args.init_from, "final_loss": result["loss"],
+                "command": "scripts/train_alignment_layer.py " + " ".join(sys.argv[1:]),
                 "seconds": round(result["seconds"], 1), "recipe": "Garg et al. 2019 alignment layer, "
                 "trained on the frozen model's own symmetrized shift-attention alignments (Chen et al. 2020)"}
         print(f"saved {save_alignment_layer(layer, args.checkpoint, prov)}")

@@ -11,6 +11,7 @@ from workbench import presets
 from workbench.analysis.alignment.alignment_layer import (
     AlignmentLayer,
     load_alignment_layer,
+    load_any_layer,
     piece_targets,
     save_alignment_layer,
     train_alignment_layer,
@@ -149,3 +150,40 @@ def test_training_learns_its_targets_and_resumes_exactly(tmp_path, both_ways):
             x = long(torch.randn(1, 4, model.cfg.d_model), torch.randn(1, 5, model.cfg.d_model),
                      torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 5, dtype=torch.bool))
         assert float(x[0, 0].sum()) == 0.0 and bool((x.sum(-1) <= 1 + 1e-6).all())
+
+
+def test_continued_training_with_decay_resumes_exactly_and_starts_from_a_stored_layer(tmp_path):
+    """A further round starts from a layer trained before, loaded from a checkpoint directory or a run directory
+    (`load_any_layer`, as `--init-from` and `--teacher-run` do); with `decay` the learning rate is a function of
+    the step (lr -> lr / 10 over `decay` steps), so 2 + 2 resumed steps equal 4 straight, and decayed steps move
+    the weights less than undecayed ones from the same start."""
+    model = make_model(presets.tiny(vocab=30))
+    src, tgt = _pairs()
+    labels = [piece_targets(s, t, {(0, 0), (1, 1)}) for s, t in zip(src, tgt)]
+    quiet = lambda *_: None  # noqa: E731
+    torch.manual_seed(5)
+    base = AlignmentLayer(model.cfg.d_model, source_layer=1, n_heads=2, dropout=0.0, both_ways=True)
+    train_alignment_layer(base, model, src, tgt, labels, directory=tmp_path / "run0", steps=3, batch_size=2,
+                          lr=1e-2, log=quiet)
+    (tmp_path / "ckpt").mkdir()
+    save_alignment_layer(base, tmp_path / "ckpt")
+    from_run, from_ckpt = load_any_layer(tmp_path / "run0"), load_any_layer(tmp_path / "ckpt")
+    for (k, v), w in zip(from_run.state_dict().items(), from_ckpt.state_dict().values()):
+        torch.testing.assert_close(v, w, msg=k)
+    assert from_ckpt.both_ways and from_ckpt.source_layer == 1
+
+    def further(name, steps, decay):
+        layer = load_any_layer(tmp_path / "ckpt")
+        train_alignment_layer(layer, model, src, tgt, labels, directory=tmp_path / name, steps=steps, batch_size=2,
+                              lr=1e-2, decay=decay, log=quiet)
+        return layer
+
+    straight = further("straight", 4, 4)
+    further("split", 2, 4)  # stopped half way through the same schedule
+    resumed = further("split", 4, 4)
+    for (k, v), w in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(v, w, msg=k)
+    plain = further("plain", 4, None)
+    start = from_ckpt.state_dict()
+    moved = lambda layer: sum(float((v - start[k]).norm()) for k, v in layer.state_dict().items())  # noqa: E731
+    assert 0 < moved(straight) < moved(plain)

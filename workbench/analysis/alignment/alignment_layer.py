@@ -157,6 +157,13 @@ def load_run_layer(directory: str | Path, device: str | torch.device = "cpu") ->
     return layer.to(device).eval()
 
 
+def load_any_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
+    """A layer from a training run directory (state.json + state.safetensors, `load_run_layer`) or from a
+    checkpoint directory (alignment_layer.*, `load_alignment_layer`): a teacher or a starting point for training."""
+    d = Path(directory)
+    return load_run_layer(d, device) if (d / "state.json").exists() else load_alignment_layer(d, device)
+
+
 # ------------------------------------------------------------------------------------------------ training
 
 
@@ -270,9 +277,12 @@ def _loss(layer: AlignmentLayer, states, memory, tgt_pad, src_pad, goal) -> torc
 def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targets: Sequence,
                           labels: Sequence[np.ndarray], *, directory: str | Path, steps: int = 1000,
                           batch_size: int = 32, lr: float = 1e-3, seed: int = 0, save_every: int = 100,
-                          max_minutes: float | None = None, log=print) -> dict:
+                          max_minutes: float | None = None, decay: int | None = None, log=print) -> dict:
     """Train `layer` (in place) on `labels[k]` = `piece_targets` of pair k; the model stays frozen. Resumes from
-    `directory`'s state when there is one; returns {"step", "loss", "seconds"}."""
+    `directory`'s state when there is one; returns {"step", "loss", "seconds"}. `decay` = N: the learning rate falls
+    linearly from `lr` to `lr` / 10 over steps 0 .. N (a function of the step, so a run stopped and resumed
+    follows the same schedule); the layer's starting weights are whatever `layer` holds (a fresh one, or one
+    trained before)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     device = model.device
@@ -295,6 +305,9 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
         e, i = divmod(step, per_epoch)
         if i == 0 and e > 0:
             order = np.random.default_rng(seed + e).permutation(len(sources)).tolist()
+        if decay:
+            for group in opt.param_groups:
+                group["lr"] = lr * (1.0 - 0.9 * min(step / decay, 1.0))
         loss = _loss(layer, *_batch(cached, labels, order[i * batch_size : (i + 1) * batch_size], device))
         opt.zero_grad()
         loss.backward()
