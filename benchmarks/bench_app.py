@@ -411,14 +411,21 @@ async def _version(page) -> int:
     return int(await page.evaluate(VERSION))
 
 
-async def _clicker(page, k: int, lat: dict, stop) -> None:
+async def _clicker(page, k: int, lat: dict, stop, think: float = 0.0) -> None:
     """One interactive page: pick a head (the attention figure redraws), then the mean of all heads, and every third
-    round translate a short sentence; each latency from the action to the page showing its answer."""
+    round translate a short sentence; each latency from the action to the page showing its answer. `think`: the
+    mean pause before each action (uniform in [0.5, 1.5] x think, seeded by the page), a user reading the figure;
+    0 clicks as fast as the answers come (a saturating load, not a user)."""
+    import random
+
     from test_app import FIGURE_JS
 
+    pause = random.Random(k)
     i = next(ROUNDS)  # never 0 again in a later phase: a sentence equal to the page's own would change nothing
     while not stop():
         for label, expect in (("head 1", "head 1"), ("all (mean)", "mean of all heads"), ("head 0", "head 0")):
+            if think:
+                await asyncio.sleep(think * pause.uniform(0.5, 1.5))
             t = time.perf_counter()
             await page.locator(".head-picker select").select_option(label=label)
             await page.wait_for_function(f"() => {{ const f = ({FIGURE_JS})(); return f !== null && "
@@ -492,14 +499,14 @@ async def _grapher(page, done: list, layers: list, stop) -> None:
         done[0] += 1
 
 
-async def _phase(name: str, seconds: float, clickers: list, heavy: list, long_src: str) -> dict:
+async def _phase(name: str, seconds: float, clickers: list, heavy: list, long_src: str, think: float = 0.0) -> dict:
     """Run the given interactive pages and heavy pages together for `seconds`; their latencies and progress."""
     lat: dict[str, list[float]] = {"select": [], "translate": []}
     patched, graphs, layers = [0], [0], [0]
     start = time.perf_counter()
     stop = lambda: time.perf_counter() - start >= seconds  # noqa: E731
     load = os.getloadavg()[0]
-    tasks = [_clicker(p, k, lat, stop) for k, p in enumerate(clickers)]
+    tasks = [_clicker(p, k, lat, stop, think) for k, p in enumerate(clickers)]
     if heavy:
         tasks += [_sweeper(heavy[0], long_src, patched, stop), _grapher(heavy[1], graphs, layers, stop)]
     await asyncio.gather(*tasks)
@@ -516,14 +523,17 @@ async def _phase(name: str, seconds: float, clickers: list, heavy: list, long_sr
             "graph_sublayers_built": layers[0], "graph_sublayers_per_s": layers[0] / elapsed}
 
 
-def browser_contention(url: str, long_src: str, seconds: float, interactive: int = 6) -> dict:
+def browser_contention(url: str, long_src: str, seconds: float, interactive: int = 6, think: float = 0.0) -> dict:
     """Issue 37 point 4 in Chromium: 8 pages open (separate browser contexts, one served app); `interactive` of them
     pick heads and translate short sentences in a loop, 2 run heavy work (one the Why tab's exact sweeps on a 60-word
     sentence, one the Graph tab's graphs of its tokens, alternating). Phases of `seconds` each: the interactive pages
     alone ("idle": the heavy pages open but doing nothing), the heavy pages alone, both together, and the
     interactive pages alone again (how far the machine's own load drifted). Goals: interactive p95 beside the heavy
     pages at most 1.5x idle; each heavy page's progress (sites patched, graphs drawn per second) at least 50 % of
-    alone."""
+    alone. `think`: the clickers' mean pause before each action (`_clicker`). With think 0 the six clickers keep
+    both CPUs busy on their own (load ~6 on 2 cores in the idle phase): whatever the heavy pages then get, the
+    clickers lose, so both goals cannot hold together on 2 cores by CPU conservation; with users' pauses the heavy
+    work has idle CPU to take, and the goals say whether it takes it without delaying the users."""
     from playwright.async_api import async_playwright
 
     async def run() -> dict:
@@ -542,10 +552,10 @@ def browser_contention(url: str, long_src: str, seconds: float, interactive: int
             await why.locator(".why-patching-note").first.wait_for(timeout=300_000)
             await graph.locator(".graph-token-list select").wait_for(timeout=300_000)
             await _until_text(graph, ".graph-note", "output position", every=0.5)
-            phases = [await _phase("idle", seconds, clickers, [], long_src),
-                      await _phase("heavy_alone", seconds, [], [why, graph], long_src),
-                      await _phase("with_heavy", seconds, clickers, [why, graph], long_src),
-                      await _phase("idle_again", seconds, clickers, [], long_src)]
+            phases = [await _phase("idle", seconds, clickers, [], long_src, think),
+                      await _phase("heavy_alone", seconds, [], [why, graph], long_src, think),
+                      await _phase("with_heavy", seconds, clickers, [why, graph], long_src, think),
+                      await _phase("idle_again", seconds, clickers, [], long_src, think)]
             await b.close()
             return {p["phase"]: p for p in phases}
 
@@ -584,6 +594,9 @@ def main() -> int:
     ap.add_argument("--browser", action="store_true",
                     help="with --contention: the same in Chromium, 8 pages (6 clicking, a Why sweep, a graph); writes "
                          "benchmarks/results/app_contention_browser_cpu.json unless --out says otherwise")
+    ap.add_argument("--think", type=float, default=0.0,
+                    help="with --contention --browser: the clickers' mean pause before each action, seconds (0: "
+                         "click as fast as answers come, a saturating load)")
     ap.add_argument("--split-cpus", action="store_true",
                     help="with --contention --browser: the server (and its workers) on half the CPUs, Chromium on "
                          "the other half, so the pages' own drawing does not compete with the server it measures")
@@ -639,13 +652,14 @@ def contention_in_browser(path: Path, what: str, tm, args) -> int:
         proc, url = serve(path, log, set(placement["server"]) if args.split_cpus else None)
         niceness = {"server": os.getpriority(os.PRIO_PROCESS, proc.pid), "driver_and_chromium": os.nice(0)}
         try:
-            result = browser_contention(url, LONG_EN.replace("fisherman", "man"), args.seconds)
+            result = browser_contention(url, LONG_EN.replace("fisherman", "man"), args.seconds, think=args.think)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
             print(f"server log: {log_path}", flush=True)
     report = {"benchmark": "bench_app.py --contention --browser", "checkpoint": what, "chromium": "/usr/bin/chromium",
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds_per_phase": args.seconds,
+              "clicker_think_s": args.think,
               "loadavg_before": [round(x, 2) for x in load_before], "heavy_placement": _placement_said(),
               "niceness": niceness,
               "cpus": placement, "phases": result, "verdict": contention_verdict(result, cpus)}

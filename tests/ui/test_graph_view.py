@@ -424,3 +424,22 @@ def test_a_tapped_feature_node_links_its_dashboard_with_its_contexts_and_effects
     # another kind of node clears the box
     nodes.selected.indices = [next(j for j, kind in enumerate(nodes.data["kind"]) if kind != "feature")]
     assert view._feature_box.objects == []
+
+
+def test_progress_changes_one_line_in_place_and_shows_sub_layers_at_most_every_quarter_second(session, monkeypatch):
+    view = GraphView(session=session)
+    clock = [100.0]
+    monkeypatch.setattr("workbench.ui.graph_view.time.monotonic", lambda: clock[0])
+    view.progress(1, 40)
+    shown = list(view._box.objects)
+    assert "sub-layer 1 of 40" in shown[0].object and view._bar.value == 1
+    view.progress(2, 40)  # at once: not shown
+    assert "sub-layer 1 of 40" in shown[0].object and view._bar.value == 1
+    clock[0] += 0.3
+    view.progress(3, 40)
+    view.progress(40, 40)  # the last one always
+    assert "sub-layer 40 of 40" in shown[0].object and view._bar.value == 40
+    view.progress(0, 0, "Measuring where each head writes")
+    assert view._box.objects == [shown[0]] and "Measuring" in shown[0].object
+    view.progress(1, 40)
+    assert all(a is b for a, b in zip(view._box.objects, shown)) and len(view._box.objects) == 2  # the same panes

@@ -182,6 +182,7 @@ def graph_answer(r, key: tuple, position: int, threshold: float, max_nodes: int,
             "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
 
 
+PROGRESS_EVERY = 0.25  # seconds between two shown sub-layer reports of a graph job
 FEATURE_CONTEXTS, FEATURE_EFFECTS = 5, 8  # a tapped feature node's top contexts and output tokens
 
 
@@ -274,6 +275,10 @@ class GraphView(LazyTab):
         self._page_link = None  # the page's link (`bind_link`): a feature's dashboard link is this page on it
         self._picker_many: bool | None = None
         self._bar = pn.indicators.Progress(value=0, max=1, width=240, css_classes=["graph-progress-bar"])
+        # one progress line, its text changed in place: a new pane per report cost the server's event loop a tenth
+        # of its time while a graph was built beside six clicking pages (py-spy, bench_app --contention --browser)
+        self._progress_line = pn.pane.Markdown("", css_classes=["graph-progress"])
+        self._progress_at = 0.0  # when the last sub-layer report was shown
         self._export = pn.widgets.FileDownload(callback=self.export_html, filename="graph.html",
                                                label="Export graph (offline HTML)", color="light",
                                                css_classes=["graph-export"], width=230, disabled=True)
@@ -371,14 +376,26 @@ class GraphView(LazyTab):
                 self._graphs.popitem(last=False)
 
     def progress(self, done: int, total: int, what: str = "") -> None:
+        """A job's report: a stage (`what`) or sub-layer `done` of `total`; sub-layers shown at most 4 times a second
+        (the first and the last always), each by changing the shown line and bar, not by new panes."""
         self._box.loading = False  # the text (and the bar) say it is working
         if what:
-            self._box.objects = [pn.pane.Markdown(f"*{_md_escape(what)}…*", css_classes=["graph-progress"])]
+            self._progress_line.object = f"*{_md_escape(what)}…*"
+            self._show_progress([self._progress_line])
+            self._progress_at = 0.0  # the next sub-layer report replaces the stage at once
             return
+        now = time.monotonic()
+        if 0 < done < total and now - self._progress_at < PROGRESS_EVERY:
+            return
+        self._progress_at = now
         self._bar.max = max(total, 1)
         self._bar.value = min(done, total)
-        self._box.objects = [pn.pane.Markdown(f"*Building the graph ({_md_escape(self._cost)}): sub-layer {done} of "
-                                              f"{total}…*", css_classes=["graph-progress"]), self._bar]
+        self._progress_line.object = f"*Building the graph ({_md_escape(self._cost)}): sub-layer {done} of {total}…*"
+        self._show_progress([self._progress_line, self._bar])
+
+    def _show_progress(self, parts: list) -> None:
+        if len(self._box.objects) != len(parts) or any(a is not b for a, b in zip(self._box.objects, parts)):
+            self._box.objects = parts
 
     def figure(self, answer: dict, *, width: int = 1000):
         """(figure, side panel, legend) of an answer."""
