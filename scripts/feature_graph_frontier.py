@@ -13,7 +13,9 @@ every set. Per set: the dictionaries' k and training FVU, the mean active featur
 off the graphs' nodes), `prune(0.8)`'s size (the logit node included: share within 100 nodes, median, 90th
 percentile), the share the 100 most influential nodes hold (median), what the 80 %-influence nodes are (mean count
 per graph: features by site, heads and whole FFNs by stack, embeddings, errors, the bias node) and the bias node's
-share of the influence (median). Written to --json.
+share of the influence (median). Written to --json. Attention blocks without a dictionary pass their input through
+(`feature_graph`'s default: heads as edges); with --head-nodes they keep one node per head and position (the
+convention the sets measured before 2026-11-27 used: each set records which).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def main() -> None:
     ap.add_argument("--src", default=str(DATA / "test_2016_flickr.de"))
     ap.add_argument("--sentences", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], help="NAME=SPEC (repeatable)")
+    ap.add_argument("--head-nodes", action="store_true", help="attention blocks without a dictionary keep head nodes")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default=str(ROOT / "docs" / "evidence" / "feature_graph_frontier.json"))
     args = ap.parse_args()
@@ -109,7 +112,7 @@ def main() -> None:
             tgt = torch.tensor([[model.cfg.start_id, *toks[:-1]]])
             for pos in range(len(toks)):
                 t = time.perf_counter()
-                g = feature_graph(model, dicts, src, tgt, pos)
+                g = feature_graph(model, dicts, src, tgt, pos, head_nodes=args.head_nodes)
                 inf = g.influence[:-1]
                 keep = g.prune(0.8)
                 kept.append(len(keep))
@@ -131,6 +134,7 @@ def main() -> None:
                         "folder": str(where[s].resolve().relative_to(ROOT.resolve()))}
                     for s, d in zip(where, dicts)}
         sets[name] = {"spec": spec or "shipped", "dictionaries": training, "graphs": len(kept),
+                      "attention_without_dictionary": "head nodes" if args.head_nodes else "pass-through",
                       "active_per_position_mean": {s: float(np.mean(v)) for s, v in sorted(active.items())},
                       "share_kept80_at_most_100_nodes": float((kept_a <= 100).mean()),
                       "kept80_median_p90_max": [float(np.median(kept_a)), float(np.percentile(kept_a, 90)),

@@ -13,7 +13,9 @@ streams, so every node's write decomposes exactly into the writes of the nodes u
 
     embed   source and target embeddings, one per position (token + position, as `hook_{src,tgt}_embed`)
     head    each head x query position of encoder self-, decoder self- and cross-attention (`hook_result`);
-            its node carries its attention row (`attention`: one weight per key position)
+            its node carries its attention row (`attention`: one weight per key position). A feature graph has none
+            by default: an attention block without a dictionary passes its rows through (`_Builder.pass_through`:
+            with its pattern frozen it is linear, so its heads are edges, circuit-tracer's convention)
     ffn     each FFN x position (`ffn.hook_out`)
     bias    every constant (norm biases, attention and FFN biases) in one node
     error   per (stack, layer, position): what the frozen model fails to reconstruct of that layer's node writes
