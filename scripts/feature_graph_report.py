@@ -10,7 +10,8 @@ sentences. Two modes, as benchmarks/bench_graph.py: *every*, every output positi
 sentences; *sampled*, one position of each of the next --sampled sentences, drawn uniformly with a generator seeded by
 --seed. Per graph (target "logit"): node and feature counts, `prune(0.8)`'s size (the logit node included) and what
 kinds of node it keeps, the same size under circuit-tracer's conventions where they differ from ours (every
-embedding kept whatever its influence; no bias node), the share of the influence held by the 100 most influential
+embedding kept whatever its influence; no bias node), what `prune(0.8, max_nodes=100)` keeps, the whole-FFN nodes of
+the 80 % set by layer, the share of the influence each kind of node holds, the share held by the 100 most influential
 nodes, the share `prune(0.8, max_nodes=100)`'s graph holds by its own paths (`paths_within`), circuit-tracer's
 replacement and completeness scores (`graph_scores`), the share held by error nodes, the completeness error.
 Interventions at one position per sentence (7·i mod its length in every mode, the drawn one in sampled mode), for the
@@ -24,7 +25,9 @@ N: `prune(0.8)`'s size with subsets of the dictionaries on N more sentences (fro
 the nodes. With --freeze-study N: the top-5
 features ranked by gradient x activation with the gradient taken under each part of the freezing alone (N sentences
 from line 200), to see what makes gradient x activation's ranking beat the graph's. Records go to --records (JSON
-lines; a rerun resumes), the summary to --json.
+lines; a rerun resumes), the summary to --json. Attention blocks without a dictionary pass their input through
+(`feature_graph`'s default: heads as edges); --head-nodes gives them one node per head and position (the convention
+of docs/evidence/feature_graph.json, _k16 and _k8; docs/evidence/feature_graph_heads_as_edges*.json are without it).
 """
 
 from __future__ import annotations
@@ -135,6 +138,20 @@ def kept_without_bias(g) -> int:
     return int((values.cumsum(0) / values.sum() < 0.8 - 1e-12).sum()) + 2
 
 
+def node_mix(rows: list[dict]) -> dict:
+    """What the pruned graphs hold, over graphs: the mean count of each kind of node in the 80 % set and in
+    `prune(0.8, max_nodes=100)`'s, the mean whole-FFN nodes of the 80 % set per layer, the median share of the
+    influence each kind holds."""
+    def per_key(field: str, reduce) -> dict[str, float]:
+        keys = sorted({k for row in rows for k in row.get(field, {})})
+        return {k: float(reduce([row.get(field, {}).get(k, 0) for row in rows])) for k in keys}
+
+    return {"kept80_kinds_mean": per_key("kept80_kinds", np.mean),
+            "kept100_kinds_mean": per_key("kept100_kinds", np.mean),
+            "kept80_ffn_layers_mean": per_key("kept80_ffn_layers", np.mean),
+            "influence_share_by_kind_median": per_key("influence_share_by_kind", np.median)}
+
+
 def summarise(records: list[dict]) -> dict:
     out: dict = {}
     for mode in ("every", "sampled"):
@@ -158,15 +175,7 @@ def summarise(records: list[dict]) -> dict:
                  "kept80_no_bias_node_median": float(np.median([row["kept80_no_bias"] for row in rows])),
                  "replacement_score_median": float(np.median([row["replacement"] for row in rows])),
                  "completeness_score_median": float(np.median([row["completeness"] for row in rows]))},
-             "kept80_kinds_mean": {k: float(np.mean([row["kept80_kinds"].get(k, 0) for row in rows]))
-                                   for k in sorted({k for row in rows for k in row["kept80_kinds"]})},
-             "kept100_kinds_mean": {k: float(np.mean([row["kept100_kinds"].get(k, 0) for row in rows]))
-                                    for k in sorted({k for row in rows for k in row.get("kept100_kinds", {})})},
-             "kept80_ffn_layers_mean": {k: float(np.mean([row["kept80_ffn_layers"].get(k, 0) for row in rows]))
-                                        for k in sorted({k for row in rows for k in row.get("kept80_ffn_layers", {})})},
-             "influence_share_by_kind_median": {
-                 k: float(np.median([row["influence_share_by_kind"].get(k, 0.0) for row in rows]))
-                 for k in sorted({k for row in rows for k in row.get("influence_share_by_kind", {})})},
+             **node_mix(rows),
              "kept80_feature_sites_positions_median": float(np.median(
                  [row["kept80_feature_sites_positions"] for row in rows])),
              # the row key's name is older than its meaning: prune(0.8, max_nodes=100)'s graph, not always 100 nodes

@@ -50,7 +50,7 @@ def test_complete_and_exact_on_the_shipped_model(shipped):
     assert float((A[inner].sum(1) - a[inner]).abs().max()) <= 1e-9
     for site in dicts:
         assert g.index(kind="feature", site=site), site
-    assert not g.index(kind="head", block="cross_attn")  # every cross-attention block carries an SAE
+    assert not g.index(kind="head")  # cross-attention blocks carry SAEs; the self-attention blocks' heads are edges
     assert not g.index(kind="ffn", stack="dec", layer=1)
     assert g.index(kind="ffn", stack="dec", layer=2)
     for site, d in dicts.items():  # TopK: at most k per position (BatchTopK and JumpReLU have no fixed count)
