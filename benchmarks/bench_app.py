@@ -549,8 +549,11 @@ async def _phase(name: str, seconds: float, clickers: list, heavy: list, long_sr
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
     every = lat["select"] + lat["translate"]
-    others = other_cpu(ticks, (_busy_ticks(), _tree_ticks(os.getpid())), elapsed)
+    now = (_busy_ticks(), _tree_ticks(os.getpid()))
+    others = other_cpu(ticks, now, elapsed)
+    own = (now[1] - ticks[1]) / os.sysconf("SC_CLK_TCK") / elapsed
     return {"phase": name, "seconds": round(elapsed, 1), "other_processes_cpus": round(others, 3),
+            "benchmark_cpus": round(own, 3),
             "loadavg_1min_before": round(load, 2),
             "loadavg_1min_after": round(os.getloadavg()[0], 2),
             "interactive_pages": len(clickers), "heavy_pages": len(heavy),
@@ -616,7 +619,14 @@ def contention_verdict(result: dict, cpus: int) -> dict:
     loaded = (max(others) > OTHER_CPUS_AT_MOST if len(others) == len(result)
               else max(loads) > 1.5 * cpus or idle["loadavg_1min_before"] > 0.5 * cpus)
     drift = (again["all_p95_s"] / idle["all_p95_s"]) if idle["all_p95_s"] and again["all_p95_s"] else None
+    used = {k: result[k].get("benchmark_cpus") for k in ("idle", "heavy_alone")}
+    # CPU conservation: what the interactive pages use alone (server + their Chromium) the heavy work cannot have;
+    # the heavy pages alone used `heavy_alone`'s CPUs, so beside the clickers they can reach at most this share
+    bound = (min(1.0, max(0.0, cpus - used["idle"]) / used["heavy_alone"])
+             if None not in used.values() and used["heavy_alone"] else None)
     return {"cpus": cpus, "loadavg_1min_max": max(loads), "other_processes_cpus_max": max(others, default=None),
+            "cpus_used_idle": used["idle"], "cpus_used_heavy_alone": used["heavy_alone"],
+            "heavy_progress_bound": bound,
             "p95_ratio": busy["all_p95_s"] / idle["all_p95_s"] if idle["all_p95_s"] else None,
             "p95_ratio_vs_idle_again": busy["all_p95_s"] / again["all_p95_s"] if again["all_p95_s"] else None,
             "idle_drift": drift,
