@@ -34,6 +34,8 @@ def _cards(checkpoint: Path):
         if arch in THRESHOLDED:
             k = f", k {cfg['metadata']['workbench'].get('k')}" if arch == "batchtopk" else ""
         kind = f"{ARCHITECTURE_NAMES.get(arch, arch)} {tc}, {cfg['d_sae']} features{k}"
+        if t.get("finetuned_from"):
+            kind += ", KL fine-tuned"
         yield site.parent, e, t, kind
 
 
@@ -46,9 +48,16 @@ def doc_rows(checkpoint: Path) -> list[str]:
         delta = f"{e['delta_ce']:.4f}" if "delta_ce" in e else "–"
         out.append(f"| `{checkpoint.name}` | [`{e['site']}`]({site.relative_to(ROOT)}/README.md) | {kind} | "
                    f"{e['fvu']:.3f} | {e['l0']:.1f} | {delta} | {e['dead_frac']:.1%} | {dense} | {counted} | "
-                   f"{e['ce_recovered']:.1%} | {bleu} | {t['activations']:,} | {t['train_seconds'] / 60:.0f} min / "
-                   f"{t.get('train_cpu_seconds', float('nan')) / 60:.1f} CPU-min |")
+                   f"{e['ce_recovered']:.1%} | {bleu} | {_training_cost(t)} |")
     return out
+
+
+def _training_cost(t: dict) -> str:
+    """Activations and wall / CPU minutes; a fine-tuned dictionary's include its start's training."""
+    runs = [t] + ([t["finetuned_from"]["training"]] if t.get("finetuned_from", {}).get("training") else [])
+    acts, wall = sum(r["activations"] for r in runs), sum(r["train_seconds"] for r in runs)
+    cpu = sum(r.get("train_cpu_seconds", float("nan")) for r in runs)
+    return f"{acts:,} | {wall / 60:.0f} min / {cpu / 60:.1f} CPU-min"
 
 
 def readme_rows(checkpoint: Path) -> list[str]:
