@@ -90,6 +90,9 @@ def main() -> None:
     ap.add_argument("--dev-only", nargs="+", default=None, metavar="DIR",
                     help="score only these layers (run or checkpoint directories) on lines 1-150, every EOS rule and "
                          "symmetrization, and stop: candidates are compared without looking at lines 151-508")
+    ap.add_argument("--previous-layer", default=None, metavar="DIR",
+                    help="also score the layer stored in DIR (chosen the same way) and the paired difference of the "
+                         "layer to it on lines 151-508")
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--json", default=None)
     ap.add_argument("--save", action="store_true", help="store the winner on lines 151-508 (the layer only if it "
@@ -149,18 +152,25 @@ def main() -> None:
     run("shift-att", AlignmentSpec("weights", "awi", "drop", ((lay, None),), {}, sym),
         extra={"dev_grid": {f"L{a} {b}": round(v, 4) for (a, b), v in grid.items()}})
 
-    layer_dir = args.layer_dir or args.checkpoint
-    try:
-        layer = load_alignment_layer(layer_dir)
-    except FileNotFoundError as exc:
-        print(f"no alignment layer: {exc}")
-    else:
+    layers = [("layer", args.layer_dir or args.checkpoint)]
+    if args.previous_layer:
+        layers.append(("previous layer", args.previous_layer))
+    for name, layer_dir in layers:
+        try:
+            layer = load_alignment_layer(layer_dir)
+        except FileNotFoundError as exc:
+            print(f"no alignment layer: {exc}")
+            continue
         grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
         (eos, sym) = min(grid, key=grid.get)
         cfg = json.loads((Path(layer_dir) / "alignment_layer.json").read_text(encoding="utf-8"))
-        run("layer", AlignmentSpec("layer", "awi", eos, ((0, None),), {}, sym), layer=layer,
+        run(name, AlignmentSpec("layer", "awi", eos, ((0, None),), {}, sym), layer=layer,
             extra={"dev_grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()},
                    "layer_config": cfg})
+    if "previous layer" in test_links and "layer" in test_links:
+        out["paired_vs_previous_layer_151_508"] = paired_difference(test_links["layer"], test_links["previous layer"],
+                                                                    G[TEST], draws=args.draws)
+        print("layer vs previous layer", json.dumps(out["paired_vs_previous_layer_151_508"]))
     if "shipped" in test_links:
         out["paired_vs_shipped_151_508"] = {name: paired_difference(x, test_links["shipped"], G[TEST], draws=args.draws)
                                             for name, x in test_links.items() if name != "shipped"}
