@@ -53,8 +53,10 @@ def doc_rows(checkpoint: Path) -> list[str]:
 
 
 def _training_cost(t: dict) -> str:
-    """Activations and wall / CPU minutes; a fine-tuned dictionary's include its start's training."""
-    runs = [t] + ([t["finetuned_from"]["training"]] if t.get("finetuned_from", {}).get("training") else [])
+    """Activations and wall / CPU minutes; a fine-tuned dictionary's include its start's training (all stages)."""
+    runs = [t]
+    while runs[-1].get("finetuned_from", {}).get("training"):  # a fine-tune of a fine-tune: every stage
+        runs.append(runs[-1]["finetuned_from"]["training"])
     acts, wall = sum(r["activations"] for r in runs), sum(r["train_seconds"] for r in runs)
     cpu = sum(r.get("train_cpu_seconds", float("nan")) for r in runs)
     return f"{acts:,} | {wall / 60:.0f} min / {cpu / 60:.1f} CPU-min"

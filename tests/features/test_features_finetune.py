@@ -180,3 +180,16 @@ def test_the_card_states_the_start_and_the_finetune(tmp_path, spoiled):
     text = "\n".join(_card_training(training, training["config"], "topk"))
     assert "START-COMMAND" in text and "FT-COMMAND" in text
     assert "KL(clean" in text and "feature indices" in text
+
+
+def test_a_finetune_of_a_finetune_states_every_stage(tmp_path, spoiled):
+    model, data, start = spoiled
+    tm = TranslationModel(model, None)
+    FeatureTrainer(_finetune_cfg(tmp_path / "one", start, kl_steps=3, extra={"command": "FT1"}), translation_model=tm,
+                   data=data).fit()
+    FeatureTrainer(_finetune_cfg(tmp_path / "two", tmp_path / "one" / "dictionary", kl_steps=3,
+                                 extra={"command": "FT2"}), translation_model=tm, data=data).fit()
+    training = json.loads((tmp_path / "two" / "dictionary" / "training.json").read_text())
+    text = "\n".join(_card_training(training, training["config"], "topk"))
+    assert text.count("Then fine-tuned end to end") == 2 and "`FT1`" in text and "`FT2`" in text
+    assert text.index("FT1") < text.index("FT2")  # in the order they ran

@@ -582,8 +582,11 @@ def _card_training(training: dict[str, Any], tc: dict, arch: str) -> list[str]:
 
 def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) -> list[str]:
     """The end-to-end fine-tune (`features train --finetune-kl`) that made the dictionary from `start`."""
-    total = training["train_seconds"] + start.get("training", {}).get("train_seconds", 0.0)
-    cpu = training.get("train_cpu_seconds", 0.0) + start.get("training", {}).get("train_cpu_seconds", 0.0)
+    stages = [training]
+    while stages[-1].get("finetuned_from", {}).get("training"):  # every stage back to the first training
+        stages.append(stages[-1]["finetuned_from"]["training"])
+    total = sum(t["train_seconds"] for t in stages)
+    cpu = sum(t.get("train_cpu_seconds", 0.0) for t in stages)
     sha = f" (weights SHA-256 {start['weights_sha256'][:12]}…)" if start.get("weights_sha256") else ""
     return [f"- Then fine-tuned end to end from `{start['directory']}`{sha} (Braun et al. 2024; feature indices kept: "
             f"it starts from those weights): {training['steps']} steps, each on whole teacher-forced sentences of "
@@ -593,5 +596,5 @@ def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) ->
             f"{tc.get('kl_lr') or tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay.",
             f"- Fine-tune time: {training['train_seconds'] / 60:.1f} min wall clock "
             f"({training.get('train_cpu_seconds', 0.0) / 60:.1f} min of CPU) on {training['world']} process(es); "
-            f"with the start's training, {total / 60:.1f} min wall clock ({cpu / 60:.1f} min of CPU).",
+            f"with the training before it, {total / 60:.1f} min wall clock ({cpu / 60:.1f} min of CPU).",
             f"- Fine-tune command: `{tc.get('extra', {}).get('command', '')}`"]
