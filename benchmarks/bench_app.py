@@ -12,10 +12,11 @@
    loop for `--seconds`: completed requests per second and their median latency.
 
 `--contention`: issue 28's and 37's fairness goal without browsers (sessions in this process). `--contention
---browser`: the same in Chromium with 8 pages (6 clicking, one running exact Why sweeps, one building graphs), written
-to benchmarks/results/app_contention_browser_cpu.json with the machine's load average (a loaded machine makes the
-ratios not judgeable, and the file says so). Run it without `nice`: the server and Chromium are its children and
-inherit its niceness, so under `nice -n 10` they ran at the heavy workers' own priority (the file records both).
+--browser`: the same in Chromium with 8 pages (6 clicking, one running exact Why sweeps, one building graphs; a
+browser each), written to benchmarks/results/app_contention_browser_cpu.json with what other processes used of the
+CPUs (a loaded machine makes the ratios not judgeable, and the file says so). Run it without `nice`: the server
+and Chromium are its children and inherit its niceness, so under `nice -n 10` they ran at the heavy workers' own
+priority (the file records both). `--think S`: the clickers pause S seconds on average before each action.
 
 Without `--checkpoint` it uses the default under checkpoints/; if there is none, it builds a stand-in:
 the multi30k_small architecture (3+3 layers, d=256), randomly initialised, with generation limited to
@@ -580,9 +581,11 @@ def browser_contention(url: str, long_src: str, seconds: float, interactive: int
 
     async def run() -> dict:
         async with async_playwright() as p:
-            b = await p.chromium.launch(executable_path=os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
-            pages = [await (await b.new_context(viewport={"width": 1200, "height": 900})).new_page()
-                     for _ in range(interactive + 2)]
+            # one browser per page, as each user has their own: pages of one browser share its GPU process (software
+            # GL here), so one page drawing a large graph held the others' frames back
+            browsers = [await p.chromium.launch(executable_path=os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
+                        for _ in range(interactive + 2)]
+            pages = [await (await b.new_context(viewport={"width": 1200, "height": 900})).new_page() for b in browsers]
             clickers, (why, graph) = pages[:interactive], pages[interactive:]
             src = urllib.parse.quote(long_src)
             for page, address in zip(pages, [url] * interactive + [f"{url}&src={src}&tab=why",
@@ -601,7 +604,8 @@ def browser_contention(url: str, long_src: str, seconds: float, interactive: int
                 await heavy_page.close()
             await asyncio.sleep(3)
             phases.append(await _phase("idle_again", seconds, clickers, [], long_src, think))
-            await b.close()
+            for b in browsers:
+                await b.close()
             return {p["phase"]: p for p in phases}
 
     return asyncio.run(run())
