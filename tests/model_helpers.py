@@ -41,7 +41,12 @@ def graph_model(norm_first: bool, seed: int = 2):
     attribution-graph tests)."""
     from workbench import presets
 
-    m = make_model(presets.tiny(vocab=50, norm_first=norm_first, enc_final_norm=True, dec_final_norm=True), seed=seed)
+    return randomize_norms_and_biases(
+        make_model(presets.tiny(vocab=50, norm_first=norm_first, enc_final_norm=True, dec_final_norm=True), seed=seed))
+
+
+def randomize_norms_and_biases(m: Transformer) -> Transformer:
+    """Every norm weight (1 + noise) and bias, and every projection bias, random (seeded): bias paths not zero."""
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -50,6 +55,20 @@ def graph_model(norm_first: bool, seed: int = 2):
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
     return m
+
+
+def tiny_model_and_corpus():
+    """The tiny preset's model and 60 random sentence pairs of 3-11 ids (the dictionary-training tests)."""
+    from workbench import presets
+    from workbench.corpus.data import ParallelData
+
+    cfg = presets.tiny()
+    model = make_model(cfg)
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(3, 12, (60, 2), generator=g)
+    src = [torch.randint(4, cfg.src_vocab, (int(a),), generator=g).tolist() for a, _ in lens]
+    tgt = [torch.randint(4, cfg.tgt_vocab, (int(b),), generator=g).tolist() for _, b in lens]
+    return model, ParallelData(src, tgt)
 
 
 def one_sentence(cfg, s=8, t=6, seed=1):

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_helpers import make_batch, make_model
+from model_helpers import make_batch, make_model, tiny_model_and_corpus
 
-from workbench import presets
-from workbench.corpus.data import ParallelData
 from workbench.decoding.translator import TranslationModel
 from workbench.features import ActivationStream, DictionaryConfig, SparseDictionary, fvu, resolve_site, splice_hooks
 from workbench.features.sites import capture_site, site_rows
@@ -150,14 +148,6 @@ def test_sparse_training_path_matches_dense_autograd(transcoder, skip):
         assert torch.allclose(sparse[k], p.grad, atol=1e-4, rtol=1e-4), k
 
 
-def _tiny(tmp_path=None):
-    cfg = presets.tiny()
-    model = make_model(cfg)
-    g = torch.Generator().manual_seed(3)
-    lens = torch.randint(3, 12, (60, 2), generator=g)
-    src = [torch.randint(4, cfg.src_vocab, (int(a),), generator=g).tolist() for a, _ in lens]
-    tgt = [torch.randint(4, cfg.tgt_vocab, (int(b),), generator=g).tolist() for _, b in lens]
-    return model, ParallelData(src, tgt)
 
 
 def test_sites_and_splicing(tiny_config):
@@ -184,7 +174,7 @@ def test_sites_and_splicing(tiny_config):
 
 
 def test_stream_uses_every_activation_once_with_a_bounded_buffer():
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     site = resolve_site(model, "hook_memory")
     stream = ActivationStream(model, data, site, buffer=64, batch=16, max_tokens=64, seed=1)
     epoch = torch.cat([site_rows(model, data.collate(idx, model.cfg), site)[0]
@@ -210,7 +200,7 @@ def _train_cfg(tmp_path, **over):
 @pytest.mark.parametrize("architecture", ["topk", "relu", "relu-skip-transcoder", "topk-kl", "batchtopk", "jumprelu",
                                           "topk-cached", "topk-readout"])
 def test_training_resumes_exactly(tmp_path, architecture):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     tm = TranslationModel(model, None)
     extra = {"architecture": "relu", "target_l0": 6.0} if architecture.startswith("relu") else {}
     if architecture in ("batchtopk", "jumprelu"):
@@ -257,7 +247,7 @@ def test_training_resumes_exactly(tmp_path, architecture):
 
 
 def test_readout_measures_the_error_as_the_cross_attentions_read_it(tmp_path):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     r = memory_readout(model)
     e = torch.randn(7, model.cfg.d_model)
     direct = torch.zeros(7)
@@ -271,7 +261,7 @@ def test_readout_measures_the_error_as_the_cross_attentions_read_it(tmp_path):
 
 
 def test_fisher_metric_is_zero_on_a_direction_the_model_does_not_read(tmp_path):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     with torch.no_grad():  # the decoder no longer reads coordinate 0 of the encoder output
         for layer in model.dec:
             layer.cross_attn.k_proj.weight[:, 0] = 0
@@ -288,7 +278,7 @@ def test_fisher_metric_is_zero_on_a_direction_the_model_does_not_read(tmp_path):
 
 
 def test_skip_transcoder_starts_at_the_least_squares_linear_map(tmp_path):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     trainer = FeatureTrainer(_train_cfg(tmp_path, site="dec.1.ffn", architecture="relu", skip=True),
                              translation_model=TranslationModel(model, None), data=data)
     d = model.cfg.d_model
@@ -301,7 +291,7 @@ def test_skip_transcoder_starts_at_the_least_squares_linear_map(tmp_path):
 
 @pytest.mark.parametrize("architecture", ["topk", "batchtopk", "jumprelu"])
 def test_training_reduces_the_reconstruction_error(tmp_path, architecture):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     tm = TranslationModel(model, None)
     trainer = FeatureTrainer(_train_cfg(tmp_path, activations=16 * 150, lr=1e-2, log_every=10, k=8,
                                         architecture=architecture), translation_model=tm, data=data)

@@ -11,9 +11,8 @@ import signal
 import pytest
 import torch
 from dictionary_helpers import tiny_dictionaries
-from model_helpers import make_model
+from model_helpers import tiny_model_and_corpus
 
-from workbench import presets
 from workbench.corpus.data import ParallelData
 from workbench.decoding.translator import TranslationModel
 from workbench.features import SparseDictionary, resolve_site, splice_hooks
@@ -21,16 +20,6 @@ from workbench.features.evaluate import _card_training
 from workbench.features.finetune import SentenceStream, spliced_terms
 from workbench.features.sites import site_of, site_rows
 from workbench.features.train import FeatureTrainConfig, FeatureTrainer
-
-
-def _tiny():
-    cfg = presets.tiny()
-    model = make_model(cfg)
-    g = torch.Generator().manual_seed(3)
-    lens = torch.randint(3, 12, (60, 2), generator=g)
-    src = [torch.randint(4, cfg.src_vocab, (int(a),), generator=g).tolist() for a, _ in lens]
-    tgt = [torch.randint(4, cfg.tgt_vocab, (int(b),), generator=g).tolist() for _, b in lens]
-    return model, ParallelData(src, tgt)
 
 
 def _cfg(out_dir, **over) -> FeatureTrainConfig:
@@ -61,7 +50,7 @@ def _eval_kl(model, data: ParallelData, d: SparseDictionary) -> float:
 @pytest.fixture(scope="module")
 def spoiled(tmp_path_factory):
     """A dictionary trained on reconstruction, then spoiled: noise on its decoder rows (renormalised)."""
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     root = tmp_path_factory.mktemp("start")
     d = FeatureTrainer(_cfg(root / "run"), translation_model=TranslationModel(model, None), data=data).fit()
     with torch.no_grad():
@@ -73,7 +62,7 @@ def spoiled(tmp_path_factory):
 
 @pytest.mark.parametrize("site", ["hook_memory", "dec.1.cross_attn.hook_out", "dec.0.ffn"])
 def test_the_kl_minimised_is_the_kl_the_evaluation_measures(site):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     d = next(v for k, v in tiny_dictionaries(model).items() if k == site or k.startswith(site))
     batch = data.collate(data.batches(256, shuffle=False)[0], model.cfg)
     one = ParallelData([data.src[i] for i in data.batches(256, shuffle=False)[0]],
@@ -131,7 +120,7 @@ def test_finetune_resumes_exactly(tmp_path, spoiled, over):
 
 
 def test_dense_cap_holds_back_features_that_fire_too_often(tmp_path):
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     tm = TranslationModel(model, None)
     trainer = FeatureTrainer(_cfg(tmp_path / "run"), translation_model=tm, data=data)
     trainer.fit()
@@ -149,7 +138,7 @@ def test_dense_cap_holds_back_features_that_fire_too_often(tmp_path):
 
 
 def test_sentence_stream_covers_the_corpus_once_per_epoch_in_a_new_order():
-    model, data = _tiny()
+    model, data = tiny_model_and_corpus()
     stream = SentenceStream(data, model.cfg, tokens=64, seed=0)
     first = [stream.next_batch()[0] for _ in range(len(data.batches(64, seed=1, epoch=0)))]
     assert stream.epoch == 1 and stream.pos == 0

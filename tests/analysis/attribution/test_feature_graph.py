@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 from dictionary_helpers import random_dictionary, tiny_dictionaries
-from model_helpers import graph_model, make_model, one_sentence
+from model_helpers import graph_model, make_model, one_sentence, randomize_norms_and_biases
 
 from workbench.analysis.attribution import graph as graph_module
 from workbench.analysis.attribution.feature_graph import (
@@ -131,16 +131,9 @@ def test_without_dictionaries_and_with_head_nodes_it_is_the_head_graph(model):
 def one_dim_heads(norm_first: bool, **changes):
     """A tiny model with one dimension per head (d_model = n_heads = 4) and every norm and bias random: a head's
     write is a scalar times a fixed direction, so eliminating its node from a graph is exact with scalar edges."""
-    m = make_model(presets.tiny(vocab=50, d_model=4, n_heads=4, d_ff=8, norm_first=norm_first,
-                                enc_final_norm=True, dec_final_norm=True, **changes), seed=2)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return m
+    return randomize_norms_and_biases(make_model(presets.tiny(vocab=50, d_model=4, n_heads=4, d_ff=8,
+                                                              norm_first=norm_first, enc_final_norm=True,
+                                                              dec_final_norm=True, **changes), seed=2))
 
 
 def eliminate_heads(g):
