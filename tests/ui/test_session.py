@@ -424,17 +424,3 @@ def test_another_head_changes_the_shown_heatmap_in_place_and_a_new_sentence_draw
     session.sentence = "Zwei Hunde spielen im Park ."
     view._redraw()
     assert view.figure is not shown and view.figure.title.text == view.build(session.result).title.text
-
-
-def test_switching_from_the_grid_or_the_lines_to_the_heatmap_draws_a_new_heatmap(session):
-    """The shown figure may be a layout of many figures (grid, head view): the heatmap is then drawn anew."""
-    from workbench.ui.views import AttentionView
-
-    view = AttentionView(session=session)
-    for other in ("grid", "lines"):
-        session.view = other
-        view._redraw()
-        before = view.figure
-        session.view = "heatmap"
-        view._redraw()
-        assert view.figure is not before and view.figure.title.text == view.build(session.result).title.text

@@ -20,7 +20,6 @@ from bokeh.models import (
     CustomJSHover,
     HoverTool,
     LinearColorMapper,
-    Plot,
     Range1d,
 )
 from bokeh.palettes import RdBu11, interp_palette
@@ -167,13 +166,11 @@ def matrix_figure(
 def _layout_of(fig) -> tuple | None:
     """What a `matrix_figure` shows besides its values: size, ranges, token labels and hover tokens, colour bar and
     axis titles (None when `fig` is not one)."""
-    if not isinstance(fig, Plot):  # a layout of several figures (the model view's grid, the head view)
+    image = fig.select_one({"name": IMAGE_NAME})
+    mark = fig.select_one({"name": HIGHLIGHT_NAME})
+    hover = fig.select_one({"type": HoverTool})
+    if image is None or mark is None or hover is None:
         return None
-    image, mark, hover = (list(fig.select(s)) for s in ({"name": IMAGE_NAME}, {"name": HIGHLIGHT_NAME},
-                                                         {"type": HoverTool}))
-    if len(image) != 1 or len(mark) != 1 or len(hover) != 1:
-        return None
-    image, hover = image[0], hover[0]
     tokens = tuple(tuple(f.args.get("tokens", ())) for k, f in sorted(hover.formatters.items()) if k != "@image")
     return (fig.width, fig.height, fig.sizing_mode, fig.min_width, fig.x_range.start, fig.x_range.end,
             fig.y_range.start, fig.y_range.end, tokens, tuple(hover.tooltips), len(fig.right),
