@@ -163,36 +163,6 @@ def matrix_figure(
     return fig
 
 
-def _layout_of(fig) -> tuple | None:
-    """What a `matrix_figure` shows besides its values: size, ranges, token labels and hover tokens, colour bar and
-    axis titles (None when `fig` is not one)."""
-    image = fig.select_one({"name": IMAGE_NAME})
-    mark = fig.select_one({"name": HIGHLIGHT_NAME})
-    hover = fig.select_one({"type": HoverTool})
-    if image is None or mark is None or hover is None:
-        return None
-    tokens = tuple(tuple(f.args.get("tokens", ())) for k, f in sorted(hover.formatters.items()) if k != "@image")
-    return (fig.width, fig.height, fig.sizing_mode, fig.min_width, fig.x_range.start, fig.x_range.end,
-            fig.y_range.start, fig.y_range.end, tokens, tuple(hover.tooltips), len(fig.right),
-            fig.xaxis[0].axis_label, fig.yaxis[0].axis_label, tuple(image.glyph.color_mapper.palette))
-
-
-def refresh_matrix_figure(shown, new) -> bool:
-    """Show `new`'s values in the figure `shown` (both `matrix_figure`s) when they differ in nothing else: its image,
-    highlighted row, title and colour range change in place, so the page updates one data source instead of
-    building a whole new plot. False (nothing changed) when the layouts differ: draw `new` instead."""
-    if shown is new or _layout_of(shown) is None or _layout_of(shown) != _layout_of(new):
-        return False
-    image, new_image = shown.select_one({"name": IMAGE_NAME}), new.select_one({"name": IMAGE_NAME})
-    mapper, new_mapper = image.glyph.color_mapper, new_image.glyph.color_mapper
-    mapper.update(low=new_mapper.low, high=new_mapper.high)
-    image.data_source.data = dict(new_image.data_source.data)
-    mark = shown.select_one({"name": HIGHLIGHT_NAME})
-    mark.data_source.data = dict(new.select_one({"name": HIGHLIGHT_NAME}).data_source.data)
-    shown.title.text = new.title.text
-    return True
-
-
 def heatmap(att: Attention, *, highlight: int | None = None, **kw):
     """Draw a selected `Attention` (its head mean: one head, chosen heads or all)."""
     kw.setdefault("title", att.describe())

@@ -36,7 +36,6 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
-from ..charts.heatmap import refresh_matrix_figure
 from ..charts.internals import confidence_chart, label_smoothing_chart, schedule_vs_log_chart
 from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, Head
@@ -168,9 +167,6 @@ class AttentionView(pn.viewable.Viewer):
             self.figure = None
             self._box.objects = [_fail("This view", exc)]
             return
-        if (self.session.view == "heatmap" and self.figure is not None and self._box.objects == [self._pane]
-                and refresh_matrix_figure(self.figure, fig)):
-            return  # another head or layer of the same sentence: the shown heatmap's values change in place
         self.figure = fig
         self._pane.object = fig
         if self._box.objects != [self._pane]:  # re-setting the same children re-renders the column
