@@ -134,6 +134,31 @@ def shipped_speed(args) -> dict:
     return out
 
 
+def profile_search(run, dev: torch.device, out: Path) -> None:
+    """Where one run of our search spends its time: torch.profiler's ops by self host time and, on CUDA, the
+    device's busy time against the wall time (a search whose device idles most of the wall is host-bound)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    peers.sync(dev)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        run()
+        peers.sync(dev)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    host = sum(e.self_cpu_time_total for e in events) / 1e6
+    device = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+    table = events.table(sort_by="self_cpu_time_total", row_limit=40)
+    if dev.type == "cuda":
+        table += "\n\n" + events.table(sort_by="self_device_time_total", row_limit=25)
+    out.write_text(table + "\n")
+    totals = {"wall_s_under_profiler": wall, "ops_self_host_s": host, "kernels_device_s": device,
+              "device_busy_fraction": device / wall if wall else None}
+    out.with_suffix(".json").write_text(json.dumps(totals, indent=1) + "\n")
+    print("profile", json.dumps(totals), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -152,6 +177,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--shipped", action="store_true", help="sentences/s of greedy and beam 5 on the shipped models")
     ap.add_argument("--shipped-reps", type=int, default=3)
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="after the timing, profile one run of our search (torch.profiler) and write where its host "
+                         "and device time go to FILE (a text table, plus FILE's .json twin with the totals)")
     args = ap.parse_args()
     if args.shipped:
         if args.threads:
@@ -252,6 +280,8 @@ def main() -> None:
             line += (f"   workbench x{q['median']:.2f} [{q['min']:.2f}, {q['max']:.2f}]"
                      f"  (CPU time x{c['median']:.2f} [{c['min']:.2f}, {c['max']:.2f}])")
         print(line)
+    if args.profile:
+        profile_search(decoders["workbench"], dev, Path(args.profile))
     if args.json:
         meta = {"command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
                 "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -9,7 +9,8 @@
 #             (benchmarks/gpu_train_check.py states the tolerance)
 #   capture   capture vs plain forward at base size (d=512, 6+6 layers) for B x L in 1x512, 32x64, 32x512,
 #             beside the peers (bench_core.py)
-#   decode    beam 5, 64 sentences x 64 steps at base size, beside Hugging Face's generate (bench_decode.py)
+#   decode    beam 5, 64 sentences x 64 steps at base size, beside Hugging Face's generate (bench_decode.py), and
+#             where one search's host and device time go (gpu_decode_profile.txt/.json)
 #   ddp       DDP over NCCL on the copy task, only where torch sees two or more devices
 #   trainbench  the trainer step at base size beside the peers, compiled ones included (bench_train.py --compile)
 # A summary of every stage (exit status, seconds) goes to benchmarks/results/gpu_check.json; with $OUT set (the
@@ -98,7 +99,7 @@ for s in "${STAGES[@]}"; do
         ;;
     decode)
         stage decode 45 120 "$PY" benchmarks/bench_decode.py --device cuda --config base \
-            --json "$RESULTS/gpu_decode.json"
+            --json "$RESULTS/gpu_decode.json" --profile "$RESULTS/gpu_decode_profile.txt"
         ;;
     ddp)
         if [ "$NDEV" -ge 2 ]; then
@@ -112,7 +113,7 @@ for s in "${STAGES[@]}"; do
         ;;
     trainbench)
         # GPU_CHECK_COMPILE=0 leaves the compiled variants out (compiling the trainer and two peers takes minutes)
-        stage trainbench 60 200 "$PY" benchmarks/bench_train.py --config base \
+        stage trainbench 60 300 "$PY" benchmarks/bench_train.py --config base \
             $([ "${GPU_CHECK_COMPILE:-1}" = 1 ] && echo --compile) --json "$RESULTS/gpu_train_base.json"
         ;;
     *)
@@ -132,6 +133,6 @@ for r in rows:
     print(f"{r['stage']:>10}: {r['status']} ({r['seconds']} s)")
 EOF
 if [ -n "${OUT:-}" ]; then
-    cp "$RESULTS"/gpu_*.json "$RESULTS"/gpu_tests.xml "$OUT"/ 2>/dev/null
+    cp "$RESULTS"/gpu_*.json "$RESULTS"/gpu_*.txt "$RESULTS"/gpu_tests.xml "$OUT"/ 2>/dev/null
 fi
 ! grep -q '"status": "\(failed\|timed out\)' "$SUMMARY"
