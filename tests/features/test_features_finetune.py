@@ -47,6 +47,20 @@ def _eval_kl(model, data: ParallelData, d: SparseDictionary) -> float:
     return total / n
 
 
+@torch.no_grad()
+def _eval_ce(model, data: ParallelData, d: SparseDictionary) -> float:
+    """Mean next-token cross-entropy on the reference per target token with `d` spliced as `features eval` does."""
+    total, n = 0.0, 0
+    for idx in data.batches(256, shuffle=False):
+        batch = data.collate(idx, model.cfg)
+        mask = batch.tgt_out != model.cfg.pad_id
+        with model.hooks(splice_hooks(site_of(d), d)):
+            logits = model(batch.src, batch.tgt_in)[mask].float()
+        total += float(torch.nn.functional.cross_entropy(logits, batch.tgt_out[mask], reduction="sum"))
+        n += int(mask.sum())
+    return total / n
+
+
 @pytest.fixture(scope="module")
 def spoiled(tmp_path_factory):
     """A dictionary trained on reconstruction, then spoiled: noise on its decoder rows (renormalised)."""
@@ -61,7 +75,7 @@ def spoiled(tmp_path_factory):
 
 
 @pytest.mark.parametrize("site", ["hook_memory", "dec.1.cross_attn.hook_out", "dec.0.ffn"])
-def test_the_kl_minimised_is_the_kl_the_evaluation_measures(site):
+def test_the_kl_and_ce_minimised_are_those_the_evaluation_measures(site):
     model, data = tiny_model_and_corpus()
     d = next(v for k, v in tiny_dictionaries(model).items() if k == site or k.startswith(site))
     batch = data.collate(data.batches(256, shuffle=False)[0], model.cfg)
@@ -69,6 +83,7 @@ def test_the_kl_minimised_is_the_kl_the_evaluation_measures(site):
                        [data.tgt[i] for i in data.batches(256, shuffle=False)[0]])
     terms = spliced_terms(model, resolve_site(model, site), d, batch)
     assert float(terms.kl) == pytest.approx(_eval_kl(model, one, d), rel=1e-4, abs=1e-7)
+    assert float(terms.ce) == pytest.approx(_eval_ce(model, one, d), rel=1e-4)
     assert float(terms.kl) > 0 and terms.rows > 0 and terms.fvu.requires_grad
     assert all(p.requires_grad for p in model.parameters())  # the model is left as it was
 
@@ -95,7 +110,25 @@ def test_finetune_lowers_the_kl_of_a_spoiled_dictionary_and_keeps_feature_indice
     assert training["finetuned_from"]["training"]["config"]["finetune_kl"] == ""  # the start's own record
 
 
-@pytest.mark.parametrize("over", [{}, {"dense_cap": 0.1, "dense_rate": 0.05}])
+def test_the_ce_term_lowers_the_spliced_cross_entropy_further_than_the_kl_alone(tmp_path, spoiled):
+    model, data, start = spoiled
+    tm = TranslationModel(model, None)
+
+    def finetuned(name: str, **over) -> tuple[float, FeatureTrainer]:
+        trainer = FeatureTrainer(_finetune_cfg(tmp_path / name, start, kl_steps=30, **over), translation_model=tm,
+                                 data=data)
+        return _eval_ce(model, data, trainer.fit()), trainer
+    ce_start = _eval_ce(model, data, SparseDictionary.load(start))
+    ce_kl, _ = finetuned("kl")
+    ce_both, trainer = finetuned("ce", finetune_ce=5.0)
+    assert ce_both < ce_kl < ce_start, (ce_start, ce_kl, ce_both)
+    assert all(r["ce"] > 0 for r in trainer.log)
+    training = json.loads((tmp_path / "ce" / "dictionary" / "training.json").read_text())
+    assert training["config"]["finetune_ce"] == 5.0
+    assert "5 x the spliced cross-entropy" in "\n".join(_card_training(training, training["config"], "topk"))
+
+
+@pytest.mark.parametrize("over", [{}, {"dense_cap": 0.1, "dense_rate": 0.05}, {"finetune_ce": 1.0}])
 def test_finetune_resumes_exactly(tmp_path, spoiled, over):
     model, data, start = spoiled
     tm = TranslationModel(model, None)

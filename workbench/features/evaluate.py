@@ -588,11 +588,13 @@ def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) ->
     total = sum(t["train_seconds"] for t in stages)
     cpu = sum(t.get("train_cpu_seconds", 0.0) for t in stages)
     sha = f" (weights SHA-256 {start['weights_sha256'][:12]}…)" if start.get("weights_sha256") else ""
+    ce_term = (f" + {tc['finetune_ce']:g} x the spliced cross-entropy on the reference" if tc.get("finetune_ce")
+               else "")
     return [f"- Then fine-tuned end to end from `{start['directory']}`{sha} (Braun et al. 2024; feature indices kept: "
             f"it starts from those weights): {training['steps']} steps, each on whole teacher-forced sentences of "
             f"at most {tc.get('kl_tokens') or tc.get('max_tokens')} padded tokens a side ({training['activations']:,} "
             f"site rows, {training['epochs']} epochs of `{tc.get('dataset')}:{tc.get('split')}`), loss KL(clean ‖ "
-            f"spliced) per target token + {tc.get('finetune_mse'):g} x FVU; Adam, peak lr "
+            f"spliced) per target token{ce_term} + {tc.get('finetune_mse'):g} x FVU; Adam, peak lr "
             f"{tc.get('kl_lr') or tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay.",
             f"- Fine-tune time: {training['train_seconds'] / 60:.1f} min wall clock "
             f"({training.get('train_cpu_seconds', 0.0) / 60:.1f} min of CPU) on {training['world']} process(es); "

@@ -121,6 +121,9 @@ class FeatureTrainConfig:
     do not apply, and `readout`, `fisher` and `kl_coef` are refused."""
     finetune_mse: float = 0.1
     """The fine-tune's weight of the FVU beside the KL (keeps the reconstruction, and so the card's FVU, sane)."""
+    finetune_ce: float = 0.0
+    """The fine-tune's weight of the spliced model's next-token cross-entropy on the reference translation beside
+    the KL (0: none): the card's ΔCE goal is on that cross-entropy, which the KL alone need not lower."""
     dense_cap: float = 0.0
     """A firing rate above which a feature is held back (0: none; issue 38 calls a feature dense above 0.1): while
     a feature's running rate (an exponential mean over about ten batches) exceeds it, its encoder bias steps down
@@ -353,14 +356,20 @@ class FeatureTrainer:
         return record
 
     def _finetune_step(self, batch) -> dict[str, float]:
-        """One step of `--finetune-kl`: KL(clean ‖ spliced) + finetune_mse x FVU on a whole-sentence batch."""
+        """One step of `--finetune-kl`: KL(clean ‖ spliced) + finetune_ce x spliced CE + finetune_mse x FVU on a
+        whole-sentence batch."""
+        c = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
         terms = spliced_terms(self.model, self.site, self.dictionary, batch, self._all_reduce, self.dist.world)
-        self._optimizer_step(terms.kl + self.cfg.finetune_mse * terms.fvu)
+        loss = terms.kl + c.finetune_mse * terms.fvu
+        if c.finetune_ce > 0:
+            loss = loss + c.finetune_ce * terms.ce
+        self._optimizer_step(loss)
         self._constrain(terms.out)
         zero = torch.zeros(())
         record = self._record(terms.out, terms.fvu, zero, zero, terms.kl, rows=terms.rows)
+        record["ce"] = float(self._all_reduce(terms.ce.detach().reshape(1)))
         self.step += 1
         return record
 
@@ -512,6 +521,7 @@ class FeatureTrainer:
                     progress.message(f"  fvu {rec['fvu']:.4f}  L0 {rec['l0']:.1f}  dead {rec['dead_frac']:.1%}  "
                                      f"aux {rec['aux']:.3f}  "
                                      + (f"kl {rec['kl']:.4f}  " if c.kl_coef or c.finetune_kl else "")
+                                     + (f"ce {rec['ce']:.4f}  " if "ce" in rec else "")
                                      + f"epoch {rec['epoch']:.2f}  activations/s "
                                      f"{rec['tokens_per_s']:,.0f}")
                     sums, rows_log, n_log, t_log = {}, 0, 0, now
