@@ -167,6 +167,60 @@ def test_two_sessions_do_not_share_ablations(browser, app_server):
     b.close()
 
 
+SHOWN_IMAGE_JS = """() => {
+    const views = [...Bokeh.index.all_views()].filter(v => v.model.name === 'attn_fig' && v.el.isConnected);
+    if (views.length !== 1) return null;
+    const f = views[0].model;
+    const r = f.renderers.find(r => r.name === 'attention_image');
+    const data = r.data_source.data;
+    const image = (data instanceof Map ? data.get('image') : data.image)[0];
+    let sum = 0, k = 0;  // weighted by position: every row of attention sums to 1 whatever the head
+    for (const x of image) { k += 1; if (!Number.isNaN(x)) sum += k * x; }
+    return {id: f.id, title: f.title.text, sum: sum};
+}"""
+
+# A head picked and a button clicked in one task of the page: the click reaches the server within the pick's
+# debounce, so Panel applies the pick in the click's handler, outside the document's lock (tests/ui/
+# test_served_attention.py does the same without a browser, deterministically).
+PICK_AND_CLICK_JS = """([picker, button, label]) => {
+    picker.value = [...picker.options].find(o => o.text === label).value;
+    picker.dispatchEvent(new Event('change'));
+    button.click();
+}"""
+
+
+def test_head_picks_in_two_pages_change_each_shown_heatmap_in_place(browser, app_server, tmp_path):
+    """Two pages pick heads and layers, some picks with a click at once: each page's heatmap (the same figure,
+    changed in place) shows its own pick with new values, and the server logs no error."""
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    pages = [c.new_page() for c in contexts]
+    watches = [open_app(p, app_server + "?ckpt=demo") for p in pages]
+    for p in pages:
+        p.wait_for_function(f"({SHOWN_IMAGE_JS})() !== null", timeout=TIMEOUT)
+    first = [p.evaluate(SHOWN_IMAGE_JS) for p in pages]
+    seen = [{f["sum"]} for f in first]
+    picks = [("1", "head 1", True), ("1", "head 2", False), ("0", "head 3", True), ("0", "head 0", False)]
+    for step, (layer, head, click) in enumerate(picks):
+        for i, page in enumerate(pages):
+            mine = head if i == 0 else f"head {3 - int(head[-1])}"  # the two pages pick different heads
+            page.locator(".layer-picker select").select_option(label=layer)
+            if click:
+                page.evaluate(PICK_AND_CLICK_JS, [page.locator(".head-picker select").element_handle(),
+                                                  page.locator(".ablate-btn button").element_handle(), mine])
+            else:
+                page.locator(".head-picker select").select_option(label=mine)
+            page.wait_for_function(f"() => {{ const f = ({SHOWN_IMAGE_JS})(); return f !== null && "
+                                   f"f.title.includes('layer {layer}, {mine} '); }}", timeout=TIMEOUT)
+            shown = page.evaluate(SHOWN_IMAGE_JS)
+            assert shown["id"] == first[i]["id"], "the heatmap was drawn anew, not changed in place"
+            assert shown["sum"] not in seen[i], f"page {i}, pick {step}: the title changed but not the values"
+            seen[i].add(shown["sum"])
+    pages[0].screenshot(path=str(tmp_path / "attention_after_picks.png"), full_page=True)
+    assert [w.errors for w in watches] == [[], []]
+    for c in contexts:
+        c.close()
+
+
 BAD_INPUTS = [
     ("", "Type a sentence"),
     ("x" * 5001, "only the first 5,000"),

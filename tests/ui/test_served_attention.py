@@ -81,12 +81,13 @@ def _attention_page(entries):
     return app
 
 
-def _pick_head_then_click(doc, label: str) -> None:
-    """What Bokeh's patch handler does with a page's messages "head picker = label" then "button clicked"."""
+def _pick_head(doc, label: str, click: bool) -> None:
+    """What Bokeh's patch handler does with a page's messages "head picker = label" and, if `click`, "button
+    clicked" right after it."""
     picker = doc.select_one({"type": BokehSelect, "title": "Head"})
-    button = doc.select_one({"type": BokehButton})
     picker.value = label
-    doc.callbacks.trigger_event(ButtonClick(button))
+    if click:
+        doc.callbacks.trigger_event(ButtonClick(doc.select_one({"type": BokehButton})))
 
 
 async def _until(condition, errors) -> None:
@@ -110,15 +111,18 @@ def _run(coroutine_fn) -> None:
         pool.submit(asyncio.run, coroutine_fn()).result(timeout=3 * WAIT_S)
 
 
-def test_a_head_pick_applied_with_a_click_changes_the_shown_heatmap_in_each_page(entries, callback_errors):
-    """Two pages pick heads and click at once (each pick applied without the document's lock): each shows its own
-    pick's heatmap, equal to a freshly built one, and no callback fails."""
+@pytest.mark.parametrize("click", [True, False], ids=["click-at-once", "pick-alone"])
+def test_a_head_pick_changes_the_shown_heatmap_in_each_page(entries, callback_errors, click):
+    """Two pages pick heads, and click at once (each pick then applied without the document's lock) or not (applied
+    under it): each shows its own pick's heatmap, equal to a freshly built one, in the figure it showed (changed in
+    place), and no callback fails."""
     picks = {0: ("head 1", 1), 1: ("head 2", 2)}
 
     async def actions(pages):
+        for page in pages:
+            page["shown"] = page["view"].figure
         for i, page in enumerate(pages):
-            page["doc"].add_next_tick_callback(lambda doc=page["doc"], label=picks[i][0]:
-                                               _pick_head_then_click(doc, label))
+            page["doc"].add_next_tick_callback(lambda doc=page["doc"], label=picks[i][0]: _pick_head(doc, label, click))
 
         def applied(page, head):
             return page["session"].head == head and _shows(page["view"], page["view"].build(page["session"].result))
@@ -132,3 +136,4 @@ def test_a_head_pick_applied_with_a_click_changes_the_shown_heatmap_in_each_page
     assert len(pages) == 2 and pages[0]["view"].figure is not pages[1]["view"].figure
     for i, page in enumerate(pages):
         assert f"head {picks[i][1]}" in page["view"].figure.title.text
+        assert page["view"].figure is page["shown"]  # changed in place: one data source for the page to update

@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import panel as pn
 import pytest
 import torch
@@ -393,3 +394,47 @@ def test_a_served_page_loads_its_first_model_off_the_event_loop(ckpt_dir, monkey
         s = pool.submit(asyncio.run, main()).result(timeout=120)
     assert loop_thread[0] not in threads and threads
     assert s.checkpoint == "alpha" and s.error == "" and s.result.text
+
+
+def test_another_head_changes_the_shown_heatmap_in_place_and_a_new_sentence_draws_anew(session):
+    """A head or layer pick keeps the heatmap (its image, title and colour range change: one data source for the
+    page to update, not a new plot) with exactly a new figure's values; anything else in the layout (the words
+    toggle, another kind, a new sentence) draws a new figure."""
+    from workbench.charts.heatmap import IMAGE_NAME
+    from workbench.ui.views import AttentionView
+
+    def image(fig):
+        glyph = fig.select_one({"name": IMAGE_NAME})
+        return np.asarray(glyph.data_source.data["image"][0]), glyph.glyph.color_mapper.high
+
+    view = AttentionView(session=session)
+    view._redraw()
+    shown = view.figure
+    for layer, head in ((0, 1), (1, 0), (1, -1)):
+        session.layer, session.head = layer, head
+        view._redraw()
+        fresh = view.build(session.result)
+        assert view.figure is shown and shown.title.text == fresh.title.text
+        values, high = image(shown)
+        assert np.array_equal(values, image(fresh)[0], equal_nan=True) and high == image(fresh)[1]
+    session.words = True
+    view._redraw()
+    assert view.figure is not shown
+    shown = view.figure
+    session.sentence = "Zwei Hunde spielen im Park ."
+    view._redraw()
+    assert view.figure is not shown and view.figure.title.text == view.build(session.result).title.text
+
+
+def test_switching_from_the_grid_or_the_lines_to_the_heatmap_draws_a_new_heatmap(session):
+    """The shown figure may be a layout of many figures (grid, head view): the heatmap is then drawn anew."""
+    from workbench.ui.views import AttentionView
+
+    view = AttentionView(session=session)
+    for other in ("grid", "lines"):
+        session.view = other
+        view._redraw()
+        before = view.figure
+        session.view = "heatmap"
+        view._redraw()
+        assert view.figure is not before and view.figure.title.text == view.build(session.result).title.text

@@ -20,6 +20,7 @@ from bokeh.models import (
     CustomJSHover,
     HoverTool,
     LinearColorMapper,
+    Plot,
     Range1d,
 )
 from bokeh.palettes import RdBu11, interp_palette
@@ -161,6 +162,49 @@ def matrix_figure(
     if colorbar:
         fig.add_layout(ColorBar(color_mapper=mapper, width=10, title=value_label), "right")
     return fig
+
+
+def _layout_of(fig) -> tuple | None:
+    """What a `matrix_figure` shows besides its values: size, ranges, token labels and hover tokens, colour bar and
+    axis titles (None when `fig` is not one)."""
+    if not isinstance(fig, Plot):  # a layout of several figures (the model view's grid, the head view)
+        return None
+    image, mark, hover = (list(fig.select(s)) for s in ({"name": IMAGE_NAME}, {"name": HIGHLIGHT_NAME},
+                                                         {"type": HoverTool}))
+    if len(image) != 1 or len(mark) != 1 or len(hover) != 1:
+        return None
+    image, hover = image[0], hover[0]
+    tokens = tuple(tuple(f.args.get("tokens", ())) for k, f in sorted(hover.formatters.items()) if k != "@image")
+    return (fig.width, fig.height, fig.sizing_mode, fig.min_width, fig.x_range.start, fig.x_range.end,
+            fig.y_range.start, fig.y_range.end, tokens, tuple(hover.tooltips), len(fig.right),
+            fig.xaxis[0].axis_label, fig.yaxis[0].axis_label, tuple(image.glyph.color_mapper.palette))
+
+
+def can_refresh_matrix_figure(shown, new) -> bool:
+    """Whether `refresh_matrix_figure(shown, new)` can show `new` in `shown`: two `matrix_figure`s (each a single
+    plot with one image, one highlight and one hover) that differ only in values, highlighted row and title."""
+    if shown is new:
+        return False
+    layout = _layout_of(shown)
+    return layout is not None and layout == _layout_of(new)
+
+
+def refresh_matrix_figure(shown, new) -> bool:
+    """Show `new`'s values in the figure `shown` (both `matrix_figure`s) when they differ in nothing else: its image,
+    highlighted row, title and colour range change in place, so the page updates one data source instead of
+    building a whole new plot. False (nothing changed) when the layouts differ: draw `new` instead.
+
+    On a served page, call it where the page's document lock is held (see `ui.views.AttentionView`)."""
+    if not can_refresh_matrix_figure(shown, new):
+        return False
+    image, new_image = shown.select_one({"name": IMAGE_NAME}), new.select_one({"name": IMAGE_NAME})
+    mapper, new_mapper = image.glyph.color_mapper, new_image.glyph.color_mapper
+    mapper.update(low=new_mapper.low, high=new_mapper.high)
+    image.data_source.data = dict(new_image.data_source.data)
+    mark = shown.select_one({"name": HIGHLIGHT_NAME})
+    mark.data_source.data = dict(new.select_one({"name": HIGHLIGHT_NAME}).data_source.data)
+    shown.title.text = new.title.text
+    return True
 
 
 def heatmap(att: Attention, *, highlight: int | None = None, **kw):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from io import StringIO
 from typing import Any, ClassVar
 
@@ -36,6 +37,7 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
+from ..charts.heatmap import can_refresh_matrix_figure, refresh_matrix_figure
 from ..charts.internals import confidence_chart, label_smoothing_chart, schedule_vs_log_chart
 from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, Head
@@ -68,6 +70,24 @@ def _stretch(obj, height: int | None = None, min_width: int | None = None):
     if isinstance(obj, LayoutDOM) and not isinstance(obj, figure):
         obj.sizing_mode = "stretch_width"
     return obj
+
+
+def in_its_document(model, change: Callable[[], Any]) -> None:
+    """Run `change`, which edits the Bokeh `model` in place, where the model's page allows it: at once when the model
+    is on no served page (tests, notebooks), else in a next-tick callback of the model's own document, which Bokeh
+    runs under that document's lock.
+
+    A Panel callback may run without the lock: when a click arrives within a widget change's debounce (50 ms), the
+    click's handler applies the change first, in a callback Panel schedules `nolock` (Panel's own models then write
+    to the page through `pn.io.unlocked`). A shown Bokeh model changed there raised Bokeh's "_pending_writes should
+    be non-None when we have a document lock" (tests/ui/test_served_attention.py). Bokeh's rule for unlocked
+    callbacks is to make such changes from a next-tick callback (`bokeh.document.locking.without_document_lock`).
+    A change scheduled so runs after the current callback, in order with the page's other next-tick changes."""
+    doc = model.document
+    if doc is None or doc.session_context is None:
+        change()
+        return
+    doc.add_next_tick_callback(change)
 
 
 def matrix_height(rows: int) -> int:
@@ -166,6 +186,12 @@ class AttentionView(pn.viewable.Viewer):
         except Exception as exc:
             self.figure = None
             self._box.objects = [_fail("This view", exc)]
+            return
+        if (self.session.view == "heatmap" and self.figure is not None and self._box.objects == [self._pane]
+                and can_refresh_matrix_figure(self.figure, fig)):
+            # another head or layer of the same sentence: the shown heatmap's values change in place
+            shown = self.figure
+            in_its_document(shown, lambda: refresh_matrix_figure(shown, fig) if self.figure is shown else None)
             return
         self.figure = fig
         self._pane.object = fig
