@@ -2,13 +2,15 @@
 graphs are, and how far interventions on the real model confirm them.
 
     nice python scripts/feature_graph_report.py --sentences 20 --sampled 100 --threads 1 \
-        --json docs/evidence/feature_graph.json [--features runs/fg_k8]
+        --json docs/evidence/feature_graph.json [--features runs/fg_k8] [--features runs/fg_tc]
 
-The shipped multi30k-de-en and its shipped dictionaries (checkpoints/multi30k-de-en/features: SAEs on hook_memory
-and dec.{0..3}.cross_attn.hook_out, the dec.1.ffn skip transcoder). Greedy translations of test2016's first
-sentences. Two modes, as benchmarks/bench_graph.py: *every*, every output position of the first --sentences
-sentences; *sampled*, one position of each of the next --sampled sentences, drawn uniformly with a generator seeded by
---seed. Per graph (target "logit"): node and feature counts, `prune(0.8)`'s size (the logit node included) and what
+The shipped multi30k-de-en and its shipped dictionaries (checkpoints/multi30k-de-en/features: SAEs on hook_memory and
+dec.{0..3}.cross_attn.hook_out, skip transcoders on FFNs), each --features folder's dictionaries replacing the
+shipped one of their site or adding their site (transcoders on FFNs that ship none). Greedy translations of
+test2016's first sentences. Two modes, as benchmarks/bench_graph.py: *every*, every output position of the first
+--sentences sentences; *sampled*, one position of each of the next --sampled sentences, drawn uniformly with a
+generator seeded by --seed.
+Per graph (target "logit"): node and feature counts, `prune(0.8)`'s size (the logit node included) and what
 kinds of node it keeps, the same size under circuit-tracer's conventions where they differ from ours (every
 embedding kept whatever its influence; no bias node), what `prune(0.8, max_nodes=100)` keeps, the whole-FFN nodes of
 the 80 % set by layer, the share of the influence each kind of node holds, the share held by the 100 most influential
@@ -237,7 +239,7 @@ def site_sets(tm, dicts: dict, lines: list[str], head_nodes: bool = False) -> di
     model = tm.model
     sets = {"all": list(dicts), "all but hook_memory": [s for s in dicts if s != "hook_memory"],
             "hook_memory only": ["hook_memory"], "cross-attention SAEs only": [s for s in dicts if "cross" in s],
-            "dec.1.ffn transcoder only": [s for s in dicts if s.endswith(".ffn")], "none (head graph)": []}
+            "FFN transcoders only": [s for s in dicts if s.endswith(".ffn")], "none (head graph)": []}
     kept: dict[str, list[int]] = {k: [] for k in sets}
     for i, (line, o) in enumerate(zip(lines, tm.translate(lines, return_tokens=True, beam=1))):
         toks = list(o.tokens)
@@ -298,29 +300,30 @@ def freeze_study(tm, dicts: dict, lines: list[str], head_nodes: bool = False) ->
             for name, v in drops.items()}
 
 
-def load_dictionaries(checkpoint: Path, features: Path | None) -> list[SparseDictionary]:
-    """The shipped dictionaries, each replaced by the one of the same site in `features` where it has one (a
-    dictionary folder holds cfg.json, or a `dictionary/` folder that does: a training run's out-dir)."""
+def load_dictionaries(checkpoint: Path, features: list[Path]) -> list[SparseDictionary]:
+    """The shipped dictionaries, then each folder of `features` in order: a dictionary there replaces the one of its
+    site, or adds its site where the checkpoint ships none (a transcoder on an FFN without one). A dictionary folder
+    holds cfg.json, or a `dictionary/` folder that does: a training run's out-dir."""
     def site(d: SparseDictionary) -> str:
         return d.cfg.hook_name_out or d.cfg.hook_name
 
-    shipped = [SparseDictionary.load(d) for d in sorted((checkpoint / "features").iterdir()) if d.is_dir()]
-    if features is None:
-        return shipped
-    others = {}
-    for d in sorted(features.iterdir()):
-        d = d / "dictionary" if (d / "dictionary" / "cfg.json").exists() else d
-        if (d / "cfg.json").exists():
-            other = SparseDictionary.load(d)
-            others[site(other)] = other
-    return [others.get(site(d), d) for d in shipped]
+    by_site = {site(d): d for d in (SparseDictionary.load(p) for p in sorted((checkpoint / "features").iterdir())
+                                    if p.is_dir())}
+    for folder in features:
+        for d in sorted(folder.iterdir()):
+            d = d / "dictionary" if (d / "dictionary" / "cfg.json").exists() else d
+            if (d / "cfg.json").exists():
+                other = SparseDictionary.load(d)
+                by_site[site(other)] = other
+    return [by_site[s] for s in sorted(by_site)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "multi30k-de-en"))
-    ap.add_argument("--features", default="", help="a folder of dictionary folders (default: the checkpoint's "
-                    "features/); a folder missing a site the checkpoint has takes the shipped one")
+    ap.add_argument("--features", action="append", default=[],
+                    help="a folder of dictionary folders, each replacing the checkpoint's dictionary of its site or "
+                         "adding its site (repeatable, later folders win; default: the checkpoint's features/ alone)")
     ap.add_argument("--src", default=str(DATA / "test_2016_flickr.de"))
     ap.add_argument("--sentences", type=int, default=20, help="every mode: every position of the first N")
     ap.add_argument("--sampled", type=int, default=100, help="sampled mode: one position of each of the next N")
@@ -341,7 +344,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     tm = load(args.checkpoint)
     model = tm.model
-    dicts = load_dictionaries(Path(args.checkpoint), Path(args.features) if args.features else None)
+    dicts = load_dictionaries(Path(args.checkpoint), [Path(f) for f in args.features])
     lines = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.sentences + args.sampled]
     uniforms = torch.rand(len(lines), generator=torch.Generator().manual_seed(args.seed), dtype=torch.float64)
     records_path = Path(args.records)
@@ -357,7 +360,7 @@ def main() -> None:
             "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
             "seed": args.seed, "sentences_every": args.sentences, "sentences_sampled": args.sampled,
             "k": {d.cfg.hook_name_out or d.cfg.hook_name: d.cfg.k for d in dicts},
-            "features": args.features or "the checkpoint's features/",
+            "features": ", ".join(args.features) or "the checkpoint's features/",
             "attention_without_dictionary": "head nodes" if args.head_nodes else "pass-through (heads as edges)"}
     with records_path.open("a", encoding="utf-8") as log:
         for k, i in enumerate(todo):
