@@ -123,8 +123,10 @@ def in_process(path: Path, texts: dict[int, list[str]]) -> dict:
     return out
 
 
-def serve(path: Path, log=subprocess.DEVNULL, cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
-    """`panel serve` the app on a free port; with `cpus`, the server and every process it starts run on those CPUs."""
+def serve(path: Path, log=subprocess.DEVNULL, cpus: set[int] | None = None, stall_log: str | None = None
+          ) -> tuple[subprocess.Popen, str]:
+    """`panel serve` the app on a free port; with `cpus`, the server and every process it starts run on those CPUs;
+    with `stall_log`, the server writes its threads' stacks there whenever its event loop stalls (ui.stall_watch)."""
     from conftest import _free_port
 
     port = _free_port()
@@ -133,6 +135,7 @@ def serve(path: Path, log=subprocess.DEVNULL, cpus: set[int] | None = None) -> t
                              str(port), "--address", "127.0.0.1", f"--allow-websocket-origin=127.0.0.1:{port}",
                              "--args", "--checkpoints", str(path)],
                             stdout=log, stderr=subprocess.STDOUT if log is not subprocess.DEVNULL else log, cwd=ROOT,
+                            env={**os.environ, "WORKBENCH_STALL_LOG": stall_log} if stall_log else None,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     url = f"http://127.0.0.1:{port}/attention?ckpt={path.name}"
     for _ in range(300):
@@ -662,6 +665,9 @@ def main() -> int:
     ap.add_argument("--split-cpus", action="store_true",
                     help="with --contention --browser: the server (and its workers) on half the CPUs, Chromium on "
                          "the other half, so the pages' own drawing does not compete with the server it measures")
+    ap.add_argument("--stall-log", metavar="PATH",
+                    help="with --contention --browser: the server writes every thread's stack to PATH whenever its "
+                         "event loop is silent over 0.5 s (WORKBENCH_STALL_LOG); the report counts the stalls")
     ap.add_argument("--out", help="write the JSON report here too")
     args = ap.parse_args()
     from workbench.ui import loader
@@ -694,6 +700,15 @@ def main() -> int:
     return 0
 
 
+def stalls_in(log: Path) -> dict:
+    """The stalls a server's watchdog wrote (ui.stall_watch): their count and lengths, and where the log is."""
+    text = log.read_text() if log.exists() else ""
+    lengths = [float(line.split("the loop was silent ")[1].split(" s")[0])
+               for line in text.splitlines() if " ended: the loop was silent " in line]
+    return {"log": str(log), "watching": text.startswith("watching the event loop"), "count": len(lengths),
+            "seconds": sorted(lengths, reverse=True)}
+
+
 def contention_in_browser(path: Path, what: str, tm, args) -> int:
     if (tm.meta.get("src_lang") or "en") != "en":
         raise SystemExit("--contention --browser drives English sentences: give an en->x checkpoint (the shipped "
@@ -711,7 +726,7 @@ def contention_in_browser(path: Path, what: str, tm, args) -> int:
         placement = {"server": every[half:], "driver_and_chromium": every[:half]}
         os.sched_setaffinity(0, set(placement["driver_and_chromium"]))  # Chromium and its driver inherit it
     with log_path.open("w") as log:
-        proc, url = serve(path, log, set(placement["server"]) if args.split_cpus else None)
+        proc, url = serve(path, log, set(placement["server"]) if args.split_cpus else None, args.stall_log)
         niceness = {"server": os.getpriority(os.PRIO_PROCESS, proc.pid), "driver_and_chromium": os.nice(0)}
         try:
             result = browser_contention(url, LONG_EN.replace("fisherman", "man"), args.seconds, think=args.think)
@@ -725,6 +740,8 @@ def contention_in_browser(path: Path, what: str, tm, args) -> int:
               "loadavg_before": [round(x, 2) for x in load_before], "heavy_placement": _placement_said(),
               "niceness": niceness,
               "cpus": placement, "phases": result, "verdict": contention_verdict(result, cpus)}
+    if args.stall_log:
+        report["event_loop_stalls"] = stalls_in(Path(args.stall_log))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=1), flush=True)
