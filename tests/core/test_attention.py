@@ -7,6 +7,7 @@ import torch
 from model_helpers import make_batch, make_model
 
 from workbench import presets
+from workbench.core.attention import _mask_in_place
 
 
 def _explicit(model, src, tgt):
@@ -214,3 +215,26 @@ def test_recycled_probability_buffers_never_alias_a_trace_still_held():
         for name in third:
             assert torch.equal(third[name], kept[name]), name
     attention._release_buffers()
+
+
+def _masks(b, lq, lk, g):
+    lengths = torch.randint(1, lk + 1, (b,), generator=g)
+    keys = torch.arange(lk)
+    right = (keys[None, :] < lengths[:, None])[:, None, None, :]  # padding at the end of the keys
+    left = (keys[None, :] >= (lk - lengths)[:, None])[:, None, None, :]  # padding at the start
+    scattered = torch.rand(b, 1, 1, lk, generator=g) > 0.3
+    causal = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+    return {"none masked": torch.ones(b, 1, 1, lk, dtype=torch.bool), "right": right, "left": left,
+            "scattered": scattered, "causal": causal, "causal and padding": right & causal,
+            "all masked in one row": right & torch.tensor([False] + [True] * (b - 1)).view(b, 1, 1, 1)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masking_only_the_masked_columns_equals_the_whole_tensor_fill(dtype):
+    g = torch.Generator().manual_seed(0)
+    for b, lq, lk in [(3, 5, 7), (4, 1, 9), (2, 6, 6)]:
+        for name, mask in _masks(b, lq, lk, g).items():
+            scores = torch.randn(b, 2, lq, lk, generator=g).to(dtype)
+            expected = scores.masked_fill(~mask, torch.finfo(dtype).min)
+            _mask_in_place(scores, mask)
+            assert torch.equal(scores, expected), (name, b, lq, lk)

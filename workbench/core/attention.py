@@ -222,9 +222,7 @@ class MultiHeadAttention(nn.Module):
         scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1),
                               out=_empty_probs((b, h, q_len, k.size(2)), q))
         if mask is not None:
-            # finfo.min, not -inf: exp underflows to exactly 0 on masked keys, and a row with
-            # no visible key becomes uniform instead of NaN
-            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+            _mask_in_place(scores, mask)
         seen = self.hook_scores(scores)
         # softmax accumulates in fp32 internally for half types, so no upcast copy is needed. In place only on
         # CPU, where the row kernel reads a row before writing it (tested equal); elsewhere the allocator is
@@ -304,6 +302,29 @@ def _empty_probs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     view = memoryview(region)
     weakref.finalize(view, _give_back_region, region)
     return torch.frombuffer(view, dtype=like.dtype).view(shape)
+
+
+def _mask_in_place(scores: torch.Tensor, mask: torch.Tensor) -> None:
+    """`scores.masked_fill_(~mask, finfo.min)`, writing only the key columns from the first one any row masks.
+
+    finfo.min, not -inf: exp underflows to exactly 0 on masked keys, and a row with no visible key becomes uniform
+    instead of NaN. A fill whose mask broadcasts over heads and queries costs more than the softmax after it (CPU,
+    one thread, 32x4x512x512 fp32: 87 ms vs 52; H100, 32x8x512x512 bf16: 0.38 ms vs 0.11), though a padding mask hides
+    a few trailing keys: so the fill starts at the first masked column when that is in the second half of the keys,
+    and is skipped when no key is masked (one sentence, a batch of equal lengths). Bit-identical to the whole-tensor fill (tested). A causal mask masks from
+    column 1 on and gains nothing; under torch.compile, which cannot trace the host read, the plain fill runs.
+    """
+    hidden = ~mask
+    if torch.compiler.is_compiling():
+        scores.masked_fill_(hidden, torch.finfo(scores.dtype).min)
+        return
+    columns = hidden.reshape(-1, hidden.size(-1)).any(0).nonzero()
+    if columns.numel() == 0:
+        return
+    first = int(columns[0])
+    if first < hidden.size(-1) // 2:  # a wide window gains little, and a fill through a strided view can cost more
+        first = 0
+    scores[..., first:].masked_fill_(hidden[..., first:], torch.finfo(scores.dtype).min)
 
 
 def _merge_causal(mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
