@@ -35,7 +35,7 @@ def _cards(checkpoint: Path):
             k = f", k {cfg['metadata']['workbench'].get('k')}" if arch == "batchtopk" else ""
         kind = f"{ARCHITECTURE_NAMES.get(arch, arch)} {tc}, {cfg['d_sae']} features{k}"
         if t.get("finetuned_from"):
-            kind += ", KL fine-tuned"
+            kind += ", KL + CE fine-tuned" if t.get("config", {}).get("finetune_ce") else ", KL fine-tuned"
         yield site.parent, e, t, kind
 
 
