@@ -26,6 +26,7 @@ from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
 from ..features.evaluate import evaluate_dictionary, seeds_of, write_card
 from ..features.neuronpedia import export_dashboards
+from ..features.seeds import seed_spread
 from ..features.stats import corpus_feature_stats_cli
 from ..features.train import FeatureTrainConfig, FeatureTrainer
 
@@ -74,6 +75,9 @@ def _add_eval(sub) -> None:
     e.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip PCA and the random dictionary")
     e.add_argument("--seed", type=int, default=0, help="seed of the random dictionary baseline")
     e.add_argument("--card", action="store_true", help="write eval.json and README.md into the dictionary directory")
+    e.add_argument("--seed-dirs", dest="seed_dirs", nargs="*", default=[], metavar="DIR",
+                   help="dictionaries of the same recipe trained with other seeds: the card adds each figure's mean, "
+                        "s.d. and range over them and this one (each evaluated as this one, without baselines)")
 
 
 def _add_stats(sub) -> None:
@@ -187,6 +191,13 @@ def _eval(args: argparse.Namespace) -> int:
                                  density_tokens=args.density_tokens, baselines=args.baselines, seed=args.seed,
                                  progress=print_progress)
     result["seeds"] = seeds_of(args.dictionary)
+    if args.seed_dirs:
+        others = {other: evaluate_dictionary(tm, SparseDictionary.load(other), dataset=args.dataset, split=args.split,
+                                             bleu_split=None, limit=args.limit, density_split=args.density_split,
+                                             density_tokens=args.density_tokens, baselines=False,
+                                             progress=print_progress)
+                  for other in args.seed_dirs}
+        result["seeds"] = seed_spread(args.dictionary, result, others)
     print(json.dumps(result, indent=1, ensure_ascii=False))
     if args.card:
         write_card(args.dictionary, result)

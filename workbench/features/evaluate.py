@@ -516,6 +516,7 @@ def _card_seeds_and_time(result: dict[str, Any]) -> list[str]:
     if seeds:
         lines += ["", f"Seeds: {seeds['count']} ({', '.join(map(str, seeds['values'])) or 'unknown'}); "
                   f"{seeds['note']}."]
+        lines += _card_spread(seeds, result)
     timing = result.get("timing")
     if timing and timing.get("baseline_share") is not None:
         without = timing.get("baseline_share_without_bleu")
@@ -531,6 +532,22 @@ def _card_seeds_and_time(result: dict[str, Any]) -> list[str]:
                       f"(its BLEU figures come from an earlier run on the same weights and settings, "
                       f"{result.get('bleu_seconds', 0):.0f} s then), {timing['baseline_seconds']:.0f} s more for the "
                       f"baselines ({timing['baseline_share']:.0%})."]
+    return lines
+
+
+def _card_spread(seeds: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """The table of `features.seeds.seed_spread`'s figures: this dictionary's, and their mean ± s.d. and range
+    over the seeds (none when the card has one seed)."""
+    if not seeds.get("spread"):
+        return []
+    names = {"fvu": ("FVU", ".4f"), "l0": ("L0", ".1f"), "delta_ce": ("ΔCE (nats)", ".4f"), "kl": ("KL (nats)", ".4f"),
+             "ce_recovered": ("CE recovered vs zero", ".1%"), "dead_frac": ("dead", ".1%"),
+             "dense_frac": ("dense (> 10 %)", ".1%")}
+    lines = ["", f"| | this dictionary | mean ± s.d. over {seeds['count']} seeds | min – max |", "|---|---|---|---|"]
+    for key, (label, fmt) in names.items():
+        s = seeds["spread"][key]
+        lines.append(f"| {label} | {result[key]:{fmt}} | {s['mean']:{fmt}} ± {s['sd']:{fmt}} | "
+                     f"{s['min']:{fmt}} – {s['max']:{fmt}} |")
     return lines
 
 
