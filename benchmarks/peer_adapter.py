@@ -126,7 +126,9 @@ def install(peers) -> None:
             return logits[:, -1]
 
         def reorder(self, sel):
-            self.cache = self.cache.index_select(sel)
+            # peers.beam_search picks parents within each sentence's beams, whose cross-attention K/V are equal:
+            # only the self-attention K/V follow (owed, gathered by the next step's append), as in beam_search
+            self.cache = self.cache.reorder(sel)
 
     peers.Peer = Peer
     peers.PEERS[:0] = ["workbench"]

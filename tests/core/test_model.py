@@ -8,6 +8,7 @@ from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.core.embedding import sinusoidal_positions
+from workbench.core.model import Encoded
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -116,6 +117,87 @@ def test_kv_cache_prefill_then_steps_and_reorder():
     order = torch.tensor([1, 0])
     logits, _ = model.decode(tgt[order, 4:], encoded.index_select(order), cache.index_select(order))
     torch.testing.assert_close(logits, full[order, 4:], rtol=1e-5, atol=1e-5)
+
+
+def _copied_now(cache, index, *, cross: bool):
+    """The cache's rows `index` as before reorders were owed: the self-attention K/V (and with `cross` the
+    cross-attention K/V) copied at once."""
+    from workbench.core.attention import KVCache
+    from workbench.core.model import DecoderCache
+
+    copy = lambda kv: KVCache(kv.k.index_select(0, index), kv.v.index_select(0, index))  # noqa: E731
+    return DecoderCache([copy(kv) for kv in cache.self_kv], [copy(kv) if cross else kv for kv in cache.cross_kv])
+
+
+def test_owed_reorders_equal_copying_the_cache_at_once():
+    """Beam search's reorders (expand to beams, follow parents, drop finished rows) are owed and applied by the next
+    append; every step's logits and the K/V a reader sees are bit-identical to copying the cache at each reorder."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=3, tgt_len=2, pad=False)
+    encoded = model.encode(src)
+    _, owed = model.decode(tgt, encoded, model.start_cache(encoded))  # a prefilled (strided) cache
+    now = owed
+    # (parents: beam search's own reorder, of the self-attention K/V only; else every K/V tensor), composed in pairs
+    steps = [[("all", [0, 0, 1, 1, 2, 2])], [("parents", [1, 0, 3, 2, 4, 4])], [], [("all", [0, 1, 4, 5])],
+             [("parents", [1, 0, 3, 3])], [("parents", [1, 0, 3, 2]), ("all", [2, 3, 0])], [("parents", [2, 2, 0])]]
+    tokens = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for reorders in steps:
+            for kind, index in reorders:
+                index = torch.tensor(index)
+                if kind == "all":
+                    owed, now = owed.index_select(index), _copied_now(now, index, cross=True)
+                    encoded = Encoded(encoded.memory.index_select(0, index), None)
+                else:
+                    owed, now = owed.reorder(index), _copied_now(now, index, cross=False)
+            step = torch.randint(4, cfg.tgt_vocab, (encoded.memory.size(0), 1), generator=tokens)
+            step_owed, owed = model.decode(step, encoded, owed)
+            step_now, now = model.decode(step, encoded, now)
+            assert torch.equal(step_owed, step_now)
+        owed = owed.reorder(torch.tensor([1, 0, 0]))
+        now = _copied_now(now, torch.tensor([1, 0, 0]), cross=False)
+    for a, b in zip(owed.self_kv + owed.cross_kv, now.self_kv + now.cross_kv):  # read while a reorder is owed
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    assert owed.length == now.length == 2 + len(steps)
+
+
+def test_continuing_one_cache_twice_leaves_it_and_both_continuations_intact():
+    """A cache is a value: appending never writes into the tensors an earlier cache reads."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=2, tgt_len=6, pad=False)
+    encoded = model.encode(src)
+    cache = model.start_cache(encoded)
+    for t in range(3):
+        _, cache = model.decode(tgt[:, t : t + 1], encoded, cache)
+    cache = cache.reorder(torch.tensor([1, 1]))
+    before = [(kv.k.clone(), kv.v.clone()) for kv in cache.self_kv]
+    first, after_first = model.decode(tgt[:, 3:4], encoded, cache)
+    second, _ = model.decode(tgt[:, 4:5], encoded, cache)
+    again, _ = model.decode(tgt[:, 3:4], encoded, cache)
+    assert torch.equal(first, again) and not torch.equal(first, second)
+    for (k, v), kv in zip(before, cache.self_kv):
+        assert torch.equal(k, kv.k) and torch.equal(v, kv.v)
+    assert after_first.length == 4
+
+
+def test_owed_reorder_under_autograd_gives_gradients():
+    """Under autograd the append takes the plain gather and cat (out= copies are not differentiable)."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, tgt = make_batch(cfg, batch=2, tgt_len=4, pad=False)
+    encoded = model.encode(src)
+    _, cache = model.decode(tgt[:, :2], encoded, model.start_cache(encoded))
+    logits, _ = model.decode(tgt[[1, 1], 2:3], Encoded(encoded.memory[[1, 1]], None),
+                             cache.reorder(torch.tensor([1, 1])))
+    logits.sum().backward()
+    assert model.dec[0].self_attn.k_proj.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        _, cache = model.decode(tgt[:, :2], encoded, model.start_cache(encoded))
+        same, _ = model.decode(tgt[[1, 1], 2:3], Encoded(encoded.memory[[1, 1]], None),
+                               cache.reorder(torch.tensor([1, 1])))
+    assert torch.equal(same, logits.detach())
 
 
 def test_cached_steps_capture_attention_matching_the_full_pass():

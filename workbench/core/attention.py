@@ -28,7 +28,6 @@ import math
 import mmap
 import threading
 import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,15 +37,99 @@ from .hooks import HookPoint, observed
 from .masks import causal_mask
 
 
-@dataclass
-class KVCache:
-    """Keys and values of one attention block, (B, H, L, Dh) each."""
+class RowOrder:
+    """A beam reorder owed to self-attention caches: current row i reads stored row `rows[i]`.
 
-    k: torch.Tensor
-    v: torch.Tensor
+    Beam search reorders every layer's cache by the beams' parents each step, and each step's append then copied
+    the whole cache again (`torch.cat`): two copies of every cache per step. Owing the reorder instead lets the
+    next append gather the stored rows and write the new step in one pass (`KVCache.append`). One RowOrder is
+    shared by a decoder's layers, so the flat index the gather reads is built once per step, not once per layer.
+    """
+
+    __slots__ = ("rows", "_flat")
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows  # (B,) indices into the stored rows
+        self._flat: dict[int, torch.Tensor] = {}
+
+    def then(self, index: torch.Tensor) -> RowOrder:
+        """This reorder followed by `index` (rows of the reordered batch)."""
+        return RowOrder(self.rows.index_select(0, index))
+
+    def flat(self, heads: int) -> torch.Tensor:
+        """(B·heads,) rows of the stored (B0·heads, L, Dh) view, in the current (B, heads) order."""
+        index = self._flat.get(heads)
+        if index is None:
+            offsets = torch.arange(heads, device=self.rows.device)
+            index = self._flat[heads] = (self.rows[:, None] * heads + offsets).view(-1)
+        return index
+
+
+class KVCache:
+    """Keys and values of one attention block, (B, H, L, Dh) each.
+
+    A self-attention cache may owe a reorder (`reorder`, beam search following parents): `k` and `v` apply it
+    when read, and `append` applies it while writing the next step, so a beam step copies its cache once.
+    The stored tensors are never written after the cache is made: an older cache stays valid, and two
+    continuations of one cache (decoding twice from it) do not disturb each other.
+    """
+
+    __slots__ = ("_k", "_v", "order")
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, order: RowOrder | None = None) -> None:
+        self._k, self._v, self.order = k, v, order
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self._k if self.order is None else self._k.index_select(0, self.order.rows)
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._v if self.order is None else self._v.index_select(0, self.order.rows)
+
+    @property
+    def length(self) -> int:
+        """Positions held (L)."""
+        return self._k.size(2)
+
+    def __repr__(self) -> str:
+        owed = "" if self.order is None else f", reordered to {self.order.rows.numel()} rows"
+        return f"KVCache(k={tuple(self._k.shape)}, v={tuple(self._v.shape)}{owed})"
 
     def index_select(self, index: torch.Tensor) -> KVCache:
+        """Rows `index` of the batch, copied now (cross-attention keys, read every step)."""
         return KVCache(self.k.index_select(0, index), self.v.index_select(0, index))
+
+    def reorder(self, index: torch.Tensor) -> KVCache:
+        """Rows `index` of the current batch, owed: copied by the next `append` (or read)."""
+        return self.read_through(RowOrder(index) if self.order is None else self.order.then(index))
+
+    def read_through(self, order: RowOrder) -> KVCache:
+        """The stored K/V with `order` (rows of the stored batch) owed in place of this cache's own."""
+        return KVCache(self._k, self._v, order)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
+        """The cache followed by new positions `k`, `v` (B, H, Lnew, Dh): owed reorder and new step in one copy."""
+        if self.order is None or _needs_autograd(self._k, self._v, k, v) or k.dtype != self._k.dtype:
+            return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+        return KVCache(self._gather_append(self._k, k), self._gather_append(self._v, v))
+
+    def _gather_append(self, stored: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """torch.cat([stored[rows], new], 2) written once: the rows' (L, Dh) blocks gathered straight into place."""
+        assert self.order is not None
+        b0, heads, length, d_head = stored.shape
+        b = self.order.rows.numel()
+        out = torch.empty((b, heads, length + new.size(2), d_head), dtype=stored.dtype, device=stored.device)
+        # as (B·H, L, Dh), each gathered row is one contiguous block in both tensors: index_select's memcpy path
+        torch.index_select(stored.reshape(b0 * heads, length, d_head), 0, self.order.flat(heads),
+                           out=out.view(b * heads, -1, d_head)[:, :length])
+        out[:, :, length:] = new
+        return out
+
+
+def _needs_autograd(*tensors: torch.Tensor) -> bool:
+    # out= copies are not differentiable: under autograd the append is the plain gather and cat
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class MultiHeadAttention(nn.Module):
@@ -148,10 +231,8 @@ class MultiHeadAttention(nn.Module):
         else:
             q, k, v = self.project_qkv(x)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-            if cache is not None:
-                k = torch.cat([cache.k, k], dim=2)
-                v = torch.cat([cache.v, v], dim=2)
-            new_cache = KVCache(k, v)
+            new_cache = KVCache(k, v) if cache is None else cache.append(k, v)
+            k, v = new_cache.k, new_cache.v
 
         q_len, k_len = q.size(2), k.size(2)
         offset = k_len - q_len  # earlier positions held in the cache

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import KVCache
+from .attention import KVCache, RowOrder
 from .config import ModelConfig
 from .embedding import Positions, init_embedding
 from .heads import Head
@@ -51,14 +51,29 @@ class DecoderCache:
     @property
     def length(self) -> int:
         first = self.self_kv[0] if self.self_kv else None
-        return 0 if first is None else first.k.size(2)
+        return 0 if first is None else first.length
 
     def index_select(self, index: torch.Tensor) -> DecoderCache:
-        """Reorder or expand along the batch dimension (beam search)."""
-        return DecoderCache(
-            [None if kv is None else kv.index_select(index) for kv in self.self_kv],
-            [kv.index_select(index) for kv in self.cross_kv],
-        )
+        """Reorder or expand along the batch dimension (beam search); see `reorder` for the self-attention K/V."""
+        return DecoderCache(self.reorder(index).self_kv, [kv.index_select(index) for kv in self.cross_kv])
+
+    def reorder(self, index: torch.Tensor) -> DecoderCache:
+        """Self-attention K/V follow rows `index` (beams their parents); cross-attention K/V stay as they are.
+
+        The reorder is owed, not copied: each layer's next append gathers and appends in one pass
+        (`KVCache.append`), and the layers share one `RowOrder`, so its index is built once.
+        """
+        orders: dict[int, RowOrder] = {}  # layers owing the same reorder keep sharing one
+        self_kv: list[KVCache | None] = []
+        for kv in self.self_kv:
+            if kv is None:
+                self_kv.append(None)
+                continue
+            key = id(kv.order)
+            if key not in orders:
+                orders[key] = RowOrder(index) if kv.order is None else kv.order.then(index)
+            self_kv.append(kv.read_through(orders[key]))
+        return DecoderCache(self_kv, self.cross_kv)
 
 
 @dataclass(frozen=True, eq=False)

@@ -519,9 +519,9 @@ def beam_search(
                 encoded = encoded.index_select(rows)
                 cache = DecoderCache(cache.self_kv, [kv.index_select(rows) for kv in cache.cross_kv])
                 row_sent, row_beam = beams.sent.repeat_interleave(K), row_beam[: rows.numel()]
-            # the self-attention K/V follow their beams; cross K/V are the same within a sentence
-            cache = DecoderCache([None if kv is None else kv.index_select(parent) for kv in cache.self_kv],
-                                 cache.cross_kv)
+            # the self-attention K/V follow their beams (owed: the next step's append gathers them as it writes);
+            # cross K/V are the same within a sentence
+            cache = cache.reorder(parent)
             if recorder is not None:
                 recorder.link(parent)
 
