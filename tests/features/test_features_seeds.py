@@ -61,7 +61,7 @@ def test_the_spread_is_that_of_the_seeds_figures_and_the_card_shows_it(trained):
     assert [p["seed"] for p in seeds["per_seed"]] == [0, 1, 2]
     card = "\n".join(_card_seeds_and_time(result | {"seeds": seeds}))
     s = seeds["spread"]["delta_ce"]
-    assert f"| ΔCE (nats) | {result['delta_ce']:.4f} | {s['mean']:.4f} ± {s['sd']:.4f} | {s['min']:.4f} – " \
+    assert f"| ΔCE (nats) | {result['delta_ce']:.4f} | {s['mean']:.4f} ± {s['sd']:.2g} | {s['min']:.4f} – " \
            f"{s['max']:.4f} |" in card
     assert "mean ± s.d. over 3 seeds" in card
 

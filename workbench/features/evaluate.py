@@ -546,7 +546,8 @@ def _card_spread(seeds: dict[str, Any], result: dict[str, Any]) -> list[str]:
     lines = ["", f"| | this dictionary | mean ± s.d. over {seeds['count']} seeds | min – max |", "|---|---|---|---|"]
     for key, (label, fmt) in names.items():
         s = seeds["spread"][key]
-        lines.append(f"| {label} | {result[key]:{fmt}} | {s['mean']:{fmt}} ± {s['sd']:{fmt}} | "
+        sd = f"{s['sd']:{fmt}}" if fmt.endswith("%") else f"{s['sd']:.2g}"  # two significant digits: 3e-05, not 0.0000
+        lines.append(f"| {label} | {result[key]:{fmt}} | {s['mean']:{fmt}} ± {sd} | "
                      f"{s['min']:{fmt}} – {s['max']:{fmt}} |")
     return lines
 
