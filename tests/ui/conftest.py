@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from workbench.ui import workers
-from workbench.ui.requests import HEAVY_NICE
+sys.path.insert(0, str(Path(__file__).parent))
+from app_fixtures import build_checkpoint  # noqa: E402
+
+from workbench.ui import loader, workers  # noqa: E402
+from workbench.ui.requests import HEAVY_NICE  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +20,12 @@ def pool():
     placement = workers.LocalPlacement(1, HEAVY_NICE)
     yield placement
     placement.close()
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    """The checkpoints found in a folder holding one untrained checkpoint, "alpha" (seed 0); a test module that needs
+    other checkpoints defines its own `entries`."""
+    root = tmp_path_factory.mktemp("ckpts")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    return loader.discover([root], default=None)[0]

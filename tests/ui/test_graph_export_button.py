@@ -12,19 +12,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from app_fixtures import build_checkpoint  # noqa: E402
 
 from workbench.analysis.attribution.graph_export import validate_circuit_tracer  # noqa: E402
-from workbench.ui import loader  # noqa: E402
 from workbench.ui.graph_view import GraphView, sentence_tensors  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpts")
-    build_checkpoint(root / "alpha", seed=0, steps=0)
-    return loader.discover([root], default=None)[0]
 
 
 def test_the_circuit_tracer_download_is_the_shown_graph(entries):

@@ -25,19 +25,12 @@ from workbench.analysis.attribution.graph import graph_size  # noqa: E402
 from workbench.charts.export import external_references  # noqa: E402
 from workbench.charts.graph import selected_detail  # noqa: E402
 from workbench.core.batching import decoder_input  # noqa: E402
-from workbench.ui import Workbench, graph_view, loader, workers  # noqa: E402
+from workbench.ui import Workbench, graph_view, workers  # noqa: E402
 from workbench.ui.graph_view import TAB, GraphView, build_graph  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.views import _md_escape  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
-
-
-@pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpts")
-    build_checkpoint(root / "alpha", seed=0, steps=0)
-    return loader.discover([root], default=None)[0]
 
 
 @pytest.fixture

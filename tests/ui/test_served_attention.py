@@ -27,22 +27,13 @@ from panel.io.server import get_server
 from tornado.httpclient import AsyncHTTPClient
 
 sys.path.insert(0, str(Path(__file__).parent))
-from app_fixtures import build_checkpoint  # noqa: E402
 
 from workbench.charts.heatmap import IMAGE_NAME  # noqa: E402
-from workbench.ui import loader  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.views import AttentionView  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
 WAIT_S = 60  # a bound on waiting for the server's callbacks, not a timing
-
-
-@pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpts")
-    build_checkpoint(root / "alpha", seed=0, steps=0)
-    return loader.discover([root], default=None)[0]
 
 
 @pytest.fixture

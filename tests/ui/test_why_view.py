@@ -15,23 +15,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from app_fixtures import build_checkpoint  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
 from workbench.analysis.attribution.decompose import direct_logit_attribution  # noqa: E402
 from workbench.analysis.circuits.patching import log_prob, patching_sweep  # noqa: E402
-from workbench.ui import Workbench, loader, why_view, workers  # noqa: E402
+from workbench.ui import Workbench, why_view, workers  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 from workbench.ui.why_view import TAB, WhyView, explain_token, patch  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
-
-
-@pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpts")
-    build_checkpoint(root / "alpha", seed=0, steps=0)
-    return loader.discover([root], default=None)[0]
 
 
 @pytest.fixture

@@ -16,22 +16,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from app_fixtures import build_checkpoint  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
-from workbench.ui import loader, why_view, workers  # noqa: E402
+from workbench.ui import why_view, workers  # noqa: E402
 from workbench.ui.requests import HEAVY_NICE, Cancelled, Requests  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 
 SENTENCE = "Ein Hund läuft durch den Park."
 WAIT = 120
-
-
-@pytest.fixture(scope="module")
-def entries(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpts")
-    build_checkpoint(root / "alpha", seed=0, steps=0)
-    return loader.discover([root], default=None)[0]
 
 
 def _wait(check, what: str) -> None:
