@@ -392,8 +392,9 @@ def _mask_in_place(scores: torch.Tensor, mask: torch.Tensor) -> None:
     instead of NaN. A fill whose mask broadcasts over heads and queries costs more than the softmax after it (CPU,
     one thread, 32x4x512x512 fp32: 87 ms vs 52; H100, 32x8x512x512 bf16: 0.38 ms vs 0.11), though a padding mask hides
     a few trailing keys: so the fill starts at the first masked column when that is in the second half of the keys,
-    and is skipped when no key is masked (one sentence, a batch of equal lengths). Bit-identical to the whole-tensor fill (tested). A causal mask masks from
-    column 1 on and gains nothing; under torch.compile, which cannot trace the host read, the plain fill runs.
+    and is skipped when no key is masked (one sentence, a batch of equal lengths). Bit-identical to the whole-tensor
+    fill (tested). A causal mask masks from column 1 on and gains nothing; under torch.compile, which cannot trace
+    the host read, the plain fill runs.
     """
     hidden = ~mask
     if torch.compiler.is_compiling():
