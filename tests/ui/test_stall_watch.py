@@ -4,6 +4,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,12 +20,27 @@ def _hold_the_loop_for(seconds: float) -> None:
 
 
 def _run_loop(watch: StallWatch, work) -> None:
+    """Run `work` on a fresh event loop in its own thread (another test may have left this thread's loop running)."""
+
     async def main():
         watch.start(asyncio.get_running_loop())
         await asyncio.sleep(0.3)  # the first beat, then a free-running loop
         await work()
 
-    asyncio.run(main())
+    failures = []
+
+    def run():
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # re-raised in the test's thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, name="test-loop")
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the test's event loop did not finish"
+    if failures:
+        raise failures[0]
 
 
 def test_a_blocking_callback_is_named_with_the_loop_thread(tmp_path):
