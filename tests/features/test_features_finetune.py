@@ -33,32 +33,29 @@ def _finetune_cfg(out_dir, start, **over) -> FeatureTrainConfig:
 
 
 @torch.no_grad()
-def _eval_kl(model, data: ParallelData, d: SparseDictionary) -> float:
-    """Mean KL(clean ‖ spliced) per target token, spliced as `features eval` splices (`splice_hooks`)."""
-    total, n = 0.0, 0
+def _eval_spliced(model, data: ParallelData, d: SparseDictionary) -> tuple[float, float]:
+    """(mean KL(clean ‖ spliced), mean next-token cross-entropy on the reference) per target token, with `d` spliced
+    as `features eval` splices (`splice_hooks`)."""
+    kl, ce, n = 0.0, 0.0, 0
     for idx in data.batches(256, shuffle=False):
         batch = data.collate(idx, model.cfg)
         mask = batch.tgt_out != model.cfg.pad_id
         clean = model(batch.src, batch.tgt_in)[mask].float().log_softmax(-1)
         with model.hooks(splice_hooks(site_of(d), d)):
-            spliced = model(batch.src, batch.tgt_in)[mask].float().log_softmax(-1)
-        total += float((clean.exp() * (clean - spliced)).sum())
-        n += int(mask.sum())
-    return total / n
-
-
-@torch.no_grad()
-def _eval_ce(model, data: ParallelData, d: SparseDictionary) -> float:
-    """Mean next-token cross-entropy on the reference per target token with `d` spliced as `features eval` does."""
-    total, n = 0.0, 0
-    for idx in data.batches(256, shuffle=False):
-        batch = data.collate(idx, model.cfg)
-        mask = batch.tgt_out != model.cfg.pad_id
-        with model.hooks(splice_hooks(site_of(d), d)):
             logits = model(batch.src, batch.tgt_in)[mask].float()
-        total += float(torch.nn.functional.cross_entropy(logits, batch.tgt_out[mask], reduction="sum"))
+        spliced = logits.log_softmax(-1)
+        kl += float((clean.exp() * (clean - spliced)).sum())
+        ce += float(torch.nn.functional.cross_entropy(logits, batch.tgt_out[mask], reduction="sum"))
         n += int(mask.sum())
-    return total / n
+    return kl / n, ce / n
+
+
+def _eval_kl(model, data: ParallelData, d: SparseDictionary) -> float:
+    return _eval_spliced(model, data, d)[0]
+
+
+def _eval_ce(model, data: ParallelData, d: SparseDictionary) -> float:
+    return _eval_spliced(model, data, d)[1]
 
 
 @pytest.fixture(scope="module")
