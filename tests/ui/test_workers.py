@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from concurrent import futures
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +187,43 @@ def test_a_dead_worker_hands_its_job_to_the_servers_threads_and_the_log_says_so(
         on_loop(main)
     assert answers == ["ran in the server's threads"] and workers._PLACEMENT is None
     assert "the worker pool broke" in caplog.text
+
+
+def test_starting_the_pool_never_blocks_the_caller_and_a_close_waits_for_the_start(monkeypatch):
+    """The pool starts its processes inside its own `submit` (the forkserver imports torch: seconds); the server's
+    loop must not wait for that. Here the pool's submit is held until the test lets it go: `submit` and `warm`
+    return at once, a job cancelled meanwhile never reaches the pool, and a `close` queued behind the start shuts
+    the pool down only after it (a server stopped during the start had logged a forkserver traceback)."""
+    placement = workers.LocalPlacement(1, HEAVY_NICE)
+    held, calls = threading.Event(), []
+    real_submit = placement.pool.submit
+
+    def held_submit(fn, *args):
+        held.wait(WAIT)
+        calls.append(fn)
+        return real_submit(fn, *args)
+
+    monkeypatch.setattr(placement.pool, "submit", held_submit)
+    monkeypatch.setattr(workers, "_PLACEMENT", placement)
+    monkeypatch.setattr(workers, "_WARMED", set())
+    kept = placement.submit(workers.probe, (1, 0.0))
+    dropped = placement.submit(workers.probe, (1, 0.0))
+    warming = workers.warm("/nowhere/checkpoint")  # returns its futures while the pool is held
+    assert len(warming) == 1 and not any(f.done() for f in warming)
+    assert not kept.future.done() and calls == []  # submit returned before the pool was called
+    dropped.cancel()
+    assert dropped.inner.cancelled()
+    held.set()
+    pid, _nice = kept.future.result(timeout=WAIT)
+    assert pid != os.getpid()
+    assert calls.count(workers._run_local) == 1  # the cancelled job never reached the pool
+    with pytest.raises(Exception, match="nowhere|No such|not found|exist"):
+        warming[0].result(timeout=WAIT)  # a missing checkpoint fails in the worker, and says so
+    held.clear()
+    late = placement.submit(workers.probe, (1, 0.0))
+    placement.close()  # queued behind the held call: the pool shuts down after it
+    held.set()
+    done, _ = futures.wait([late.inner], timeout=WAIT)  # run or cancelled by the shutdown: never left hanging
+    assert done
+    placement._calls.shutdown(wait=True)
+    assert placement.pool._shutdown_thread

@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import process as _cf_process
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -307,6 +307,11 @@ class LocalPlacement(Placement):
         self.processes = processes
         self.pool = ProcessPoolExecutor(max_workers=processes, mp_context=ctx, initializer=_init_worker,
                                         initargs=(self._queue, self._flags, nice))
+        # The pool starts its processes inside `pool.submit`, under its lock: the first one starts the forkserver,
+        # which imports torch (seconds). Every call into the pool therefore runs in this one thread, in order, never
+        # on the server's event loop (a first sweep had stalled every page for 6 s); `close` queues behind a start
+        # still under way, so a server stopped meanwhile shuts the pool down only once its processes exist.
+        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-pool-calls")
 
     def submit(self, fn, args, report=None, wanted=lambda: True) -> Job:
         job_id = next(self._ids)
@@ -316,7 +321,26 @@ class LocalPlacement(Placement):
         def cancel() -> None:
             self._flags[slot] = 1
 
-        return self._track(Job(job_id, self.pool.submit(_run_local, job_id, fn, args), report, cancel, wanted))
+        return self._track(Job(job_id, self.pool_submit(_run_local, job_id, fn, args), report, cancel, wanted))
+
+    def pool_submit(self, fn: Callable, *args: Any) -> Future:
+        """`self.pool.submit(fn, *args)` without waiting for it: a future that follows the pool's once the call
+        thread has made it (a cancel before then means the pool never sees the job)."""
+        deferred = _Deferred()
+
+        def call() -> None:
+            if deferred.cancelled():  # cancelled while it waited for the call thread: the pool never sees it
+                return
+            try:
+                deferred.attach(self.pool.submit(fn, *args))
+            except BaseException as exc:  # a broken or shut-down pool: the job fails with it, as pool.submit would
+                deferred.fail(exc)
+
+        try:
+            self._calls.submit(call)
+        except RuntimeError as exc:  # closed: as the pool's own submit after shutdown
+            deferred.fail(exc)
+        return deferred
 
     def _get(self, timeout: float) -> list:
         try:
@@ -332,7 +356,11 @@ class LocalPlacement(Placement):
 
     def close(self) -> None:
         super().close()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self._calls.submit(self.pool.shutdown, wait=False, cancel_futures=True)
+            self._calls.shutdown(wait=False)
+        except RuntimeError:  # closed twice
+            pass
 
 
 class DaskPlacement(Placement):
@@ -448,7 +476,55 @@ def warm(path: str) -> list[Future]:
     if not isinstance(p, LocalPlacement) or path in _WARMED:
         return []
     _WARMED.add(path)
-    return [p.pool.submit(_warm, path) for _ in range(p.processes)]
+    return [p.pool_submit(_warm, path) for _ in range(p.processes)]
+
+
+class _Deferred(Future):
+    """A pool future before the pool has made it (`LocalPlacement.pool_submit`): it settles as the pool's does,
+    and its `cancel` is the pool future's once there is one (a running job is not cancelled: its worker stops at
+    its next check, as with the pool's own future)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gate = threading.Lock()
+        self._pool_future: Future | None = None
+
+    def cancel(self) -> bool:
+        with self._gate:
+            if self._pool_future is None:
+                return self._cancel_here()
+            pool_future = self._pool_future
+        return pool_future.cancel()
+
+    def attach(self, pool_future: Future) -> None:
+        with self._gate:
+            if super().cancelled():  # cancelled before the pool had it: it never runs
+                pool_future.cancel()
+            self._pool_future = pool_future
+        pool_future.add_done_callback(self._follow)
+
+    def fail(self, exc: BaseException) -> None:
+        with self._gate:
+            if self.set_running_or_notify_cancel():
+                self.set_exception(exc)
+
+    def _cancel_here(self) -> bool:
+        """Cancel this future and tell its waiters (`concurrent.futures.wait`) at once, as a pool does when it
+        drops a cancelled job."""
+        if not super().cancel():
+            return False
+        self.set_running_or_notify_cancel()
+        return True
+
+    def _follow(self, pool_future: Future) -> None:
+        if pool_future.cancelled():
+            self._cancel_here()
+        elif self.set_running_or_notify_cancel():
+            exc = pool_future.exception()
+            if exc is None:
+                self.set_result(pool_future.result())
+            else:
+                self.set_exception(exc)
 
 
 _WARMED: set[str] = set()
