@@ -272,3 +272,25 @@ def test_a_long_head_view_draws_only_the_scrolled_window():
     expected = sum(1 for q, k in zip(lines["q"], lines["k"]) if max(q, k) >= lo and min(q, k) <= hi)
     assert sum(len(ys) // 3 for ys in paths["ys"]) == expected < len(lines["q"])
     assert fig.y_range.js_property_callbacks["change:start"]  # scrolling redraws the window
+
+
+def test_values_shown_in_place_equal_a_new_figure_and_another_shape_is_refused():
+    """`show_matrix_values` puts what `matrix_values` computes into a shown figure: the same image, colour range,
+    title (with its downsampling note) and highlighted row as a figure built from those values."""
+    from workbench.charts.heatmap import HIGHLIGHT_NAME, matrix_figure, matrix_values, show_matrix_values
+
+    rng = np.random.default_rng(0)
+    tokens = [f"t{i}" for i in range(40)]
+    shown = matrix_figure(rng.random((40, 40)), tokens, tokens, title="a", max_size=16)
+    values, masked = rng.random((40, 40)), np.triu(np.ones((40, 40), dtype=bool), 1)
+    show_matrix_values(shown, matrix_values(values, masked, title="b", max_size=16, highlight=3))
+    fresh = matrix_figure(values, tokens, tokens, masked=masked, title="b", max_size=16, highlight=3)
+    for name in (IMAGE_NAME, HIGHLIGHT_NAME):
+        a, b = (dict(f.select_one({"name": name}).data_source.data) for f in (shown, fresh))
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(np.asarray(a[k]), np.asarray(b[k]), equal_nan=True) for k in a)
+    mapper = lambda f: f.select_one({"name": IMAGE_NAME}).glyph.color_mapper  # noqa: E731
+    assert (mapper(shown).low, mapper(shown).high) == (mapper(fresh).low, mapper(fresh).high)
+    assert shown.title.text == fresh.title.text and "downsampled x3" in shown.title.text
+    with pytest.raises(ValueError, match="another shape"):
+        show_matrix_values(shown, matrix_values(rng.random((40, 39))))

@@ -397,10 +397,10 @@ def test_a_served_page_loads_its_first_model_off_the_event_loop(ckpt_dir, monkey
 
 
 def test_another_head_changes_the_shown_heatmap_in_place_and_a_new_sentence_draws_anew(session):
-    """A head or layer pick keeps the heatmap (its image, title and colour range change: one data source for the
-    page to update, not a new plot) with exactly a new figure's values; anything else in the layout (the words
-    toggle, another kind, a new sentence) draws a new figure."""
-    from workbench.charts.heatmap import IMAGE_NAME
+    """A head, layer or token pick keeps the heatmap (its image, title, colour range and highlighted row change: one
+    data source for the page to update, not a new plot) with exactly a new figure's values; anything else in the
+    layout (the words toggle, another kind, a new sentence) draws a new figure."""
+    from workbench.charts.heatmap import HIGHLIGHT_NAME, IMAGE_NAME
     from workbench.ui.views import AttentionView
 
     def image(fig):
@@ -410,13 +410,15 @@ def test_another_head_changes_the_shown_heatmap_in_place_and_a_new_sentence_draw
     view = AttentionView(session=session)
     view._redraw()
     shown = view.figure
-    for layer, head in ((0, 1), (1, 0), (1, -1)):
-        session.layer, session.head = layer, head
+    for layer, head, token in ((0, 1, -1), (1, 0, 2), (1, -1, 0), (0, 0, -1)):
+        session.layer, session.head, session.token = layer, head, token
         view._redraw()
         fresh = view.build(session.result)
         assert view.figure is shown and shown.title.text == fresh.title.text
         values, high = image(shown)
         assert np.array_equal(values, image(fresh)[0], equal_nan=True) and high == image(fresh)[1]
+        mark = lambda fig: dict(fig.select_one({"name": HIGHLIGHT_NAME}).data_source.data)  # noqa: E731
+        assert mark(shown) == mark(fresh) and len(mark(shown)["top"]) == (token >= 0)
     session.words = True
     view._redraw()
     assert view.figure is not shown

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,7 +21,6 @@ from bokeh.models import (
     CustomJSHover,
     HoverTool,
     LinearColorMapper,
-    Plot,
     Range1d,
 )
 from bokeh.palettes import RdBu11, interp_palette
@@ -126,24 +126,18 @@ def matrix_figure(
     lq, lk = values.shape
     if (lq, lk) != (len(queries), len(keys)):
         raise ValueError(f"matrix is {lq}x{lk} but {len(queries)} query and {len(keys)} key tokens were given")
-    data, factor = image_data(values, masked, max_size)
-    if high is None:
-        finite = values[~masked] if masked is not None and (~masked).any() else values
-        high = float(np.nanmax(finite)) if finite.size else 1.0
-        high = high if high > low else low + 1.0
+    shown = matrix_values(values, masked, title=title, low=low, high=high, max_size=max_size, highlight=highlight)
     cell = max(2, min(18, 640 // max(lq, lk, 1)))
     width = width or max(380, min(900, lk * cell + 150))
     height = height or max(220, min(900, lq * cell + 110))
-    if factor > 1:
-        title = f"{title} [downsampled x{factor}: block means]"
     fig = figure(
-        title=title, width=width, height=height, x_range=Range1d(-0.5, lk - 0.5, bounds=(-0.5, lk - 0.5)),
+        title=shown.title, width=width, height=height, x_range=Range1d(-0.5, lk - 0.5, bounds=(-0.5, lk - 0.5)),
         y_range=Range1d(lq - 0.5, -0.5, bounds=(-0.5, lq - 0.5)), tools="pan,wheel_zoom,box_zoom,reset,save",
         toolbar_location="above",
     )
     fig.title.text_font_size = "11px"
-    mapper = LinearColorMapper(palette=palette, low=low, high=high, nan_color=MASKED_COLOR)
-    renderer = fig.image(source=ColumnDataSource(data), image="image", x="x", y="y", dw="dw", dh="dh",
+    mapper = LinearColorMapper(palette=palette, low=shown.low, high=shown.high, nan_color=MASKED_COLOR)
+    renderer = fig.image(source=ColumnDataSource(shown.image), image="image", x="x", y="y", dw="dw", dh="dh",
                          color_mapper=mapper, name=IMAGE_NAME)
     fig.add_tools(HoverTool(
         renderers=[renderer],
@@ -152,11 +146,8 @@ def matrix_figure(
     ))
     label_axes(fig, queries, keys)
     fig.grid.visible = False
-    rows = [] if highlight is None else [highlight]
-    fig.quad(source=ColumnDataSource({"top": [r - 0.5 for r in rows], "bottom": [r + 0.5 for r in rows],
-                                      "left": [-0.5] * len(rows), "right": [lk - 0.5] * len(rows)}),
-             top="top", bottom="bottom", left="left", right="right", fill_alpha=0, line_color="#ff2d55",
-             line_width=2, name=HIGHLIGHT_NAME)
+    fig.quad(source=ColumnDataSource(shown.highlight), top="top", bottom="bottom", left="left", right="right",
+             fill_alpha=0, line_color="#ff2d55", line_width=2, name=HIGHLIGHT_NAME)
     if axis_labels != ("query", "key"):
         fig.yaxis.axis_label, fig.xaxis.axis_label = axis_labels
     if colorbar:
@@ -164,47 +155,56 @@ def matrix_figure(
     return fig
 
 
-def _layout_of(fig) -> tuple | None:
-    """What a `matrix_figure` shows besides its values: size, ranges, token labels and hover tokens, colour bar and
-    axis titles (None when `fig` is not one)."""
-    if not isinstance(fig, Plot):  # a layout of several figures (the model view's grid, the head view)
-        return None
-    image, mark, hover = (list(fig.select(s)) for s in ({"name": IMAGE_NAME}, {"name": HIGHLIGHT_NAME},
-                                                         {"type": HoverTool}))
-    if len(image) != 1 or len(mark) != 1 or len(hover) != 1:
-        return None
-    image, hover = image[0], hover[0]
-    tokens = tuple(tuple(f.args.get("tokens", ())) for k, f in sorted(hover.formatters.items()) if k != "@image")
-    return (fig.width, fig.height, fig.sizing_mode, fig.min_width, fig.x_range.start, fig.x_range.end,
-            fig.y_range.start, fig.y_range.end, tokens, tuple(hover.tooltips), len(fig.right),
-            fig.xaxis[0].axis_label, fig.yaxis[0].axis_label, tuple(image.glyph.color_mapper.palette))
+@dataclass(frozen=True)
+class MatrixValues:
+    """What a `matrix_figure` shows of its matrix: the image's data source, the colour range, the title (with its
+    downsampling note) and the highlighted row's data source. Everything else in the figure follows the tokens."""
+
+    image: dict
+    low: float
+    high: float
+    title: str
+    highlight: dict
 
 
-def can_refresh_matrix_figure(shown, new) -> bool:
-    """Whether `refresh_matrix_figure(shown, new)` can show `new` in `shown`: two `matrix_figure`s (each a single
-    plot with one image, one highlight and one hover) that differ only in values, highlighted row and title."""
-    if shown is new:
-        return False
-    layout = _layout_of(shown)
-    return layout is not None and layout == _layout_of(new)
+def matrix_values(values: np.ndarray, masked: np.ndarray | None = None, *, title: str = "", low: float = 0.0,
+                  high: float | None = None, max_size: int = 1024, highlight: int | None = None) -> MatrixValues:
+    """The parts of a `matrix_figure` that depend on the values (same arguments): `show_matrix_values` puts them
+    into a figure already shown, so a new head needs no new figure."""
+    values = np.asarray(values)
+    lq, lk = values.shape
+    data, factor = image_data(values, masked, max_size)
+    if high is None:
+        finite = values[~masked] if masked is not None and (~masked).any() else values
+        high = float(np.nanmax(finite)) if finite.size else 1.0
+        high = high if high > low else low + 1.0
+    if factor > 1:
+        title = f"{title} [downsampled x{factor}: block means]"
+    rows = [] if highlight is None else [highlight]
+    mark = {"top": [r - 0.5 for r in rows], "bottom": [r + 0.5 for r in rows], "left": [-0.5] * len(rows),
+            "right": [lk - 0.5] * len(rows)}
+    return MatrixValues(data, low, high, title, mark)
 
 
-def refresh_matrix_figure(shown, new) -> bool:
-    """Show `new`'s values in the figure `shown` (both `matrix_figure`s) when they differ in nothing else: its image,
-    highlighted row, title and colour range change in place, so the page updates one data source instead of
-    building a whole new plot. False (nothing changed) when the layouts differ: draw `new` instead.
+def show_matrix_values(shown, new: MatrixValues) -> None:
+    """Put `new` into `shown`, a `matrix_figure` of the same tokens (shape, labels, hover): its image, colour range,
+    highlighted row and title change in place; one data source for the page to update, nothing is built.
 
     On a served page, call it where the page's document lock is held (see `ui.views.AttentionView`)."""
-    if not can_refresh_matrix_figure(shown, new):
-        return False
-    image, new_image = shown.select_one({"name": IMAGE_NAME}), new.select_one({"name": IMAGE_NAME})
-    mapper, new_mapper = image.glyph.color_mapper, new_image.glyph.color_mapper
-    mapper.update(low=new_mapper.low, high=new_mapper.high)
-    image.data_source.data = dict(new_image.data_source.data)
-    mark = shown.select_one({"name": HIGHLIGHT_NAME})
-    mark.data_source.data = dict(new.select_one({"name": HIGHLIGHT_NAME}).data_source.data)
-    shown.title.text = new.title.text
-    return True
+    image = shown.select_one({"name": IMAGE_NAME})
+    if image.data_source.data["dw"] != new.image["dw"] or image.data_source.data["dh"] != new.image["dh"]:
+        raise ValueError("show_matrix_values: the new matrix has another shape than the shown figure's")
+    image.glyph.color_mapper.update(low=new.low, high=new.high)
+    image.data_source.data = dict(new.image)
+    shown.select_one({"name": HIGHLIGHT_NAME}).data_source.data = dict(new.highlight)
+    shown.title.text = new.title
+
+
+def heatmap_values(att: Attention, *, highlight: int | None = None, title: str | None = None,
+                   **kw) -> MatrixValues:
+    """`heatmap(att, ...)`'s `MatrixValues`, without building it."""
+    return matrix_values(att.mean, att.masked, title=att.describe() if title is None else title,
+                         highlight=highlight, **kw)
 
 
 def heatmap(att: Attention, *, highlight: int | None = None, **kw):
@@ -231,6 +231,14 @@ def attention_heatmap(
     """
     att = select_attention(trace, kind, layer, heads, batch=batch, words=words, **(select or {}))
     return heatmap(att, highlight=highlight, **kw)
+
+
+def attention_heatmap_values(trace: Trace, kind: AttentionKind, layer: int, heads: Heads = None, *, batch: int = 0,
+                             words: bool = False, highlight: int | None = None, select: dict | None = None,
+                             **kw) -> MatrixValues:
+    """`attention_heatmap(...)`'s `MatrixValues` (same arguments), for `show_matrix_values`: no figure is built."""
+    att = select_attention(trace, kind, layer, heads, batch=batch, words=words, **(select or {}))
+    return heatmap_values(att, highlight=highlight, **kw)
 
 
 def altair_heatmap(att: Attention, *, max_cells: int = 5000, width: int = 360, height: int = 360):

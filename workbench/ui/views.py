@@ -37,7 +37,7 @@ from ..charts import (
     training_curves_chart,
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
-from ..charts.heatmap import can_refresh_matrix_figure, refresh_matrix_figure
+from ..charts.heatmap import attention_heatmap_values, show_matrix_values
 from ..charts.internals import confidence_chart, label_smoothing_chart, schedule_vs_log_chart
 from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, Head
@@ -172,6 +172,7 @@ class AttentionView(pn.viewable.Viewer):
         self._pane = pn.pane.Bokeh(None, css_classes=["attention-figure"], sizing_mode="stretch_width")
         self._box = pn.Column(self._pane, sizing_mode="stretch_width")
         self.figure = None
+        self._heatmap_of = None  # (result, kind, words) of the shown heatmap: what fixes its tokens and layout
         self.session.param.watch(self._redraw, ["version", "kind", "layer", "head", "token", "words", "view"])
         self._redraw()
 
@@ -181,18 +182,23 @@ class AttentionView(pn.viewable.Viewer):
             self.figure = None
             self._box.objects = [pn.pane.Markdown("*No attention to show yet.*")]
             return
+        s = self.session
+        shows = (r, s.kind, s.words)
+        same = self._heatmap_of is not None and self._heatmap_of[0] is r and self._heatmap_of[1:] == shows[1:]
         try:
+            if s.view == "heatmap" and same and self.figure is not None and self._box.objects == [self._pane]:
+                # another head, layer or token of the same heatmap: its values change in place, no figure is built
+                # (building one to compare took 0.7-1.7 s of the event loop under load: docs/app.md, run 15)
+                values = self.heatmap_values(r)
+                shown = self.figure
+                in_its_document(shown, lambda: show_matrix_values(shown, values) if self.figure is shown else None)
+                return
             fig = self.build(r, interactive=True)
         except Exception as exc:
-            self.figure = None
+            self.figure = self._heatmap_of = None
             self._box.objects = [_fail("This view", exc)]
             return
-        if (self.session.view == "heatmap" and self.figure is not None and self._box.objects == [self._pane]
-                and can_refresh_matrix_figure(self.figure, fig)):
-            # another head or layer of the same sentence: the shown heatmap's values change in place
-            shown = self.figure
-            in_its_document(shown, lambda: refresh_matrix_figure(shown, fig) if self.figure is shown else None)
-            return
+        self._heatmap_of = shows if s.view == "heatmap" else None
         self.figure = fig
         self._pane.object = fig
         if self._box.objects != [self._pane]:  # re-setting the same children re-renders the column
@@ -223,6 +229,12 @@ class AttentionView(pn.viewable.Viewer):
         if interactive and tiles is not None:
             tiles.selected.on_change("indices", lambda attr, old, new, src=tiles: self._tapped_tile(src, new))
         return grid
+
+    def heatmap_values(self, r):
+        """The current heatmap's values (`charts.heatmap.MatrixValues`), as `build` would draw them."""
+        s = self.session
+        return attention_heatmap_values(r.trace, s.kind, s.layer, None if s.head < 0 else s.head, words=s.words,
+                                        highlight=None if s.token < 0 else s.token, select=_select(r, s.kind))
 
     def _tapped_row(self, event) -> None:
         if event.y is None:
