@@ -174,13 +174,17 @@ def test_served_progress_arrives_on_the_loop_and_stop_ends_the_sweep(entries, mo
         await asyncio.get_running_loop().run_in_executor(None, first_batch.wait, 60)
         release.set()
         await until(lambda: applied, "the first progress report")
+        maps.extend(o for o in view._patch_box.objects if isinstance(o, pn.pane.Bokeh))
         view.stop()
         await asyncio.sleep(0.5)
         return view
 
+    maps = []
     view = on_loop(main)
     assert applied and all(t is loop_thread[0] for t, _ in applied)
     assert "Stopped the exact sweep" in _note(view) and "attribution patching" in _note(view)
+    # the estimate shown while the sweep ran stays, figures and all: Stop changes its note, it draws nothing anew
+    assert maps and [o for o in view._patch_box.objects if isinstance(o, pn.pane.Bokeh)] == maps
     total = why_view.site_count(view.session.result)
     assert len(batches) < total / 8 - 1  # it stopped early
 

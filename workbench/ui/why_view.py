@@ -343,6 +343,7 @@ class WhyView(LazyTab):
         self._setting = False  # the view itself is writing `corrupted`
         self._patch_stale = True
         self._shown: Patching | None = None
+        self._shown_objects: list | None = None  # the note and maps drawn for `_shown`
         self._picker = pn.Column(sizing_mode="stretch_width")
         self._picker_many: bool | None = None
         self._bar = pn.indicators.Progress(value=0, max=1, visible=False, width=240, css_classes=["why-progress-bar"])
@@ -466,13 +467,17 @@ class WhyView(LazyTab):
             self._cache.popitem(last=False)
 
     def _show_patching(self, p: Patching, extra: str = "") -> None:
+        again = p is self._shown and self._shown_objects is not None and self._patch_box.objects == self._shown_objects
         self._shown = p
         self._patch_box.loading = False
         self._progress(None)
         self._stop.visible = False
         self._exact.visible = bool(p.maps) and not p.exact
-        objs = [pn.pane.Markdown(link_terms(_md_escape(extra + p.note)), css_classes=["why-patching-note"],
-                                 sizing_mode="stretch_width")]
+        note = link_terms(_md_escape(extra + p.note))
+        if again:  # the answer shown already (Stop keeps the estimate shown during the sweep): only the note changes
+            self._shown_objects[0].object = note  # (rebuilding its maps had held the event loop 2 s under load)
+            return
+        objs = [pn.pane.Markdown(note, css_classes=["why-patching-note"], sizing_mode="stretch_width")]
         for title, values, rows, cols, axes in p.maps:
             try:
                 what = "patching effect" if p.exact else "patching estimate (Δ log p, nats)"
@@ -482,7 +487,7 @@ class WhyView(LazyTab):
                 objs.append(pn.pane.Bokeh(_stretch(fig), sizing_mode="stretch_width"))
             except Exception as exc:
                 objs.append(_fail("Patching map", exc))
-        self._patch_box.objects = objs
+        self._patch_box.objects = self._shown_objects = objs
 
     def _patch_failed(self, exc: Exception) -> None:
         self._patch_box.loading = False
