@@ -14,7 +14,12 @@ RWTH are then run unchanged on Hansards en-fr (447 lines). Rows:
   (none / intersect / grow-diag, the paper's bidirectional grow-diag) chosen on lines 1-150;
 - "layer": the alignment layer stored beside the checkpoint (`alignment_layer`), trained on the model's own
   symmetrized shift-attention links of WMT14 Europarl pairs (never on the gold set); EOS rule and symmetrization
-  chosen on lines 1-150.
+  chosen on lines 1-150. `--extraction JSON` gives it an extraction (a prior head, target pieces, row
+  normalisation: `alignment_layer` docstring), chosen on lines 1-150 with `--dev-only DIR --extraction-grid`.
+
+    python scripts/alignment_methods.py ... --dev-only checkpoints/general-en-de --extraction-grid   # choose
+    python scripts/alignment_methods.py ... --extraction '{"prior": [0, 0, 0.5], "target_pieces": "max",
+        "normalize_rows": false}' --previous-layer DIR --save     # report, and store it if it wins on 151-508
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ import numpy as np
 import torch
 
 from workbench.analysis.alignment.alignment import bootstrap_aer, read_alignments, score_alignments
-from workbench.analysis.alignment.alignment_layer import load_alignment_layer, load_any_layer
+from workbench.analysis.alignment.alignment_layer import (
+    check_extraction,
+    load_alignment_layer,
+    load_any_layer,
+    save_alignment_layer,
+)
 from workbench.analysis.alignment.word_align import EOS_RULES, AlignmentSpec, alignment_maps, encode_words
 from workbench.checkpoint.format import save_alignment
 from workbench.decoding.translator import load
@@ -73,6 +83,18 @@ def _report(links, gold, draws: int) -> dict:
             "all_508": _score(links, gold, draws)}
 
 
+def extraction_grid(prior_head: tuple[int, int]) -> list[dict]:
+    """The extractions `--extraction-grid` scores: prior power 0 (none) .. 1 on `prior_head`'s norms, target
+    pieces by mean or max, rows normalised or not (20)."""
+    out = []
+    for power in (0.0, 0.25, 0.5, 0.75, 1.0):
+        for target in ("mean", "max"):
+            for normalize in (True, False):
+                e = {"target_pieces": target, "normalize_rows": normalize}
+                out.append({**e, "prior": [*prior_head, power]} if power else e)
+    return out
+
+
 def _layer_dev_grid(model, layer, sources, targets, gold) -> dict:
     """{(EOS rule, symmetrization): AER} of an alignment layer on the given (choice) lines."""
     maps = alignment_maps(model, sources, targets, method="layer", shift="awi", layer=layer)
@@ -93,6 +115,11 @@ def main() -> None:
     ap.add_argument("--previous-layer", default=None, metavar="DIR",
                     help="also score the layer stored in DIR (chosen the same way) and the paired difference of the "
                          "layer to it on lines 151-508")
+    ap.add_argument("--extraction", default=None, metavar="JSON",
+                    help="the extraction of the layer under test (alignment_layer docstring), chosen on lines 1-150")
+    ap.add_argument("--extraction-grid", action="store_true",
+                    help="with --dev-only: also score each layer under `extraction_grid` (prior head --prior-head)")
+    ap.add_argument("--prior-head", default="0:0", help="LAYER:HEAD of the prior in --extraction-grid")
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--json", default=None)
     ap.add_argument("--save", action="store_true", help="store the winner on lines 151-508 (the layer only if it "
@@ -113,11 +140,16 @@ def main() -> None:
                       read_alignments(data / gold, base=1, swap=swap))
     S, T, G = sets["rwth-deen"]
     if args.dev_only:
+        head = tuple(int(x) for x in args.prior_head.split(":"))
         for d in args.dev_only:
-            grid = _layer_dev_grid(tm.model, load_any_layer(d), S[DEV], T[DEV], G[DEV])
-            best = min(grid, key=grid.get)
-            print(json.dumps({"layer": d, "best": f"eos {best[0]} {best[1]}", "dev_aer": round(grid[best], 4),
-                              "grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()}}), flush=True)
+            layer = load_any_layer(d)
+            for e in extraction_grid(head) if args.extraction_grid else [layer.extraction]:
+                layer.extraction = check_extraction(e)
+                grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
+                best = min(grid, key=grid.get)
+                print(json.dumps({"layer": d, "extraction": e, "best": f"eos {best[0]} {best[1]}",
+                                  "dev_aer": round(grid[best], 4),
+                                  "grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()}}), flush=True)
         return
     out: dict = {"checkpoint": args.checkpoint, "chosen_on": "RWTH de-en lines 1-150", "reported_on":
                  "RWTH lines 151-508 and all 508; Hansards en-fr all 447 with the RWTH choice",
@@ -152,6 +184,7 @@ def main() -> None:
     run("shift-att", AlignmentSpec("weights", "awi", "drop", ((lay, None),), {}, sym),
         extra={"dev_grid": {f"L{a} {b}": round(v, 4) for (a, b), v in grid.items()}})
 
+    layer_objects: dict = {}
     layers = [("layer", args.layer_dir or args.checkpoint)]
     if args.previous_layer:
         layers.append(("previous layer", args.previous_layer))
@@ -161,9 +194,13 @@ def main() -> None:
         except FileNotFoundError as exc:
             print(f"no alignment layer: {exc}")
             continue
+        if name == "layer" and args.extraction:
+            layer.extraction = check_extraction(json.loads(args.extraction))
+        layer_objects[name] = layer
         grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
         (eos, sym) = min(grid, key=grid.get)
-        cfg = json.loads((Path(layer_dir) / "alignment_layer.json").read_text(encoding="utf-8"))
+        cfg = {**json.loads((Path(layer_dir) / "alignment_layer.json").read_text(encoding="utf-8")),
+               **layer.config()}
         run(name, AlignmentSpec("layer", "awi", eos, ((0, None),), {}, sym), layer=layer,
             extra={"dev_grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()},
                    "layer_config": cfg})
@@ -179,8 +216,9 @@ def main() -> None:
     shift_att = {"layer": att["spec"]["units"][0][0], "symmetrize": att["spec"]["symmetrize"],
                  "chosen": "scripts/alignment_methods.py on RWTH lines 1-150 (columns swapped)"}
     rows = out["rows"]
-    wins = "layer" in rows and "shipped" in rows and \
-        rows["layer"]["rwth-deen"]["test_151_508"]["aer"] < rows["shipped"]["rwth-deen"]["test_151_508"]["aer"]
+    held_out = {name: row["rwth-deen"]["test_151_508"]["aer"] for name, row in rows.items()}
+    wins = "layer" in rows and "shipped" in rows and held_out["layer"] < held_out["shipped"] and \
+        held_out["layer"] < held_out.get("previous layer", 1.0)  # and beats the layer it replaces
     winner = dict(rows["layer"]["spec"] if wins else shipped or {})
     if wins:
         r = rows["layer"]["rwth-deen"]
@@ -192,9 +230,21 @@ def main() -> None:
                         f"{100 * rows['shipped']['rwth-deen']['test_151_508']['aer']:.1f} % held out",
             "layer": "alignment_layer.safetensors + alignment_layer.json (scripts/train_alignment_layer.py)",
             "created_by": "scripts/alignment_methods.py"}
+        if "previous layer" in rows:
+            winner["provenance"]["replaces"] = (f"the alignment layer of {args.previous_layer}, "
+                                                f"{100 * held_out['previous layer']:.1f} % held out; before it "
+                                                + winner["provenance"]["replaces"])
+        if layer_objects["layer"].extraction:
+            winner["provenance"]["extraction"] = dict(layer_objects["layer"].extraction)
     winner["shift-att"] = shift_att
     out["default"] = {"winner": "layer" if wins else "shipped", "alignment.json": winner}
     if args.save and winner.get("method"):
+        if wins and (args.extraction or (args.layer_dir and Path(args.layer_dir) != Path(args.checkpoint))):
+            stored = json.loads((Path(args.layer_dir or args.checkpoint) / "alignment_layer.json").read_text())
+            prov = {**stored.get("provenance", {}), "extraction_chosen": "scripts/alignment_methods.py --dev-only "
+                    "--extraction-grid on RWTH lines 1-150; held out "
+                    f"{100 * held_out['layer']:.1f} % on 151-508"}
+            print(f"saved {save_alignment_layer(layer_objects['layer'], args.checkpoint, prov)}")
         print(f"saved {save_alignment(args.checkpoint, winner)}")
     out["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:

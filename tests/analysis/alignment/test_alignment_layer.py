@@ -10,6 +10,7 @@ from model_helpers import make_model
 from workbench import presets
 from workbench.analysis.alignment.alignment_layer import (
     AlignmentLayer,
+    check_extraction,
     load_alignment_layer,
     load_any_layer,
     piece_targets,
@@ -187,3 +188,43 @@ def test_continued_training_with_decay_resumes_exactly_and_starts_from_a_stored_
     start = from_ckpt.state_dict()
     moved = lambda layer: sum(float((v - start[k]).norm()) for k, v in layer.state_dict().items())  # noqa: E731
     assert 0 < moved(straight) < moved(plain)
+
+
+def test_extraction_prior_target_max_and_raw_rows_by_hand(tmp_path):
+    """An extraction (stored in the layer's JSON) multiplies the layer's piece probabilities by a cross-attention
+    head's value-weighted norms (rows scaled to sum to 1) to a power, takes a target word's row as its pieces'
+    largest scores, and leaves the word rows unnormalised for the argmax: all three by hand on "ab c" -> "x yz"."""
+    model = make_model(presets.tiny(vocab=30))
+    cfg = model.cfg
+    src, tgt = _pairs()
+    s, t = src[1], tgt[1]  # source pieces a, b, c (+ EOS); target pieces x | y z: "yz" is one word of two pieces
+    torch.manual_seed(1)
+    layer = AlignmentLayer(cfg.d_model, source_layer=1, n_heads=2, dropout=0.0, both_ways=True).eval()
+    plain = alignment_maps(model, [s], [t], method="layer", shift="awi", layer=layer)[0]
+    extraction = {"prior": [0, 1, 0.5], "target_pieces": "max", "normalize_rows": False}
+    layer.extraction = check_extraction(extraction)
+    maps = alignment_maps(model, [s], [t], method="layer", shift="awi", layer=layer)[0]
+    _, trace = model.run_with_cache(torch.tensor([[*s.ids, cfg.eos_id]]), torch.tensor([[cfg.start_id, *t.ids]]),
+                                    names=hooks_for(model, "layer", layer))
+    with torch.no_grad():
+        p = layer(trace[model.stream("dec").resid(1).name], trace[model.hook_memory.name],
+                  torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool))[0].double()
+    probs = trace["dec.0.cross_attn.hook_probs"][0, 1].double()  # head 1 of layer 0: (T, S)
+    v = trace["dec.0.cross_attn.hook_v"][0, 1].double()  # (S, Dh)
+    attn = model.dec[0].cross_attn
+    w_o = attn.out_proj.weight.detach().double()[:, attn.d_head: 2 * attn.d_head]  # head 1's columns of W_O
+    norms = probs * (v @ w_o.T).norm(dim=-1)[None, :]  # Kobayashi et al.: alpha * |f(x)|
+    q = (p * (norms / norms.sum(-1, keepdim=True)) ** 0.5).numpy()  # rows 1..3 read x, y, z (AWI)
+    by_hand = np.stack([q[1], np.maximum(q[2], q[3])])  # x; yz = the larger of its pieces' scores
+    by_hand = np.concatenate([by_hand[:, :2].sum(1, keepdims=True), by_hand[:, 2:]], 1)  # "ab" sums a and b
+    np.testing.assert_allclose(maps.layers[0], by_hand, atol=1e-6)
+    np.testing.assert_allclose(maps.combined([(0, None)]), by_hand, atol=1e-6)  # rows left as they are
+    assert plain.normalize and not maps.normalize
+    np.testing.assert_allclose(plain.combined([(0, None)]).sum(-1), 1.0, atol=1e-6)  # the default normalises
+    save_alignment_layer(layer, tmp_path)
+    assert load_alignment_layer(tmp_path).extraction == extraction  # the JSON records it; the loaded layer uses it
+    np.testing.assert_allclose(alignment_maps(model, [s], [t], method="layer", shift="awi",
+                                              layer=load_alignment_layer(tmp_path))[0].layers, maps.layers, atol=1e-6)
+    for bad in ({"prior": [0, 0]}, {"target_pieces": "sum"}, {"normalize_rows": "no"}, {"threshold": 0.1}):
+        with pytest.raises(ValueError, match="extraction"):
+            check_extraction(bad)

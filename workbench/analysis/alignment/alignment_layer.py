@@ -20,6 +20,13 @@ source words its word is linked to by the teacher (the model's own symmetrized a
 whose word has no link does not count. Loss: cross-entropy of the layer's row against that distribution.
 Training writes `state.safetensors` + `state.json` (weights, optimiser, step, data order) every
 `save_every` steps into `directory` and resumes from them.
+
+Extraction (`AlignmentLayer.extraction`, stored in the layer's JSON; none: the defaults below): "prior" [layer,
+head, power] multiplies the layer's piece probabilities by that cross-attention head's value-weighted norms
+(Kobayashi et al. 2020; each row scaled to sum to 1) to the given power, a product of two aligners' probabilities
+before the argmax; "target_pieces" "mean" (default) or "max" turns a target word's pieces into its row;
+"normalize_rows" false takes the argmax both ways on the word map as it is, where true (default) first scales each
+target word's row to sum to 1 (`word_align.WordMaps.combined`).
 """
 
 from __future__ import annotations
@@ -37,10 +44,33 @@ from torch import nn
 
 from ...core.batching import corpus_batches
 from ...core.model import evaluating
+from ..attention.norms import value_norms
 from .alignment import Link
 
 LAYER_FILE = "alignment_layer.safetensors"
 LAYER_CONFIG = "alignment_layer.json"
+EXTRACTION_KEYS = ("prior", "target_pieces", "normalize_rows")
+
+
+def check_extraction(extraction: dict | None) -> dict:
+    """A valid extraction dict (see the module docstring; {} = the defaults), or a ValueError naming the problem."""
+    e = dict(extraction or {})
+    unknown = set(e) - set(EXTRACTION_KEYS)
+    if unknown:
+        raise ValueError(f"unknown extraction keys {sorted(unknown)}; known: {EXTRACTION_KEYS}")
+    if "prior" in e:
+        prior = e["prior"]
+        if prior is None:
+            del e["prior"]
+        elif not (isinstance(prior, (list, tuple)) and len(prior) == 3 and float(prior[2]) >= 0):
+            raise ValueError(f"extraction prior is [layer, head, power >= 0], got {prior!r}")
+        else:
+            e["prior"] = [int(prior[0]), int(prior[1]), float(prior[2])]
+    if e.get("target_pieces", "mean") not in ("mean", "max"):
+        raise ValueError(f"extraction target_pieces is 'mean' or 'max', got {e['target_pieces']!r}")
+    if not isinstance(e.get("normalize_rows", True), bool):
+        raise ValueError(f"extraction normalize_rows is true or false, got {e['normalize_rows']!r}")
+    return e
 
 
 class AlignmentLayer(nn.Module):
@@ -48,8 +78,9 @@ class AlignmentLayer(nn.Module):
     output. `forward` returns probabilities (B, T, S): row t over the source positions (EOS included)."""
 
     def __init__(self, d_model: int, *, source_layer: int, n_heads: int = 4, d_ff: int | None = None,
-                 dropout: float = 0.1, both_ways: bool = False) -> None:
+                 dropout: float = 0.1, both_ways: bool = False, extraction: dict | None = None) -> None:
         super().__init__()
+        self.extraction = check_extraction(extraction)  # how maps become links (module docstring); not trained
         self.d_model, self.source_layer, self.n_heads = d_model, source_layer, n_heads
         self.d_ff = d_ff or 2 * d_model
         self.dropout = dropout
@@ -61,8 +92,9 @@ class AlignmentLayer(nn.Module):
         self.key = nn.Linear(d_model, d_model)
 
     def config(self) -> dict:
-        return {"d_model": self.d_model, "source_layer": self.source_layer, "n_heads": self.n_heads,
-                "d_ff": self.d_ff, "dropout": self.dropout, "both_ways": self.both_ways}
+        cfg = {"d_model": self.d_model, "source_layer": self.source_layer, "n_heads": self.n_heads,
+               "d_ff": self.d_ff, "dropout": self.dropout, "both_ways": self.both_ways}
+        return {**cfg, "extraction": dict(self.extraction)} if self.extraction else cfg
 
     def logits(self, states: torch.Tensor, memory: torch.Tensor, tgt_pad: torch.Tensor) -> torch.Tensor:
         """(B, T, S) scores q·k/√d. `states` (B, T, D) the decoder stream, `memory` (B, S, D) the encoder output;
@@ -90,8 +122,13 @@ class AlignmentLayer(nn.Module):
 
 
 def hooks_for_layer(model, layer: AlignmentLayer) -> list[str]:
-    """The trace entries the layer reads: the encoder output and the decoder stream it takes queries from."""
-    return [model.hook_memory.name, model.stream("dec").resid(layer.source_layer).name]
+    """The trace entries the layer reads: the encoder output and the decoder stream it takes queries from (and
+    the prior head's block, probabilities and values, when its extraction has a prior)."""
+    names = [model.hook_memory.name, model.stream("dec").resid(layer.source_layer).name]
+    if "prior" in layer.extraction:
+        attn = model.dec[layer.extraction["prior"][0]].cross_attn
+        names += [attn.hook_probs.name, attn.hook_v.name]
+    return names
 
 
 def layer_maps(model, layer: AlignmentLayer, trace) -> torch.Tensor:
@@ -101,8 +138,12 @@ def layer_maps(model, layer: AlignmentLayer, trace) -> torch.Tensor:
     src_pad = trace.src == model.cfg.pad_id
     tgt_pad = _tgt_pad(trace.tgt, model.cfg)
     with evaluating(layer), torch.no_grad():
-        p = layer(states.to(memory.dtype), memory, tgt_pad.to(memory.device), src_pad.to(memory.device))
-    return p.float()[None]
+        p = layer(states.to(memory.dtype), memory, tgt_pad.to(memory.device), src_pad.to(memory.device)).float()
+    if "prior" in layer.extraction:
+        block, head, power = layer.extraction["prior"]
+        prior = value_norms(model, trace, "cross", block).per_head[:, head].float().to(p.device)  # (B, T, S)
+        p = p * (prior / prior.sum(-1, keepdim=True).clamp_min(1e-30)) ** power
+    return p[None]
 
 
 def _tgt_pad(tgt: torch.Tensor, cfg) -> torch.Tensor:
@@ -127,6 +168,13 @@ def save_alignment_layer(layer: AlignmentLayer, directory: str | Path, provenanc
     return d / LAYER_FILE
 
 
+def layer_from_config(cfg: dict) -> AlignmentLayer:
+    """A fresh layer of the shape (and extraction) a stored `config()` gives."""
+    return AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
+                          d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
+                          both_ways=bool(cfg.get("both_ways", False)), extraction=cfg.get("extraction"))
+
+
 def load_alignment_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
     """The alignment layer stored beside a checkpoint (`save_alignment_layer`); safetensors only, no pickle."""
     d = Path(directory)
@@ -134,9 +182,7 @@ def load_alignment_layer(directory: str | Path, device: str | torch.device = "cp
         raise FileNotFoundError(f"{d} has no trained alignment layer ({LAYER_FILE} + {LAYER_CONFIG}); train one "
                                 f"with scripts/train_alignment_layer.py")
     cfg = json.loads((d / LAYER_CONFIG).read_text(encoding="utf-8"))
-    layer = AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
-                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
-                           both_ways=bool(cfg.get("both_ways", False)))
+    layer = layer_from_config(cfg)
     state = load_file(str(d / LAYER_FILE))
     missing, extra = set(layer.state_dict()) - set(state), set(state) - set(layer.state_dict())
     if missing or extra:
@@ -149,9 +195,7 @@ def load_run_layer(directory: str | Path, device: str | torch.device = "cpu") ->
     """The layer saved by `train_alignment_layer` in a run directory (state.json + state.safetensors)."""
     d = Path(directory)
     cfg = json.loads((d / "state.json").read_text(encoding="utf-8"))["config"]
-    layer = AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
-                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
-                           both_ways=bool(cfg.get("both_ways", False)))
+    layer = layer_from_config(cfg)
     state = load_file(str(d / "state.safetensors"))
     layer.load_state_dict({k[len("layer."):]: v for k, v in state.items() if k.startswith("layer.")})
     return layer.to(device).eval()

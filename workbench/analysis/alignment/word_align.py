@@ -76,9 +76,12 @@ def _sum_matrix(word_of: Sequence[int], n_words: int) -> np.ndarray:
     return m
 
 
-def to_words(matrix: np.ndarray, src: Words, tgt: Words) -> np.ndarray:
+def to_words(matrix: np.ndarray, src: Words, tgt: Words, *, target: str = "mean") -> np.ndarray:
     """(..., n_tgt pieces, n_src pieces + 1) -> (..., n_tgt words, n_src words + 1): source pieces summed into
-    their words (the last column, EOS, kept), target pieces averaged. A target word without pieces scores 0."""
+    their words (the last column, EOS, kept), target pieces averaged (`target="max"`: their largest score per
+    source piece). A target word without pieces scores 0."""
+    if target not in ("mean", "max"):
+        raise ValueError(f"target pieces are combined by 'mean' or 'max', got {target!r}")
     m = np.asarray(matrix, dtype=np.float64)
     n_src, n_tgt = len(src.words), len(tgt.words)
     if m.shape[-1] != len(src.ids) + 1 or m.shape[-2] != len(tgt.ids):
@@ -87,6 +90,12 @@ def to_words(matrix: np.ndarray, src: Words, tgt: Words) -> np.ndarray:
     cols = np.zeros((len(src.ids) + 1, n_src + 1))
     cols[: len(src.ids)] = _sum_matrix(src.word_of, n_src + 1)
     cols[-1, -1] = 1.0
+    if target == "max":
+        word_of = np.asarray(tgt.word_of)
+        out = np.zeros((*m.shape[:-2], n_tgt, m.shape[-1]))
+        for w in set(tgt.word_of):
+            out[..., w, :] = m[..., word_of == w, :].max(-2)
+        return out @ cols
     rows = _sum_matrix(tgt.word_of, n_tgt).T  # (Tw, T)
     rows /= np.maximum(rows.sum(1, keepdims=True), 1.0)
     return rows @ m @ cols
@@ -101,6 +110,7 @@ class WordMaps:
     layers: np.ndarray
     method: str
     shift: str
+    normalize: bool = True  # `combined` scales each unit's rows to sum to 1 first (an alignment layer may say not)
 
     def matrix(self, layer: int, head: int | None = None) -> np.ndarray:
         """One unit's (Tw, Sw + 1) map: a head, or the whole layer (head None)."""
@@ -111,13 +121,14 @@ class WordMaps:
         return self.heads[layer, head]
 
     def combined(self, units: Sequence[tuple[int, int | None]]) -> np.ndarray:
-        """The mean of several units' maps, each row first scaled to sum to 1 (units on one footing)."""
+        """The mean of several units' maps, each row first scaled to sum to 1 (units on one footing; not with
+        `normalize` false)."""
         if not units:
             raise ValueError("no units to combine")
         total = 0.0
         for layer, head in units:
             m = self.matrix(layer, head)
-            total = total + m / np.maximum(m.sum(-1, keepdims=True), 1e-30)
+            total = total + (m / np.maximum(m.sum(-1, keepdims=True), 1e-30) if self.normalize else m)
         return total / len(units)
 
     def links(self, layer: int | None = None, head: int | None = None, *,
@@ -248,18 +259,23 @@ def maps_from_trace(model, trace, src: Words, tgt: Words, *, method: str = "weig
     after: longer targets and padding are cut). The trace needs `hooks_for(model, method)`."""
     _check(method, shift)
     per_head, layers = piece_maps(model, trace, method, heads=heads and method != "layer", layer=layer)
-    return _word_maps(None if per_head is None else per_head[:, index], layers[:, index], src, tgt, method, shift)
+    return _word_maps(None if per_head is None else per_head[:, index], layers[:, index], src, tgt, method, shift,
+                      layer)
 
 
-def _word_maps(heads, layers, src: Words, tgt: Words, method: str, shift: str) -> WordMaps:
+def _word_maps(heads, layers, src: Words, tgt: Words, method: str, shift: str, layer=None) -> WordMaps:
+    """Pieces -> words; an alignment layer's extraction says how its target pieces combine and whether `combined`
+    normalises its rows (`alignment_layer` docstring)."""
+    extraction = layer.extraction if method == "layer" and layer is not None else {}
+    target = extraction.get("target_pieces", "mean")
     n, m = len(tgt.ids), len(src.ids)
     rows = slice(0, n) if shift == "awo" else slice(1, n + 1)
     if layers.size(-2) < rows.stop or layers.size(-1) < m + 1:
         raise ValueError(f"the trace has {layers.size(-2)} decoder positions and {layers.size(-1)} source "
                          f"positions; {shift} needs {rows.stop} and {m + 1}")
-    lay = to_words(layers[..., rows, : m + 1].cpu().numpy(), src, tgt)
+    lay = to_words(layers[..., rows, : m + 1].cpu().numpy(), src, tgt, target=target)
     h = None if heads is None else to_words(heads[..., rows, : m + 1].cpu().numpy(), src, tgt)
-    return WordMaps(h, lay, method, shift)
+    return WordMaps(h, lay, method, shift, bool(extraction.get("normalize_rows", True)))
 
 
 def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *, method: str = "weights",
@@ -289,7 +305,7 @@ def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *,
             per_head, layers = piece_maps(model, trace, method, heads=heads, layer=layer)
             for i, k in enumerate(batch):
                 out[k] = _word_maps(None if per_head is None else per_head[:, i], layers[:, i], sources[k],
-                                    targets[k], method, shift)
+                                    targets[k], method, shift, layer)
     return out  # type: ignore[return-value]
 
 
