@@ -63,6 +63,7 @@ from . import loader, workers
 from .features_view import feature_data, sites_of
 from .learn import link_terms
 from .link import MESSAGE
+from .requests import PROGRESS_EVERY
 from .views import LazyTab, _md_escape
 from .work import Offloaded, Snapshot
 
@@ -182,7 +183,6 @@ def graph_answer(r, key: tuple, position: int, threshold: float, max_nodes: int,
             "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
 
 
-PROGRESS_EVERY = 0.25  # seconds between two shown sub-layer reports of a graph job
 FEATURE_CONTEXTS, FEATURE_EFFECTS = 5, 8  # a tapped feature node's top contexts and output tokens
 
 

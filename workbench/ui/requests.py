@@ -68,6 +68,10 @@ def _lower_priority() -> None:
         pass
 
 
+# A heavy job's progress is shown at most this often (seconds; its first and last report always): each shown report
+# is a message to the page, written on the event loop every page shares (the Graph and Why tabs).
+PROGRESS_EVERY = 0.25
+
 # Two workers each: the machine this targets has 2 cores and every model call uses one intra-op thread
 # (loader.configure_torch_threads). Separate pools so a translation never queues behind a patching sweep.
 INTERACTIVE = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_WORKERS", "2")),

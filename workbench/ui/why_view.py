@@ -21,6 +21,7 @@ Added by `Workbench(extra_tabs=[TAB])`.
 from __future__ import annotations
 
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from ..charts.why import logit_attribution_grid, patching_heatmap
 from ..core.batching import decoder_input
 from . import workers
 from .learn import link_terms
+from .requests import PROGRESS_EVERY
 from .views import LazyTab, _fail, _md_escape, _stretch
 
 MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longer outputs get a list
@@ -343,6 +345,7 @@ class WhyView(LazyTab):
         self._setting = False  # the view itself is writing `corrupted`
         self._patch_stale = True
         self._shown: Patching | None = None
+        self._progress_at = 0.0  # time.monotonic() of the last shown progress report
         self._shown_objects: list | None = None  # the note and maps drawn for `_shown`
         self._picker = pn.Column(sizing_mode="stretch_width")
         self._picker_many: bool | None = None
@@ -496,10 +499,16 @@ class WhyView(LazyTab):
         self._patch_box.objects = [_fail("Patching", exc)]
 
     def _report(self, key: tuple, r, done: int, total: int, estimate: Patching | None = None) -> None:
-        """Sweep progress; its first report carries the estimate, shown (in nats) while the sweep runs."""
+        """Sweep progress; its first report carries the estimate, shown (in nats) while the sweep runs. The line
+        and bar change at most every `PROGRESS_EVERY` seconds (each change is a message to the page, written on
+        the event loop that every page shares), the first and the last report always."""
+        now = time.monotonic()
         if estimate is not None:
             self._patched(key, r, estimate)
             self._stop.visible, self._exact.visible = True, False
+        elif done < total and now - self._progress_at < PROGRESS_EVERY:
+            return
+        self._progress_at = now
         self._progress((done, total))
 
     def _progress(self, step: tuple[int, int] | None) -> None:
@@ -507,8 +516,9 @@ class WhyView(LazyTab):
             self._bar.visible = self._progress_text.visible = False
             return
         done, total = step
-        self._bar.value = 0  # the value's bounds follow max: lower it first
-        self._bar.max = max(total, 1)
+        if self._bar.max != max(total, 1):
+            self._bar.value = 0  # the value's bounds follow max: lower it first
+            self._bar.max = max(total, 1)
         self._bar.param.update(value=min(done, total), visible=True)
         self._progress_text.param.update(object=f"Exact sweep: patched {done:,} of {total:,} sites", visible=True)
 
