@@ -228,3 +228,21 @@ def test_extraction_prior_target_max_and_raw_rows_by_hand(tmp_path):
     for bad in ({"prior": [0, 0]}, {"target_pieces": "sum"}, {"normalize_rows": "no"}, {"threshold": 0.1}):
         with pytest.raises(ValueError, match="extraction"):
             check_extraction(bad)
+
+
+def test_the_extraction_grid_holds_the_default_and_valid_distinct_extractions():
+    """scripts/alignment_methods.py --extraction-grid scores the shipped behaviour (no prior, target pieces averaged,
+    rows normalised) among 20 distinct extractions that all pass `check_extraction`."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "alignment_methods.py"
+    spec = importlib.util.spec_from_file_location("alignment_methods", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    grid = module.extraction_grid((0, 0))
+    assert len(grid) == 20 and len({repr(sorted(e.items())) for e in grid}) == 20
+    assert all(check_extraction(e) == e for e in grid)
+    layer = AlignmentLayer(8, source_layer=1, n_heads=2, extraction={"target_pieces": "mean", "normalize_rows": True})
+    assert {"target_pieces": "mean", "normalize_rows": True} in grid and layer.config()["extraction"] == grid[0]
+    assert {"prior": [0, 0, 0.5], "target_pieces": "max", "normalize_rows": False} in grid
