@@ -166,6 +166,14 @@ def test_dense_cap_holds_back_features_that_fire_too_often(tmp_path):
     assert top_rate() > cap  # without the cap some feature fires on more than 15 % of the rows
     assert top_rate(dense_cap=cap, dense_rate=0.05) < cap
 
+    def card(run: str, **config) -> str:  # the card's training lines from a run's training.json
+        training = json.loads((tmp_path / run / "dictionary" / "training.json").read_text())
+        return "\n".join(_card_training(training, training["config"] | config, "topk"))
+    held = "Dense features held back: while a feature's running firing rate"
+    assert held in card("2") and "exceeded 0.15, its encoder bias stepped down by 0.05 x" in card("2")  # the fine-tune
+    assert held not in card("0") and held not in card("run")
+    assert "exceeded 0.095" in card("run", dense_cap=0.095, dense_rate=0.01)  # a training from scratch states it too
+
 
 def test_sentence_stream_covers_the_corpus_once_per_epoch_in_a_new_order():
     model, data = tiny_model_and_corpus()

@@ -593,9 +593,19 @@ def _card_training(training: dict[str, Any], tc: dict, arch: str) -> list[str]:
               *([f"- End-to-end term in the last {tc['kl_steps']} steps: {tc['kl_coef']:g} x KL(clean || spliced) "
                  "per target token of whole teacher-forced sentences, beside the reconstruction loss."]
                 if tc.get("kl_coef") and tc.get("kl_steps") else []),
+              *_card_dense_cap(tc),
               f"- Training time: {training['train_seconds'] / 60:.1f} min wall clock on {training['world']} "
               f"process(es) (the log's elapsed_s; the machine was shared, see the project's CHANGELOG).",
               f"- Command: `{tc.get('extra', {}).get('command', '')}`"]
+
+
+def _card_dense_cap(tc: dict) -> list[str]:
+    """The dense-feature hold-back (`features train --dense-cap R --dense-rate ρ`), when the stage had one."""
+    if not tc.get("dense_cap"):
+        return []
+    return [f"- Dense features held back: while a feature's running firing rate (an exponential mean over about ten "
+            f"batches) exceeded {tc['dense_cap']:g}, its encoder bias stepped down by {tc['dense_rate']:g} x "
+            "the batch's mean active value each step (`--dense-cap`, `--dense-rate`)."]
 
 
 def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) -> list[str]:
@@ -614,6 +624,7 @@ def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) ->
             f"site rows, {training['epochs']} epochs of `{tc.get('dataset')}:{tc.get('split')}`), loss KL(clean ‖ "
             f"spliced) per target token{ce_term} + {tc.get('finetune_mse'):g} x FVU; Adam, peak lr "
             f"{tc.get('kl_lr') or tc.get('lr')}, warm-up {tc.get('warmup')}, cosine decay.",
+            *_card_dense_cap(tc),
             f"- Fine-tune time: {training['train_seconds'] / 60:.1f} min wall clock "
             f"({training.get('train_cpu_seconds', 0.0) / 60:.1f} min of CPU) on {training['world']} process(es); "
             f"with the training before it, {total / 60:.1f} min wall clock ({cpu / 60:.1f} min of CPU).",
