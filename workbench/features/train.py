@@ -173,17 +173,7 @@ class FeatureTrainer:
         self.data = data
         if cfg.finetune_kl:
             _check_finetune(cfg)
-            self.stream = SentenceStream(data, self.model.cfg, tokens=cfg.kl_tokens or cfg.max_tokens, seed=cfg.seed,
-                                         rank=self.dist.rank, world=self.dist.world)
-        elif cache is not None or cfg.cache:
-            rows = cache if cache is not None else CachedActivations.read(self.model, data, self.site,
-                                                                          max_tokens=cfg.max_tokens)
-            self.stream = CachedStream(rows, batch=self.local_batch, seed=cfg.seed, rank=self.dist.rank,
-                                       world=self.dist.world)
-        else:
-            self.stream = ActivationStream(self.model, data, self.site, buffer=cfg.buffer // self.dist.world,
-                                           batch=self.local_batch, max_tokens=cfg.max_tokens, seed=cfg.seed,
-                                           rank=self.dist.rank, world=self.dist.world)
+        self.stream = self._stream(data, cache)
         d = self.model.cfg.d_model
         self.start = start_record(cfg.finetune_kl) if cfg.finetune_kl else None
         begun = {"finetuned_from": self.start["directory"], "start_command": self.start["command"]} \
@@ -194,17 +184,7 @@ class FeatureTrainer:
             model_name=Path(cfg.checkpoint).name,
             extra={"site": self.site.name, "side": self.site.side, "corpus": f"{cfg.dataset}:{cfg.split}",
                    "checkpoint": str(cfg.checkpoint), **begun, **cfg.extra})
-        self.readout = None
-        if cfg.readout:
-            if self.site.hook_in != self.model.hook_memory.name:
-                raise ValueError(f"--readout weights the error by the cross-attentions' reads of "
-                                 f"{self.model.hook_memory.name}; {self.site.name} is read by more than linear maps")
-            self.readout = memory_readout(self.model)
-        if cfg.fisher:
-            if cfg.readout:
-                raise ValueError("--fisher and --readout are two measures of the same error: choose one")
-            self.readout = fisher_readout(self.model, data, self.site, batches=cfg.fisher_batches,
-                                          max_tokens=cfg.max_tokens, seed=cfg.seed)
+        self.readout = self._readout(data)
         self.dictionary = SparseDictionary(dcfg)
         self.dictionary.reset_parameters(torch.Generator().manual_seed(cfg.seed))
         if cfg.finetune_kl:
@@ -224,6 +204,36 @@ class FeatureTrainer:
         self.out_dir = Path(cfg.out_dir)
         if resume and (self.out_dir / STATE_FILE).is_file():
             self._load_state()
+
+    def _stream(self, data: ParallelData, cache: CachedActivations | None):
+        """Where the training rows come from: whole sentences (the end-to-end fine-tune), cached site activations
+        (`cache`, or `--cache`), or the model's forward passes streamed through a shuffling buffer."""
+        cfg, dist = self.cfg, self.dist
+        if cfg.finetune_kl:
+            return SentenceStream(data, self.model.cfg, tokens=cfg.kl_tokens or cfg.max_tokens, seed=cfg.seed,
+                                  rank=dist.rank, world=dist.world)
+        if cache is not None or cfg.cache:
+            rows = cache if cache is not None else CachedActivations.read(self.model, data, self.site,
+                                                                          max_tokens=cfg.max_tokens)
+            return CachedStream(rows, batch=self.local_batch, seed=cfg.seed, rank=dist.rank, world=dist.world)
+        return ActivationStream(self.model, data, self.site, buffer=cfg.buffer // dist.world, batch=self.local_batch,
+                                max_tokens=cfg.max_tokens, seed=cfg.seed, rank=dist.rank, world=dist.world)
+
+    def _readout(self, data: ParallelData) -> torch.Tensor | None:
+        """The metric the reconstruction error is measured in: `--readout` (what the cross-attentions read of
+        `hook_memory`), `--fisher` (the output's sensitivity), or None (plain squared error)."""
+        cfg = self.cfg
+        if cfg.readout and cfg.fisher:
+            raise ValueError("--fisher and --readout are two measures of the same error: choose one")
+        if cfg.readout:
+            if self.site.hook_in != self.model.hook_memory.name:
+                raise ValueError(f"--readout weights the error by the cross-attentions' reads of "
+                                 f"{self.model.hook_memory.name}; {self.site.name} is read by more than linear maps")
+            return memory_readout(self.model)
+        if cfg.fisher:
+            return fisher_readout(self.model, data, self.site, batches=cfg.fisher_batches,
+                                  max_tokens=cfg.max_tokens, seed=cfg.seed)
+        return None
 
     # -- state ---------------------------------------------------------------------------------
     def _state_file(self, rank: int) -> Path:
