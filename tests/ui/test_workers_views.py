@@ -18,6 +18,7 @@ from app_fixtures import build_checkpoint  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
 from workbench.charts.features import feature_dashboard  # noqa: E402
+from workbench.charts.graph import graph_data  # noqa: E402
 from workbench.ui import loader, workers  # noqa: E402
 from workbench.ui.evidence_view import EvidenceView, draw_evidence, evidence  # noqa: E402
 from workbench.ui.features_view import FeaturesView, explore  # noqa: E402
@@ -68,6 +69,11 @@ def test_a_graph_built_in_a_worker_equals_one_built_here_and_a_reprune_builds_no
     assert here["corpus"] == there["corpus"] and here["piece"] == there["piece"]
     built = [r for r in reports if len(r) == 2]
     assert built and built[-1][0] == built[-1][1]  # its progress per sub-layer reached the server, to the last
+    # the drawing's columns come with the answer (computed off the server's loop), as the chart computes them
+    assert here["drawn"] == graph_data(here["graph"], here["keep"], src_tokens=here["src_tokens"],
+                                       tgt_tokens=here["tgt_tokens"], contexts=here["contexts"])
+    assert there["drawn"][0]["label"] == here["drawn"][0]["label"]
+    assert there["drawn"][1]["width"] and len(there["drawn"][1]["width"]) == len(here["drawn"][1]["width"])
     # the page's graph travels with a job that only changes the threshold: pruned again, not rebuilt
     pruned, reports = _in_worker(pool, graph_answer, shipped, key, 2, 0.5, 100, False, False,
                                  (there["graph"], there["trust"]))

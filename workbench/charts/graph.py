@@ -316,12 +316,14 @@ def _tap_panel(node_src: ColumnDataSource, edge_src: ColumnDataSource, side_widt
 def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = None, *,
                             src_tokens: Sequence[str] | None = None, tgt_tokens: Sequence[str] | None = None,
                             title: str = "", width: int = 1000, height: int = 640, max_edges: int = 400,
-                            side_width: int = 360, contexts: dict | None = None, corpus: str = ""):
+                            side_width: int = 360, contexts: dict | None = None, corpus: str = "",
+                            data: tuple[dict, dict] | None = None):
     """(graph figure, side panel, legend) of the view: the page lays them out (side by side where it fits).
     `contexts` (`analysis.graph.component_contexts`, measured on `corpus`) adds each head's and FFN's corpus
-    contexts to its tap panel."""
-    nodes, edges = graph_data(graph, keep, src_tokens=src_tokens, tgt_tokens=tgt_tokens, max_edges=max_edges,
-                              contexts=contexts)
+    contexts to its tap panel. `data`: `graph_data(graph, keep, ...)` computed already, with the same arguments
+    (the app's worker computes it, off the server's event loop)."""
+    nodes, edges = data if data is not None else graph_data(graph, keep, src_tokens=src_tokens, tgt_tokens=tgt_tokens,
+                                                            max_edges=max_edges, contexts=contexts)
     node_src = ColumnDataSource(nodes, name="graph_nodes")
     edge_src = ColumnDataSource(edges, name="graph_edges")
     n_kept = len(nodes["x"])

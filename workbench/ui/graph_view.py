@@ -55,7 +55,7 @@ from ..analysis.attribution.graph_trust import graph_trust
 from ..analysis.attribution.qk_attribution import feature_piece, qk_attribution, qk_dictionaries
 from ..charts.export import to_html
 from ..charts.features import feature_node_html
-from ..charts.graph import attribution_graph_parts, attribution_graph_view, row_labels
+from ..charts.graph import attribution_graph_parts, attribution_graph_view, graph_data, row_labels
 from ..charts.qk import qk_caption, qk_pairs_table
 from ..core.batching import decoder_input
 from ..corpus.data import dataset_files
@@ -177,8 +177,11 @@ def graph_answer(r, key: tuple, position: int, threshold: float, max_nodes: int,
         contexts, corpus = found if found is not None else (None, "no test set of this language pair here")
     if ticket is not None:
         ticket.check()
+    src_tokens, tgt_tokens = list(r.src_pieces), ["<s>", *r.out_pieces]
+    # the drawing's node and edge columns, here (in the worker) rather than on the server's event loop
+    drawn = graph_data(graph, keep, src_tokens=src_tokens, tgt_tokens=tgt_tokens, contexts=contexts)
     return {"graph": graph, "keep": keep, "position": position, "threshold": threshold, "max_nodes": max_nodes,
-            "src_tokens": list(r.src_pieces), "tgt_tokens": ["<s>", *r.out_pieces], "seconds": seconds,
+            "src_tokens": src_tokens, "tgt_tokens": tgt_tokens, "drawn": drawn, "seconds": seconds,
             "piece": r.out_pieces[position], "contexts": contexts, "corpus": corpus, "trust": trust, "key": key,
             "token_prob": token_probability(tm.model, *sentence_tensors(tm, src_ids, out_ids, position), graph)}
 
@@ -402,7 +405,8 @@ class GraphView(LazyTab):
         return attribution_graph_parts(answer["graph"], answer["keep"], src_tokens=answer["src_tokens"],
                                        tgt_tokens=answer["tgt_tokens"], width=width,
                                        height=max(420, min(720, 40 * (len(row_labels(answer["graph"])) + 1))),
-                                       contexts=answer["contexts"], corpus=answer["corpus"])
+                                       contexts=answer["contexts"], corpus=answer["corpus"],
+                                       data=answer.get("drawn"))
 
     def render(self, answer) -> list:
         self._keep(answer)
