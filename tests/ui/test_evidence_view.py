@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bokeh.models import GlyphRenderer
+from bokeh.models import Div, GlyphRenderer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
@@ -48,6 +48,8 @@ def test_tab_draws_alignment_shares_and_roles(session):
     roles, where = checkpoint_roles(r.model, r.request.sentence, r.text)
     assert checkpoint_roles(r.model, "x", "y")[0] is roles  # measured once per model
     assert "Multi30k test2016" in where and "RWTH" in where and roles.diagonal_aer is not None
+    texts = [d.text for d in fig.select({"type": Div}) if "roles</b>, measured on" in d.text]
+    assert texts and 'class="term" href="#glossary-aer"' in texts[0]  # its terms of art link to the glossary
 
 
 def test_method_picker_and_roles_switch(session):

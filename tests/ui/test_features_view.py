@@ -151,6 +151,9 @@ def test_a_typed_feature_past_the_end_is_said_and_shown_as_the_last(session):
     view.feature = 99999
     assert view.feature == 47 and view._feature_box.value == 47
     assert "Feature 99999 does not exist" in session.message and "0–47" in session.message
+    view._feature_box.value = -5  # typed in the box: refused aloud, the box shows the feature shown
+    assert view.feature == 47 and view._feature_box.value == 47
+    assert "Feature -5 does not exist: feature numbers start at 0; showing 47." in session.message
 
 
 def test_steering_shows_the_steered_translation_beside_the_plain_one(session):

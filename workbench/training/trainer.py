@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from ..checkpoint.format import LATEST, clean_stale, load_checkpoint, read_pointer, save_checkpoint
 from ..checkpoint.tokenizer import check_special_ids
-from ..core.model import Transformer
+from ..core.model import Transformer, evaluating
 from ..corpus.data import ParallelData, shard
 from . import run_dir, validation
 from .config import TrainConfig
@@ -343,35 +343,23 @@ class Trainer:
         """Validation loss (teacher forcing) and, with tokenizers and `bleu`, greedy sacreBLEU/chrF."""
         if self.valid_data is None:
             return {}
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with evaluating(self.model):
             out: dict[str, Any] = validation.valid_loss(self.model, self.valid_data, max_tokens=self.cfg.max_tokens,
                                                         smoothing=self.cfg.label_smoothing, amp=self.amp)
             if self.cfg.bleu and self.tgt_tok is not None and self.valid_text is not None:
                 out.update(self.score_bleu())
-        finally:
-            self.model.train(was_training)
         return out
 
     def translate_ids(self, sources: list[list[int]], batch_tokens: int = 4096) -> list[list[int]]:
         """Greedy outputs of the model as it stands, for source ids without EOS."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with evaluating(self.model):
             return validation.greedy_ids(self.model, sources, max_tokens=batch_tokens, amp=self.amp)
-        finally:
-            self.model.train(was_training)
 
     def score_bleu(self) -> dict[str, Any]:
         """Greedy sacreBLEU/chrF (with signatures) on the first `valid_limit` validation lines."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with evaluating(self.model):
             return validation.bleu_chrf(self.model, self.src_tok, self.tgt_tok, self.valid_text,
                                         limit=self.cfg.valid_limit, amp=self.amp)
-        finally:
-            self.model.train(was_training)
 
     def _validate_and_save(self) -> None:
         self._check_finite()

@@ -136,8 +136,9 @@ def draw_evidence(ev, roles=None, roles_from: str = ""):
                                  "prefix"), sizing_mode="stretch_width"),
              bars]
     if roles is not None:
-        parts.append(Div(text=f"<b>Head roles</b>, measured on {roles_from}. A head has a role when: "
-                              + "; ".join(roles.rules.lines(roles.diagonal_aer)), sizing_mode="stretch_width"))
+        parts.append(Div(text=link_terms(f"<b>Head roles</b>, measured on {roles_from}. A head has a role when: "
+                                         + "; ".join(roles.rules.lines(roles.diagonal_aer))),
+                         sizing_mode="stretch_width"))
         parts.append(role_grid(roles, stacked=True))  # one grid per kind, under one another: fits a 1000 px page
     return column(*parts, sizing_mode="stretch_width")
 

@@ -237,9 +237,9 @@ class FeaturesView(LazyTab):
         self._site_picker = pn.widgets.Select(name="Dictionary", options={}, width=380,
                                               css_classes=["features-site"])
         self._syncing = False  # the picker is being set from an answer, not by the user
-        # start=0: a negative id is refused by the box itself (it keeps the last good one); the end is checked when
-        # the dictionary is known (`render`)
-        self._feature_box = pn.widgets.IntInput(name="Feature", value=self.feature, width=120, start=0,
+        # No bounds on the box: a negative id is refused aloud here (`_typed_feature`; a bounded box had kept its
+        # last value without a word), and the end is checked when the dictionary is known (`render`)
+        self._feature_box = pn.widgets.IntInput(name="Feature", value=self.feature, width=120,
                                                 css_classes=["features-id"])
         self._feature_box.param.watch(self._typed_feature, "value")
         self.param.watch(lambda _e: self._show_feature(self.feature), "feature")  # the current one: an answer may
@@ -283,8 +283,14 @@ class FeaturesView(LazyTab):
                 link.bind(key, self, name, late=name in self.url_late)
 
     def _typed_feature(self, event) -> None:
-        if not self._syncing and event.new is not None and event.new != self.feature:
-            self.feature = event.new
+        if self._syncing or event.new is None or event.new == self.feature:
+            return
+        if event.new < 0:  # said, like an id past the end, and the box shows the feature shown
+            self.session.notes = [*self.session.notes, f"Feature {event.new} does not exist: feature numbers start "
+                                                       f"at 0; showing {self.feature}."]
+            self._show_feature(self.feature)
+            return
+        self.feature = event.new
 
     def _show_feature(self, feature: int) -> None:
         """The box shows the feature (a link's, a clicked one, or the one shown instead of an id past the end)."""
