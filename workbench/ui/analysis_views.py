@@ -36,10 +36,16 @@ FLOW_MAX_TOKENS = 24  # attention flow is S² max-flows: ~3 s at 20 tokens on on
 class ModelAnalysisView(LazyTab):
     """Per-sentence analyses over the session's model and result (see `workbench.analysis`)."""
 
-    analysis = param.Selector(default=ANALYSES[0], objects=ANALYSES)
-    method = param.Selector(default="saliency", objects=["saliency", "input_x_gradient"])
-    beam = param.Integer(default=4, bounds=(2, 8))
-    step = param.Integer(default=0, bounds=(0, None))
+    analysis = param.Selector(default=ANALYSES[0], objects=ANALYSES, doc=(
+        "Which analysis of this sentence to run: the logit lens, attribution against attention, a replay of beam "
+        "search, attention rollout or flow, or the value norms of the last cross-attention."))
+    method = param.Selector(default="saliency", objects=["saliency", "input_x_gradient"], doc=(
+        "How 'attribution vs attention' scores each source token: the gradient's size (saliency) or the gradient "
+        "times the token's embedding (input × gradient)."))
+    beam = param.Integer(default=4, bounds=(2, 8), doc=(
+        "How many hypotheses the beam search replay keeps at each step (its beam size)."))
+    step = param.Integer(default=0, bounds=(0, None), doc=(
+        "Which step of the beam search replay to show: the hypotheses alive then and the tokens they chose."))
 
     title = "Model analysis"
     heavy = True  # a backward pass per output token, a beam replay: analysis work, off the interactive pool

@@ -146,7 +146,9 @@ def draw_evidence(ev, roles=None, roles_from: str = ""):
 class EvidenceView(LazyTab):
     """Alignment, source shares and head roles of the session's current sentence and model."""
 
-    method = param.Selector(default="attention weights", objects=list(METHOD_LABELS))
+    method = param.Selector(default="attention weights", objects=list(METHOD_LABELS), doc=(
+        "What the word alignment is read from: the cross-attention weights, the weights times the size of what "
+        "each source token sends (value-weighted norms), or ALTI+ contributions."))
     roles = param.Boolean(default=True, doc=("Also show what each head mostly does (aligns words, attends to the end "
                                              "of the sentence, to the previous word…), measured once per model."))
 

@@ -240,9 +240,11 @@ class GraphView(LazyTab):
                                                                  "first."))
     contexts = param.Boolean(default=True, doc=("When a node is tapped, also show the test sentences where that head "
                                                 "or feed-forward layer writes most."))
-    node = param.Integer(default=-1, bounds=(-1, None), doc="The tapped node (its index in the graph; -1: none)")
-    qk_key = param.Integer(default=-1, bounds=(-1, None), doc=("The key a tapped head's score is explained at "
-                                                               "(-1: the one it attends most)"))
+    node = param.Integer(default=-1, bounds=(-1, None), doc=("The node tapped in the graph: its detail, its strongest "
+                                                             "edges and (a head) its attention show beside it."))
+    qk_key = param.Integer(default=-1, bounds=(-1, None), doc=("The source token at which a tapped head's attention "
+                                                               "score is explained (at first, the one it attends to "
+                                                               "most)."))
     qk_features = param.Boolean(default=True, doc=("Explain the score with the checkpoint's dictionary features "
                                                    "(when it ships any) instead of whole heads and FFNs."))
     features = param.Boolean(default=False, doc=("Build the graph over the checkpoint's dictionary features (sparse "

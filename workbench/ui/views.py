@@ -719,9 +719,14 @@ class CompareView(LazyTab):
 class AnalysisView(LazyTab):
     """Analyses of this sentence's trace from `workbench.analysis`: head statistics and decoder rollout."""
 
-    analysis = param.Selector(default="head statistics", objects=["head statistics", "decoder rollout"])
+    analysis = param.Selector(default="head statistics", objects=["head statistics", "decoder rollout"], doc=(
+        "What to show of every head at once: one statistic per head (table and heatmaps), or attention rolled out "
+        "through the decoder's layers."))
     stat = param.Selector(default="entropy", objects=["entropy", "entropy_norm", "max", "distance", "diag_distance",
-                                                      "self", "prev", "next", "first", "eos", "punct", "monotonic"])
+                                                      "self", "prev", "next", "first", "eos", "punct", "monotonic"],
+                          doc=("Which head statistic colours the heatmaps: how spread its attention is (entropy), its "
+                               "largest weight, how far it looks, or how much goes to itself, the previous or next "
+                               "token, the first, the end, punctuation, or in order."))
 
     title = "Analysis"
     redraws = ("analysis", "stat")

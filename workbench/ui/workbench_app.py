@@ -46,7 +46,8 @@ class Workbench(pn.viewable.Viewer):
     adds (title, factory(session)) tabs after the built-in ones."""
 
     session = param.ClassSelector(class_=Session)
-    tab = param.Selector(default="attention", objects=["attention"], doc="The tab shown (its title, `slug`ged)")
+    tab = param.Selector(default="attention", objects=["attention"],
+                         doc="The tab shown: Attention, Compare, Analysis, Why, Graph and the others, in page order.")
 
     def __init__(self, checkpoint: str | Path | None = None, *, checkpoints: Sequence[str | Path] = (),
                  sentence: str | None = None, sync_url: bool | None = None, background: bool | None = None,
