@@ -53,6 +53,13 @@ def test_features_tab_dashboard_and_link(page, app_server):
     query = parse_qs(urlparse(href).query)  # a feature's link is this page on that feature (issue 37)
     assert query["ckpt"] == ["demo"] and query["src"] == ["Ein Hund läuft durch den Park."], href
     assert query["tab"] == ["features"] and query["site"] == ["hook_memory"] and query["feature"][0].isdigit(), href
+    # a click on it opens that feature in this page: no reload (the page's own state survives), the URL follows
+    page.evaluate("() => { window.__same_page = true; }")
+    page.locator(".features-sentence a.feature-link").first.click()
+    page.wait_for_function(f"() => window.location.search.includes('feature={query['feature'][0]}')",
+                           timeout=TIMEOUT)
+    page.get_by_text(f"feature #{query['feature'][0]}").first.wait_for(timeout=TIMEOUT)
+    assert page.evaluate("() => window.__same_page === true"), "the feature link reloaded the page"
     _shot(page, "features_tab.png")
     # a feature id typed in: its dashboard, and the URL names it
     box = page.locator(".features-id input")

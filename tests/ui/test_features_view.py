@@ -103,8 +103,14 @@ def test_a_links_dictionary_and_feature_are_checked(session):
     assert "feature=47" in link.query()
     view.feature = 3  # a feature chosen later is not checked as the link's
     assert view.feature == 3 and session.message.count("feature=") == 1
-    href = next(o for o in view.content if "features-sentence" in o.css_classes).object
+    links = next(o for o in view.content if "features-sentence" in o.css_classes)
+    href = links.html
     assert "href='?site=hook_memory&feature=" in href and "&fq=&fout=0&steer='" in href  # the link's other keys too
+    # a plain click on a feature link (its JavaScript sets `clicked`) opens that feature here, with no reload
+    links.clicked = {"feature": 7, "site": "", "n": 1}
+    assert view.feature == 7 and view.site == "" and "feature=7" in link.query()  # the dictionary shown (the first)
+    links.clicked = {"feature": -2, "site": "", "n": 2}  # nothing a page of ours sends: ignored
+    assert view.feature == 7
 
 
 def test_the_dictionary_picker_names_each_dictionary_and_switches(session, entries, tmp_path):

@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import panel as pn
 import param
+from panel.custom import JSComponent
 
 from ..charts.features import feature_dashboard, sentence_features_html
 from ..core.splice import FeatureEdit
@@ -210,6 +211,31 @@ def search_all(tm, dirs: dict[str, Path], query: str, limit: int = 20, check=Non
     return hits[:limit]
 
 
+class FeatureLinks(JSComponent):
+    """HTML whose feature links open their feature in this page: a plain click on an `a[data-feature]` sets
+    `clicked` ({"feature", "site", "n"}; site '' = the dictionary shown) instead of loading the link, so the page
+    keeps its checkpoint, sentence, tab and every other setting without a reload. The link itself stays a real link
+    to that state (a middle click, or one with a modifier key, opens it in a new tab as links do)."""
+
+    html = param.String(default="", doc="The HTML shown, with its feature links.")
+    clicked = param.Dict(default={}, doc="The feature link clicked last: its feature and dictionary.")
+
+    _esm = """
+    export function render({ model }) {
+      const box = document.createElement("div");
+      box.innerHTML = model.html;
+      model.on("html", () => { box.innerHTML = model.html; });
+      box.addEventListener("click", (event) => {
+        const a = event.target.closest("a[data-feature]");
+        if (!a || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) return;
+        event.preventDefault();
+        model.clicked = {feature: Number(a.dataset.feature), site: a.dataset.site || "", n: Date.now()};
+      });
+      return box;
+    }
+    """
+
+
 class FeaturesView(LazyTab):
     site = param.String(default="", doc=("The sparse dictionary to read: which activation of the model it splits into "
                                          "features."))
@@ -281,6 +307,19 @@ class FeaturesView(LazyTab):
                 link.bind(key, self, name, check=self._feature_check)
             else:
                 link.bind(key, self, name, late=name in self.url_late)
+
+    def _linked(self, text: str, css_class: str) -> FeatureLinks:
+        """`text` with its feature links opening their feature here (`FeatureLinks`)."""
+        links = FeatureLinks(html=text, css_classes=[css_class], sizing_mode="stretch_width")
+        links.param.watch(self._clicked_link, "clicked")
+        return links
+
+    def _clicked_link(self, event) -> None:
+        """A feature link clicked in the page: that dictionary (a search hit's) and feature, set in place."""
+        feature, site = event.new.get("feature"), event.new.get("site") or self.site
+        if not isinstance(feature, int | float) or feature < 0:
+            return
+        self.param.update(site=site, feature=int(feature))
 
     def _typed_feature(self, event) -> None:
         if self._syncing or event.new is None or event.new == self.feature:
@@ -401,7 +440,7 @@ class FeaturesView(LazyTab):
                 pn.pane.Markdown(f"**{answer['site']}** ({answer['n']} features; dictionaries here: "
                                  f"{', '.join(answer['sites'])}). Features active on each token of the sentence:",
                                  sizing_mode="stretch_width"),
-                pn.pane.HTML(answer["sentence"], css_classes=["features-sentence"], sizing_mode="stretch_width")]
+                self._linked(answer["sentence"], "features-sentence")]
         if "steer" in answer:
             objs.append(_steered(answer["steer"]))
         if "note" in answer:
@@ -409,7 +448,7 @@ class FeaturesView(LazyTab):
         if "hits" in answer:
             rows = "".join(_hit_html(h, answer["href_template"]) for h in answer["hits"]) \
                 or "<li>no feature of any dictionary fires on it</li>"
-            objs.append(pn.pane.HTML(f"<ul class='features-hits'>{rows}</ul>", sizing_mode="stretch_width"))
+            objs.append(self._linked(f"<ul class='features-hits'>{rows}</ul>", "features-hits-box"))
         if "why" in answer:
             objs.append(self._why(answer["why"], answer.get("feature")))
         if "dashboard" in answer:
