@@ -228,7 +228,7 @@ def test_closing_a_page_stops_its_sweep_in_the_worker_processes(browser, app_ser
                                                               text(page, ".why-progress")).groups())
     assert _cpu_seconds(workers) > cpu, "the sweep's CPU time is not in the worker processes"
     remaining = (total - done) / ((done - first) / (time.monotonic() - start))  # seconds, at its own rate
-    ctx.close()  # the page is gone: the server destroys its session (within ~6 s here) and cancels its job
+    ctx.close()  # the page is gone: its websocket closes, and the server cancels its job (ConnectionLost)
     closed = time.monotonic()
     while True:  # quiet: the workers' CPU time grows by under 0.1 s in a second
         before = _cpu_seconds(workers)

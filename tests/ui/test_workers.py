@@ -227,3 +227,38 @@ def test_starting_the_pool_never_blocks_the_caller_and_a_close_waits_for_the_sta
     assert done
     placement._calls.shutdown(wait=True)
     assert placement.pool._shutdown_thread
+
+
+def test_a_lost_connection_stops_the_pages_job_at_once_and_a_later_request_still_runs(pool, monkeypatch):
+    """Bokeh destroys a closed page's session only after its unused-session lifetime (seconds); the app stops the
+    page's jobs at the websocket's close, on the document's `ConnectionLost` event (`stop_work_when_the_page_goes`).
+    The job stops in its worker at its next batch; the session is not closed, so a request after it still runs."""
+    from bokeh.document import Document
+    from bokeh.events import ConnectionLost
+
+    from workbench.ui.workbench_app import stop_work_when_the_page_goes
+
+    monkeypatch.setattr(workers, "_PLACEMENT", pool)
+    answers = []
+
+    class Page:  # what the hook needs of a Session: its requests
+        requests = None
+
+    async def main():
+        page = Page()
+        page.requests = Requests(background=True)
+        doc = Document()
+        stop_work_when_the_page_goes(doc, page)
+        lane = page.requests.lane("why", heavy=True)
+        lane.submit(workers.probe, 10_000, 0.01, done=answers.append, progress=lambda *a: None, offload=True)
+        job = lane._job
+        await until(lambda: job.reports >= 1, "the job's first batch")
+        doc.callbacks.trigger_event(ConnectionLost())  # what Bokeh's websocket handler does when the page closes
+        assert job.cancelled  # at once, not when the session is destroyed
+        await until(lambda: job.stopped_at is not None, "the job stopping in its worker")
+        lane.submit(workers.probe, 2, 0.0, done=answers.append, offload=True)
+        await until(lambda: answers, "a later request's answer")
+        return job
+
+    job = on_loop(main)
+    assert job.stopped_at[0] < 10_000 - 1 and len(answers) == 1 and answers[0][0] != os.getpid()

@@ -259,6 +259,11 @@ class Requests:
     def close(self) -> None:
         """The page is gone: every job stops at its next check and nothing more is applied."""
         self.closed = True
+        self.stop_all()
+
+    def stop_all(self) -> None:
+        """Every lane's job stops at its next check (the page's connection was lost: Bokeh destroys its session only
+        after the unused-session lifetime, seconds later); a later request of the page still runs."""
         for lane in self._lanes.values():
             lane.cancel()
 

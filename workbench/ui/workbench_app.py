@@ -16,6 +16,7 @@ from pathlib import Path
 
 import panel as pn
 import param
+from bokeh.events import ConnectionLost
 
 from . import loader
 from .app_tabs import BUILT_IN
@@ -38,6 +39,14 @@ CSS = """
 """
 
 TabFactory = Callable[[Session], object]
+
+
+def stop_work_when_the_page_goes(doc, session: Session) -> None:
+    """Stop the page's jobs as soon as its websocket closes (Bokeh's `ConnectionLost` document event): the session
+    itself is destroyed (`Session.close`) only after Bokeh's unused-session lifetime, seconds later, and a closed
+    page's exact sweep or graph would run on until then."""
+    if doc is not None:
+        doc.on_event(ConnectionLost, lambda _event: session.requests.stop_all())
 
 
 class Workbench(pn.viewable.Viewer):
@@ -75,6 +84,7 @@ class Workbench(pn.viewable.Viewer):
         self._first_answer(open_first=chosen is None and not named_checkpoint)
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())
+            stop_work_when_the_page_goes(pn.state.curdoc, session)
 
     def _build_views(self, extra_tabs: Sequence[tuple[str, TabFactory]]) -> None:
         """The panels and the tabs: app_tabs.TABS' built-in ones (None: the Attention tab, built in `__panel__`),
