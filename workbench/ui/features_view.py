@@ -217,7 +217,7 @@ class FeatureLinks(JSComponent):
     keeps its checkpoint, sentence, tab and every other setting without a reload. The link itself stays a real link
     to that state (a middle click, or one with a modifier key, opens it in a new tab as links do)."""
 
-    html = param.String(default="", doc="The HTML shown, with its feature links.")
+    html = param.String(default="", doc="The text shown, with a link to each feature it names.")
     clicked = param.Dict(default={}, doc="The feature link clicked last: its feature and dictionary.")
 
     _esm = """
