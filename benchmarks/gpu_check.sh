@@ -91,7 +91,7 @@ for s in "${STAGES[@]}"; do
             --junitxml="$RESULTS/gpu_tests.xml" "${files[@]}"
         ;;
     train)
-        stage train 60 200 "$PY" benchmarks/gpu_train_check.py --steps 800 --warmup 200 --json "$RESULTS/gpu_train_multi30k.json"
+        stage train 60 260 "$PY" benchmarks/gpu_train_check.py --steps 800 --warmup 200 --json "$RESULTS/gpu_train_multi30k.json"
         ;;
     capture)
         stage capture 45 120 "$PY" benchmarks/bench_core.py --device cuda --config base --workload capture \

@@ -78,6 +78,20 @@ def test_collate_builds_eos_terminated_sources_and_shifted_targets():
         assert tgt_in[:n] == decoder_input(tgt_out[:n], cfg.start_id)
     marian = presets.tiny(vocab=50, decoder_start_id=0)  # the start token is the padding id
     assert data.collate([0], marian).tgt_in.tolist() == [decoder_input([11, 12, marian.eos_id], 0)]
+    # the loss's non-padding rows, found on the host: the same positions the device would find
+    assert b.tgt_rows.tolist() == (b.tgt_out.reshape(-1) != cfg.pad_id).nonzero().squeeze(1).tolist() == [0, 1, 2, 4,
+                                                                                                       5, 6, 7]
+    moved = b.to("cpu")
+    assert torch.equal(moved.tgt_rows, b.tgt_rows) and torch.equal(moved.tgt_out, b.tgt_out)
+
+
+@pytest.mark.gpu
+def test_batch_to_cuda_goes_through_pinned_memory_and_keeps_every_value():
+    cfg = presets.tiny(vocab=50)
+    b = _random_pairs(64).collate(list(range(64)), cfg)
+    moved = b.to("cuda")
+    for name in ("src", "tgt_in", "tgt_out", "tgt_rows"):
+        assert getattr(moved, name).is_cuda and torch.equal(getattr(moved, name).cpu(), getattr(b, name)), name
 
 
 def test_length_filter():

@@ -110,6 +110,24 @@ def test_fused_output_loss_has_the_unfused_sums_and_gradients(eps, with_bias, ch
     assert not n1.requires_grad
 
 
+def test_output_loss_with_rows_found_on_the_host_is_the_same_loss_and_gradient():
+    # the trainer passes the batch's non-padding rows (found where the batch is built) to spare a device sync
+    torch.manual_seed(0)
+    target = torch.randint(1, 30, (4, 9))
+    target[1, 5:] = 0
+    target[3, 2:] = 0
+    rows = (target.reshape(-1) != 0).nonzero().squeeze(1)
+    results = []
+    for given in (None, rows):
+        hidden = torch.randn(4, 9, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        weight = torch.randn(30, 8, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        loss, nll, n = output_loss(hidden, weight, None, target, smoothing=0.1, ignore_index=0, chunk=7, rows=given)
+        loss.backward()
+        results.append((loss.detach(), nll, int(n), hidden.grad, weight.grad))
+    for a, b in zip(*results):
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+
+
 def test_fused_output_loss_without_grad_computes_only_the_loss():
     torch.manual_seed(0)
     hidden, weight = torch.randn(4, 9, 8), torch.randn(30, 8)

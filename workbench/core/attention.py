@@ -394,10 +394,12 @@ def _mask_in_place(scores: torch.Tensor, mask: torch.Tensor) -> None:
     a few trailing keys: so the fill starts at the first masked column when that is in the second half of the keys,
     and is skipped when no key is masked (one sentence, a batch of equal lengths). Bit-identical to the whole-tensor
     fill (tested). A causal mask masks from column 1 on and gains nothing; under torch.compile, which cannot trace
-    the host read, the plain fill runs.
+    the host read, the plain fill runs. So it does on an accelerator: the host read waits for the device once per
+    layer, and the queue of launched kernels runs dry (H100, base size, B=1 L=512, 18 blocks: capture/plain
+    x1.45 -> x3.21 with the window; `benchmarks/results/gpu_check.json`, 2026-11-27).
     """
     hidden = ~mask
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or scores.device.type != "cpu":
         scores.masked_fill_(hidden, torch.finfo(scores.dtype).min)
         return
     columns = hidden.reshape(-1, hidden.size(-1)).any(0).nonzero()

@@ -200,11 +200,25 @@ class Batch:
     indices: list[int]
     n_src_tokens: int  # real (non-pad) tokens
     n_tgt_tokens: int
+    # flat positions of tgt_out that are not padding, found on the host where the batch is built: the loss reads
+    # them instead of asking the device (a nonzero() waits for it, once per micro-batch; see `training.loss`)
+    tgt_rows: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
-        move = lambda t: t.to(device, non_blocking=non_blocking)
+        """The batch on `device`. To a CUDA device the tensors go through pinned memory: a copy from pageable
+        memory waits for the device's queue to drain, which once per micro-batch left the H100 idle while the host
+        launched the next forward (docs/gpu.md)."""
+        pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            if pin and t.device.type == "cpu":
+                t = t.pin_memory()
+            return t.to(device, non_blocking=non_blocking)
+
         return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.indices, self.n_src_tokens,
-                     self.n_tgt_tokens)
+                     self.n_tgt_tokens, move(self.tgt_rows))
 
     @property
     def size(self) -> int:
@@ -281,8 +295,9 @@ class ParallelData:
             tgt_out[row, len(t)] = cfg.eos_id
             n_src += len(s) + 1
             n_tgt += len(t) + 1
+        rows = np.flatnonzero(tgt_out.reshape(-1) != cfg.pad_id)
         return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), list(indices),
-                     n_src, n_tgt)
+                     n_src, n_tgt, torch.from_numpy(rows))
 
 
 def shard(indices: Sequence[int], rank: int, world: int) -> list[int]:

@@ -73,6 +73,7 @@ def output_loss(
     smoothing: float = 0.1,
     ignore_index: int,
     chunk: int = 512,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`label_smoothed_nll(F.linear(hidden, weight, bias), target)` without the (N, V) logits tensor.
 
@@ -86,7 +87,9 @@ def output_loss(
 
     Same sums and gradients as the unfused path (tested); `nll` is detached. Gradients are computed in
     the forward pass only when autograd needs them, so validation pays for the loss alone. Expects
-    float32 (under bf16 autocast the trainer casts the decoder output first).
+    float32 (under bf16 autocast the trainer casts the decoder output first). `rows`, when the caller knows
+    them (`corpus.data.Batch.tgt_rows`, found on the host), are the flat positions of `target` that are not
+    `ignore_index`, ascending: finding them here makes the host wait for the device on an accelerator.
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing ({smoothing}) must be in [0, 1)")
@@ -94,7 +97,8 @@ def output_loss(
         raise ValueError(f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree")
     flat_target = target.reshape(-1)
     keep = flat_target != ignore_index
-    rows = keep.nonzero().squeeze(1)
+    if rows is None:
+        rows = keep.nonzero().squeeze(1)  # on an accelerator the host waits here for the device
     h = hidden.reshape(-1, hidden.size(-1)).index_select(0, rows)
     t = flat_target.index_select(0, rows)
     grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
@@ -176,6 +180,7 @@ def teacher_forced_loss(
     smoothing: float,
     amp: bool = False,
     call: torch.nn.Module | None = None,
+    target_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss_sum, nll_sum, n_tokens) of a `Transformer` on one padded batch: what training and validation use.
 
@@ -184,7 +189,7 @@ def teacher_forced_loss(
     bf16 (8 bits of mantissa: steps of 0.06 at a logit of 10) before the log-softmax had kept the bf16
     Multi30k run's loss 0.1-0.14 nats above fp32's on the H100 (docs/gpu.md). `call` is the module to
     run (a torch.compile or DDP wrapper of `model`), `model` the one whose output layer and pad id are
-    read.
+    read. `target_rows`: the flat positions of `tgt_out` that are not padding (`Batch.tgt_rows`), when known.
     """
     call = model if call is None else call
     pad = model.cfg.pad_id
@@ -195,4 +200,5 @@ def teacher_forced_loss(
     else:
         hidden = call(src, tgt_in, project=False)
     proj = model.output_proj
-    return output_loss(hidden, proj.weight, proj.bias, tgt_out, smoothing=smoothing, ignore_index=pad)
+    return output_loss(hidden, proj.weight, proj.bias, tgt_out, smoothing=smoothing, ignore_index=pad,
+                       rows=target_rows)

@@ -288,7 +288,8 @@ class Trainer:
                 sync = self.train_model.no_sync()
             with sync:
                 loss, nll, _ = teacher_forced_loss(self.model, batch.src, batch.tgt_in, batch.tgt_out,
-                                                   smoothing=c.label_smoothing, amp=self.amp, call=self.train_model)
+                                                   smoothing=c.label_smoothing, amp=self.amp, call=self.train_model,
+                                                   target_rows=batch.tgt_rows)
                 (loss * weight).backward()
             if share:
                 acc.add(loss.detach(), nll, batch.n_tgt_tokens, batch.n_src_tokens)

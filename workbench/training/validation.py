@@ -28,7 +28,8 @@ def valid_loss(model: Transformer, data: ParallelData, *, max_tokens: int, smoot
     loss = nll = tokens = 0.0
     for idx in data.batches(max_tokens, shuffle=False):
         batch = data.collate(idx, cfg).to(device)
-        l_, n_, t_ = teacher_forced_loss(model, batch.src, batch.tgt_in, batch.tgt_out, smoothing=smoothing, amp=amp)
+        l_, n_, t_ = teacher_forced_loss(model, batch.src, batch.tgt_in, batch.tgt_out, smoothing=smoothing, amp=amp,
+                                         target_rows=batch.tgt_rows)
         loss, nll, tokens = loss + float(l_), nll + float(n_), tokens + float(t_)
     return {"valid_loss": loss / tokens, "valid_nll": nll / tokens, "valid_ppl": math.exp(min(nll / tokens, 50.0))}
 
