@@ -80,3 +80,22 @@ def test_the_tab_joins_through_the_constructor_only(root):
     plain = Workbench(root / "alpha", default_dir=None)
     assert [t for t, _ in with_tab.tabs][-1] == "Model analysis"
     assert "Model analysis" not in [t for t, _ in plain.tabs]  # no registry shared between apps
+
+
+def test_a_beam_replay_is_computed_once_for_every_page_that_asks(root):
+    # one cache keyed by checkpoint (issue 37 pt 6): a second page on the same sentence and beam reuses the replay
+    # (the tab had kept its own, keyed by the id of the page's result object)
+    entries, _ = loader.discover([root], default=None)
+    pages = [Session(entries, checkpoint="alpha", sentence="Zwei Hunde laufen.") for _ in range(2)]
+    before = loader.CACHE.loads
+    views = [ModelAnalysisView(session=s, analysis="beam search replay", beam=2) for s in pages]
+    for view in views:
+        view.show()
+        assert _shown(view) == ["Bokeh"]
+    replays = [ModelAnalysisView.beam_replay(s.result, 2) for s in pages]
+    assert replays[0] is replays[1]
+    assert sum(k[0] == "replay" for k in loader.CACHE.keys()) >= 1
+    assert loader.CACHE.loads - before == 1  # the model was cached already: only the replay was computed
+    assert views[1].param.step.bounds == (0, len(replays[0].steps) - 1)
+    other_beam = ModelAnalysisView.beam_replay(pages[0].result, 3)
+    assert other_beam is not replays[0]

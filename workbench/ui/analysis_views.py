@@ -26,6 +26,7 @@ from ..analysis import (
 from ..charts import analysis as charts
 from ..core.heads import hook_name
 from ..decoding.search import beam_search
+from . import loader
 from .views import LazyTab
 
 ANALYSES = ["(pick one)", "logit lens", "attribution vs attention", "beam search replay", "encoder rollout",
@@ -52,10 +53,6 @@ class ModelAnalysisView(LazyTab):
     redraws = ("analysis", "method", "beam", "step")
     url = {"analysis": "ma", "method": "mam", "beam": "mab", "step": "mas"}
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._replay = None  # (key, replay): the beam replay of one sentence and beam, reused across steps
-
     def inputs(self):
         r = self.session.result
         if self.analysis == ANALYSES[0]:
@@ -65,12 +62,14 @@ class ModelAnalysisView(LazyTab):
         return r, self.analysis, self.method, self.beam, self.step
 
     def compute(self, r, analysis, method, beam, step):
-        return self.build(r, r.model, analysis=analysis, method=method, beam=beam,
-                          step=step)
+        fig = self.build(r, r.model, analysis=analysis, method=method, beam=beam, step=step)
+        steps = len(self.beam_replay(r, beam).steps) if analysis == "beam search replay" else None
+        return fig, steps
 
-    def render(self, fig):
-        if self._replay is not None:
-            self.param.step.bounds = (0, len(self._replay[1].steps) - 1)
+    def render(self, answer):
+        fig, steps = answer
+        if steps is not None:  # the replay's own step count bounds the step picker
+            self.param.step.bounds = (0, steps - 1)
         return [pn.pane.Bokeh(fig, sizing_mode="stretch_width")]
 
     def build(self, r, tm, *, analysis: str | None = None, method: str | None = None, beam: int | None = None,
@@ -99,7 +98,7 @@ class ModelAnalysisView(LazyTab):
             return charts.attribution_view(attr, attention=cross, src_tokens=src_tokens, tgt_tokens=out_tokens,
                                            method=method)
         if analysis == "beam search replay":
-            replay = self._beam_replay(model, src, len(out_tokens), r, beam)
+            replay = self.beam_replay(r, beam, tm)
             step = min(step, len(replay.steps) - 1)
             return column(charts.beam_tree_figure(replay, tokens=vocab),
                           charts.beam_step_view(replay, step, tokens=vocab, src_tokens=src_tokens))
@@ -122,12 +121,21 @@ class ModelAnalysisView(LazyTab):
                                             value_label="norm")
         raise ValueError(f"unknown analysis {analysis!r}")
 
-    def _beam_replay(self, model, src, out_len: int, r, beam: int):
-        key = (id(r), beam)
-        if self._replay is None or self._replay[0] != key:
-            gen = beam_search(model, src, beam=beam, max_len=max(4, out_len + 8), record_steps=True)
-            self._replay = (key, add_cross_attention(replay_beam(gen, 0), model, src[0]))
-        return self._replay[1]
+    @staticmethod
+    def beam_replay(r, beam: int, tm=None):
+        """The beam search of result `r`'s source, replayed step by step with `beam` hypotheses: once per source,
+        output length and beam in a process, shared by every page (`loader.load_derived`, evicted with the model;
+        keyed by the ids, not by the page's result object, which a page rebuilds for the same sentence)."""
+        tm = r.model if tm is None else tm
+        model = tm.model
+
+        src = r.trace.src[:1].to(model.device)
+
+        def replay():
+            gen = beam_search(model, src, beam=beam, max_len=max(4, len(r.out_ids) + 8), record_steps=True)
+            return add_cross_attention(replay_beam(gen, 0), model, src[0])
+
+        return loader.load_derived("replay", tm, replay, tuple(src[0].tolist()), len(r.out_ids), beam)
 
     def __panel__(self):
         controls = pn.Row(

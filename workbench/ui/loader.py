@@ -126,11 +126,12 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
     return entries[0] if entries else None
 
 
-LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8, "evidence": 16}
+LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8, "evidence": 16, "confidence": 8, "replay": 16}
 """Entries kept per kind: 4 models (the shipped ones are 20-90 MB each in memory), 8 training logs, 16 dictionaries
 (a few MB each, with their corpus statistics), the Graph tab's corpus contexts of 8 models, the Evidence tab's
-measured gold AER and head roles (two per model)."""
-DERIVED = ("features", "contexts", "evidence")
+measured gold AER and head roles (two per model), the Internals tab's measured confidence on validation text (a
+histogram's worth), and Model analysis' beam-search replays (one sentence and beam each, stepped through)."""
+DERIVED = ("features", "contexts", "evidence", "confidence", "replay")
 """The kinds computed from a loaded model: evicted with it."""
 
 

@@ -466,10 +466,6 @@ class InternalsView(LazyTab):
     CONFIDENCE_SENTENCES = 200
     """Validation sentences the confidence histogram is measured on (about a second for the shipped models)."""
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._confidence: dict[str, Any] = {}  # checkpoint label -> (Confidence, data name) or the error; bounded
-
     def inputs(self):
         s, r = self.session, self.session.result
         if r is None or s.checkpoint is None:
@@ -502,19 +498,21 @@ class InternalsView(LazyTab):
         except Exception as exc:
             parts["schedule"] = exc
         parts["smoothing"] = float((tm.meta.get("train_config") or {}).get("label_smoothing", 0.0))
-        parts["confidence"] = self._measured_confidence(tm, label)
+        parts["confidence"] = self.measured_confidence(tm)
         return parts
 
-    def _measured_confidence(self, tm, label: str):
-        """The model's confidence on its validation text, once per checkpoint (the last 4 kept)."""
-        if label not in self._confidence:
+    @classmethod
+    def measured_confidence(cls, tm):
+        """The model's confidence on its validation text, or why it could not be measured: once per checkpoint
+        and process, shared by every page (`loader.load_derived`, evicted with the model)."""
+
+        def measure():
             try:
-                self._confidence[label] = checkpoint_confidence(tm, limit=self.CONFIDENCE_SENTENCES)
-            except Exception as exc:
-                self._confidence[label] = exc
-            while len(self._confidence) > 4:
-                self._confidence.pop(next(iter(self._confidence)))
-        return self._confidence[label]
+                return checkpoint_confidence(tm, limit=cls.CONFIDENCE_SENTENCES)
+            except Exception as exc:  # no validation text beside this checkpoint: said on the page, not retried
+                return exc
+
+        return loader.load_derived("confidence", tm, measure, cls.CONFIDENCE_SENTENCES)
 
     def render(self, parts):
         schedule = parts["schedule"]
