@@ -139,10 +139,6 @@ class Session(param.Parameterized):
             raise LookupError("no checkpoint is selected")
         return loader.load_model(str(self.entry.path))
 
-    def model_of(self, label: str):
-        """The TranslationModel of a listed checkpoint (KeyError for anything not in the list; call off the loop)."""
-        return loader.load_model(str(self._entries[label].path))
-
     def languages(self, label: str | None) -> tuple[str | None, str | None]:
         """(source, target) language of a listed checkpoint from its meta.json ((None, None) when unknown)."""
         entry = self._entries.get(label) if label is not None else None

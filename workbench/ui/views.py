@@ -46,7 +46,7 @@ from ..training.setup import lr_at, lr_schedule
 from . import loader
 from .learn import link_terms, term
 from .session import Session, fmt_logp
-from .work import Request, translate
+from .work import read_by
 
 log = logging.getLogger(__name__)
 
@@ -669,21 +669,11 @@ class CompareView(LazyTab):
             return "*Nothing to compare yet.*"
         if self.other is None:
             return f"*No checkpoint to compare with by default: {self._why}. Pick one above to compare anyway.*"
-        return (r, self.other, s.kind, s.layer, s.head, s.words, (f"A = {s.checkpoint}", f"B = {self.other}"),
-                self._why, self.direction_note())
+        return (r, str(s.entries_by_label(self.other)), s.kind, s.layer, s.head, s.words,
+                (f"A = {s.checkpoint}", f"B = {self.other}"), self._why, self.direction_note())
 
-    def compute(self, r, label_b, kind, layer, head, words, labels, why, direction):
-        tm_b = self.session.model_of(label_b)
-        # Same target vocabulary: B reads A's exact pieces; otherwise A's text, aligned on words.
-        try:
-            same_vocab = tm_b.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
-        except Exception:  # noqa: BLE001 - an id beyond B's vocabulary (sentencepiece raises its own error types)
-            same_vocab = False
-        b = translate(tm_b, Request(str(tm_b.meta.get("path", label_b)), r.request.sentence,
-                                    target=r.text or r.request.target or ".",
-                                    target_ids=tuple(r.out_ids) if same_vocab else ()))
-        if b is None:
-            raise ValueError("checkpoint B produced no result for this sentence")
+    def compute(self, r, path_b, kind, layer, head, words, labels, why, direction):
+        b = read_by(r, path_b)  # the model work (loading B, teacher forcing) is work.py's; the figure is this tab's
         layer_b = min(layer, b.depth(kind) - 1)
         heads = None if head < 0 else head
         fig = compare_traces(r.trace, b.trace, kind, layer, heads, layer_b=layer_b,

@@ -169,6 +169,21 @@ def translate(tm: TranslationModel, req: Request) -> Result | None:
     return Result(req, t, compact, tuple(notes + t.notes), time.perf_counter() - start, tm)
 
 
+def read_by(r: Result, path: str) -> Result:
+    """A's output (result `r`) as checkpoint `path` reads it, teacher-forced: the Compare tab's B. B reads A's exact
+    pieces when both share a target vocabulary (so the rows line up one to one), else A's text in its own pieces."""
+    tm = loader.load_model(path)
+    try:
+        same_vocab = tm.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
+    except Exception:  # noqa: BLE001 - an id beyond B's vocabulary (sentencepiece raises its own error types)
+        same_vocab = False
+    b = translate(tm, Request(str(tm.meta.get("path", path)), r.request.sentence, target=r.text or r.request.target
+                              or ".", target_ids=tuple(r.out_ids) if same_vocab else ()))
+    if b is None:
+        raise ValueError("checkpoint B produced no result for this sentence")
+    return b
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What heavy work reads of a page's `Result` (its request, text, ids and pieces), small and picklable: a worker
