@@ -388,7 +388,8 @@ def pool_long(tm) -> str:
 SHORT_EN = "The children are playing in the park with a red ball today."
 COLOURS = ["blue", "green", "yellow", "black", "white", "brown", "grey", "orange"]
 ROUNDS = itertools.count(1)  # the clickers' rounds, over every page and phase (each translation a new sentence)
-GRAPH_POSITIONS = (8, 9)  # output tokens whose graphs the graph page alternates between (each one a new build)
+GRAPH_POSITIONS = (4, 5, 6, 7, 8, 9)  # output tokens whose graphs the graph page cycles through: more than the
+# server's cache keeps graphs (`loader.LIMITS["graph"]`), so each one is a new build
 
 
 def _q(xs: list[float], p: float) -> float | None:
@@ -482,13 +483,13 @@ async def _sweeper(page, long_src: str, done: list, stop) -> None:
 
 
 async def _grapher(page, done: list, layers: list, stop) -> None:
-    """The Graph page: the graph of one output token, then another's (each a new build), over and over; `done[0]`
+    """The Graph page: the graphs of `GRAPH_POSITIONS` in turn (each a new build), over and over; `done[0]`
     counts the graphs drawn while this runs, `layers[0]` the sub-layers built (read from its progress line)."""
     import re
 
     k = 0
     while not stop():
-        position = GRAPH_POSITIONS[k % 2]
+        position = GRAPH_POSITIONS[k % len(GRAPH_POSITIONS)]
         k += 1
         await page.locator(".graph-token-list select").select_option(index=position)
         last, total = 0, 0

@@ -14,6 +14,15 @@ from workbench.ui import loader, workers  # noqa: E402
 from workbench.ui.requests import HEAVY_NICE  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_answers_from_other_tests():
+    """Pages share their answers through the process's one cache (`loader.CACHE`): each test starts without the
+    answers another test's pages computed (patching, graphs, beam replays), so none depends on the order of tests.
+    Models and dictionaries stay: loading them again would only cost time."""
+    loader.CACHE.clear("patching", "graph", "replay", "confidence")
+    yield
+
+
 @pytest.fixture(scope="module")
 def pool():
     """One worker process at the heavy work's niceness, as the served app places heavy jobs; closed after the module."""

@@ -436,3 +436,15 @@ def test_progress_changes_one_line_in_place_and_shows_sub_layers_at_most_every_q
     assert view._box.objects == [shown[0]] and "Measuring" in shown[0].object
     view.progress(1, 40)
     assert all(a is b for a, b in zip(view._box.objects, shown)) and len(view._box.objects) == 2  # the same panes
+
+
+def test_a_second_page_reprunes_the_graph_another_page_built(entries, monkeypatch):
+    # one cache keyed by checkpoint (issue 37 pt 6): the graph is the checkpoint's, not one page's
+    first = GraphView(session=Session(entries, checkpoint="alpha", sentence="Ein Hund läuft."), threshold=0.95)
+    first.show()
+    built = []
+    monkeypatch.setattr(graph_view, "attribution_graph", lambda *a, **k: built.append(1))
+    second = GraphView(session=Session(entries, checkpoint="alpha", sentence="Ein Hund läuft."), threshold=0.5)
+    second.show()
+    assert built == [] and "only the pruning ran again" in next(o.object for o in second.content
+                                                                  if "graph-note" in o.css_classes)

@@ -240,3 +240,18 @@ def test_sweep_progress_is_shown_at_most_every_quarter_second_and_its_last_repor
     view._progress_at = 0.0  # long ago
     view._report(("k", None), r, 50, 100)
     assert "patched 50 of 100 sites" in view._progress_text.object and view._bar.value == 50
+
+
+def test_a_second_page_gets_the_patching_answer_another_page_computed(entries, monkeypatch):
+    # one cache keyed by checkpoint (issue 37 pt 6): the answer is the checkpoint's, not one page's
+    calls = []
+    monkeypatch.setattr(why_view, "patch", lambda *a, **k: calls.append(a[1]) or patch(*a, **k))
+    first = WhyView(session=Session(entries, checkpoint="alpha", sentence=SENTENCE))
+    first.show()
+    assert len(calls) == 1
+    second = WhyView(session=Session(entries, checkpoint="alpha", sentence=SENTENCE))
+    second.show()
+    assert len(calls) == 1 and _note(second) == _note(first)
+    third = WhyView(session=Session(entries, checkpoint="alpha", sentence="Zwei Hunde laufen."))
+    third.show()
+    assert len(calls) == 2  # another sentence is another question

@@ -38,9 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
-from collections import OrderedDict
 from io import StringIO
 
 import panel as pn
@@ -71,7 +69,6 @@ MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longe
 MAX_GRAPH_NODES = 5000  # larger graphs are refused: a 5,000-node adjacency is 200 MB of float64
 SECONDS, SECONDS_PER_NODE2 = 0.03, 5e-8  # measured: graph construction plus pruning, one idle core of this machine
 GRAPHS_IN_WORKERS = os.environ.get("WORKBENCH_APP_GRAPHS_IN_WORKERS", "1") != "0"  # see GraphView.compute
-CACHED = 1  # graphs kept per page (a graph holds its nodes² adjacency: up to 200 MB)
 CONTEXT_SENTENCES = 60  # test sentences the corpus contexts are measured on (about 2 s on one core, once per model)
 
 
@@ -263,8 +260,6 @@ class GraphView(LazyTab):
         super().__init__(**params)
         self._link_node: int | None = None  # a link's node, checked when its graph is drawn
         self._drawn: tuple = (None, [])  # (the drawn graph's node source, the graph indices of its nodes)
-        self._lock = threading.Lock()
-        self._graphs: OrderedDict[tuple, tuple] = OrderedDict()  # key -> (graph, its trust panel)
         self._answer: dict | None = None
         self._shown: tuple = (None, None)  # (result, checkpoint label) the shown graph is of
         self._cost = ""
@@ -364,8 +359,8 @@ class GraphView(LazyTab):
         self._cost = (f"{len(r.src_ids)} source tokens, {position + 1} decoder positions: {nodes:,} nodes, "
                       f"{built}, {mb:,.0f} MB")
         key = (r.request.translate_key, position, features)
-        with self._lock:  # the page's last graph of this key travels with the job: only the pruning runs again
-            kept = self._graphs.get(key)
+        # a graph of this key any page built travels with the job (loader.CACHE): only the pruning runs again
+        kept = loader.CACHE.peek("graph", r.request.path, *key)
         return (Snapshot.of(r), key, position, float(self.threshold), int(self.max_nodes), bool(self.contexts),
                 features, kept)
 
@@ -373,12 +368,12 @@ class GraphView(LazyTab):
     # graphs in the server's heavy threads instead (nice 10).
     compute = Offloaded(graph_answer) if GRAPHS_IN_WORKERS else staticmethod(graph_answer)
 
-    def _keep(self, answer: dict) -> None:
-        """Keep the answer's graph and trust panel for its key (CACHED per page), for a re-pruning job."""
-        with self._lock:
-            self._graphs[answer["key"]] = (answer["graph"], answer["trust"])
-            while len(self._graphs) > CACHED:
-                self._graphs.popitem(last=False)
+    @staticmethod
+    def _keep(answer: dict) -> None:
+        """Keep the answer's graph and trust checks for its key, for a re-pruning job of any page (`loader.CACHE`,
+        the one checkpoint cache: a few graphs in all, each up to 200 MB)."""
+        key = answer["key"]
+        loader.CACHE.put("graph", key[0][0], (answer["graph"], answer["trust"]), *key)
 
     def progress(self, done: int, total: int, what: str = "") -> None:
         """A job's report: a stage (`what`) or sub-layer `done` of `total`; sub-layers shown at most 4 times a second

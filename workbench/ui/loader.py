@@ -126,12 +126,16 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
     return entries[0] if entries else None
 
 
-LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8, "evidence": 16, "confidence": 8, "replay": 16}
+LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8, "evidence": 16, "confidence": 8, "replay": 16,
+          "patching": 32, "graph": 4}
 """Entries kept per kind: 4 models (the shipped ones are 20-90 MB each in memory), 8 training logs, 16 dictionaries
 (a few MB each, with their corpus statistics), the Graph tab's corpus contexts of 8 models, the Evidence tab's
 measured gold AER and head roles (two per model), the Internals tab's measured confidence on validation text (a
-histogram's worth), and Model analysis' beam-search replays (one sentence and beam each, stepped through)."""
-DERIVED = ("features", "contexts", "evidence", "confidence", "replay")
+histogram's worth), Model analysis' beam-search replays (one sentence and beam each, stepped through), the Why tab's
+patching answers (one sentence and changed source each: a map per output token, under a MB), and the Graph tab's
+graphs with their trust checks (a graph holds its nodes² adjacency: up to 200 MB, so few). The last three were kept
+per page before; here a second page asking the same question gets the answer at once."""
+DERIVED = ("features", "contexts", "evidence", "confidence", "replay", "patching", "graph")
 """The kinds computed from a loaded model: evicted with it."""
 
 
@@ -194,6 +198,26 @@ class CheckpointCache:
                 self._evict(kind)
         return value
 
+    def peek(self, kind: str, path: str | Path, *extra: Hashable):
+        """The entry of (kind, checkpoint_key(path), *extra) if it is cached (now the most recently used), else None:
+        for answers a page computes on its own request path (`put` stores them), not through `get`'s `load`."""
+        key = (kind, checkpoint_key(path), *extra)
+        with self._lock:
+            if key not in self._entries:
+                return None
+            self._entries.move_to_end(key)
+            return self._entries[key]
+
+    def put(self, kind: str, path: str | Path, value: object, *extra: Hashable) -> None:
+        """Store `value` as the entry of (kind, checkpoint_key(path), *extra), evicting past `limits[kind]`."""
+        if kind not in self.limits:
+            raise ValueError(f"no cache limit for {kind!r}: {sorted(self.limits)}")
+        key = (kind, checkpoint_key(path), *extra)
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            self._evict(kind)
+
     def _evict(self, kind: str) -> None:
         while (keys := [k for k in self._entries if k[0] == kind]) and len(keys) > self.limits[kind]:
             old = keys[0]  # the least recently used of its kind
@@ -207,9 +231,11 @@ class CheckpointCache:
         with self._lock:
             return list(self._entries)
 
-    def clear(self) -> None:
+    def clear(self, *kinds: str) -> None:
+        """Forget every entry, or only those of `kinds`."""
         with self._lock:
-            self._entries.clear()
+            for key in [k for k in self._entries if not kinds or k[0] in kinds]:
+                del self._entries[key]
 
 
 CACHE = CheckpointCache(LIMITS)

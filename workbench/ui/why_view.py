@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +34,7 @@ from ..analysis.circuits.contrast import NOUNS, NOUNS_EN, noun_swaps
 from ..analysis.circuits.patching import attribution_patching, build_sites, log_prob, patching_sweep
 from ..charts.why import logit_attribution_grid, patching_heatmap
 from ..core.batching import decoder_input
-from . import workers
+from . import loader, workers
 from .learn import link_terms
 from .requests import PROGRESS_EVERY
 from .views import LazyTab, _fail, _md_escape, _stretch
@@ -45,7 +44,6 @@ MAX_BUTTONS = 20  # up to this many output tokens are picked with buttons; longe
 # estimate alone and a button. 1000 covers the default sentence (668 sites on general-en-de: 5 s in a worker on
 # the busy 2-core machine) and 12-token sentences generally; a 60-word one has ~10,000 and takes minutes.
 EXACT_AT_ONCE = 1000
-CACHED = 8  # patching answers kept per page (sentence x changed source)
 
 
 # ------------------------------------------------------------------------------------- the work (off the loop)
@@ -316,6 +314,12 @@ def _delta(result) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- the view
 
 
+def _cached(key: tuple) -> Patching | None:
+    """The patching answer for `key` ((the request's translate_key, the changed source or None while prefilled)) if
+    any page computed it (`loader.CACHE`, keyed by the checkpoint of the request's path)."""
+    return loader.CACHE.peek("patching", key[0][0], *key)
+
+
 class WhyView(LazyTab):
     """Direct logit attribution of the chosen output token, and patching against a changed source."""
 
@@ -339,7 +343,6 @@ class WhyView(LazyTab):
         super().__init__(**params)
         self._patch_lane = self.session.lane(f"why-patching-{id(self)}", heavy=True)
         self._patch_box = pn.Column(sizing_mode="stretch_width", min_height=60)
-        self._cache: OrderedDict[tuple, Patching] = OrderedDict()
         self._sentence = None  # the sentence `corrupted` belongs to
         self._prefill = True  # `corrupted` is to be prefilled for the current sentence
         self._setting = False  # the view itself is writing `corrupted`
@@ -438,7 +441,7 @@ class WhyView(LazyTab):
             self._patch_box.objects = [pn.pane.Markdown("*Nothing to patch yet.*")]
             return
         key = self._key(r)
-        cached = self._cache.get(key)
+        cached = _cached(key)
         if cached is not None and (cached.exact or not exact):
             self._show_patching(cached)
             return
@@ -463,11 +466,10 @@ class WhyView(LazyTab):
             self._prefill = False
         self._show_patching(p)
 
-    def _remember(self, key: tuple, p: Patching) -> None:
-        self._cache[key] = p
-        self._cache.move_to_end(key)
-        while len(self._cache) > CACHED:
-            self._cache.popitem(last=False)
+    @staticmethod
+    def _remember(key: tuple, p: Patching) -> None:
+        # the one checkpoint cache (loader.CACHE), shared by every page: a second page asking the same gets it at once
+        loader.CACHE.put("patching", key[0][0], p, *key)
 
     def _show_patching(self, p: Patching, extra: str = "") -> None:
         again = p is self._shown and self._shown_objects is not None and self._patch_box.objects == self._shown_objects
@@ -527,7 +529,7 @@ class WhyView(LazyTab):
         shown = self._bar.value, self._bar.max
         self._patch_lane.cancel()
         r = self.session.result
-        estimate = self._cache.get(self._key(r)) if r is not None else None
+        estimate = _cached(self._key(r)) if r is not None else None
         extra = f"Stopped the exact sweep after {shown[0]:,} of {shown[1]:,} sites. "
         if estimate is not None:
             self._show_patching(estimate, extra)
