@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 
 from workbench.ui import Workbench, loader  # noqa: E402
-from workbench.ui.analysis_views import ANALYSES, TAB, ModelAnalysisView  # noqa: E402
+from workbench.ui.analysis_views import ANALYSES, TAB, ModelAnalysisView, beam_replay  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
 
 
@@ -92,10 +92,11 @@ def test_a_beam_replay_is_computed_once_for_every_page_that_asks(root):
     for view in views:
         view.show()
         assert _shown(view) == ["Bokeh"]
-    replays = [ModelAnalysisView.beam_replay(s.result, 2) for s in pages]
+    replays = [beam_replay(s.result.model, s.result.trace.src[:1], len(s.result.out_ids), 2) for s in pages]
     assert replays[0] is replays[1]
     assert sum(k[0] == "replay" for k in loader.CACHE.keys()) >= 1
     assert loader.CACHE.loads - before == 1  # the model was cached already: only the replay was computed
     assert views[1].param.step.bounds == (0, len(replays[0].steps) - 1)
-    other_beam = ModelAnalysisView.beam_replay(pages[0].result, 3)
+    r = pages[0].result
+    other_beam = beam_replay(r.model, r.trace.src[:1], len(r.out_ids), 3)
     assert other_beam is not replays[0]

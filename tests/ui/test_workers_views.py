@@ -20,6 +20,7 @@ from test_requests import on_loop, until  # noqa: E402
 from workbench.charts.features import feature_dashboard  # noqa: E402
 from workbench.charts.graph import graph_data  # noqa: E402
 from workbench.ui import loader, workers  # noqa: E402
+from workbench.ui.analysis_views import ModelAnalysisView, analysis_figure, model_analysis  # noqa: E402
 from workbench.ui.evidence_view import EvidenceView, draw_evidence, evidence  # noqa: E402
 from workbench.ui.features_view import FeaturesView, explore  # noqa: E402
 from workbench.ui.graph_view import GraphView, graph_answer  # noqa: E402
@@ -32,10 +33,15 @@ WAIT = 180
 
 
 @pytest.fixture(scope="module")
-def shipped():
+def shipped_result():
     entries = loader.discover([SHIPPED], default=None)[0]
     s = Session(entries, checkpoint=next(e.label for e in entries if Path(e.path) == SHIPPED), sentence=SENTENCE)
-    return Snapshot.of(s.result)
+    return s.result
+
+
+@pytest.fixture(scope="module")
+def shipped(shipped_result):
+    return Snapshot.of(shipped_result)
 
 
 def _in_worker(pool, fn, *args):
@@ -110,6 +116,24 @@ def test_a_feature_answer_computed_in_a_worker_equals_one_computed_here(pool, sh
         feature_dashboard(dt, there["feature"] + 1)  # a dashboard answers for its own feature only
 
 
+@pytest.mark.parametrize("analysis", ["logit lens", "beam search replay", "value norms (cross, last layer)"])
+def test_a_model_analysis_computed_in_a_worker_equals_one_computed_here(pool, shipped, shipped_result, analysis):
+    args = (shipped, shipped_result.trace, analysis, "saliency", 3, 1)
+    here = model_analysis(*args)
+    there, _ = _in_worker(pool, model_analysis, *args)
+    assert here.keys() == there.keys() and here["vocab" if "vocab" in here else "out_tokens"] == there[
+        "vocab" if "vocab" in there else "out_tokens"]
+    if analysis == "logit lens":
+        assert _close(here["lens"].top_ids, there["lens"].top_ids)
+        assert _close(here["lens"].top_log_probs, there["lens"].top_log_probs)
+    elif analysis == "beam search replay":
+        assert here["replay"].final[0] == there["replay"].final[0]
+        assert [s.live for s in here["replay"].steps] == [s.live for s in there["replay"].steps]
+    else:
+        assert _close(here["relevance"], there["relevance"])
+    assert analysis_figure(there) is not None  # the page draws the worker's answer
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
@@ -135,7 +159,8 @@ def test_served_each_tab_sends_its_work_to_the_pool_and_a_closed_page_cancels_it
     async def main():
         s = Session(tiny, checkpoint="alpha", sentence=SENTENCE, background=True)
         await until(lambda: s.result is not None and not s.busy, "the translation")
-        views = [GraphView(session=s), EvidenceView(session=s), FeaturesView(session=s)]
+        views = [GraphView(session=s), EvidenceView(session=s), FeaturesView(session=s),
+                 ModelAnalysisView(session=s, analysis="logit lens")]
         for view in views:
             view.show()
             await until(lambda v=view: not v.lane.busy and v.content, f"the {view.title} tab's answer")
@@ -147,7 +172,7 @@ def test_served_each_tab_sends_its_work_to_the_pool_and_a_closed_page_cancels_it
         return views, job
 
     views, job = on_loop(main)
-    assert [name for name, _ in sent] == ["graph_answer", "evidence", "explore", "graph_answer"]
+    assert [name for name, _ in sent] == ["graph_answer", "evidence", "explore", "model_analysis", "graph_answer"]
     assert job.cancelled
     assert any("graph-figure" in o.css_classes for o in views[0].content)
     assert views[1].content and "Cannot" not in str(views[1].content[0])
