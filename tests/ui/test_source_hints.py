@@ -30,6 +30,8 @@ def test_hints_by_rule():
     assert source_hints("Ein Hund.", -2.0, None) == []  # not calibrated yet
     (hint,) = source_hints("Un chien.", -1.5, known)
     assert "German into English" in hint and f"{math.exp(-1.5):.2f}" in hint and f"{math.exp(-0.7):.2f}" in hint
+    (close,) = source_hints("Un chien.", -0.702, known)  # just below: as many digits as tell the two apart
+    assert f"{math.exp(-0.702):.3f}" in close and f"{math.exp(-0.7):.3f}" in close
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +63,56 @@ def test_the_app_adds_the_hint_once_the_yardstick_is_measured(shipped, monkeypat
     assert any("unsure" in n and "German into English" in n for n in translate(shipped, Request(path, OTHER[0])).notes)
     assert not any("unsure" in n for n in translate(shipped, Request(path, GERMAN[0])).notes)
     assert any("no words" in n for n in translate(shipped, Request(path, "🙂🙂🙂")).notes)
+
+
+def _unsure(notes) -> bool:
+    return any("unsure" in n and "German into English" in n for n in notes)
+
+
+def test_the_first_answer_of_a_page_carries_the_hint_inline(monkeypatch):
+    """A notebook's dashboard (inline): its very first answer, on an English sentence, says the source looks unlike
+    the model's German; a German sentence on the same page does not."""
+    from workbench.ui import Workbench
+
+    monkeypatch.setattr(loader, "_FAMILIARITY", {})  # nothing measured yet in this process
+    wb = Workbench(SHIPPED, sentence=OTHER[1], default_dir=None)
+    assert wb.session.result is not None and wb.session.result.hints_pending
+    assert _unsure(wb.session.notes), wb.session.notes
+    wb.session.sentence = GERMAN[0]
+    assert wb.session.result.request.sentence == GERMAN[0] and not _unsure(wb.session.notes), wb.session.notes
+
+
+def test_the_first_answer_of_a_served_page_carries_the_hint_when_the_yardstick_arrives(monkeypatch):
+    """Served (answers off the event loop): the first answer comes at once, before the yardstick is measured, and
+    its hint is added to the page's notes when it is; an ablation of that answer (which reuses it) keeps it."""
+    import asyncio
+    import concurrent.futures
+
+    from workbench.ui import Workbench
+
+    monkeypatch.setattr(loader, "_FAMILIARITY", {})
+
+    async def until(check, what: str) -> None:
+        for _ in range(30000):  # a bound (5 minutes on a busy machine), not a timing
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def main() -> list[list[str]]:
+        wb = Workbench(SHIPPED, sentence=OTHER[1], default_dir=None, background=True, sync_url=False)
+        s = wb.session
+        await until(lambda: s.version >= 1 and not s.busy, "the first answer")
+        first = s.result
+        assert first.hints_pending  # made before the yardstick: the old code's first answer stopped here
+        await until(lambda: _unsure(s.notes), "the hint")
+        s.toggle_head("cross", 0, 0)  # an ablation reuses the answer: its notes are built again, with the hint
+        await until(lambda: s.version >= 2 and not s.busy, "the ablation")
+        assert s.result is first and s.ablation is not None
+        notes = list(s.notes)
+        s.requests.close()
+        return notes
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        notes = pool.submit(asyncio.run, main()).result(timeout=600)
+    assert _unsure(notes) and sum("unsure" in n for n in notes) == 1, notes

@@ -25,6 +25,7 @@ from .link import Link, slug
 from .notebook import ordered_notebook_updates
 from .session import Session, first_loadable
 from .views import AblationPanel, AttentionView, LazyTab, OutputPanel, SourcePanel
+from .work import HINT_WAIT_S, Result, pending_hints
 
 TITLE = "Attention Workbench"
 # The store's URL keys, in the order the query lists them (link.py writes and reads them; docs/app.md lists all keys).
@@ -47,6 +48,25 @@ def stop_work_when_the_page_goes(doc, session: Session) -> None:
     page's exact sweep or graph would run on until then."""
     if doc is not None:
         doc.on_event(ConnectionLost, lambda _event: session.requests.stop_all())
+
+
+def hint_when_measured(session: Session) -> None:
+    """An answer made while its checkpoint's yardstick was being measured (a checkpoint's first, in practice) gets
+    its wrong-language hint when the yardstick arrives (`work.pending_hints`), if it is still the answer shown."""
+
+    def follow(event) -> None:
+        r: Result | None = event.new
+        if r is None or not r.hints_pending:
+            return
+
+        def add(hints: list[str]) -> None:
+            new = [h for h in hints if h not in session.notes]
+            if session.result is r and new:
+                session.notes = [*session.notes, *new]
+
+        session.lane("hints").submit(pending_hints, r, HINT_WAIT_S, done=add)
+
+    session.param.watch(follow, "result")
 
 
 class Workbench(pn.viewable.Viewer):
@@ -81,6 +101,7 @@ class Workbench(pn.viewable.Viewer):
             if isinstance(view, LazyTab):
                 view.bind_link(link)
         session.param.watch(lambda _e: link.write(), "version")  # changes made without events (discard_events)
+        hint_when_measured(session)
         self._first_answer(open_first=chosen is None and not named_checkpoint)
         if served:
             pn.state.on_session_destroyed(lambda _ctx: session.close())

@@ -166,5 +166,7 @@ def source_hints(text: str, mean_log_prob: float | None, known: Familiarity | No
     tgt = LANGUAGES.get(known.tgt_lang or "", known.tgt_lang)
     which = f"This model translates {src} into {tgt}: is the source {src}, and like the text it was trained on? " \
         if src and tgt else "Is the source in the model's source language, and like the text it was trained on? "
-    return [f"The model is unsure of this output: {math.exp(mean_log_prob):.2f} mean probability per piece, where "
-            f"95 % of its own validation translations get more than {math.exp(known.low):.2f}. " + which.strip()]
+    mine, low = math.exp(mean_log_prob), math.exp(known.low)
+    digits = next((d for d in range(2, 6) if f"{mine:.{d}f}" != f"{low:.{d}f}"), 6)  # never "0.04 ... than 0.04"
+    return [f"The model is unsure of this output: {mine:.{digits}f} mean probability per piece, where "
+            f"95 % of its own validation translations get more than {low:.{digits}f}. " + which.strip()]
