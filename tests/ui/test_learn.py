@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 
 from workbench.ui import Workbench  # noqa: E402
-from workbench.ui.learn import GLOSSARY, TOUR, anchor, glossary_html, start_here, term  # noqa: E402
+from workbench.ui.learn import GLOSSARY, TOUR, Glossary, anchor, glossary_html, start_here, term  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,8 @@ def test_every_step_opens_its_tab_and_kind(app):
             assert app.session.kind == step.kind, step.topic
     card = start_here(app.open_step)
     assert card.collapsed and len(card.objects) == len(TOUR) + 1  # the steps, then the glossary
+    (glossary,) = card.objects[-1].objects  # the entries, in the component that opens them on a term's click
+    assert isinstance(glossary, Glossary) and glossary.html == glossary_html()
 
 
 def test_the_glossary_defines_every_term_once_with_an_anchor():

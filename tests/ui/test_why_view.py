@@ -118,8 +118,10 @@ def test_long_outputs_start_with_the_estimate_and_offer_the_exact_sweep(session,
     view.show()
     view.corrupted = _swapped(session)
     assert "attribution patching" in _note(view) and view._exact.visible
+    assert 'href="#glossary-attribution-patching"' in _note(view)  # its method's term opens the glossary
     view.refresh_patching(exact=True)
     assert "exact sweep" in _note(view) and not view._exact.visible
+    assert 'href="#glossary-activation-patching"' in _note(view)
 
 
 def test_the_token_picker_follows_the_output_and_a_new_sentence_resets_the_changed_source(session):

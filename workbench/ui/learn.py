@@ -5,7 +5,8 @@ The tour follows the texts this project teaches from (the Annotated Transformer 
 positional encoding, masks and the schedule): embeddings and positions, masks, the three kinds of attention,
 heads, the training schedule, label smoothing, decoding. Each step says what to look at and opens the place
 that shows it (a tab, and where it matters an attention kind). `term("AER")` gives a term with its definition
-as a hover title and a link to its glossary entry, for the views' own texts.
+as a hover title and a link to its glossary entry, for the views' own texts; a click on it opens the glossary at
+that entry (`Glossary`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import panel as pn
+import param
+from panel.custom import JSComponent
 
 GLOSSARY: dict[str, str] = {
     "ablation": "Switching a part of the model off (e.g. multiplying one head's output by 0) to see what changes.",
@@ -118,6 +121,82 @@ def glossary_html() -> str:
     return f'<dl class="glossary">{rows}</dl>'
 
 
+class Glossary(JSComponent):
+    """The glossary's entries, and what makes every term of art in the page open it: a plain click on a `term`
+    link anywhere (any tab, any view, inside their shadow DOM) expands the cards that hold the glossary, scrolls to
+    the term's entry and highlights it, with no round trip to the server or the kernel.
+
+    The views' texts are Markdown, HTML and Bokeh panes that know nothing of the glossary, and a `#anchor` link
+    cannot reach an element in another shadow root (nor open a collapsed card). So, as `FeatureLinks` handles its
+    own links in the browser, this component handles the terms' clicks there: one capturing listener on the
+    document finds the `a.term` in the click's composed path. With two glossaries in one document (a notebook that
+    shows two dashboards) the one in the clicked link's output opens; a term clicked where no glossary is shown
+    keeps its hover title (the listener exists only once a glossary was drawn)."""
+
+    html = param.String(default="", doc="The glossary's entries as HTML: each term of art and its definition.")
+
+    _stylesheets = [""".glossary dt.glossary-hit, .glossary dt.glossary-hit + dd {
+      background: #fff3bf; box-shadow: -6px 0 0 #f0c000; }
+    .glossary dt.glossary-hit + dd { margin-left: 0; padding-left: 40px; }
+    .glossary .glossary-back { font-weight: normal; margin-left: 1em; font-size: 0.9em; }"""]
+
+    _esm = """
+    export function render({ model, view }) {
+      const box = document.createElement("div");
+      box.innerHTML = model.html;
+      model.on("html", () => { box.innerHTML = model.html; });
+      const show = (id, from) => {
+        const entry = box.querySelector(`dt[id="${CSS.escape(id)}"]`);
+        if (!entry) return false;
+        const y = window.scrollY;
+        for (let v = view.parent; v != null; v = v.parent) {  // the cards around this glossary, opened
+          if (v.model.collapsed === true) v.model.collapsed = false;
+        }
+        box.querySelectorAll(".glossary-hit").forEach((e) => e.classList.remove("glossary-hit"));
+        box.querySelectorAll(".glossary-back").forEach((e) => e.remove());
+        entry.classList.add("glossary-hit");
+        const back = document.createElement("a");  // to the text the term was read in
+        back.className = "glossary-back";
+        back.href = "#";
+        back.textContent = "↩ back to the text";
+        back.addEventListener("click", (event) => {
+          event.preventDefault();
+          back.remove();
+          if (from.isConnected) from.scrollIntoView({block: "center"});
+          else window.scrollTo(0, y);
+        });
+        entry.append(" ", back);
+        const scroll = () => entry.scrollIntoView({block: "center"});
+        requestAnimationFrame(() => requestAnimationFrame(scroll));
+        setTimeout(scroll, 300);  // again once the opened cards have laid out
+        return true;
+      };
+      const glossaries = (window.__workbenchGlossaries ||= new Map());
+      glossaries.set(view, {show, root: view.root.el});
+      model.on("remove", () => glossaries.delete(view));
+      if (!window.__workbenchGlossaryClicks) {
+        window.__workbenchGlossaryClicks = true;
+        document.addEventListener("click", (event) => {
+          if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) return;
+          const path = event.composedPath();
+          const a = path.find((e) => e instanceof Element && e.matches("a.term"));
+          const id = a ? (a.getAttribute("href") || "").replace(/^#/, "") : "";
+          if (!id) return;
+          const all = [...window.__workbenchGlossaries.values()];
+          const mine = all.filter((g) => path.includes(g.root));
+          for (const g of [...mine.reverse(), ...all.reverse()]) {  // the link's own dashboard first, then the latest
+            if (g.show(id, a)) {
+              event.preventDefault();
+              return;
+            }
+          }
+        }, true);
+      }
+      return box;
+    }
+    """
+
+
 @dataclass(frozen=True)
 class Step:
     """One stop of the tour: what it teaches, where to look, and the place it opens."""
@@ -160,7 +239,7 @@ def start_here(open_step: Callable[[Step], None]) -> pn.Card:
         button.on_click(lambda _event, s=step: open_step(s))
         rows.append(pn.Row(button, pn.pane.HTML(f"<b>{html.escape(step.topic)}</b> — {html.escape(step.text)}",
                                                 sizing_mode="stretch_width"), sizing_mode="stretch_width"))
-    glossary = pn.Card(pn.pane.HTML(glossary_html(), sizing_mode="stretch_width"), title="Glossary",
+    glossary = pn.Card(Glossary(html=glossary_html(), sizing_mode="stretch_width"), title="Glossary",
                        collapsed=True, sizing_mode="stretch_width", css_classes=["glossary-card"])
     return pn.Card(*rows, glossary, title="Start here: a tour of the Transformer, in the order the Annotated "
                    "Transformer teaches it", collapsed=True, sizing_mode="stretch_width", css_classes=["start-here"])

@@ -237,8 +237,8 @@ def _patching(r, corrupted: str, results: dict, exact: bool, n_sites: int) -> Pa
     head = f"log p of the output: {clean:.3f} clean, {corr:.3f} with the changed source (Δ {gap:+.2f} nats)."
     if exact:
         maps = [(title, d / gap if gap else d, rows, cols, axes) for title, d, rows, cols, axes in layout]
-        note = (f"{head} Measured by the exact sweep: each cell runs the clean input with one activation taken "
-                "from the changed run. Effect = the share of that change a site carries when patched "
+        note = (f"{head} Measured by the exact sweep (activation patching): each cell runs the clean input with one "
+                "activation taken from the changed run. Effect = the share of that change a site carries when patched "
                 "(0 = none, 1 = all of it)"
                 + ("." if gap else "; the change is 0 here, so cells are Δ log p in nats."))
     else:
