@@ -83,14 +83,25 @@ def test_the_first_answer_of_a_page_carries_the_hint_inline(monkeypatch):
 
 
 def test_the_first_answer_of_a_served_page_carries_the_hint_when_the_yardstick_arrives(monkeypatch):
-    """Served (answers off the event loop): the first answer comes at once, before the yardstick is measured, and
-    its hint is added to the page's notes when it is; an ablation of that answer (which reuses it) keeps it."""
+    """Served (answers off the event loop), three pages open on a checkpoint whose yardstick is not measured yet: their
+    first answers come at once, and while the yardstick is measured their interactive work goes on (no worker waits
+    for it: the two interactive workers are not held by the pages' hints); when it arrives, each page's hint is
+    added to its notes (the English ones, not the German one); an ablation of that answer (which reuses it) keeps
+    it."""
     import asyncio
     import concurrent.futures
+    import threading
 
     from workbench.ui import Workbench
 
     monkeypatch.setattr(loader, "_FAMILIARITY", {})
+    gate, measure = threading.Event(), loader.familiarity
+
+    def held(tm, **kwargs):  # the measurement takes as long as the test says
+        gate.wait(300)
+        return measure(tm, **kwargs)
+
+    monkeypatch.setattr(loader, "familiarity", held)
 
     async def until(check, what: str) -> None:
         for _ in range(30000):  # a bound (5 minutes on a busy machine), not a timing
@@ -100,19 +111,26 @@ def test_the_first_answer_of_a_served_page_carries_the_hint_when_the_yardstick_a
         raise AssertionError(f"timed out waiting for {what}")
 
     async def main() -> list[list[str]]:
-        wb = Workbench(SHIPPED, sentence=OTHER[1], default_dir=None, background=True, sync_url=False)
-        s = wb.session
-        await until(lambda: s.version >= 1 and not s.busy, "the first answer")
-        first = s.result
-        assert first.hints_pending  # made before the yardstick: the old code's first answer stopped here
-        await until(lambda: _unsure(s.notes), "the hint")
-        s.toggle_head("cross", 0, 0)  # an ablation reuses the answer: its notes are built again, with the hint
-        await until(lambda: s.version >= 2 and not s.busy, "the ablation")
-        assert s.result is first and s.ablation is not None
-        notes = list(s.notes)
-        s.requests.close()
+        pages = [Workbench(SHIPPED, sentence=OTHER[1], default_dir=None, background=True, sync_url=False).session
+                 for _ in range(3)]
+        for s in pages:
+            await until(lambda s=s: s.version >= 1 and not s.busy, "the first answers")
+            assert s.result.hints_pending and not _unsure(s.notes)  # made before the yardstick: the old code stopped
+        pages[0].sentence = GERMAN[1]  # while the yardstick is being measured
+        await until(lambda: pages[0].version >= 2 and not pages[0].busy, "a translation during the measurement")
+        gate.set()
+        for s in pages[1:]:
+            await until(lambda s=s: _unsure(s.notes), "the hint")
+        first = pages[1].result
+        pages[1].toggle_head("cross", 0, 0)  # an ablation reuses the answer: its notes are built again, with the hint
+        await until(lambda: pages[1].version >= 2 and not pages[1].busy, "the ablation")
+        assert pages[1].result is first and pages[1].ablation is not None
+        notes = [list(s.notes) for s in pages]
+        for s in pages:
+            s.requests.close()
         return notes
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        notes = pool.submit(asyncio.run, main()).result(timeout=600)
-    assert _unsure(notes) and sum("unsure" in n for n in notes) == 1, notes
+        german, *english = pool.submit(asyncio.run, main()).result(timeout=900)
+    assert not _unsure(german), german
+    assert all(_unsure(notes) and sum("unsure" in n for n in notes) == 1 for notes in english), english

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,8 @@ from ..analysis.training_dynamics.confidence import Familiarity, familiarity
 from ..checkpoint.format import LATEST, is_checkpoint, read_log, resolve_checkpoint
 from ..checkpoint.shipped import CHECKPOINTS
 from ..decoding.translator import TranslationModel, decode_config_from_meta
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DIR = CHECKPOINTS  # the shipped checkpoints (workbench.checkpoint.shipped)
 MAX_DEPTH = 3  # how deep below a listed directory checkpoints are looked for
@@ -252,7 +255,15 @@ def load_model(path: str | Path) -> TranslationModel:
     return CACHE.get("model", path, load)
 
 
-_FAMILIARITY: dict[str, Familiarity | Exception | threading.Event] = {}  # path -> measured, failed, or measuring
+class _Measuring:
+    """A yardstick being measured: set when done, and who to tell then (`on_familiarity`)."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.then: list[Callable[[], None]] = []
+
+
+_FAMILIARITY: dict[str, Familiarity | Exception | _Measuring] = {}  # path -> measured, failed, or measuring
 _FAMILIARITY_LOCK = threading.Lock()
 FAMILIARITY_KEPT = 8
 
@@ -269,7 +280,7 @@ def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
         if path in _FAMILIARITY:
             value = _FAMILIARITY[path]
             return value if isinstance(value, Familiarity) else None
-        _FAMILIARITY[path] = measuring = threading.Event()
+        _FAMILIARITY[path] = measuring = _Measuring()
         while len(_FAMILIARITY) > FAMILIARITY_KEPT:
             _FAMILIARITY.pop(next(iter(_FAMILIARITY)))
 
@@ -280,16 +291,39 @@ def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
             value = exc
         with _FAMILIARITY_LOCK:
             _FAMILIARITY[path] = value
-        measuring.set()
+            then, measuring.then = measuring.then, []
+        measuring.done.set()
+        for fn in then:
+            _tell(fn)
 
     threading.Thread(target=measure, name="familiarity", daemon=True).start()
     return None
 
 
+def _tell(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # e.g. the page's event loop closed meanwhile: nobody left to tell
+        log.warning("after measuring a yardstick: %s: %s", type(exc).__name__, exc)
+
+
 def measuring_familiarity(path: str) -> bool:
     """Whether the checkpoint's yardstick is being measured now (an answer made now goes without its hint)."""
     with _FAMILIARITY_LOCK:
-        return isinstance(_FAMILIARITY.get(path), threading.Event)
+        return isinstance(_FAMILIARITY.get(path), _Measuring)
+
+
+def on_familiarity(path: str, tm: TranslationModel, then: Callable[[], None]) -> None:
+    """Call `then()` once the checkpoint's yardstick is measured (or has failed): at once if it is, else from the
+    measuring thread when it is (measuring starts if it had not). Nothing waits meanwhile: no thread of a pool is
+    held while many pages open on a checkpoint not measured yet."""
+    familiarity_of(path, tm)
+    with _FAMILIARITY_LOCK:
+        measuring = _FAMILIARITY.get(path)
+        if isinstance(measuring, _Measuring):
+            measuring.then.append(then)
+            return
+    _tell(then)
 
 
 def wait_familiarity(path: str, tm: TranslationModel, timeout: float) -> Familiarity | None:
@@ -298,8 +332,8 @@ def wait_familiarity(path: str, tm: TranslationModel, timeout: float) -> Familia
         return value
     with _FAMILIARITY_LOCK:
         measuring = _FAMILIARITY.get(path)
-    if isinstance(measuring, threading.Event):
-        measuring.wait(timeout)
+    if isinstance(measuring, _Measuring):
+        measuring.done.wait(timeout)
     with _FAMILIARITY_LOCK:
         value = _FAMILIARITY.get(path)
     return value if isinstance(value, Familiarity) else None

@@ -11,6 +11,8 @@ threads and the page shows a spinner; in a notebook without a server it runs inl
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -52,19 +54,30 @@ def stop_work_when_the_page_goes(doc, session: Session) -> None:
 
 def hint_when_measured(session: Session) -> None:
     """An answer made while its checkpoint's yardstick was being measured (a checkpoint's first, in practice) gets
-    its wrong-language hint when the yardstick arrives (`work.pending_hints`), if it is still the answer shown."""
+    its wrong-language hint when the yardstick arrives (`work.pending_hints`), if it is still the answer shown.
+
+    Served, the hint is asked for only once the yardstick is there (`loader.on_familiarity`, from the measuring
+    thread back onto the page's loop), so no interactive worker waits for it: eight pages opening at once on a
+    checkpoint not measured yet would otherwise hold both workers and queue every page's translation behind.
+    Inline (a notebook), the cell waits for it."""
 
     def follow(event) -> None:
         r: Result | None = event.new
-        if r is None or not r.hints_pending:
+        if r is None or not r.hints_pending or r.model is None:
             return
+        lane = session.lane("hints")
 
         def add(hints: list[str]) -> None:
             new = [h for h in hints if h not in session.notes]
             if session.result is r and new:
                 session.notes = [*session.notes, *new]
 
-        session.lane("hints").submit(pending_hints, r, HINT_WAIT_S, done=add)
+        if not session.requests.background:
+            lane.submit(pending_hints, r, HINT_WAIT_S, done=add)
+            return
+        loop, ctx = asyncio.get_running_loop(), contextvars.copy_context()  # the page's loop and document
+        loader.on_familiarity(str(r.request.path), r.model, lambda: loop.call_soon_threadsafe(
+            lambda: lane.submit(pending_hints, r, done=add), context=ctx))
 
     session.param.watch(follow, "result")
 
