@@ -299,8 +299,10 @@ def test_a_session_the_websocket_creates_names_no_cdn_stylesheet(app_server):
     """A page whose first session expired before its scripts connected gets a session made by the websocket, which
     Panel never rewrote to the server's static route: every stylesheet came from its CDN (a busy machine; the Graph
     tab's tests with graphs in the worker processes). `pull_session` makes such a session directly (in a child
-    process: the client imports Panel, which this test process must not)."""
+    process: the client imports Panel, which this test process must not; and the app's own components, such as
+    the glossary, whose models a Bokeh client must know to read the document)."""
     pull = ("import json, sys, panel\n"
+            "import workbench.ui\n"
             "from bokeh.client import pull_session\n"
             "from bokeh.models import ImportedStyleSheet\n"
             "with pull_session(url=sys.argv[1], arguments={'ckpt': 'demo'}) as s:\n"
