@@ -273,7 +273,7 @@ def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
 
     The first call starts measuring it on a background thread (about 40 greedy translations of its validation
     text: 0.4 s for the shipped Multi30k model, 2.6 s for general-en-de on one core) and returns None, so no
-    answer waits for it; the page adds the first answer's hint when it arrives (`wait_familiarity`,
+    answer waits for it; the page adds the first answer's hint when it arrives (`on_familiarity`,
     `work.pending_hints`). A checkpoint without local validation text never gets one (the error is kept, not
     retried)."""
     with _FAMILIARITY_LOCK:
