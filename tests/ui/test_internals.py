@@ -72,7 +72,7 @@ def test_masks_are_labelled_with_pieces():
 
 def test_the_confidence_is_measured_once_per_checkpoint_for_every_page(tmp_path, monkeypatch):
     # one cache keyed by checkpoint (issue 37 pt 6): the tab had kept its own per page, keyed by the label
-    from workbench.ui import loader, views
+    from workbench.ui import loader, views, work
     from workbench.ui.session import Session
 
     build_checkpoint(tmp_path / "alpha", seed=0, steps=0)
@@ -83,9 +83,9 @@ def test_the_confidence_is_measured_once_per_checkpoint_for_every_page(tmp_path,
         calls.append(limit)
         raise FileNotFoundError("no validation text beside this checkpoint")
 
-    monkeypatch.setattr(views, "checkpoint_confidence", measured)
+    monkeypatch.setattr(work, "checkpoint_confidence", measured)
     pages = [Session(entries, checkpoint="alpha", sentence="Ein Hund läuft.") for _ in range(2)]
-    answers = [views.InternalsView.measured_confidence(p.result.model) for p in pages]
+    answers = [work.confidence(p.result.model, views.InternalsView.CONFIDENCE_SENTENCES) for p in pages]
     assert calls == [views.InternalsView.CONFIDENCE_SENTENCES]  # measured once, the failure kept (not retried)
     assert answers[0] is answers[1] and isinstance(answers[0], FileNotFoundError)
     tab = views.InternalsView(session=pages[1])

@@ -26,8 +26,8 @@ tests/ui/test_requests.py:
 - **Out of the server's interpreter.** A heavy submit with `offload=True` (a module-level function, picklable
   arguments) runs in a worker process (`workers.py`: a local pool, or Dask), its ticket's `check()`/`report()`
   crossing over; every rule above holds for it (tests/ui/test_workers.py). Without a pool, it runs in HEAVY.
-  A tab whose `compute` is `work.Offloaded(fn)` (Graph, Evidence, Features, Model analysis) is offloaded so: `fn` gets the tab's
-  inputs (a `work.Snapshot` of the page's result, never its model).
+  A tab whose `compute` is `work.Offloaded(fn)` (Graph, Evidence, Features, Model analysis) is offloaded so: `fn`
+  gets the tab's inputs (a `work.Snapshot` of the page's result, never its model).
 """
 
 from __future__ import annotations

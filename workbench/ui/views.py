@@ -25,7 +25,6 @@ from bokeh.plotting import figure
 
 from ..analysis.attention.head_stats import head_stats
 from ..analysis.attention.rollout import decoder_rollout
-from ..analysis.training_dynamics.confidence import checkpoint_confidence
 from ..charts import (
     attention_heatmap,
     compare_traces,
@@ -46,7 +45,7 @@ from ..training.setup import lr_at, lr_schedule
 from . import loader
 from .learn import link_terms, term
 from .session import Session, fmt_logp
-from .work import read_by
+from .work import confidence, read_by
 
 log = logging.getLogger(__name__)
 
@@ -498,21 +497,8 @@ class InternalsView(LazyTab):
         except Exception as exc:
             parts["schedule"] = exc
         parts["smoothing"] = float((tm.meta.get("train_config") or {}).get("label_smoothing", 0.0))
-        parts["confidence"] = self.measured_confidence(tm)
+        parts["confidence"] = confidence(tm, self.CONFIDENCE_SENTENCES)  # model work: work.py's, cached there
         return parts
-
-    @classmethod
-    def measured_confidence(cls, tm):
-        """The model's confidence on its validation text, or why it could not be measured: once per checkpoint
-        and process, shared by every page (`loader.load_derived`, evicted with the model)."""
-
-        def measure():
-            try:
-                return checkpoint_confidence(tm, limit=cls.CONFIDENCE_SENTENCES)
-            except Exception as exc:  # no validation text beside this checkpoint: said on the page, not retried
-                return exc
-
-        return loader.load_derived("confidence", tm, measure, cls.CONFIDENCE_SENTENCES)
 
     def render(self, parts):
         schedule = parts["schedule"]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..analysis.circuits.ablation import AblationEffect, ablation_effect
-from ..analysis.training_dynamics.confidence import Familiarity, source_hints
+from ..analysis.training_dynamics.confidence import Familiarity, checkpoint_confidence, source_hints
 from ..core.heads import Head
 from ..core.trace import Trace
 from ..decoding.translator import Translation, TranslationModel
@@ -198,6 +198,20 @@ def pending_hints(r: Result, wait: float = 0.0) -> list[str]:
         return []
     known = loader.wait_familiarity(str(r.request.path), r.model, wait)
     return [h for h in source_notes(r.request.sentence[:MAX_CHARS], r.translation, known) if h not in r.notes]
+
+
+def confidence(tm: TranslationModel, sentences: int):
+    """(`Confidence`, data name) of model `tm` on its own validation text (its first `sentences`), or why it could not
+    be measured: the Internals tab's label-smoothing view. Once per checkpoint and process, shared by every page
+    (`loader.load_derived`, evicted with the model); a failure is kept, not retried."""
+
+    def measure():
+        try:
+            return checkpoint_confidence(tm, limit=sentences)
+        except Exception as exc:  # no validation text beside this checkpoint: said on the page
+            return exc
+
+    return loader.load_derived("confidence", tm, measure, sentences)
 
 
 def read_by(r: Result, path: str) -> Result:
