@@ -51,7 +51,8 @@ def test_other_languages_fall_below_the_yardstick_and_german_does_not(shipped):
 
 
 def test_the_app_adds_the_hint_once_the_yardstick_is_measured(shipped, monkeypatch):
-    monkeypatch.setattr(loader, "_FAMILIARITY", {})
+    monkeypatch.setattr(loader, "_MEASURING", {})
+    loader.CACHE.clear("familiarity")
     path = str(SHIPPED)
     first = translate(shipped, Request(path, OTHER[0]))
     assert not any("unsure" in n for n in first.notes)  # measuring has only started: no request waits for it
@@ -74,7 +75,8 @@ def test_the_first_answer_of_a_page_carries_the_hint_inline(monkeypatch):
     the model's German; a German sentence on the same page does not."""
     from workbench.ui import Workbench
 
-    monkeypatch.setattr(loader, "_FAMILIARITY", {})  # nothing measured yet in this process
+    monkeypatch.setattr(loader, "_MEASURING", {})  # nothing measured yet in this process
+    loader.CACHE.clear("familiarity")
     wb = Workbench(SHIPPED, sentence=OTHER[1], default_dir=None)
     assert wb.session.result is not None and wb.session.result.hints_pending
     assert _unsure(wb.session.notes), wb.session.notes
@@ -94,7 +96,8 @@ def test_the_first_answer_of_a_served_page_carries_the_hint_when_the_yardstick_a
 
     from workbench.ui import Workbench
 
-    monkeypatch.setattr(loader, "_FAMILIARITY", {})
+    monkeypatch.setattr(loader, "_MEASURING", {})
+    loader.CACHE.clear("familiarity")
     gate, measure = threading.Event(), loader.familiarity
 
     def held(tm, **kwargs):  # the measurement takes as long as the test says

@@ -130,15 +130,16 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
 
 
 LIMITS = {"model": 4, "log": 8, "features": 16, "contexts": 8, "evidence": 16, "confidence": 8, "replay": 16,
-          "patching": 32, "graph": 4}
+          "patching": 32, "graph": 4, "familiarity": 8}
 """Entries kept per kind: 4 models (the shipped ones are 20-90 MB each in memory), 8 training logs, 16 dictionaries
 (a few MB each, with their corpus statistics), the Graph tab's corpus contexts of 8 models, the Evidence tab's
 measured gold AER and head roles (two per model), the Internals tab's measured confidence on validation text (a
 histogram's worth), Model analysis' beam-search replays (one sentence and beam each, stepped through), the Why tab's
 patching answers (one sentence and changed source each: a map per output token, under a MB), and the Graph tab's
 graphs with their trust checks (a graph holds its nodes² adjacency: up to 200 MB, so few). The last three were kept
-per page before; here a second page asking the same question gets the answer at once."""
-DERIVED = ("features", "contexts", "evidence", "confidence", "replay", "patching", "graph")
+per page before; here a second page asking the same question gets the answer at once. And the wrong-language
+hint's yardstick of 8 checkpoints (`familiarity_of`)."""
+DERIVED = ("features", "contexts", "evidence", "confidence", "replay", "patching", "graph", "familiarity")
 """The kinds computed from a loaded model: evicted with it."""
 
 
@@ -263,9 +264,14 @@ class _Measuring:
         self.then: list[Callable[[], None]] = []
 
 
-_FAMILIARITY: dict[str, Familiarity | Exception | _Measuring] = {}  # path -> measured, failed, or measuring
-_FAMILIARITY_LOCK = threading.Lock()
-FAMILIARITY_KEPT = 8
+_MEASURING: dict[str, _Measuring] = {}  # path -> its yardstick's measurement under way (gone when it ends)
+_MEASURING_LOCK = threading.Lock()
+
+
+def _measured(path: str) -> Familiarity | None:
+    """The checkpoint's yardstick if it was measured (`CACHE`, kind "familiarity"; a failure is kept there too)."""
+    value = CACHE.peek("familiarity", path)
+    return value if isinstance(value, Familiarity) else None
 
 
 def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
@@ -274,23 +280,23 @@ def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
     The first call starts measuring it on a background thread (about 40 greedy translations of its validation
     text: 0.4 s for the shipped Multi30k model, 2.6 s for general-en-de on one core) and returns None, so no
     answer waits for it; the page adds the first answer's hint when it arrives (`on_familiarity`,
-    `work.pending_hints`). A checkpoint without local validation text never gets one (the error is kept, not
-    retried)."""
-    with _FAMILIARITY_LOCK:
-        if path in _FAMILIARITY:
-            value = _FAMILIARITY[path]
-            return value if isinstance(value, Familiarity) else None
-        _FAMILIARITY[path] = measuring = _Measuring()
-        while len(_FAMILIARITY) > FAMILIARITY_KEPT:
-            _FAMILIARITY.pop(next(iter(_FAMILIARITY)))
+    `work.pending_hints`). The measured value (or the error of a checkpoint without local validation text, kept,
+    not retried) lives in the one cache (`CACHE`) with the checkpoint's other derived entries."""
+    with _MEASURING_LOCK:
+        if CACHE.peek("familiarity", path) is not None:
+            return _measured(path)
+        if path in _MEASURING:
+            return None
+        _MEASURING[path] = measuring = _Measuring()
 
     def measure() -> None:
         try:
             value: Familiarity | Exception = familiarity(tm)
         except Exception as exc:  # no validation text here, or too few sentences: no hint, said in the log
             value = exc
-        with _FAMILIARITY_LOCK:
-            _FAMILIARITY[path] = value
+        with _MEASURING_LOCK:
+            CACHE.put("familiarity", path, value)
+            _MEASURING.pop(path, None)
             then, measuring.then = measuring.then, []
         measuring.done.set()
         for fn in then:
@@ -309,8 +315,8 @@ def _tell(fn: Callable[[], None]) -> None:
 
 def measuring_familiarity(path: str) -> bool:
     """Whether the checkpoint's yardstick is being measured now (an answer made now goes without its hint)."""
-    with _FAMILIARITY_LOCK:
-        return isinstance(_FAMILIARITY.get(path), _Measuring)
+    with _MEASURING_LOCK:
+        return path in _MEASURING
 
 
 def on_familiarity(path: str, tm: TranslationModel, then: Callable[[], None]) -> None:
@@ -318,9 +324,9 @@ def on_familiarity(path: str, tm: TranslationModel, then: Callable[[], None]) ->
     measuring thread when it is (measuring starts if it had not). Nothing waits meanwhile: no thread of a pool is
     held while many pages open on a checkpoint not measured yet."""
     familiarity_of(path, tm)
-    with _FAMILIARITY_LOCK:
-        measuring = _FAMILIARITY.get(path)
-        if isinstance(measuring, _Measuring):
+    with _MEASURING_LOCK:
+        measuring = _MEASURING.get(path)
+        if measuring is not None:
             measuring.then.append(then)
             return
     _tell(then)
@@ -330,13 +336,11 @@ def wait_familiarity(path: str, tm: TranslationModel, timeout: float) -> Familia
     """`familiarity_of`, waiting up to `timeout` seconds for the measurement under way (started here if none is)."""
     if (value := familiarity_of(path, tm)) is not None:
         return value
-    with _FAMILIARITY_LOCK:
-        measuring = _FAMILIARITY.get(path)
-    if isinstance(measuring, _Measuring):
+    with _MEASURING_LOCK:
+        measuring = _MEASURING.get(path)
+    if measuring is not None:
         measuring.done.wait(timeout)
-    with _FAMILIARITY_LOCK:
-        value = _FAMILIARITY.get(path)
-    return value if isinstance(value, Familiarity) else None
+    return _measured(path)
 
 
 def load_train_log(path: str | Path) -> list[dict]:
