@@ -133,7 +133,10 @@ def card_frontier(tm, valid, card: Path, points: list[Path]) -> None:
             else {}
         c = t.get("config", {})
         name = (f"{d.cfg.architecture} {'skip ' if d.cfg.skip else ''}transcoder, {d.cfg.d_sae} features, k {d.cfg.k}"
-                + (", Fisher-weighted" if c.get("fisher") else "") + f", {t.get('activations', 0):,} activations")
+                + (", Fisher-weighted" if c.get("fisher") else "")
+                + (f", dense cap {c['dense_cap']:g}" if c.get("dense_cap") else "")
+                + (f", AuxK {c['k_aux']} x {c['aux_coef']:g}" if c.get("k_aux") else "")
+                + f", {t.get('activations', 0):,} activations")
         rows.append({"name": name, "l0": m["l0"], "fvu": m["fvu"], "delta_ce": m["delta_ce"],
                      "dead_frac": m["dead_frac"], "dense_frac": m["dense_frac"],
                      "measured_on": f"{result['split']}, {m['tokens']:,} tokens (dead/dense too)"})

@@ -100,7 +100,7 @@ def test_evidence_computed_in_a_worker_equals_evidence_computed_here(pool, shipp
 
 
 def test_a_feature_answer_computed_in_a_worker_equals_one_computed_here(pool, shipped):
-    args = (shipped, "dec.1.ffn", 7, "Hund", 1, "?site={site}&feature={feature}", "+5")
+    args = (shipped, "dec.1.ffn", 1, "Hund", 1, "?site={site}&feature={feature}", "+5")
     here = explore(*args)
     there, _ = _in_worker(pool, explore, *args)
     for k in ("sites", "site", "n", "site_labels", "sentence", "href", "feature", "hits"):
