@@ -187,3 +187,23 @@ def test_steering_shows_the_steered_translation_beside_the_plain_one(session):
         view.steer = "<b>5</b>"
     view.steer = ""
     assert not any("features-steer'" in str(getattr(o, "object", "")) for o in view.content)
+
+
+def test_another_checkpoints_dictionary_gives_way_and_the_picker_follows(entries, tmp_path):
+    """Issue 37 point 2: after a switch to a checkpoint that lacks the chosen dictionary, the tab shows that
+    checkpoint's own (here none) and `site` says so (''), so the URL never names a dictionary a link to the page
+    would refuse; the picker no longer lists the old checkpoint's dictionaries."""
+    build_checkpoint(tmp_path / "beta", seed=1, steps=0)
+    both = loader.discover([entries[0].path.parent, tmp_path], default=None)[0]
+    session = Session(both, checkpoint="alpha", sentence=SENTENCE)
+    view = FeaturesView(session=session)
+    view.site = "hook_memory"
+    view.show()
+    assert view._site_picker.value == "hook_memory"
+    session.checkpoint = "beta"
+    view.show()
+    assert view.site == "" and view._site_picker.options == {}
+    assert "No dictionaries ship with this checkpoint" in " ".join(str(getattr(o, "object", "")) for o in view.content)
+    session.checkpoint = "alpha"
+    view.show()
+    assert view.site == "" and view._site_picker.value == "hook_memory"  # the first: what '' means

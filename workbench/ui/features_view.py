@@ -285,7 +285,9 @@ class FeaturesView(LazyTab):
         self._follow()
 
     def _follow(self, *_) -> None:
-        """A new result: the output-token list follows the output; a new sentence starts at its first token."""
+        """A new result: the output-token list follows the output; a new sentence starts at its first token; a
+        dictionary the result's checkpoint does not ship gives way to its first ('', what the tab then shows), so the
+        URL (written at the answer's `version`) never names one a link to this page would refuse."""
         r = self.session.result
         if r is None:
             return
@@ -294,6 +296,9 @@ class FeaturesView(LazyTab):
             if self.output >= len(r.out_pieces) or r.request.sentence != self._sentence:
                 with param.parameterized.discard_events(self):
                     self.output = 0
+            if self.site and self.site not in [p.name for p in sites_of(r.model)]:
+                with param.parameterized.discard_events(self):
+                    self.site = ""
         self._sentence = r.request.sentence
 
     def bind_link(self, link) -> None:
@@ -425,16 +430,17 @@ class FeaturesView(LazyTab):
             self._show_feature(answer["feature"])
             if self._link is not None:
                 self._link.write()
-        if "message" in answer:
-            return [self._controls, pn.pane.Markdown(_md_escape(answer["message"]), css_classes=["features-note"])]
         self._syncing = True
-        try:
-            if self._site_picker.options != answer["site_labels"]:
-                self._site_picker.options = answer["site_labels"]
-            if self._site_picker.value != answer["site"]:
+        try:  # the picker lists this answer's dictionaries (none: a checkpoint that ships none)
+            labels = answer.get("site_labels", {})
+            if self._site_picker.options != labels:
+                self._site_picker.options = labels
+            if "site" in answer and self._site_picker.value != answer["site"]:
                 self._site_picker.value = answer["site"]
         finally:
             self._syncing = False
+        if "message" in answer:
+            return [self._controls, pn.pane.Markdown(_md_escape(answer["message"]), css_classes=["features-note"])]
         objs = [self._controls,
                 pn.pane.Markdown(DICTIONARY_TERMS, css_classes=["features-terms"], sizing_mode="stretch_width"),
                 pn.pane.Markdown(f"**{answer['site']}** ({answer['n']} features; dictionaries here: "
