@@ -262,3 +262,21 @@ def test_a_lost_connection_stops_the_pages_job_at_once_and_a_later_request_still
 
     job = on_loop(main)
     assert job.stopped_at[0] < 10_000 - 1 and len(answers) == 1 and answers[0][0] != os.getpid()
+
+
+def test_a_job_cancelled_before_the_pool_had_it_settles_once(caplog):
+    """Cancelled before the pool's future existed, while the pool had already started it: when that future ends,
+    the job (cancelled and told so) is left alone; a second notice had raised "Future in unexpected state" in the
+    pool's callback thread (a server traceback under the link round-trip test)."""
+    from concurrent.futures import Future
+
+    from workbench.ui.workers import _Deferred
+
+    job = _Deferred()
+    assert job.cancel()
+    started = Future()
+    assert started.set_running_or_notify_cancel()
+    job.attach(started)  # too late to cancel: it runs to its end
+    with caplog.at_level("ERROR", logger="concurrent.futures"):
+        started.set_result(1)
+    assert job.cancelled() and not caplog.records

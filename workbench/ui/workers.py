@@ -517,9 +517,14 @@ class _Deferred(Future):
         return True
 
     def _follow(self, pool_future: Future) -> None:
-        if pool_future.cancelled():
-            self._cancel_here()
-        elif self.set_running_or_notify_cancel():
+        with self._gate:
+            if self.done():  # cancelled before the pool had it (the pool may have started it anyway), or failed:
+                return  # its waiters were told then (a second notice raised "Future in unexpected state")
+            if pool_future.cancelled():
+                self._cancel_here()
+                return
+            running = self.set_running_or_notify_cancel()
+        if running:
             exc = pool_future.exception()
             if exc is None:
                 self.set_result(pool_future.result())
