@@ -166,9 +166,10 @@ class ModelAnalysisView(LazyTab):
         controls = pn.Row(
             pn.widgets.Select.from_param(self.param.analysis, name="Analysis", width=240,
                                          css_classes=["analysis-picker"]),
-            pn.widgets.Select.from_param(self.param.method, name="Attribution", width=160),
-            pn.widgets.IntInput.from_param(self.param.beam, name="Beam", width=80),
-            pn.widgets.IntInput.from_param(self.param.step, name="Beam step", width=100),
+            pn.widgets.Select.from_param(self.param.method, name="Attribution", width=160,
+                                         css_classes=["analysis-method"]),
+            pn.widgets.IntInput.from_param(self.param.beam, name="Beam", width=80, css_classes=["analysis-beam"]),
+            pn.widgets.IntInput.from_param(self.param.step, name="Beam step", width=100, css_classes=["analysis-step"]),
         )
         return pn.Column(controls, self._box, sizing_mode="stretch_width")
 

@@ -179,7 +179,7 @@ class EvidenceView(LazyTab):
         controls = pn.Row(
             pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Alignment method",
                                                    css_classes=["evidence-method"]),
-            pn.widgets.Checkbox.from_param(self.param.roles, name="Head roles"),
+            pn.widgets.Checkbox.from_param(self.param.roles, name="Head roles", css_classes=["evidence-roles"]),
         )
         return pn.Column(controls, self._box, sizing_mode="stretch_width")
 

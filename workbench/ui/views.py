@@ -117,7 +117,8 @@ class SourcePanel(pn.viewable.Viewer):
             css_classes=["target-input"], sizing_mode="stretch_width", min_width=300)
         beam = pn.widgets.IntSlider.from_param(s.param.beam, name="Beam size (1 = greedy)", width=170,
                                                css_classes=["beam-slider"])
-        alpha = pn.widgets.FloatSlider.from_param(s.param.alpha, name="Length penalty α", width=170)
+        alpha = pn.widgets.FloatSlider.from_param(s.param.alpha, name="Length penalty α", width=170,
+                                                  css_classes=["alpha-slider"])
         return pn.Column(pn.Row(picker, sentence, go, sizing_mode="stretch_width"),
                          pn.Row(target, beam, alpha, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
