@@ -292,9 +292,11 @@ def _label_axes(fig, graph, drawn_index: list[int], src_tokens: Sequence[str] | 
     fig.ygrid.grid_line_alpha = 0.25
 
 
-def _tap_panel(node_src: ColumnDataSource, edge_src: ColumnDataSource, side_width: int, corpus: str):
+def _tap_panel(node_src: ColumnDataSource, edge_src: ColumnDataSource, side_width: int, corpus: str, fig):
     """The side panel a tap fills: the node's detail and, for a head, a bar chart of its attention over the
-    keys."""
+    keys. Filled in the browser when the selection changes, and once when the graph `fig` is laid out: a node
+    selected before the figure reached the page (a link's node, set by the server as the figure arrives, on a busy
+    machine in the same message) changes nothing there, and its panel had stayed on "Tap a node"."""
     detail = Div(text="<i>Tap a node: what it is, its strongest edges in and out, and for a head its attention "
                       "over the keys.</i>", width=side_width, name="graph_detail",
                  styles={"font-size": "12px", "line-height": "1.35"})
@@ -310,6 +312,7 @@ def _tap_panel(node_src: ColumnDataSource, edge_src: ColumnDataSource, side_widt
     args = {"nodes": node_src, "edges": edge_src, "detail": detail, "bars": bars, "att": att,
             "limit": ATTENTION_BARS, "corpus": corpus or "a corpus"}
     node_src.selected.js_on_change("indices", CustomJS(args=args, code=TAP_JS))
+    fig.js_on_change("inner_width", CustomJS(args=args, code=TAP_JS))  # laid out (and resized): the same panel
     return column(detail, att, width=side_width + 10, name="graph_side")  # + the Div's own 5 px margins
 
 
@@ -351,7 +354,7 @@ def attribution_graph_parts(graph, keep: Sequence[int] | torch.Tensor | None = N
     _label_axes(fig, graph, nodes["index"], src_tokens, tgt_tokens)
     fig.title.text_font_size = "13px"
 
-    side = _tap_panel(node_src, edge_src, side_width, corpus)
+    side = _tap_panel(node_src, edge_src, side_width, corpus, fig)
     legend = Div(text="&nbsp;&nbsp;".join(f'<span style="color:{c}">&#9679;</span>&nbsp;{k}'
                                           for k, c in KIND_COLORS.items())
                  + f'&nbsp;&nbsp; edges: <span style="color:{POSITIVE}">raise</span> / '
