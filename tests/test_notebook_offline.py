@@ -143,6 +143,8 @@ def _plain(value):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, set | frozenset):  # a set's repr follows its insertion order and the string hash seed
+        return sorted(repr(_plain(v)) for v in value)
     if isinstance(value, np.ndarray):
         return value.tolist()
     return repr(value)
