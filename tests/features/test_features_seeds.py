@@ -12,7 +12,7 @@ import torch
 from model_helpers import tiny_model_and_corpus
 
 from workbench.decoding.translator import TranslationModel
-from workbench.features.evaluate import _card_seeds_and_time
+from workbench.features.evaluate import _card_seeds_and_time, add_seed_timing
 from workbench.features.seeds import SPREAD_FIGURES, seed_spread
 from workbench.features.train import FeatureTrainConfig, FeatureTrainer
 
@@ -96,3 +96,26 @@ def test_seeds_evaluated_on_another_split_are_refused(trained):
     elsewhere = _evaluation(1) | {"split": "multi30k:test2016"}
     with pytest.raises(ValueError, match="evaluated on multi30k:test2016"):
         seed_spread(trained["s0"], _evaluation(0), {str(trained["s1"]): elsewhere})
+
+
+def test_the_card_has_a_row_for_every_spread_figure_and_reads_older_spreads(trained):
+    result, others = _evaluation(0), {str(trained["s1"]): _evaluation(1), str(trained["s2"]): _evaluation(2)}
+    seeds = seed_spread(trained["s0"], result, others)
+
+    def rows_of(card: list[str]) -> list[str]:
+        return [line for line in card if line.startswith("| ") and "±" in line and "this dictionary" not in line]
+    rows = rows_of(_card_seeds_and_time(result | {"seeds": seeds}))
+    assert len(rows) == len(SPREAD_FIGURES) and any(r.startswith("| CE recovered vs mean |") for r in rows)
+    older = seeds | {"spread": {k: v for k, v in seeds["spread"].items() if k != "ce_recovered_mean"}}
+    rows = rows_of(_card_seeds_and_time(result | {"seeds": older}))
+    assert len(rows) == len(SPREAD_FIGURES) - 1 and not any("vs mean" in r for r in rows)
+
+
+def test_the_seeds_evaluation_time_joins_the_cards_and_the_baselines_share_of_it():
+    timing = {"card_seconds": 60.0, "card_seconds_without_bleu": 60.0, "baseline_seconds": 15.0,
+              "baseline_share": 0.25, "baseline_share_without_bleu": 0.25}
+    add_seed_timing(timing, [{"card_seconds": 40.0}, {"card_seconds": 50.0}])
+    assert timing["seed_seconds"] == 90.0 and timing["seed_count"] == 2
+    assert timing["baseline_share_with_seeds"] == pytest.approx(15.0 / 150.0)
+    card = "\n".join(_card_seeds_and_time({"timing": timing}))
+    assert "Its 2 other seeds took 90 s" in card and "10% of the card's time with them" in card

@@ -24,13 +24,22 @@ from ..decoding.translator import load
 from ..features.circuit_tracer import export_circuit_tracer_features
 from ..features.dashboard import FeatureData
 from ..features.dictionary import SparseDictionary
-from ..features.evaluate import evaluate_dictionary, seeds_of, write_card
+from ..features.evaluate import add_seed_timing, evaluate_dictionary, seeds_of, write_card
 from ..features.neuronpedia import export_dashboards
 from ..features.seeds import seed_spread
 from ..features.stats import corpus_feature_stats_cli
 from ..features.train import FeatureTrainConfig, FeatureTrainer
 
 _TRAIN_SKIP = {"checkpoint", "site", "out_dir", "extra"}
+_TRAIN_HELP = {
+    "dense_cap": "hold back a feature whose running firing rate exceeds this: its encoder bias steps down by "
+                 "--dense-rate x the batch's mean active value each step (0: off)",
+    "dense_rate": "the hold-back's step, in units of the batch's mean active value",
+    "rare_floor": "TopK/BatchTopK: push forward a feature whose running firing rate is below this: its encoder bias "
+                  "rises each step by --rare-rate x the rise that would put it among the kept activations of that "
+                  "share of the batch's rows (revives dead features; 0: off)",
+    "rare_rate": "the push's step, the share of that rise taken each step, in (0, 1]",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,8 +63,9 @@ def _add_train(sub) -> None:
                            default=f.default, help=f"(default {f.default})")
             continue
         kind = type(f.default) if f.default is not None else str
+        what = f"{_TRAIN_HELP[f.name]} " if f.name in _TRAIN_HELP else ""
         t.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=f.default,
-                       help=f"(default {f.default})")
+                       help=f"{what}(default {f.default})")
 
 
 def _add_eval(sub) -> None:
@@ -198,6 +208,7 @@ def _eval(args: argparse.Namespace) -> int:
                                              progress=print_progress)
                   for other in args.seed_dirs}
         result["seeds"] = seed_spread(args.dictionary, result, others)
+        add_seed_timing(result["timing"], [ev["timing"] for ev in others.values()])
     print(json.dumps(result, indent=1, ensure_ascii=False))
     if args.card:
         write_card(args.dictionary, result)

@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 
+from ..core.model import Encoded
 from ..core.protocols import Progress
 from ..corpus.data import ParallelData, load_dataset
 from ..decoding.evaluate import score
 from ..decoding.translator import TranslationModel
 from .baselines import Moments, PCABaseline, RandomTopK
 from .dictionary import ARCHITECTURE_NAMES, THRESHOLDED, SparseDictionary
-from .sites import ablation_hooks, site_of, site_rows, splice_hooks
+from .sites import ablation_hooks, site_mask, site_of, site_rows, splice_hooks
 from .stats import DENSE
 
 SAMPLE_ROWS = 16384
@@ -66,11 +67,33 @@ class _Clock:
             self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t
 
 
-def _logp(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced next-token log-probabilities at real target positions (N, V) and the targets (N,)."""
-    logits = model(batch.src, batch.tgt_in)
+def _logp(model, batch, site=None, encoded: Encoded | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced next-token log-probabilities at real target positions (N, V) and the targets (N,), under the
+    hooks active now. The output layer runs on the real positions only. With `encoded` (the batch's clean encoder
+    output) the encoder is not run again where the active hooks cannot change it: a decoder-side site reads it as
+    it is, and `hook_memory`'s hooks are applied to it (`model.hook_memory` is the identity plus those hooks); a
+    site inside the encoder runs the encoder again."""
+    if encoded is None or site is None or (site.side == "src" and site.name != "hook_memory"):
+        encoded = model.encode(batch.src)
+    elif site.name == "hook_memory":
+        encoded = Encoded(model.hook_memory(encoded.memory), encoded.src_mask)
+    out = model.decode(batch.tgt_in, encoded, project=False)[0]
     mask = batch.tgt_out != model.cfg.pad_id
-    return logits[mask].float().log_softmax(-1), batch.tgt_out[mask]
+    return model.output_proj(out[mask]).float().log_softmax(-1), batch.tgt_out[mask]
+
+
+@dataclass
+class _Clean:
+    """A batch's clean next-token distribution, kept for the KL of every spliced variant: its log-probabilities and
+    probabilities (exponentiated once, not once a variant). KL is summed as Σ p (log p − log q), not as
+    Σ p log p − Σ p log q, whose two large terms cancel to a small one in float32."""
+
+    logp: torch.Tensor
+    p: torch.Tensor
+
+    @classmethod
+    def of(cls, logp: torch.Tensor) -> _Clean:
+        return cls(logp, logp.exp())
 
 
 class _Splice:
@@ -80,10 +103,10 @@ class _Splice:
         self.nll = self.kl = 0.0
         self.n = 0
 
-    def add(self, logp: torch.Tensor, target: torch.Tensor, clean: torch.Tensor | None) -> None:
+    def add(self, logp: torch.Tensor, target: torch.Tensor, clean: _Clean | None) -> None:
         self.nll += float(-logp.gather(1, target[:, None]).sum())
         if clean is not None:
-            self.kl += float((clean.exp() * (clean - logp)).sum())
+            self.kl += float((clean.p * (clean.logp - logp)).sum())
         self.n += target.numel()
 
     @property
@@ -266,23 +289,48 @@ def _evaluation_pass(model, d: SparseDictionary, site, data: ParallelData, max_t
         with clock("card"):
             x, y, *more = site_rows(model, batch, site, extra=hidden)
             target = x if y is None else y
-            feats = d.encode(x)
-            ev.rec.add(target, d.decode(feats) + d.skip(x), feats)
-            clean, tokens = _logp(model, batch)
-            ev.runs["clean"].add(clean, tokens, None)
-            for name, hooks in (("spliced", splice_hooks(site, d)), ("zero", ablation_hooks(site, None)),
+            mask = site_mask(batch, site, model.cfg.pad_id).to(model.device)
+            encoded = model.encode(batch.src)  # clean; every variant's decoder reads it (see _logp)
+            logp, tokens = _logp(model, batch, site, encoded)
+            ev.runs["clean"].add(logp, tokens, None)
+            clean = _Clean.of(logp)
+            own = _Recording(d)
+            for name, hooks in (("spliced", splice_hooks(site, own)), ("zero", ablation_hooks(site, None)),
                                 ("mean", ablation_hooks(site, mean))):
                 with model.hooks(hooks):
-                    ev.runs[name].add(*_logp(model, batch), clean if name == "spliced" else None)
+                    ev.runs[name].add(*_logp(model, batch, site, encoded), clean if name == "spliced" else None)
+            ev.rec.add(target, *own.rows(mask))
         with clock("baselines"):
             if more:
                 ev.neurons_active += int((more[0][hidden[0]] != 0).sum())
             for name, b in fits.items():
-                codes = b.encode(x)
-                ev.base_rec[name].add(target, b.decode(codes), codes)
-                with model.hooks(splice_hooks(site, b)):
-                    ev.base_runs[name].add(*_logp(model, batch), clean)
+                rec = _Recording(b)
+                with model.hooks(splice_hooks(site, rec)):
+                    ev.base_runs[name].add(*_logp(model, batch, site, encoded), clean)
+                ev.base_rec[name].add(target, *rec.rows(mask))
     return ev
+
+
+class _Recording:
+    """A dictionary (or baseline) as `splice_hooks` calls it, keeping its reconstruction and codes of the call: the
+    evaluation's FVU and L0 come from the pass that is spliced in, so each batch is encoded once, not twice. The
+    site's activation it reads there is the one `site_rows` captured (everything before the site is clean)."""
+
+    def __init__(self, d) -> None:
+        self.d = d
+        self.out = self.codes = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.codes = self.d.encode(x)
+        skip = getattr(self.d, "skip", None)
+        self.out = self.d.decode(self.codes) + (skip(x) if skip is not None else 0.0)
+        return self.out
+
+    def rows(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reconstruction and codes at the site's real positions, row-major as `site_rows` gives them."""
+        if self.out is None:
+            raise RuntimeError("the spliced pass did not reach the site")
+        return self.out[mask], self.codes[mask]
 
 
 def _result_table(site, split_name: str, sentences: int, d: SparseDictionary, dens: _Density, dens_name: str,
@@ -350,6 +398,17 @@ def _timing(clock: _Clock, card_without_bleu: float) -> dict[str, Any]:
             "baseline_share_without_bleu": base / clock.seconds["card"] if clock.seconds.get("card") else None,
             "note": "wall clock of this process; the baselines' share is of the card's own evaluation, "
                     "BLEU included"}
+
+
+def add_seed_timing(timing: dict[str, Any], seed_timings: list[dict[str, Any]]) -> dict[str, Any]:
+    """`timing` with the other seeds' evaluations added (`features eval --seed-dirs`): their seconds
+    (`seed_seconds`, each evaluated as this card without baselines or BLEU) and the baselines' share of the whole
+    card, this dictionary's evaluation and its seeds' (`baseline_share_with_seeds`)."""
+    seeds = sum(t["card_seconds"] for t in seed_timings)
+    whole = timing["card_seconds"] + seeds
+    timing |= {"seed_seconds": round(seeds, 1), "seed_count": len(seed_timings),
+               "baseline_share_with_seeds": timing["baseline_seconds"] / whole if whole else None}
+    return timing
 
 
 def seeds_of(directory: str | Path) -> dict[str, Any]:
@@ -527,6 +586,10 @@ def _card_seeds_and_time(result: dict[str, Any]) -> list[str]:
                       f"included), {timing['baseline_seconds']:.0f} s more for the baselines "
                       f"({timing['baseline_share']:.0%} of it"
                       + (f"; {without:.0%} of the card's time without BLEU" if without is not None else "") + ")."]
+            if timing.get("seed_seconds") is not None:
+                lines[-1] += (f" Its {timing['seed_count']} other seeds took {timing['seed_seconds']:.0f} s (each "
+                              "evaluated as this dictionary, without baselines or BLEU): the baselines are "
+                              f"{timing['baseline_share_with_seeds']:.0%} of the card's time with them.")
         else:
             lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures without BLEU "
                       f"(its BLEU figures come from an earlier run on the same weights and settings, "
@@ -541,10 +604,12 @@ def _card_spread(seeds: dict[str, Any], result: dict[str, Any]) -> list[str]:
     if not seeds.get("spread"):
         return []
     names = {"fvu": ("FVU", ".4f"), "l0": ("L0", ".1f"), "delta_ce": ("ΔCE (nats)", ".4f"), "kl": ("KL (nats)", ".4f"),
-             "ce_recovered": ("CE recovered vs zero", ".1%"), "dead_frac": ("dead", ".1%"),
-             "dense_frac": ("dense (> 10 %)", ".1%")}
+             "ce_recovered": ("CE recovered vs zero", ".1%"), "ce_recovered_mean": ("CE recovered vs mean", ".1%"),
+             "dead_frac": ("dead", ".1%"), "dense_frac": ("dense (> 10 %)", ".1%")}
     lines = ["", f"| | this dictionary | mean ± s.d. over {seeds['count']} seeds | min – max |", "|---|---|---|---|"]
     for key, (label, fmt) in names.items():
+        if key not in seeds["spread"]:  # a spread computed before the figure was part of it
+            continue
         s = seeds["spread"][key]
         sd = f"{s['sd']:{fmt}}" if fmt.endswith("%") else f"{s['sd']:.2g}"  # two significant digits: 3e-05, not 0.0000
         lines.append(f"| {label} | {result[key]:{fmt}} | {s['mean']:{fmt}} ± {sd} | "

@@ -23,7 +23,7 @@ from typing import Any
 
 from .train import FeatureTrainConfig
 
-SPREAD_FIGURES = ("fvu", "l0", "delta_ce", "kl", "ce_recovered", "dead_frac", "dense_frac")
+SPREAD_FIGURES = ("fvu", "l0", "delta_ce", "kl", "ce_recovered", "ce_recovered_mean", "dead_frac", "dense_frac")
 """The card's figures that depend on the dictionary's training, and so on its seed."""
 
 RECIPE_FREE = ("seed", "out_dir", "finetune_kl", "extra", "log_every", "save_every_s", "threads", "progress")
