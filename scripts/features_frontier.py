@@ -135,6 +135,7 @@ def card_frontier(tm, valid, card: Path, points: list[Path]) -> None:
         name = (f"{d.cfg.architecture} {'skip ' if d.cfg.skip else ''}transcoder, {d.cfg.d_sae} features, k {d.cfg.k}"
                 + (", Fisher-weighted" if c.get("fisher") else "")
                 + (f", dense cap {c['dense_cap']:g}" if c.get("dense_cap") else "")
+                + (f", rare floor {c['rare_floor']:g} x {c['rare_rate']:g}" if c.get("rare_floor") else "")
                 + (f", AuxK {c['k_aux']} x {c['aux_coef']:g}" if c.get("k_aux") else "")
                 + f", {t.get('activations', 0):,} activations")
         rows.append({"name": name, "l0": m["l0"], "fvu": m["fvu"], "delta_ce": m["delta_ce"],

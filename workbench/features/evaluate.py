@@ -665,12 +665,23 @@ def _card_training(training: dict[str, Any], tc: dict, arch: str) -> list[str]:
 
 
 def _card_dense_cap(tc: dict) -> list[str]:
-    """The dense-feature hold-back (`features train --dense-cap R --dense-rate ρ`), when the stage had one."""
+    """The dense-feature hold-back (`features train --dense-cap R --dense-rate ρ`) and the rare-feature push, when
+    the stage had them."""
     if not tc.get("dense_cap"):
-        return []
+        return _card_rare_floor(tc)
     return [f"- Dense features held back: while a feature's running firing rate (an exponential mean over about ten "
             f"batches) exceeded {tc['dense_cap']:g}, its encoder bias stepped down by {tc['dense_rate']:g} x "
-            "the batch's mean active value each step (`--dense-cap`, `--dense-rate`)."]
+            "the batch's mean active value each step (`--dense-cap`, `--dense-rate`)."] + _card_rare_floor(tc)
+
+
+def _card_rare_floor(tc: dict) -> list[str]:
+    """The rare-feature push (`features train --rare-floor F --rare-rate ρ`), when the stage had one."""
+    if not tc.get("rare_floor"):
+        return []
+    return [f"- Rare features pushed forward: while a feature's running firing rate (an exponential mean over about "
+            f"ten batches) was below {tc['rare_floor']:g}, its encoder bias rose each step by {tc['rare_rate']:g} x "
+            "the rise that would have put it among the kept activations of that share of the batch's rows "
+            "(`--rare-floor`, `--rare-rate`)."]
 
 
 def _card_finetune(training: dict[str, Any], tc: dict, start: dict[str, Any]) -> list[str]:

@@ -12,8 +12,12 @@ weights of one that never stopped (tested). The state is written atomically (a t
 Losses are scale-free: the batch's FVU (Σ‖x - x̂‖² / Σ‖x - x̄‖²), plus for TopK the AuxK term (Gao et al.
 2024: the `k_aux` largest latents that have not fired for `dead_after` activations reconstruct the residual,
 weight `aux_coef`), or for ReLU an L1 penalty on f_i‖W_dec,i‖ (Anthropic, April 2024) whose coefficient can be
-steered to a target L0. Under torchrun each rank streams its share of the corpus; gradients, firing counts
-and L0 are all-reduced, so the ranks hold identical dictionaries.
+steered to a target L0. Two optional controllers move the encoder bias after each step, from each feature's
+running firing rate: `dense_cap` holds back features that fire too often; `rare_floor` (TopK, BatchTopK) pushes
+forward those that fire too rarely, dead ones included, by a share of the rise that would put them among the
+kept activations of that share of the batch's rows (off by default: a run without them is unchanged). Under
+torchrun each rank streams its share of the corpus; gradients, firing counts and L0 are all-reduced, so the ranks
+hold identical dictionaries.
 """
 
 from __future__ import annotations
@@ -130,6 +134,15 @@ class FeatureTrainConfig:
     each step by `dense_rate` x the batch's mean active value, so it yields its top-k places to others (a bias
     controller, as in the auxiliary-loss-free load balancing of mixture-of-experts routers, Wang et al. 2024)."""
     dense_rate: float = 0.01
+    rare_floor: float = 0.0
+    """TopK / BatchTopK: a firing rate below which a feature is pushed forward (0: none), `dense_cap`'s counterpart
+    for the features that die: while a feature's running rate (the same exponential mean) is below it, its encoder
+    bias rises each step by `rare_rate` x the rise that would have let it into the kept activations of
+    ceil(rare_floor x batch) of the batch's rows (its pre-activation against each row's smallest kept one), so it
+    takes places from others until it fires that often and then learns from the rows it wins. The step is in the
+    units of the gap, not of the activations, so features pushed in do not enlarge the next push (`rare_rate` in
+    (0, 1]; above 1 it overshoots)."""
+    rare_rate: float = 0.1
     seed: int = 0
     log_every: int = 50
     save_every_s: float = 120.0
@@ -173,6 +186,11 @@ class FeatureTrainer:
         self.data = data
         if cfg.finetune_kl:
             _check_finetune(cfg)
+        if cfg.rare_floor > 0 and cfg.architecture not in ("topk", "batchtopk"):
+            raise ValueError(f"--rare-floor pushes features into the kept activations of TopK and BatchTopK; "
+                             f"{cfg.architecture} keeps none")
+        if cfg.rare_floor > 0 and not 0 < cfg.rare_rate <= 1:
+            raise ValueError(f"--rare-rate is the share of the gap closed per step, in (0, 1]; got {cfg.rare_rate}")
         self.stream = self._stream(data, cache)
         d = self.model.cfg.d_model
         self.start = start_record(cfg.finetune_kl) if cfg.finetune_kl else None
@@ -193,7 +211,7 @@ class FeatureTrainer:
         self.step = 0
         self.rows_seen = 0  # site rows trained on, all ranks together
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long)  # activations since each latent last fired
-        self.firing_rate: torch.Tensor | None = None  # `dense_cap`'s running firing rate per feature
+        self.firing_rate: torch.Tensor | None = None  # `dense_cap`'s and `rare_floor`'s running rate per feature
         self.l1 = cfg.l1
         self.kl_epoch = self.kl_pos = 0  # the end-to-end term's place in its own plan of whole-sentence batches
         self._kl_plan: tuple[int, list[list[int]]] | None = None
@@ -361,7 +379,7 @@ class FeatureTrainer:
         loss, mse, aux, kl, l1 = self._loss(x, target, out, denom)
         self._optimizer_step(loss)
         self._constrain(out)
-        record = self._record(out, mse, aux, l1, kl)
+        record = self._record(out, mse, aux, l1, kl, x=x)
         self.step += 1
         return record
 
@@ -455,9 +473,10 @@ class FeatureTrainer:
                 d.threshold.mul_(1 - c.threshold_lr).add_(c.threshold_lr * low)
 
     def _record(self, out, mse: torch.Tensor, aux: torch.Tensor, l1: torch.Tensor, kl: torch.Tensor, *,
-                rows: int | None = None) -> dict[str, float]:
+                rows: int | None = None, x: torch.Tensor | None = None) -> dict[str, float]:
         """Firing counts, L0 and the loss terms over the global batch (`rows` this rank's rows, when not the
-        configured batch's share); the L1 coefficient steered toward the target L0."""
+        configured batch's share); the L1 coefficient steered toward the target L0; the firing-rate controller
+        (`dense_cap`, `rare_floor`: it reads the batch's input rows `x`)."""
         c, d = self.cfg, self.dictionary
         # firing counts and L0 over the global batch
         with torch.no_grad():
@@ -474,27 +493,56 @@ class FeatureTrainer:
             self.rows_seen += total
             self.since_fired += total
             self.since_fired[fired > 0] = 0
-            held = self._hold_dense(fired / max(total, 1), out) if c.dense_cap > 0 else 0
+            balanced = self._balance(fired / max(total, 1), x, out) if c.dense_cap > 0 or c.rare_floor > 0 else {}
         if c.architecture == "relu" and c.target_l0 > 0 or c.architecture == "jumprelu":
             target = c.target_l0 or d.cfg.k
             self.l1 *= math.exp(0.05 * math.tanh(math.log(max(l0, 1e-3) / target)))
         return {"fvu": float(mse_v), "aux": float(aux_v), "l1_term": float(l1_v), "kl": float(kl_v), "l0": l0,
-                "rows": total, **({"held_back": held} if c.dense_cap > 0 else {})}
+                "rows": total, **balanced}
 
     @torch.no_grad()
-    def _hold_dense(self, rate: torch.Tensor, out) -> int:
-        """`dense_cap`'s controller: the running firing rates updated with this batch's (global) `rate`, and the
-        encoder bias of each feature above the cap lowered; returns how many were."""
+    def _balance(self, rate: torch.Tensor, x: torch.Tensor | None, out) -> dict[str, int]:
+        """`dense_cap`'s and `rare_floor`'s controller: the running firing rates updated with this batch's (global)
+        `rate`, the encoder bias of each feature above the cap lowered and of each below the floor raised (from the
+        batch's rows `x`); returns how many were ({"held_back": n} with a cap, {"boosted": n} with a floor)."""
+        c = self.cfg
         decay = 0.9
         self.firing_rate = rate.clone() if self.firing_rate is None else self.firing_rate.mul_(decay).add_(
             (1 - decay) * rate)
-        over = self.firing_rate > self.cfg.dense_cap
-        if not bool(over.any()):
-            return 0
-        kept = out.acts.detach()[out.acts.detach() > 0]
-        scale = self._all_reduce((kept.mean() if kept.numel() else kept.new_zeros(())).reshape(1)) / self.dist.world
-        self.dictionary.b_enc[over] -= self.cfg.dense_rate * float(scale)
-        return int(over.sum())
+        record = {}
+        if c.dense_cap > 0:
+            over = self.firing_rate > c.dense_cap
+            record["held_back"] = int(over.sum())
+            if bool(over.any()):
+                kept = out.acts.detach()[out.acts.detach() > 0]
+                scale = self._all_reduce((kept.mean() if kept.numel() else kept.new_zeros(())).reshape(1)
+                                         ) / self.dist.world
+                self.dictionary.b_enc[over] -= c.dense_rate * float(scale)
+        if c.rare_floor > 0:
+            under = self.firing_rate < c.rare_floor
+            record["boosted"] = int(under.sum())
+            if bool(under.any()) and x is not None:
+                self.dictionary.b_enc[under] += self._rare_push(under, x, out)
+        return record
+
+    @torch.no_grad()
+    def _rare_push(self, under: torch.Tensor, x: torch.Tensor, out) -> torch.Tensor:
+        """`rare_rate` x, for each feature in `under`, the encoder-bias rise that would put it above the smallest kept
+        activation (its row's for TopK, the batch's for BatchTopK) on ceil(rare_floor x rows) of this rank's rows
+        `x`, averaged over the ranks (so that they stay identical); zero for one that already is."""
+        d, c = self.dictionary, self.cfg
+        sae_in = x if d.cfg.transcoder else x - d.b_dec
+        pre = torch.addmm(d.b_enc[under], sae_in, d.W_enc[:, under])  # (rows, features under the floor)
+        acts = out.acts.detach()
+        if c.architecture == "batchtopk":
+            kept = acts[acts > 0]
+            bar = (kept.min() if kept.numel() else acts.new_zeros(())).expand(acts.size(0), 1)
+        else:
+            bar = acts.min(-1, keepdim=True).values
+        need = min(max(1, math.ceil(c.rare_floor * x.size(0))), x.size(0))
+        gap = bar - pre
+        gap = (gap.amin(0) if need == 1 else gap.kthvalue(need, dim=0).values).clamp_min(0)  # (amin: the same, faster)
+        return self._all_reduce(c.rare_rate * gap) / self.dist.world
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> SparseDictionary:
@@ -563,7 +611,7 @@ class FeatureTrainer:
 def _check_finetune(cfg: FeatureTrainConfig) -> None:
     """`finetune_kl` with settings that would change what it means: refused, naming them."""
     clash = [name for name, on in (("readout", cfg.readout), ("fisher", cfg.fisher), ("kl_coef", cfg.kl_coef),
-                                   ("cache", cfg.cache)) if on]
+                                   ("cache", cfg.cache), ("rare_floor", cfg.rare_floor)) if on]
     if clash:
         raise ValueError(f"--finetune-kl trains on KL + finetune_mse x FVU over whole sentences; "
                          f"{', '.join('--' + c.replace('_', '-') for c in clash)} do not apply to it")
