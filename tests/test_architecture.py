@@ -42,7 +42,7 @@ MODEL_SIDE = {"core", "checkpoint", "corpus", "decoding", "training", "importers
 # torchrun (torch.distributed, torch.nn.parallel), and tomllib (Python 3.11+; JSON configs work on 3.10).
 OPTIONAL_HEAVY = {"transformers", "sacremoses", "pandas", "altair", "bokeh", "panel", "param", "vl_convert",
                   "selenium", "playwright", "IPython", "sacrebleu", "torch.distributed", "torch.nn.parallel",
-                  "tomllib"}
+                  "tomllib", "triton"}
 UI_LIBRARIES = {"panel", "param", "bokeh", "altair", "pandas", "vl_convert", "selenium"}
 
 

@@ -51,6 +51,45 @@ def test_capture_on_cuda_equals_cpu_and_the_fused_path(exact_fp32):
                                            cpu_trace.attention(kind, layer=layer, head=head), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_masked_softmax_equals_the_plain_path(dtype):
+    """The capture kernel against masked_fill + softmax: every mask shape the model makes, a fully hidden row,
+    rows longer than one block of 1024 keys. fp32 to 1e-6 (summation order); bf16 to one rounding step."""
+    from workbench.core import kernels
+
+    if not kernels.fused_softmax_usable(torch.zeros(1, 1, 1, 8, device="cuda", dtype=dtype)):
+        pytest.skip("Triton is not installed beside this torch")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cases = [((4, 8, 64, 64), (4, 1, 1, 64)), ((4, 8, 64, 64), (64, 64)), ((2, 8, 33, 70), (2, 1, 33, 70)),
+             ((2, 3, 5, 1500), (2, 1, 1, 1500)), ((3, 2, 7, 9), None), ((2, 2, 4, 6), (2, 2, 4, 6))]
+    for shape, mask_shape in cases:
+        scores = (torch.randn(shape, device="cuda", generator=gen) * 4).to(dtype)
+        mask = None if mask_shape is None else torch.rand(mask_shape, device="cuda", generator=gen) > 0.3
+        if mask is not None:
+            mask.view(-1, mask.size(-1))[0] = False  # one row with nothing visible: uniform, as the plain path
+        expected = kernels.masked_softmax_reference(scores, mask)
+        got = kernels.masked_softmax_(scores.clone(), mask)
+        tol = 1e-6 if dtype == torch.float32 else 2 ** -8
+        torch.testing.assert_close(got.float(), expected.float(), rtol=tol, atol=tol)
+
+
+def test_capture_through_the_fused_kernel_equals_the_plain_path(exact_fp32, monkeypatch):
+    from workbench.core import kernels
+
+    cfg = presets.tiny(vocab=60)
+    model = make_model(cfg).cuda()
+    src, tgt = make_batch(cfg, batch=3, src_len=8, tgt_len=6)
+    src, tgt = src.cuda(), tgt.cuda()
+    src[0, -3:] = cfg.pad_id  # a padding mask that hides keys
+    fused_logits, fused = model.run_with_cache(src, tgt)
+    monkeypatch.setattr(kernels, "fused_softmax_usable", lambda scores: False)
+    plain_logits, plain = model.run_with_cache(src, tgt)
+    torch.testing.assert_close(fused_logits, plain_logits, rtol=1e-6, atol=1e-6)
+    for name in plain.names():
+        if name.endswith("hook_probs"):
+            torch.testing.assert_close(fused[name], plain[name], rtol=1e-6, atol=1e-6)
+
+
 def test_head_ablation_on_cuda_equals_cpu(exact_fp32):
     cfg = presets.tiny(vocab=60)
     model = make_model(cfg)

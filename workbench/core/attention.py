@@ -13,7 +13,8 @@ masked copy, the probabilities) and above all in first touching their fresh page
 ~60-300 ms of page faults before any arithmetic. Without autograd the explicit path therefore writes one
 tensor per block: QKᵀ lands in the buffer that becomes the probabilities, the mask and the softmax work in
 place (bit-identical to the out-of-place ops: tested), and on CPU that buffer comes from 2 MiB pages,
-recycled once freed (`_empty_probs`). The context is `probs @ v`, not a second
+recycled once freed (`_empty_probs`). On a GPU the mask and the softmax are one fused kernel, in place
+(`kernels.masked_softmax_`: three passes over the tensor become one). The context is `probs @ v`, not a second
 fused SDPA call, so an edit made by a `hook_probs` hook reaches the output.
 
 Heads. A hook function carrying `heads` (a tuple of head indices, see `hooks.reads_heads`) reads only
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .hooks import HookPoint, observed
 from .masks import causal_mask
 
@@ -302,6 +304,8 @@ class MultiHeadAttention(nn.Module):
         # scale q (L·Dh values) rather than the scores (L² values): one fewer pass over the big tensor
         scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1),
                               out=_empty_probs((b, h, q_len, k.size(2)), q))
+        if not self.hook_scores.is_active() and kernels.fused_softmax_usable(scores):
+            return kernels.masked_softmax_(scores, mask)  # a GPU: mask and softmax in one pass, in place
         if mask is not None:
             _mask_in_place(scores, mask)
         seen = self.hook_scores(scores)
