@@ -86,6 +86,21 @@ def test_a_setting_added_since_a_stage_ran_counts_as_its_default(trained, tmp_pa
         seed_spread(trained["s0"], _evaluation(0), {str(older): _evaluation(1)})
 
 
+def test_a_rate_whose_cap_or_floor_is_off_is_not_part_of_the_recipe(trained, tmp_path):
+    """--rare-rate acts only with --rare-floor, --dense-rate only with --dense-cap: a seed trained when the rate's
+    default was another, with the floor off, is the same recipe; with the floor on, it is not."""
+    older = tmp_path / "older"
+    shutil.copytree(trained["s1"], older)
+    training = json.loads((older / "training.json").read_text())
+    training["config"] |= {"rare_floor": 0.0, "rare_rate": 0.01, "dense_cap": 0.0, "dense_rate": 0.5}
+    (older / "training.json").write_text(json.dumps(training))
+    assert seed_spread(trained["s0"], _evaluation(0), {str(older): _evaluation(1)})["values"] == [0, 1]
+    training["config"] |= {"rare_floor": 0.001}
+    (older / "training.json").write_text(json.dumps(training))
+    with pytest.raises(ValueError, match="rare_floor 0.001 there, 0.0 here; rare_rate 0.01 there"):
+        seed_spread(trained["s0"], _evaluation(0), {str(older): _evaluation(1)})
+
+
 @pytest.mark.parametrize("other, match", [("other_lr", "lr 0.005 there, 0.01 here"), ("s0", "repeat")])
 def test_another_recipe_or_a_repeated_seed_is_refused(trained, other, match):
     with pytest.raises(ValueError, match=match):

@@ -29,6 +29,10 @@ SPREAD_FIGURES = ("fvu", "l0", "delta_ce", "kl", "ce_recovered", "ce_recovered_m
 RECIPE_FREE = ("seed", "out_dir", "finetune_kl", "extra", "log_every", "save_every_s", "threads", "progress")
 """Training settings that may differ between seeds of one recipe (the seed, where it ran and how it reported)."""
 
+INERT_UNLESS = {"dense_rate": "dense_cap", "rare_rate": "rare_floor"}
+"""Settings that act only while another is non-zero (a controller's rate, while its cap or floor is set): left out
+of a stage's recipe while that one is off, so a default changed since a stage ran does not split one recipe."""
+
 
 def training_of(directory: str | Path) -> dict[str, Any]:
     """A dictionary's training.json (ValueError when it has none: a card's seeds are read from it)."""
@@ -40,12 +44,13 @@ def training_of(directory: str | Path) -> dict[str, Any]:
 
 def recipe(training: dict[str, Any]) -> list[dict[str, Any]]:
     """The training settings stage by stage, from the last fine-tune back to the first training, without those
-    that may differ between seeds (`RECIPE_FREE`); a setting added since a stage ran counts as its default (that
-    stage never used it)."""
+    that may differ between seeds (`RECIPE_FREE`) or that act only when another is on, while it is off
+    (`INERT_UNLESS`); a setting added since a stage ran counts as its default (that stage never used it)."""
     defaults = FeatureTrainConfig(checkpoint="", site="", out_dir="").to_dict()
     stages, stage = [], training
     while stage:
-        stages.append({k: v for k, v in (defaults | stage.get("config", {})).items() if k not in RECIPE_FREE})
+        settings = {k: v for k, v in (defaults | stage.get("config", {})).items() if k not in RECIPE_FREE}
+        stages.append({k: v for k, v in settings.items() if k not in INERT_UNLESS or settings.get(INERT_UNLESS[k])})
         stage = stage.get("finetuned_from", {}).get("training")
     return stages
 
