@@ -134,3 +134,6 @@ def test_the_seeds_evaluation_time_joins_the_cards_and_the_baselines_share_of_it
     assert timing["baseline_share_with_seeds"] == pytest.approx(15.0 / 150.0)
     card = "\n".join(_card_seeds_and_time({"timing": timing}))
     assert "Its 2 other seeds took 90 s" in card and "10% of the card's time with them" in card
+    assert "(BLEU not measured)" in card  # no BLEU figures: the time does not claim them
+    card = "\n".join(_card_seeds_and_time({"timing": timing, "bleu_clean": 40.0}))
+    assert "(BLEU included)" in card and "Its 2 other seeds took 90 s" in card

@@ -581,20 +581,24 @@ def _card_seeds_and_time(result: dict[str, Any]) -> list[str]:
         without = timing.get("baseline_share_without_bleu")
         if without is None and timing.get("card_seconds_without_bleu"):
             without = timing["baseline_seconds"] / timing["card_seconds_without_bleu"]
-        if result.get("bleu_rerun", True):
+        if "bleu_clean" not in result and "card_seconds" in timing:  # evaluated with --bleu-split ''
+            lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures (BLEU not "
+                      f"measured), {timing['baseline_seconds']:.0f} s more for the baselines "
+                      f"({timing['baseline_share']:.0%} of it)."]
+        elif result.get("bleu_rerun", True):
             lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures (BLEU "
                       f"included), {timing['baseline_seconds']:.0f} s more for the baselines "
                       f"({timing['baseline_share']:.0%} of it"
                       + (f"; {without:.0%} of the card's time without BLEU" if without is not None else "") + ")."]
-            if timing.get("seed_seconds") is not None:
-                lines[-1] += (f" Its {timing['seed_count']} other seeds took {timing['seed_seconds']:.0f} s (each "
-                              "evaluated as this dictionary, without baselines or BLEU): the baselines are "
-                              f"{timing['baseline_share_with_seeds']:.0%} of the card's time with them.")
         else:
             lines += ["", f"Evaluation time: {timing['card_seconds']:.0f} s for this card's own figures without BLEU "
                       f"(its BLEU figures come from an earlier run on the same weights and settings, "
                       f"{result.get('bleu_seconds', 0):.0f} s then), {timing['baseline_seconds']:.0f} s more for the "
                       f"baselines ({timing['baseline_share']:.0%})."]
+        if timing.get("seed_seconds") is not None:
+            lines[-1] += (f" Its {timing['seed_count']} other seeds took {timing['seed_seconds']:.0f} s (each "
+                          "evaluated as this dictionary, without baselines or BLEU): the baselines are "
+                          f"{timing['baseline_share_with_seeds']:.0%} of the card's time with them.")
     return lines
 
 
