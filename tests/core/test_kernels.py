@@ -1,4 +1,4 @@
-"""`core.kernels.masked_softmax_`: the plain path on a CPU, and the Triton kernel through Triton's interpreter.
+"""`core.kernels`: the plain path on a CPU, and the Triton kernel through Triton's interpreter.
 
 The interpreter runs the kernel's code on the CPU with numpy (TRITON_INTERPRET=1), so the kernel's indexing (the
 mask's broadcast strides, a hidden row, rows over one block) is checked wherever Triton is installed; the compiled
@@ -51,14 +51,39 @@ _INTERPRETED = textwrap.dedent("""
         got = kernels.masked_softmax_(scores.clone(), mask)
         torch.testing.assert_close(got, kernels.masked_softmax_reference(scores, mask), rtol=1e-6, atol=1e-6)
 
+    # the attention kernels: q, k, v as the model makes them (transposed head views), every mask shape
+    q, k, v = (torch.randn(2, n, 3, 16, generator=gen).transpose(1, 2) for n in (70, 75, 75))
+    for mask in (None, torch.rand(2, 1, 1, 75, generator=gen) > 0.3, torch.rand(70, 75, generator=gen) > 0.3,
+                 torch.rand(2, 1, 70, 75, generator=gen) > 0.2):
+        if mask is not None:
+            mask.view(-1, mask.size(-1))[0] = False
+        assert kernels.fused_attention_usable(q, k, v)
+        expected = kernels.masked_softmax_reference(torch.matmul(q * 0.25, k.transpose(-2, -1)), mask)
+        probs = kernels.attention_probs(q, k, mask, 0.25)
+        torch.testing.assert_close(probs, expected, rtol=1e-6, atol=1e-6)
+        context = kernels.probs_times_values(probs, v)
+        torch.testing.assert_close(context, torch.matmul(expected, v), rtol=1e-6, atol=1e-6)
+        assert context.transpose(1, 2).is_contiguous()  # SDPA's layout: merging the heads is a view
+
     cfg = presets.tiny(vocab=40)
     model = make_model(cfg)
     src, tgt = make_batch(cfg, batch=2, src_len=6, tgt_len=5)
     src[0, -2:] = cfg.pad_id
+
+    def zero_head(probs, hook):  # an in-place edit must reach the output
+        probs[:, 1] = 0
+
     logits, fused = model.run_with_cache(src, tgt)
+    with model.hooks({"dec.0.cross_attn.hook_probs": zero_head}):
+        edited = model(src, tgt)
     kernels.fused_softmax_usable = lambda scores: False
+    kernels.fused_attention_usable = lambda q, k, v: False
     plain_logits, plain = model.run_with_cache(src, tgt)
+    with model.hooks({"dec.0.cross_attn.hook_probs": zero_head}):
+        plain_edited = model(src, tgt)
     torch.testing.assert_close(logits, plain_logits, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(edited, plain_edited, rtol=1e-6, atol=1e-6)
+    assert (edited - logits).abs().max() > 1e-3
     names = plain.names("*.hook_probs")
     assert names
     for name in names:

@@ -13,9 +13,11 @@ masked copy, the probabilities) and above all in first touching their fresh page
 ~60-300 ms of page faults before any arithmetic. Without autograd the explicit path therefore writes one
 tensor per block: QKᵀ lands in the buffer that becomes the probabilities, the mask and the softmax work in
 place (bit-identical to the out-of-place ops: tested), and on CPU that buffer comes from 2 MiB pages,
-recycled once freed (`_empty_probs`). On a GPU the mask and the softmax are one fused kernel, in place
-(`kernels.masked_softmax_`: three passes over the tensor become one). The context is `probs @ v`, not a second
-fused SDPA call, so an edit made by a `hook_probs` hook reaches the output.
+recycled once freed (`_empty_probs`). On a GPU two Triton kernels take the block (`kernels.attention_probs`,
+`kernels.probs_times_values`): the probabilities are written once from q and k, read through their strides (the
+scores are never stored, and the head views are not copied: 4 copies of (B, H, L, Dh) per block went with them),
+and probabilities of a subset of heads go through `kernels.masked_softmax_`. The context is `probs @ v`, not a
+second fused SDPA call, so an edit made by a `hook_probs` hook reaches the output.
 
 Heads. A hook function carrying `heads` (a tuple of head indices, see `hooks.reads_heads`) reads only
 those heads of `hook_probs`: when every listener there says so, and nothing listens to `hook_scores`, the
@@ -284,18 +286,24 @@ class MultiHeadAttention(nn.Module):
     def _explicit(self, q, k, v, mask, causal, offset, dropout) -> torch.Tensor:
         if causal:
             mask = _merge_causal(mask, q.size(2), k.size(2), q.device)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        autograd = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        # a GPU: probabilities from q and k in one kernel (scores never stored), and probs @ v in another
+        fused = (not autograd and not dropout and not self.hook_scores.is_active()
+                 and kernels.fused_attention_usable(q, k, v))
+        if autograd:
             # autograd needs every step out of place (softmax's backward reads its output, matmul's its inputs)
             scores = torch.matmul(q * (1.0 / math.sqrt(self.d_head)), k.transpose(-2, -1))  # (B, H, Lq, Lk)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = torch.softmax(self.hook_scores(scores), dim=-1)
+        elif fused:
+            probs = kernels.attention_probs(q, k, mask, 1.0 / math.sqrt(self.d_head))
         else:
             probs = self._probs(q, k, mask)
-        probs = self.hook_probs(probs)
+        probs = self.hook_probs(probs)  # a hook's edit reaches the output either way: the context reads `probs`
         if dropout:
             probs = F.dropout(probs, p=dropout)
-        return torch.matmul(probs, v)
+        return kernels.probs_times_values(probs, v) if fused else torch.matmul(probs, v)
 
     def _probs(self, q, k, mask) -> torch.Tensor:
         """softmax(masked QKᵀ/√Dh), (B, H, Lq, Lk), written once: scores, mask and softmax share one buffer

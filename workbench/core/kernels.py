@@ -1,18 +1,27 @@
-"""Fused kernels for accelerators, each the twin of a plain-torch path it must equal.
+"""Triton kernels for capturing attention on a GPU, each the twin of a plain-torch path it must equal.
 
-`masked_softmax_(scores, mask)`: softmax(scores.masked_fill(~mask, finfo.min)) over the last dimension, written in
-place, in one read and one write of the (B, H, Lq, Lk) scores. It is what capturing attention costs on a GPU: the
-plain path makes three passes over that tensor (a masked fill through a broadcast mask, which on an H100 costs 3.4x
-the softmax after it, then the softmax's read and write; `benchmarks/results/gpu_capture_parts.json`). The kernel
-is written in Triton, which PyTorch's CUDA wheels carry; without Triton, off CUDA, or under torch.compile the
-plain path runs (`fused_softmax_usable`). On an H100 (base size, 32x8x512x512 bf16) mask + softmax went from
-0.38 + 0.11 ms to 0.105 ms, one explicit attention block from 0.64 to 0.25-0.29 ms (docs/gpu.md, fourth run).
+Capturing every attention probability needs the explicit block, softmax(mask(QKᵀ/√d)) V, where the plain forward
+runs fused SDPA. On an H100 at base size (B=32, H=8, 512 × 512, bf16) the explicit block in plain torch took
+0.64 ms against SDPA's 0.09: a masked fill through a broadcast mask (0.38 ms), the softmax, two matmuls, and a copy
+of each transposed head view (q·scale, kᵀ, v) that torch.matmul makes before cuBLAS can batch it. Here:
 
-Equality with the plain path (`masked_softmax_reference`): the same fill value, the softmax accumulated in fp32
-as PyTorch's CUDA kernels do (the row maximum subtracted, exp by libdevice's expf, the division by the row sum), and
-one rounding to the tensor's dtype at the end; only the order in which a row's exponentials are summed differs,
-so fp32 probabilities agree to about 1e-7 relative and bf16 ones to their rounding (tests/test_cuda.py; the
-interpreter check in tests/core/test_kernels.py runs wherever Triton is installed).
+- `attention_probs(q, k, mask, scale)`: the probabilities from q and k read through their strides, written once
+  (a first sweep over the keys finds each row's maximum and sum, a second writes exp(s − max) / sum): the scores
+  are never stored and the head views never copied;
+- `probs_times_values(probs, v)`: the context, through any strides, in SDPA's memory layout;
+- `masked_softmax_(scores, mask)`: mask and softmax of stored scores in one pass, in place (the subset-of-heads
+  path, which computes the scores of a few heads itself).
+
+Together: one block 0.24 ms, capture at 32×512 ×1.47 its plain forward (×2.23 before), half the time of the
+peers' captures (docs/gpu.md, fourth run). `fused_attention_usable` / `fused_softmax_usable` say when they run:
+CUDA (or Triton's interpreter, TRITON_INTERPRET=1, for tests on a CPU) with Triton importable — PyTorch's CUDA
+wheels carry it, its CPU wheels do not — and not under torch.compile; otherwise the plain path runs.
+
+Equality with the plain path (`masked_softmax_reference`, and matmul): the same fill value (finfo.min), q·scale
+and the scores rounded to the tensors' dtype as the plain path's matmul rounds them, the softmax accumulated in
+fp32 with libdevice's `expf` (what PyTorch's CUDA softmax calls) and one rounding at the end, fp32 matmuls in IEEE
+precision; only summation orders differ. fp32 probabilities agree to 1e-6, bf16 ones to one rounding step
+(tests/test_cuda.py on a GPU; tests/core/test_kernels.py through the interpreter wherever Triton is installed).
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ def _triton():
         from triton.language.extra import libdevice
     except ImportError:  # an older Triton: its tl.exp
         libdevice = None
-    globals().update(tl=tl, libdevice=libdevice)
+    globals().update(tl=tl, libdevice=libdevice, triton=triton)
     # the interpreter (TRITON_INTERPRET=1: the kernel run by numpy on a CPU) has no libdevice
     use_libdevice = libdevice is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
@@ -71,7 +80,93 @@ def _triton():
             e = tl.exp(shifted)
         tl.store(ptrs, (e / tl.sum(e, axis=1)[:, None]).to(x_ptr.dtype.element_ty), mask=inside)
 
-    return triton, masked_softmax_rows, use_libdevice
+    @triton.jit
+    def _scores_tile(q, k_ptr, mask_ptr, b, h, rows, start, q_len, k_len, k_sb, k_sh, k_sl, k_sd,
+                     m_sb, m_sh, m_sq, m_sk, fill, HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+        """(BLOCK_M, BLOCK_N) masked scores in fp32, rounded to the tensors' dtype first, as the plain path's
+        matmul output is; keys past the end at -inf."""
+        cols = start + tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, HEAD_DIM)
+        kt = tl.load(k_ptr + b * k_sb + h * k_sh + cols[None, :] * k_sl + dims[:, None] * k_sd,
+                     mask=cols[None, :] < k_len, other=0.0)  # (HEAD_DIM, BLOCK_N)
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s.to(k_ptr.dtype.element_ty).to(tl.float32)
+        if HAS_MASK:
+            visible = tl.load(mask_ptr + b * m_sb + h * m_sh + rows[:, None] * m_sq + cols[None, :] * m_sk,
+                              mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
+            s = tl.where(visible != 0, s, fill)
+        return tl.where(cols[None, :] < k_len, s, float("-inf")), cols
+
+    globals()["_scores_tile"] = _scores_tile  # called by the kernel below, which sees module globals only
+
+    @triton.jit
+    def attention_probs_tiles(q_ptr, k_ptr, p_ptr, mask_ptr, heads, q_len, k_len, scale, fill,
+                              q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, m_sb, m_sh, m_sq, m_sk,
+                              HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, LIBDEVICE: tl.constexpr,
+                              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """softmax(mask(round(q·scale) kᵀ)) for BLOCK_M queries of one (batch, head), written once: a first sweep
+        over the keys finds each row's maximum and sum (rescaled as the maximum moves), a second writes
+        exp(s − max) / sum. q and k are read through their strides (no copy of a transposed head view)."""
+        bh = tl.program_id(1)
+        b = bh // heads
+        h = bh % heads
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + b * q_sb + h * q_sh + rows[:, None] * q_sl + dims[None, :] * q_sd,
+                    mask=rows[:, None] < q_len, other=0.0)
+        q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)  # the plain path's q * scale, in q's dtype
+        row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+        for start in range(0, k_len, BLOCK_N):
+            s, cols = _scores_tile(q, k_ptr, mask_ptr, b, h, rows, start, q_len, k_len, k_sb, k_sh, k_sl, k_sd,
+                                   m_sb, m_sh, m_sq, m_sk, fill, HEAD_DIM, HAS_MASK, IEEE, BLOCK_N)
+            new_max = tl.maximum(row_max, tl.max(s, axis=1))
+            if LIBDEVICE:
+                row_sum = row_sum * libdevice.exp(row_max - new_max) + tl.sum(
+                    libdevice.exp(s - new_max[:, None]), axis=1)
+            else:
+                row_sum = row_sum * tl.exp(row_max - new_max) + tl.sum(tl.exp(s - new_max[:, None]), axis=1)
+            row_max = new_max
+        out = p_ptr + (bh.to(tl.int64) * q_len + rows[:, None]) * k_len
+        for start in range(0, k_len, BLOCK_N):
+            s, cols = _scores_tile(q, k_ptr, mask_ptr, b, h, rows, start, q_len, k_len, k_sb, k_sh, k_sl, k_sd,
+                                   m_sb, m_sh, m_sq, m_sk, fill, HEAD_DIM, HAS_MASK, IEEE, BLOCK_N)
+            if LIBDEVICE:
+                e = libdevice.exp(s - row_max[:, None])
+            else:
+                e = tl.exp(s - row_max[:, None])
+            tl.store(out + cols[None, :], (e / row_sum[:, None]).to(p_ptr.dtype.element_ty),
+                     mask=(rows[:, None] < q_len) & (cols[None, :] < k_len))
+
+    @triton.jit
+    def probs_values_tiles(p_ptr, v_ptr, o_ptr, heads, q_len, k_len, p_sb, p_sh, p_sq, p_sk,
+                           v_sb, v_sh, v_sl, v_sd, o_sb, o_sh, o_sl, o_sd, HEAD_DIM: tl.constexpr,
+                           IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """probs @ v for BLOCK_M queries of one (batch, head), accumulated in fp32, through every stride."""
+        bh = tl.program_id(1)
+        b = bh // heads
+        h = bh % heads
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, HEAD_DIM)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for start in range(0, k_len, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            p = tl.load(p_ptr + b * p_sb + h * p_sh + rows[:, None] * p_sq + cols[None, :] * p_sk,
+                        mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
+            v = tl.load(v_ptr + b * v_sb + h * v_sh + cols[:, None] * v_sl + dims[None, :] * v_sd,
+                        mask=cols[:, None] < k_len, other=0.0)
+            if IEEE:
+                acc += tl.dot(p, v, input_precision="ieee")
+            else:
+                acc += tl.dot(p, v)
+        tl.store(o_ptr + b * o_sb + h * o_sh + rows[:, None] * o_sl + dims[None, :] * o_sd,
+                 acc.to(o_ptr.dtype.element_ty), mask=rows[:, None] < q_len)
+
+    return triton, masked_softmax_rows, use_libdevice, attention_probs_tiles, probs_values_tiles
 
 
 def fused_softmax_usable(scores: torch.Tensor) -> bool:
@@ -104,7 +199,7 @@ def masked_softmax_(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     """
     if not fused_softmax_usable(scores):
         return scores.copy_(masked_softmax_reference(scores, mask))
-    triton, kernel, use_libdevice = _triton()
+    triton, kernel, use_libdevice = _triton()[:3]
     b, h, q_len, k_len = scores.shape
     if mask is None:
         mask_arg, strides, has_mask = scores, (0, 0, 0, 0), False
@@ -122,3 +217,67 @@ def masked_softmax_(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
         HAS_MASK=has_mask, LIBDEVICE=use_libdevice, ROWS=rows_per_program, BLOCK=block, num_warps=warps,
     )
     return scores
+
+
+# Query and key tiles of the attention kernels; a head size outside HEAD_DIMS takes the plain path.
+BLOCK_M, BLOCK_N = 64, 64
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+def fused_attention_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `attention_probs` / `probs_times_values` take the Triton kernels (CUDA, or Triton's interpreter)."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    return (
+        (q.device.type == "cuda" or interpret)
+        and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and q.dtype == k.dtype == v.dtype
+        and q.dim() == 4
+        and q.size(-1) in HEAD_DIMS
+        and q.numel() > 0
+        and k.size(2) > 0
+        and not torch.compiler.is_compiling()
+        and _triton() is not None
+    )
+
+
+def _mask_strides(mask: torch.Tensor | None, shape: tuple[int, ...], device) -> tuple[torch.Tensor | None, tuple]:
+    if mask is None:
+        return None, (0, 0, 0, 0)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention masks are bool (True = visible), got {mask.dtype}")
+    expanded = mask.to(device).expand(shape)
+    return expanded.view(torch.uint8), expanded.stride()
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(mask((q · scale) kᵀ)), (B, H, Lq, Lk) contiguous: what the plain path's matmul, masked fill and
+    softmax give (q · scale and the scores rounded to q's dtype as there), written once and never stored as
+    scores. q, k (B, H, L, Dh) in any strides; `mask` bool broadcastable to the result (True = visible)."""
+    b, h, q_len, head_dim = q.shape
+    k_len = k.size(2)
+    probs = torch.empty(b, h, q_len, k_len, dtype=q.dtype, device=q.device)
+    triton, _, use_libdevice, kernel, _ = _triton()
+    mask_arg, m_strides = _mask_strides(mask, probs.shape, q.device)
+    kernel[(triton.cdiv(q_len, BLOCK_M), b * h)](
+        q, k, probs, probs if mask_arg is None else mask_arg, h, q_len, k_len, scale,
+        torch.finfo(q.dtype).min, *q.stride(), *k.stride(), *m_strides,
+        HEAD_DIM=head_dim, HAS_MASK=mask_arg is not None, LIBDEVICE=use_libdevice,
+        IEEE=q.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    )
+    return probs
+
+
+def probs_times_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """probs @ v, (B, H, Lq, Dh), laid out as SDPA's output is ((B, Lq, H, Dh) memory, so merging the heads is a
+    view); either input in any strides. Other dtypes or shapes (a hook's edit may change them): torch.matmul."""
+    if probs.dtype != v.dtype or probs.dim() != 4 or probs.shape[:2] != v.shape[:2] or probs.size(-1) != v.size(2):
+        return torch.matmul(probs, v)
+    b, h, q_len, k_len = probs.shape
+    head_dim = v.size(-1)
+    out = torch.empty(b, q_len, h, head_dim, dtype=v.dtype, device=v.device).transpose(1, 2)
+    triton, *_, kernel = _triton()
+    kernel[(triton.cdiv(q_len, BLOCK_M), b * h)](
+        probs, v, out, h, q_len, k_len, *probs.stride(), *v.stride(), *out.stride(),
+        HEAD_DIM=head_dim, IEEE=v.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    )
+    return out
