@@ -207,3 +207,35 @@ def test_another_checkpoints_dictionary_gives_way_and_the_picker_follows(entries
     session.checkpoint = "alpha"
     view.show()
     assert view.site == "" and view._site_picker.value == "hook_memory"  # the first: what '' means
+
+
+def test_the_tab_shows_the_dictionarys_card_beside_its_baselines_and_seeds(session, entries):
+    """Issue 38 point 2: the Features tab shows the card's figures (FVU, L0, ΔCE, KL, CE recovered against zero and
+    mean ablation, dead and dense shares with their token counts) beside PCA and the random dictionary, and the
+    spread over seeds; a dictionary without a card shows none."""
+    import json
+
+    from workbench.ui.features_view import card_markdown
+
+    path = entries[0].path / "features" / "hook_memory"
+    figures = {"fvu": 0.1, "l0": 4.0, "delta_ce": 0.02, "kl": 0.03, "ce_recovered": 0.9, "ce_recovered_mean": 0.8,
+               "dead_frac": 0.01, "dense_frac": 0.0}
+    spread = {k: {"mean": v, "sd": 0.001, "min": v, "max": v} for k, v in figures.items()}
+    card = figures | {"split": "multi30k:valid", "tokens": 1234, "density_tokens": 5678,
+                      "density_split": "multi30k:train[:99]",
+                      "baselines": {"pca": figures | {"fvu": 0.5, "counted_tokens": 1234, "dense_frac": 1.0}},
+                      "seeds": {"count": 3, "values": [0, 1, 2], "spread": spread}}
+    assert card_markdown(path) is None  # no eval.json
+    (path / "eval.json").write_text(json.dumps(card))
+    try:
+        text = card_markdown(path)
+        own = "| this dictionary | 0.1000 | 4.0 | +0.0200 | 0.0300 | 90.0% | 80.0% | 1.0% | 0.0% (5,678 tokens) |"
+        assert own in text and "multi30k:valid (1,234 tokens)" in text
+        assert "| PCA, L0 components | 0.5000 |" in text and "100.0% (1,234 tokens)" in text
+        assert "mean ± s.d. over 3 seeds" in text and "| CE recovered vs mean | 80.0% |" in text
+        view = FeaturesView(session=Session(entries, checkpoint="alpha", sentence=SENTENCE))
+        view.show()
+        (box,) = [o for o in view.content if "features-card" in o.css_classes]
+        assert box.collapsed and box.objects[0].object == text
+    finally:
+        (path / "eval.json").unlink()

@@ -540,23 +540,34 @@ def _card_goals(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+BASELINE_NAMES = {"pca": "PCA, L0 components", "random": "random dictionary, same L0",
+                  "ffn_neurons": "the FFN's own neurons"}
+
+
+def baseline_table(result: dict[str, Any]) -> list[str]:
+    """The card's table of the dictionary beside its baselines at the same L0, as Markdown lines (the Features tab
+    shows it too): FVU, L0, ΔCE, KL, CE recovered against zero and mean ablation, dead and dense shares with the
+    tokens they were counted on."""
+    lines = ["| | FVU | L0 | ΔCE (nats) | KL (nats) | CE recovered vs zero | vs mean | dead | dense (> 10 %) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rows = [("this dictionary", {k: result[k] for k in ("fvu", "l0", "delta_ce", "kl", "ce_recovered",
+                                                          "ce_recovered_mean", "dead_frac", "dense_frac")}
+             | {"counted_tokens": result["density_tokens"]})]
+    rows += [(BASELINE_NAMES.get(n, n), b) for n, b in result.get("baselines", {}).items()]
+    for label, b in rows:
+        lines.append(f"| {label} | {b['fvu']:.4f} | {b['l0']:.1f} | {b['delta_ce']:+.4f} | {b['kl']:.4f} | "
+                     f"{b['ce_recovered']:.1%} | {b['ce_recovered_mean']:.1%} | {b['dead_frac']:.1%} | "
+                     f"{b['dense_frac']:.1%} ({b['counted_tokens']:,} tokens) |")
+    return lines
+
+
 def _card_baselines(result: dict[str, Any]) -> list[str]:
     """The dictionary beside its baselines at the same L0 (none without baselines)."""
     lines: list[str] = []
     if "baselines" in result:
+        names = BASELINE_NAMES
         lines += ["", "## Beside its baselines at the same L0", "", f"Fit on {result['baseline_fit']}.", "",
-                  "| | FVU | L0 | ΔCE (nats) | KL (nats) | CE recovered vs zero | vs mean | dead | dense (> 10 %) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        rows = [("this dictionary", {k: result[k] for k in ("fvu", "l0", "delta_ce", "kl", "ce_recovered",
-                                                              "ce_recovered_mean", "dead_frac", "dense_frac")}
-                 | {"counted_tokens": result["density_tokens"]})]
-        names = {"pca": "PCA, L0 components", "random": "random dictionary, same L0",
-                 "ffn_neurons": "the FFN's own neurons"}
-        rows += [(names.get(n, n), b) for n, b in result["baselines"].items()]
-        for label, b in rows:
-            lines.append(f"| {label} | {b['fvu']:.4f} | {b['l0']:.1f} | {b['delta_ce']:+.4f} | {b['kl']:.4f} | "
-                         f"{b['ce_recovered']:.1%} | {b['ce_recovered_mean']:.1%} | {b['dead_frac']:.1%} | "
-                         f"{b['dense_frac']:.1%} ({b['counted_tokens']:,} tokens) |")
+                  *baseline_table(result)]
         lines += ["", "ΔCE: spliced minus clean cross-entropy; KL: mean KL(clean ‖ spliced) per target token. The "
                   "dictionary's dead and dense shares are counted on the density text, the baselines' on the "
                   "evaluation split (PCA's components are non-zero on every token: dense by construction)."
@@ -600,6 +611,11 @@ def _card_seeds_and_time(result: dict[str, Any]) -> list[str]:
                           "evaluated as this dictionary, without baselines or BLEU): the baselines are "
                           f"{timing['baseline_share_with_seeds']:.0%} of the card's time with them.")
     return lines
+
+
+def card_spread(seeds: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """The card's table of its figures over seeds (`_card_spread`'s, without its leading blank line)."""
+    return _card_spread(seeds, result)[1:]
 
 
 def _card_spread(seeds: dict[str, Any], result: dict[str, Any]) -> list[str]:

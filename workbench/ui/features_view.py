@@ -38,6 +38,7 @@ from ..charts.features import feature_dashboard, sentence_features_html
 from ..core.splice import FeatureEdit
 from ..features.attribution import feature_attribution
 from ..features.dashboard import FeatureData
+from ..features.evaluate import baseline_table, card_spread
 from ..features.sites import splice
 from . import loader
 from .learn import link_terms
@@ -75,6 +76,26 @@ def site_label(directory: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         label += " (no card)"
     return label
+
+
+def card_markdown(directory: Path) -> str | None:
+    """The dictionary's card figures for the tab (from its eval.json, as `features eval --card` wrote them): the
+    dictionary beside PCA and a random dictionary at its L0 (and a transcoder's FFN neurons), and its spread over
+    seeds. None without a card, or with one written before the baselines."""
+    try:
+        e = json.loads((directory / "eval.json").read_text(encoding="utf-8"))
+        lines = [f"Held out, teacher-forced: {e['split']} ({e['tokens']:,} tokens); dead and dense features counted on "
+                 f"{e['density_tokens']:,} tokens of {e['density_split']}, where the baselines were fit.", "",
+                 *baseline_table(e)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    seeds = e.get("seeds") or {}
+    if seeds.get("spread"):
+        lines += ["", f"Over {seeds['count']} seeds of its recipe ({', '.join(map(str, seeds['values']))}):", "",
+                  *card_spread(seeds, e)]
+    else:
+        lines += ["", "One trained seed: this card has no spread over seeds."]
+    return "\n".join(lines)
 
 
 def feature_data(tm, directory: Path) -> FeatureData:
@@ -163,6 +184,9 @@ def explore(r, site: str, feature: int, query: str, output: int = 0, href: str =
     fd = feature_data(tm, dirs[name])
     out: dict = {"sites": list(dirs), "site": name, "n": fd.n_features,
                  "site_labels": {site_label(path): site for site, path in dirs.items()}}
+    card = card_markdown(dirs[name])
+    if card is not None:
+        out["card"] = card
     target = None if fd.site.side == "src" else tm.tgt_tokenizer.decode(list(r.out_ids[:-1]))
     out["sentence"] = sentence_features_html(fd.sentence(r.request.sentence, target),
                                              link=href.replace("{site}", quote(name)))
@@ -447,6 +471,10 @@ class FeaturesView(LazyTab):
                                  f"{', '.join(answer['sites'])}). Features active on each token of the sentence:",
                                  sizing_mode="stretch_width"),
                 self._linked(answer["sentence"], "features-sentence")]
+        if "card" in answer:
+            objs.append(pn.Card(pn.pane.Markdown(answer["card"], sizing_mode="stretch_width"),
+                                title="Its card: beside PCA and a random dictionary at its L0, over seeds",
+                                collapsed=True, css_classes=["features-card"], sizing_mode="stretch_width"))
         if "steer" in answer:
             objs.append(_steered(answer["steer"]))
         if "note" in answer:
