@@ -1,13 +1,21 @@
 """The controls notebook 08 builds its conclusions on (`workbench.features.concepts`), on a toy dictionary: the
 removal control has as many features as the group, none of the excluded ones, and the same norm; the matched
-attribution rows have the top rows' activations; words are counted once whatever their case."""
+attribution rows have the top rows' activations; words are counted once whatever their case; the plural verdict
+counts only the nouns the clean model makes plural and applies its thresholds as stated."""
 
 from __future__ import annotations
 
 import torch
 
 from workbench.features import DictionaryConfig, FeatureAttribution, SparseDictionary
-from workbench.features.concepts import WordFiring, distinct, matched_control, top_and_matched
+from workbench.features.concepts import (
+    PluralContrast,
+    WordFiring,
+    distinct,
+    matched_control,
+    plural_verdict,
+    top_and_matched,
+)
 
 
 def test_distinct_counts_two_and_Two_once():  # noqa: N802 (the words themselves)
@@ -46,3 +54,17 @@ def test_precision_of_a_feature_that_fires_everywhere_is_the_base_rate():
     assert torch.allclose(firing.precision, torch.tensor([0.1, 0.9, 0.0]))
     assert torch.allclose(firing.recall, torch.tensor([1.0, 0.9, 0.0]))
     assert int(firing.f1().argmax()) == 1
+
+
+def test_the_plural_verdict_counts_only_nouns_the_clean_model_makes_plural():
+    def row(clean, to_a, to_other, zeroed):
+        return PluralContrast("dogs", "dog", clean, to_a, to_other, zeroed, zeroed)
+
+    rows = [row(5, -1, 5, 4)] * 8 + [row(5, 1, 5, -1), row(-0.2, -3, -0.2, 5)]
+    v = plural_verdict(rows)
+    assert (v.nouns, v.plural, v.to_a_singular, v.to_other_plural, v.zeroed_plural) == (10, 9, 8, 9, 8)
+    assert v.turned_by_zeroing == ["dogs"] and v.decoder_decides and not v.survives_zeroing  # 8 of 9 < nine in ten
+    assert plural_verdict([row(5, 1, 5, 4)] * 3 + [row(5, -1, 5, 4)] * 6).decoder_decides  # two thirds flip
+    assert not plural_verdict([row(5, 1, 5, 4)] * 4 + [row(5, -1, 5, 4)] * 5).decoder_decides
+    assert not plural_verdict([row(5, -1, -1, 4)] * 2 + [row(5, -1, 5, 4)] * 8).decoder_decides  # the control fails
+

@@ -6,6 +6,9 @@
     r = remove_with_control(tm, d, cases[0], number_features, generator=g)
     r.drop, r.control_drop, r.norm, r.control_norm               # log p(English number word) lost, same count and norm
     plural_contrasts(tm, case)                                  # the plural noun after it, under the decoder edits
+    plural_verdict(rows)                                        # counted; decoder_decides, survives_zeroing
+    raised_words(fd, f, NUMBERS_EN)                             # the distinct words removing f lowers most
+    raised_words_in_place(fd, f, others, NUMBERS_EN)            # the same with other directions at f's contexts
 
 Notebook 08 and `tests/analysis/test_features_claims.py` compute their conclusions with these, so the test
 asserts what the notebook prints on a smaller set. Every causal number has its control of the same size:
@@ -18,10 +21,14 @@ asserts what the notebook prints on a smaller set. Every causal number has its c
   teacher-forced on the reference, with the decoder's own number word replaced by *a* (singular) and, as the
   edit of the same size, by another number word (still plural); and with `hook_memory` zeroed at every source
   position, or only at the German number word and the source piece after it (the noun, or its first adjective).
+- `raised_words_in_place` measures other features' directions removed where `raised_words` removes the feature's
+  own: at its top contexts, with its activations, scaled to its decoder norm; only the direction differs, so what
+  the position alone makes the model raise (at a number word, other number words) is not credited to the feature.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -284,6 +291,46 @@ def plural_contrasts(tm: TranslationModel, case: NumberCase, numbers: Mapping[st
     return PluralContrast(pieces[0].lstrip("\u2581"), pieces[1].lstrip("\u2581"), *c)
 
 
+FLIP_SHARE = 2 / 3
+"""The share of plural nouns an edit must turn singular for "the edit decides the plural"."""
+KEEP_SHARE = 0.9
+"""The share of plural nouns an edit must leave plural for "the edit does not decide it" (its control)."""
+
+
+@dataclass(frozen=True)
+class PluralVerdict:
+    """`plural_contrasts` over many nouns, counted on the nouns the clean model makes plural (contrast > 0), with
+    the two conclusions decided by `FLIP_SHARE` and `KEEP_SHARE`."""
+
+    nouns: int  # every noun measured
+    plural: int  # of them, plural in the clean run: the counts below are of these
+    to_a_singular: int  # the decoder's number word replaced by a: turned singular
+    to_other_plural: int  # replaced by another number word (the same-size edit): still plural
+    zeroed_plural: int  # hook_memory zeroed at every source position: still plural
+    zeroed_at_words_plural: int  # zeroed at the German number word and the piece after it: still plural
+    turned_by_zeroing: list[str]  # the nouns zeroing hook_memory turned singular
+
+    @property
+    def decoder_decides(self) -> bool:
+        """Replacing the decoder's number word by *a* turns most plurals singular, and the same-size edit (another
+        number word) keeps them plural."""
+        return self.to_a_singular >= FLIP_SHARE * self.plural and self.to_other_plural >= KEEP_SHARE * self.plural
+
+    @property
+    def survives_zeroing(self) -> bool:
+        """The refutable claim: with the whole encoder output zeroed, the noun stays plural."""
+        return self.zeroed_plural >= KEEP_SHARE * self.plural
+
+
+def plural_verdict(rows: Sequence[PluralContrast]) -> PluralVerdict:
+    """Count `rows` (from `plural_contrasts`) for the two plural conclusions; see `PluralVerdict`."""
+    plural = [r for r in rows if r.clean > 0]
+    return PluralVerdict(len(rows), len(plural), sum(r.number_to_a < 0 for r in plural),
+                         sum(r.number_to_other > 0 for r in plural), sum(r.memory_zeroed > 0 for r in plural),
+                         sum(r.memory_zeroed_at_words > 0 for r in plural),
+                         [r.noun for r in plural if r.memory_zeroed <= 0])
+
+
 def top_and_matched(attribution, k: int = 3) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The k (position, feature) rows of a `FeatureAttribution` with the largest attribution, and as control k
     other active rows of the same sizes: for each top row in turn, the unused row whose activation is closest
@@ -335,3 +382,20 @@ def raised_words(fd, feature: int, vocabulary: Iterable[str], *, contexts: int =
                        ranked[0]["dp"] if ranked else 0.0, max((t["p_clean"] for t in kept), default=0.0), own,
                        0.0 if entry is None else entry["dp"],
                        0.0 if entry is None else entry["p_clean"])
+
+
+def raised_words_in_place(fd, feature: int, others: Iterable[int], vocabulary: Iterable[str], *, contexts: int = 8,
+                          n: int = 10, top: int = 1000) -> list[RaisedWords]:
+    """`raised_words` of `feature`'s contexts with each of `others`' decoder directions (scaled to `feature`'s
+    decoder norm) removed in place of its own: the same contexts, activations and norm, another direction. The
+    control for "the words it raises": removing any direction at a number word may move other number words."""
+    own = fd.d.W_dec.detach()[feature]
+    out = []
+    for g in others:
+        d = copy.deepcopy(fd.d)
+        with torch.no_grad():
+            row = d.W_dec[int(g)]
+            d.W_dec[feature] = row * (own.norm() / row.norm().clamp(min=1e-12))
+        out.append(raised_words(type(fd)(fd.tm, d, fd.stats, fd.name), feature, vocabulary, contexts=contexts, n=n,
+                                top=top))
+    return out

@@ -1,5 +1,6 @@
 """Pruning curves: the clean encoder output reused for decoder-side pruning gives exactly the re-encoded curve;
-levels match ablating the same heads by hand; the removable count stops at the first drop past the loss."""
+levels match ablating the same heads by hand; the removable count stops at the first drop past the loss, the
+knee's bracket reaches the last level within it."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_importance_order_and_removable_count():
     curve = PruningCurve(table, imp)
     assert curve.removable("enc_self") == (1, 0.25)  # the recovery at 3 does not count
     assert curve.removable("enc_self", max_loss=1.0) == (3, 0.75)
+    assert curve.knee("enc_self") == (1, 3) and curve.knee("enc_self", max_loss=1.0) == (3, 3)
     with pytest.raises(KeyError, match="no curve for 'cross'"):
         curve.removable("cross")
 

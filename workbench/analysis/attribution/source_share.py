@@ -59,6 +59,18 @@ def by_position(shares: Sequence[np.ndarray], *, skip_last: bool = True) -> dict
     return {t: (float(np.mean(v)), len(v)) for t, v in sorted(sums.items())}
 
 
+def position_trend(positions: dict[int, tuple[float, int]], *, start: int = 1, min_tokens: int = 5) -> float:
+    """The Spearman rank correlation of output position and mean source share (`by_position`'s result) over the
+    positions from `start` on that at least `min_tokens` outputs reach: negative when reliance on the source falls
+    along the sentence. Position 0 is left out by default: it has no target prefix to lean on but the start token,
+    so its share is high by construction. NaN with fewer than three positions."""
+    kept = [(t, v) for t, (v, n) in positions.items() if t >= start and n >= min_tokens]
+    if len(kept) < 3:
+        return float("nan")
+    ranks = [np.argsort(np.argsort(np.array(x), kind="stable")).astype(float) for x in zip(*kept)]
+    return float(np.corrcoef(ranks[0], ranks[1])[0, 1])
+
+
 def sentence_share(shares: np.ndarray) -> float:
     """The mean source share of an output's tokens, EOS left out (EOS alone when it is the whole output)."""
     values = shares[:-1] if len(shares) > 1 else shares

@@ -4,6 +4,7 @@
     curve = pruning_curve(model, sources, targets, detokenize=tok.decode, references=refs)
     curve.table                      # kind, removed, total, bleu, chrf, d_bleu, d_chrf, heads
     curve.removable("enc_self")      # heads of that kind removable at <= 0.5 BLEU loss (and the share)
+    curve.knee("enc_self")           # (first, last): before the first drop past the loss, and the last level within it
 
 Importance is measured once, by ablation (`head_importance`, teacher-forced: the change in the references'
 log-probability when one head alone is zeroed); heads are then removed least important first, cumulatively,
@@ -73,6 +74,16 @@ class PruningCurve:
                 break
             best = int(r["removed"])
         return best, best / int(part["total"].iloc[0])
+
+    def knee(self, kind: str, max_loss: float = 0.5) -> tuple[int, int]:
+        """Where the curve's knee lies, as (first, last): `removable`'s count (the most heads removed before BLEU
+        first falls more than `max_loss` below the unpruned model's) and the most heads removed at any level still
+        within `max_loss` of it. They differ when a level falls past the loss and a later one recovers: on a
+        small test set one head's removal can cost more than the sampling noise allows to read, so the knee is
+        placed between the two, not at either."""
+        first, _ = self.removable(kind, max_loss)
+        part = self.curve(kind)
+        return first, int(part[part["d_bleu"] >= -max_loss - 1e-9]["removed"].max())
 
 
 def importance_order(importance, kind: str) -> list[int]:
