@@ -103,6 +103,43 @@ def test_contexts_output_effects_and_search(fd):
     assert fd.search("   ") == []
 
 
+def test_output_effects_are_measurable_only_above_the_floor_and_the_random_controls(fd):
+    """`measurable`: the top change in probability is at least the floor and above that of each control, a random
+    direction of the feature's norm (seeded by the feature id) removed the same way: checked against hand-made
+    removals of those directions from hook_memory (edit="memory")."""
+    tm, s = fd.tm, fd.stats
+    f = int(s.count.argmax())
+    c = fd.contexts(f, 1)[0]
+    j = s.contexts(f)[0][1]
+    src = torch.tensor([s.sentences_src[j] + [tm.model.cfg.eos_id]])
+    tgt_in = torch.tensor([[tm.model.cfg.start_id, *s.sentences_tgt[j]]])
+    direction = fd.d.W_dec[f].detach()
+    randoms = torch.randn(3, direction.numel(), generator=torch.Generator().manual_seed(f))
+    randoms = randoms / randoms.norm(dim=1, keepdim=True) * direction.norm()
+
+    def removed(delta):
+        def fn(x, hook):
+            x = x.clone()
+            x[0, c.position] -= delta
+            return x
+        with tm.model.hooks([("hook_memory", fn)]):
+            return tm.model(src, tgt_in).softmax(-1)[0, c.aligned_position]
+    with torch.no_grad():
+        clean = tm.model(src, tgt_in).softmax(-1)[0, c.aligned_position]
+        own = float((clean - removed(c.value * direction)).max())
+        control = max(float((clean - removed(c.value * r)).max()) for r in randoms)
+    e = fd.output_effects(f, contexts=1, edit="memory", heads=False)
+    assert e["top_dp"] == pytest.approx(own, abs=1e-5) and e["top_dp"] == pytest.approx(e["tokens"][0]["dp"])
+    assert e["control_top_dp"] == pytest.approx(control, abs=1e-5) and e["controls"] == 3
+    assert e["measurable"] == (own >= e["floor"] and own > control)
+    assert (e["effect"] == "measurable") == e["measurable"]
+    high = fd.output_effects(f, contexts=1, edit="memory", heads=False, floor=own + 0.01)
+    assert not high["measurable"] and high["effect"].startswith("no measurable output effect: removing it raises")
+    assert high["tokens"] == e["tokens"]  # the ranking is kept, flagged
+    none = fd.output_effects(f, contexts=1, edit="memory", heads=False, floor=0.0, controls=0)
+    assert none["measurable"] == (own > 0) and none["control_top_dp"] == 0.0
+
+
 def test_quantile_contexts_summary_and_nearest(fd):
     s, tm = fd.stats, fd.tm
     f = int(s.count.argmax())
@@ -236,3 +273,21 @@ def test_the_raised_tokens_chart_draws_the_ranking_it_lists():
     (bars,) = fig.renderers
     assert list(bars.data_source.data["dp"]) == [0.30, 0.0004] and bars.glyph.right == "dp"
     assert "probability it adds" in fig.xaxis.axis_label
+    # without a measurable effect: no bars, the title says why
+    flat = effects | {"measurable": False, "effect": "no measurable output effect: removing it raises no token's "
+                                                      "probability by 0.005 or more (largest 0.0004)"}
+    fig = output_tokens_figure(flat)
+    assert not fig.renderers and fig.title.text.startswith("no measurable output effect: removing it raises")
+
+
+def test_a_graph_feature_card_says_when_the_feature_has_no_measurable_output_effect():
+    from workbench.charts.features import feature_node_html
+
+    row = {"token": "▁running", "id": 5, "dp": 0.0004, "p_clean": 0.43, "drop": 0.001}
+    details = {"site": "hook_memory", "feature": 7, "contexts": [],
+               "output_effects": {"contexts": 8, "tokens": [row], "lowers": [], "measurable": True}}
+    assert "raises <b> running</b> <small>(+0.0004)</small>" in feature_node_html(details, "?feature=7")
+    details["output_effects"] |= {"measurable": False, "effect": "no measurable output effect: removing it raises "
+                                                                 "no token's probability by 0.005 or more"}
+    card = feature_node_html(details, "?feature=7")
+    assert "no measurable output effect: removing it raises no token" in card and "running" not in card

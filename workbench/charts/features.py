@@ -40,12 +40,16 @@ def activation_histogram(left: Sequence[float], right: Sequence[float], counts: 
 
 def output_tokens_figure(effects: dict[str, Any], *, width: int = 420, height: int | None = None):
     """The tokens the feature raises most: the probability it adds (clean minus without the feature, mean over its
-    top contexts; the order the dashboard ranks them in), the clean probability and the log-prob drop on hover."""
-    toks = effects.get("tokens", [])
+    top contexts; the order the dashboard ranks them in), the clean probability and the log-prob drop on hover.
+    A feature without a measurable output effect (`effects["measurable"]` False) gets no bars, and the title says
+    so: its ranking would be noise."""
+    measurable = effects.get("measurable", True)
+    toks = effects.get("tokens", []) if measurable else []
     labels = [f"{t['token']} ({t['id']})" for t in toks]
+    title = (f"output tokens it raises ({effects.get('contexts', 0)} contexts)" if measurable else
+             f"{effects.get('effect', 'no measurable output effect')} ({effects.get('contexts', 0)} contexts)")
     fig = figure(y_range=list(reversed(labels)) or ["-"], width=width, height=height or max(180, 20 * len(labels) + 80),
-                 title=f"output tokens it raises ({effects.get('contexts', 0)} contexts)",
-                 tools="save", toolbar_location="above", name="feature_output_tokens")
+                 title=title, tools="save", toolbar_location="above", name="feature_output_tokens")
     if toks:
         src = ColumnDataSource({"y": labels, "dp": [t.get("dp", t["drop"]) for t in toks],
                                 "p_clean": [t.get("p_clean", float("nan")) for t in toks],
@@ -154,8 +158,9 @@ def feature_node_html(details: dict[str, Any], href: str, *, effects: int = 6) -
     def tokens(rows: Sequence[dict[str, Any]]) -> str:
         return ", ".join(f"<b>{_piece(t['token'])}</b> <small>({t['dp']:+.4f})</small>" for t in rows[:effects]) or "–"
 
+    effect = (f"raises {tokens(out.get('tokens', []))}; lowers {tokens(out.get('lowers', []))}"
+              if out.get("measurable", True) else html.escape(out.get("effect", "no measurable output effect")))
     return (f"<div class='graph-feature-card' style='font-family:sans-serif'>{head}<br><i>Top contexts</i> (the "
             f"firing piece highlighted, → the output word aligned to it):{contexts_html(contexts)}"
             f"<i>Output effects</i> over {out.get('contexts', 0)} of its top contexts (probability it adds at the "
-            f"aligned output position: clean − without it): raises "
-            f"{tokens(out.get('tokens', []))}; lowers {tokens(out.get('lowers', []))}</div>")
+            f"aligned output position: clean − without it): {effect}</div>")

@@ -26,7 +26,9 @@ result (`edited`): for `hook_memory` by default the values of every decoder laye
 firing source token (`edit="values"`: keys, so attention patterns, stay clean; the path the per-head rows
 decompose), or `edit="memory"`, hook_memory itself, so the keys and values of every cross-attention layer (what
 removing the feature from the encoder output does in full); per head, the values of that head alone. For other
-sites the site itself at the firing position.
+sites the site itself at the firing position. An effect is called measurable (`measurable`, `effect`) only when the
+top change in probability is at least `EFFECT_FLOOR` and larger than that of `EFFECT_CONTROLS` random directions of
+the feature's norm removed the same way; otherwise its ranking is noise, and the dashboards say so instead.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ from ..decoding.translator import TranslationModel
 from .dictionary import SparseDictionary
 from .sites import capture_site, site_of
 from .stats import BIN_EDGES, DENSE, FeatureStats
+
+EFFECT_FLOOR = 0.005
+"""The smallest change in probability `output_effects` calls an output effect: half a percentage point, mean over
+the feature's top contexts, for its top raised token."""
+
+EFFECT_CONTROLS = 3
+"""Random directions of the feature's size that `output_effects` removes the same way, as a control: an effect
+no larger than theirs is what removing any vector of that size does, not what the feature does."""
 
 
 @dataclass
@@ -197,18 +207,25 @@ class FeatureData:
 
     @torch.no_grad()
     def output_effects(self, feature: int, *, contexts: int = 8, top: int = 10, edit: str = "values",
-                       heads: bool = True) -> dict[str, Any]:
+                       heads: bool = True, floor: float = EFFECT_FLOOR, controls: int = EFFECT_CONTROLS
+                       ) -> dict[str, Any]:
         """The tokens whose probability at the aligned positions of the feature's top contexts falls most
         (`tokens`: what it raises) and rises most (`lowers`) when its part a_f·W_dec[f] is removed at the firing
         token; each with the mean clean probability, the mean change in probability and the mean log-prob drop.
-        For hook_memory also per cross-attention head (that head's values alone), unless `heads=False`."""
+        For hook_memory also per cross-attention head (that head's values alone), unless `heads=False`.
+
+        `measurable` says whether the feature has an output effect at all: its top change in probability (`top_dp`)
+        is at least `floor` and larger than the top change of each of `controls` random directions of the same
+        norm removed the same way (`control_top_dp`, the largest; seeded by the feature id). When it is False the
+        ranking is noise (`effect` says so); the lists are kept for who wants them."""
         if edit not in ("values", "memory"):
             raise ValueError(f"edit must be 'values' or 'memory', got {edit!r}")
         f = self.check(feature)
         ctx = self.contexts(f, contexts)
         edited = self._edited(edit)
         if not ctx:
-            return {"feature": f, "contexts": 0, "tokens": [], "lowers": [], "heads": [], "edited": edited}
+            return {"feature": f, "contexts": 0, "tokens": [], "lowers": [], "heads": [], "edited": edited,
+                    "measurable": False, "effect": "no contexts: it never fired on the statistics corpus"}
         model, s = self.tm.model, self._need_stats()
         found = s.contexts(f)[:contexts]
         pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
@@ -224,10 +241,13 @@ class FeatureData:
         if self._memory_site and heads:
             head_list = [(layer, h) for layer in range(len(model.dec))
                          for h in range(model.dec[layer].cross_attn.n_heads)]
-        variants = 2 + len(head_list)  # clean, the whole edit, each head
+        variants = 2 + len(head_list) + controls  # clean, the whole edit, each head, each control
         src_v, tgt_v = src.repeat(variants, 1), tgt_in.repeat(variants, 1)
         delta = amounts[:, None] * direction[None]  # (n, d)
-        hooks = self._removal_hooks(delta, pos, head_list, edit)
+        g = torch.Generator().manual_seed(f)
+        randoms = torch.randn(controls, direction.numel(), generator=g).to(direction)
+        randoms = randoms / randoms.norm(dim=1, keepdim=True) * direction.norm()
+        hooks = self._removal_hooks(delta, pos, head_list, edit, [amounts[:, None] * r[None] for r in randoms])
         with model.hooks(hooks):
             out = model(src_v, tgt_v, project=False)  # (variants * n, T, D): project the aligned rows only
         logp = model.output_proj(out.view(variants, n, *out.shape[1:])[:, rows, at]).float().log_softmax(-1)
@@ -237,31 +257,51 @@ class FeatureData:
         p_clean, p_without = prob[0].mean(0), prob[1].mean(0)
         tv = float(0.5 * (prob[0] - prob[1]).abs().sum(-1).mean())  # mean total variation: how much it moves at all
         tokens, lowers, head_rows = self._effect_rows(dp, drop, p_clean, p_without, head_list, top)
+        top_dp = float(dp[0].max())
+        control_dp = float(dp[1 + len(head_list):].max()) if controls else 0.0
+        measurable = top_dp >= floor and top_dp > control_dp
+        effect = ("measurable" if measurable else
+                  f"no measurable output effect: removing it raises no token's probability by {floor:g} or more "
+                  f"(largest {top_dp:.4f})" if top_dp < floor else
+                  f"no measurable output effect: its top change in probability ({top_dp:.4f}) is no larger than "
+                  f"that of a random direction of its size removed the same way ({control_dp:.4f})")
         return {"feature": f, "contexts": n, "tokens": tokens, "lowers": lowers, "heads": head_rows,
                 "edited": edited, "edit": edit if self._memory_site else "site", "total_variation": tv,
+                "top_dp": top_dp, "control_top_dp": control_dp, "controls": controls, "floor": floor,
+                "measurable": measurable, "effect": effect,
                 "note": "mean change in probability at the aligned position when the feature's part is removed "
                         "(dp = p_clean - p_without; drop: the mean log-probability drop; total_variation: the mean "
                         "total variation distance between the two distributions); heads: the values of that "
                         "head alone (on_top_tokens: mean log-prob drop on the top tokens, dp_on_top_tokens: their "
-                        "summed probability change)"}
+                        "summed probability change); measurable: top_dp at least floor and above control_top_dp, "
+                        "the largest top dp of `controls` random directions of the feature's norm removed the same "
+                        "way"}
 
-    def _removal_hooks(self, delta: torch.Tensor, pos: torch.Tensor, head_list: list[tuple[int, int]], edit: str
-                       ) -> list:
-        """`output_effects`'s edits, on a batch of variants of the n contexts (clean, the whole edit, each head):
-        `delta` (n, d) removed at `pos`, from every cross-attention's values (hook_memory) or at the site."""
+    def _removal_hooks(self, delta: torch.Tensor, pos: torch.Tensor, head_list: list[tuple[int, int]], edit: str,
+                       controls: list[torch.Tensor] | tuple = ()) -> list:
+        """`output_effects`'s edits, on a batch of variants of the n contexts (clean, the whole edit, each head,
+        each control): `delta` (n, d) removed at `pos`, from every cross-attention's values (hook_memory) or at
+        the site; each of `controls` (n, d) removed the same way as the whole edit, in the variants after the
+        heads."""
         model, n = self.tm.model, delta.size(0)
         rows = torch.arange(n)
+        whole = [(1, delta)] + [(2 + len(head_list) + c, d) for c, d in enumerate(controls)]  # (variant, removed)
         hooks = []
         if self._memory_site:
             def value_hook(layer: int):
                 attn = model.dec[layer].cross_attn
-                dv = (delta @ attn.v_proj.weight.T).view(n, attn.n_heads, -1)  # (n, H, Dh): v is linear in memory
+
+                def dv_of(d: torch.Tensor) -> torch.Tensor:  # (n, H, Dh): v is linear in memory
+                    return (d @ attn.v_proj.weight.T).view(n, attn.n_heads, -1)
+                dv = dv_of(delta)
+                dvs = [(k, dv_of(d)) for k, d in whole]
 
                 def fn(v: torch.Tensor, hook) -> torch.Tensor:  # v: (B, H, S, Dh)
                     v = v.clone()
                     if edit == "values":
-                        for h in range(attn.n_heads):
-                            v[n + rows, h, pos] -= dv[:, h].to(v.dtype)
+                        for k, dk in dvs:
+                            for h in range(attn.n_heads):
+                                v[k * n + rows, h, pos] -= dk[:, h].to(v.dtype)
                     for h in range(attn.n_heads):
                         if (layer, h) in head_list:
                             k = 2 + head_list.index((layer, h))
@@ -272,7 +312,8 @@ class FeatureData:
         if not self._memory_site or edit == "memory":
             def site_hook(x: torch.Tensor, hook) -> torch.Tensor:
                 x = x.clone()
-                x[n + rows, pos] -= delta.to(x.dtype)
+                for k, d in whole:
+                    x[k * n + rows, pos] -= d.to(x.dtype)
                 return x
             hooks.append((self.site.hook_out or self.site.hook_in, site_hook))
         return hooks
