@@ -188,11 +188,13 @@ print(f"strongest previous-token head: {strongest_prev['head_id']}, argmax one "
 # the k least important heads are removed together, for every k, and the test sentences decoded greedily. Voita et
 # al. 2019 removed 38 of 48 encoder heads of a Transformer-base EN–RU model for `-0.15` BLEU; Michel et al. 2019
 # found encoder–decoder attention the most sensitive to pruning. The claim an ablation could refute: the ranking
-# is what makes pruning cheap, so removing the 8 least important heads of a kind must cost less BLEU than removing
-# 8 chosen at random (the control: ten random orders of the same heads; the claim survives when the ranking
-# costs less than at least 8 of the 10). The knee of each curve, the most heads removed before BLEU first falls
-# more than half a point below the unpruned model's, is placed on a grid of every head count (quick mode: every
-# fourth, which does not place it).
+# is what makes pruning cheap, so removing the 8 least important cross-attention heads must cost less BLEU than
+# removing 8 chosen at random (the control: ten random orders of the same heads; the claim survives when the
+# ranking costs less than at least 8 of the 10; the other kinds' controls are printed beside it). The knee of each
+# curve lies between the most heads removed before BLEU first falls more than half a point below the unpruned
+# model's and the most removed at any level still within half a point (the two differ where the curve is not
+# monotone), on a grid of every head count (quick mode: every fourth and Voita et al.'s share, which does not
+# place it).
 
 # %%
 n_prune = 16 if QUICK else 150

@@ -193,9 +193,10 @@ print(f"log p(number word) drops by {drop:.3f} without the number features, {con
 # (*Three dogs*); and zero `hook_memory` at every source position, or at the German number word and the word after
 # it, leaving the decoder's number word in place. If the encoder's features made the noun plural, zeroing them
 # would flip the contrast and replacing the decoder's word would not. Counted on the nouns the clean model makes
-# plural, with thresholds fixed before looking (`concepts.plural_verdict`): the decoder's word decides the plural
-# when *a* turns at least two thirds of them singular while another number word leaves at least nine in ten plural;
-# the encoder output does not decide it when zeroing it leaves at least nine in ten plural.
+# plural, by the thresholds of `concepts.plural_verdict`: the decoder's word decides the plural when *a* turns at
+# least two thirds of them singular while another number word leaves at least nine in ten plural; the encoder
+# output does not decide it when zeroing it leaves at least nine in ten plural. The nouns zeroing turns singular
+# are printed by name, so a reader can apply a stricter rule.
 
 # %%
 import pandas as pd  # noqa: E402
