@@ -73,6 +73,12 @@ def test_random_dictionary_keeps_k_codes_and_the_least_squares_scale():
         assert err() > best
     again = RandomTopK.fit(m, n=256, k=5, x=x[:1000], seed=3)
     assert torch.equal(again.directions, rnd.directions)  # seeded
+    # forward and encode_decode rebuild from the k kept codes alone: the dense decode of the dense codes
+    rnd.scale.fill_(scale)
+    codes, out = rnd.encode_decode(x.view(10, -1, 16))
+    assert torch.equal(codes, rnd.encode(x.view(10, -1, 16)))
+    assert torch.allclose(out, rnd.decode(codes), atol=1e-5) and torch.allclose(rnd(x), rnd.decode(rnd.encode(x)),
+                                                                                atol=1e-5)
 
 
 def _table_script():

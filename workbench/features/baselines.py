@@ -133,7 +133,7 @@ class RandomTopK(_Baseline):
         """`x`, `y`: rows of the fit text on which the scale α is fit (least squares, one scalar)."""
         r = cls(moments, n, k, seed=seed)
         target = (y if r.transcoder else x) - r.mean
-        recon = r.encode(x) @ r.directions
+        recon = r._combine(*r._top(x))
         r.scale.fill_(float((target * recon).sum() / recon.pow(2).sum().clamp_min(1e-30)))
         return r
 
@@ -141,13 +141,30 @@ class RandomTopK(_Baseline):
     def l0(self) -> int:
         return self.k
 
+    def _top(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k kept codes' values (ReLU) and indices, (..., k) each."""
+        values, indices = (self.centred(x) @ self.directions.T).topk(self.k, dim=-1, sorted=False)
+        return values.relu(), indices
+
+    def _combine(self, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Σ values · D[indices] over the k kept codes: `codes @ D` without the dense (..., n) product."""
+        flat = torch.nn.functional.embedding_bag(indices.reshape(-1, self.k), self.directions, mode="sum",
+                                                 per_sample_weights=values.reshape(-1, self.k))
+        return flat.view(*values.shape[:-1], -1)
+
+    def _codes(self, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros(*values.shape[:-1], self.directions.size(0)).scatter_(-1, indices, values)
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        proj = self.centred(x) @ self.directions.T  # (..., n)
-        values, indices = proj.topk(self.k, dim=-1, sorted=False)
-        return torch.zeros_like(proj).scatter_(-1, indices, values.relu())
+        return self._codes(*self._top(x))
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.mean + self.scale * (codes @ self.directions)
 
+    def encode_decode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(encode(x), forward(x)) with one projection and the reconstruction from the k kept codes alone."""
+        values, indices = self._top(x)
+        return self._codes(values, indices), self.mean + self.scale * self._combine(values, indices)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(x))
+        return self.mean + self.scale * self._combine(*self._top(x))

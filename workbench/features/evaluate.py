@@ -321,6 +321,9 @@ class _Recording:
         self.out = self.codes = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self.d, "encode_decode"):  # a baseline that decodes from its kept codes alone
+            self.codes, self.out = self.d.encode_decode(x)
+            return self.out
         self.codes = self.d.encode(x)
         skip = getattr(self.d, "skip", None)
         self.out = self.d.decode(self.codes) + (skip(x) if skip is not None else 0.0)
