@@ -326,3 +326,15 @@ def test_chosen_heads_are_checked_and_read_only():
         model.run_with_cache(src, tgt, names="*.hook_q", heads=["cross:1:0"])
     with pytest.raises(ValueError, match="detach=False"):
         model.run_with_cache(src, tgt, heads=["cross:1:0"], detach=False)
+
+
+def test_the_training_forward_compiles_as_one_graph(tiny_config):
+    """`torch.compile` sees the whole training forward (dropout on, no hooks) without a graph break: the trainer's
+    `compile = true` on a GPU depends on it. The input check's range read and the CPU dropout's `random_` each broke
+    it (18 breaks) and now step aside while compiling. backend="eager": the tracing is what is tested."""
+    torch._dynamo.reset()
+    model = make_model(tiny_config).train()
+    src, tgt = make_batch(tiny_config, batch=4, src_len=9, tgt_len=7)
+    logits = torch.compile(model, fullgraph=True, backend="eager")(src, tgt)  # fullgraph: any break raises
+    assert logits.shape == (4, 7, tiny_config.tgt_vocab)
+    torch._dynamo.reset()

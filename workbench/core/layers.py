@@ -29,12 +29,14 @@ class Dropout(nn.Dropout):
     a Multi30k training step); here one 64-bit draw gives four 16-bit uniforms (1.4 ms, mask and scale
     included), so p is rounded to a multiple of 1/65536. Same RNG (torch's generator, so seeds and the
     trainer's RNG-state resume hold), same expectation (kept values scaled by 1/(1-p')). Elsewhere
-    (eval, CUDA, p = 0 or 1) it is nn.Dropout.
+    (eval, CUDA, p = 0 or 1, and under torch.compile, which cannot trace `random_` and draws its own masks) it is
+    nn.Dropout.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         threshold = round(self.p * 65536)
-        if not self.training or x.device.type != "cpu" or not 0 < threshold < 65536 or self.inplace:
+        if (not self.training or x.device.type != "cpu" or not 0 < threshold < 65536 or self.inplace
+                or torch.compiler.is_compiling()):
             return super().forward(x)
         n = x.numel()
         bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)

@@ -361,6 +361,8 @@ def _check_ids(ids: torch.Tensor, vocab: int, side: str) -> None:
         raise ValueError(f"{side} ids are empty: every sequence needs at least one token")
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{side} ids must be int64 or int32, got {ids.dtype}")
+    if torch.compiler.is_compiling():
+        return  # reading the range back would break the graph (Tensor.item); an id out of range fails in the embedding
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
         raise ValueError(f"{side} ids must lie in [0, {vocab}), found values in [{lo}, {hi}]")
