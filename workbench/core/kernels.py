@@ -111,7 +111,7 @@ def _triton():
         """softmax(mask(round(q·scale) kᵀ)) for BLOCK_M queries of one (batch, head), written once: a first sweep
         over the keys finds each row's maximum and sum (rescaled as the maximum moves), a second writes
         exp(s − max) / sum. q and k are read through their strides (no copy of a transposed head view)."""
-        bh = tl.program_id(1)
+        bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b x a full mask's batch stride can pass 2^31
         b = bh // heads
         h = bh % heads
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -131,7 +131,7 @@ def _triton():
             else:
                 row_sum = row_sum * tl.exp(row_max - new_max) + tl.sum(tl.exp(s - new_max[:, None]), axis=1)
             row_max = new_max
-        out = p_ptr + (bh.to(tl.int64) * q_len + rows[:, None]) * k_len
+        out = p_ptr + (bh * q_len + rows[:, None]) * k_len
         for start in range(0, k_len, BLOCK_N):
             s, cols = _scores_tile(q, k_ptr, mask_ptr, b, h, rows, start, q_len, k_len, k_sb, k_sh, k_sl, k_sd,
                                    m_sb, m_sh, m_sq, m_sk, fill, HEAD_DIM, HAS_MASK, IEEE, BLOCK_N)
@@ -147,7 +147,7 @@ def _triton():
                            v_sb, v_sh, v_sl, v_sd, o_sb, o_sh, o_sl, o_sd, HEAD_DIM: tl.constexpr,
                            IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """probs @ v for BLOCK_M queries of one (batch, head), accumulated in fp32, through every stride."""
-        bh = tl.program_id(1)
+        bh = tl.program_id(1).to(tl.int64)  # int64 offsets: b x a full mask's batch stride can pass 2^31
         b = bh // heads
         h = bh % heads
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
