@@ -27,7 +27,7 @@ import torch
 from workbench import load
 from workbench.checkpoint.shipped import shipped
 from workbench.corpus.data import load_dataset
-from workbench.features.dashboard import FeatureData
+from workbench.features.dashboard import EFFECT_FLOOR, FeatureData
 
 if QUICK:
     torch.set_num_threads(1)
@@ -122,7 +122,8 @@ print(f"{len(number_features)} number features (held-out precision at least half
 # so what removing anything at a number word does to other number words is not credited to it), and the features
 # outside the number features that fire as often on the corpus, at their own contexts. A ranking says nothing of
 # size, so the largest fall in probability and the change of the feature's own aligned word (the English word its
-# top contexts translate to) are printed too.
+# top contexts translate to) are printed too; by the dashboard's rule an effect is measurable only when that
+# largest fall reaches `EFFECT_FLOOR` and exceeds the other directions' (below it, the ranking is of noise).
 
 # %%
 import panel as pn  # noqa: E402
@@ -301,20 +302,21 @@ print(f"- Feature {feature} of the hook_memory dictionary {'is' if specific else
       f"against a base rate of {firing.base_rate:.1%}, and it fires on {recall[feature]:.0%} of them. Top contexts "
       f"overstate: {len(lost)} of the {len(by_contexts)} features whose top corpus contexts are mostly number words "
       f"have under half of their held-out firings there (feature {densest}: {precision[densest]:.0%}).")
+measurable = alone.largest >= EFFECT_FLOOR and alone.largest > in_place_largest  # the dashboard's rule
 drives = alone.share >= 0.3 and alone.share > max(control_share, in_place_share)
-weak = alone.largest < 0.01
 raised_numbers = ", ".join(w for w in alone.words if w in NUMBERS_EN) or "none"
-print(f"- {'The words it raises most are' if drives else 'The words it raises are not mainly'} English number "
-      f"words: {alone.share:.0%} of the ten distinct words whose probability falls most without it ({raised_numbers}), "
-      f"against {in_place_share:.0%} for {len(others)} other directions of its norm removed in its place and "
+print(f"- Alone it {'has a measurable' if measurable else 'has no measurable'} output effect (a token's "
+      f"probability must fall by at least {EFFECT_FLOOR} and by more than under other directions of its norm removed "
+      f"in its place): "
+      f"no token's probability falls by more than {alone.largest:.4f}, other directions move one by up to "
+      f"{in_place_largest:.4f}, and its own word {alone.own.lstrip(chr(0x2581))!r} {own_moves} by "
+      f"{abs(alone.own_change):.4f} (clean {alone.own_clean:.3f}). Among those changes, the ten distinct words that "
+      f"fall most {'are' if drives else 'are not'} English number words more often than under the controls "
+      f"(and in at least 30 %): {alone.share:.0%} "
+      f"({raised_numbers}), against {in_place_share:.0%} for {len(others)} other directions in its place and "
       f"{control_share:.0%} for {len(as_often)} features outside the number features that fire as often"
-      + ("" if drives else ": not more than the controls") + ". "
-      + (f"Alone it hardly moves the translation: no token's probability falls by more than {alone.largest:.4f} "
-         f"({'less' if alone.largest < in_place_largest else 'no less'} than other directions of its norm removed in "
-         f"its place move one, up to {in_place_largest:.4f}), and its own word {alone.own.lstrip(chr(0x2581))!r} "
-         f"{own_moves} by {abs(alone.own_change):.4f} (clean {alone.own_clean:.3f}); the number is carried by several "
-         "features at once, which the next line removes together." if weak else
-         f"Alone it moves the translation: a token's probability falls by up to {alone.largest:.3f}."))
+      + ("; the number is carried by several features at once, which the next line removes together." if not
+         measurable else "."))
 causal = drop > 3 * control_drop and larger >= 0.8 * len(removals)
 print(f"- Causally, on {len(removals)} held-out sentences, removing the number features active at the number word "
       f"lowers log p(English number word) by {drop:.3f}, against {control_drop:.3f} for as many other features of "

@@ -1,14 +1,15 @@
-"""Notebook 08's conclusions hold on the same side on a smaller set (issue 38 point 7), each with its control:
-the best number feature's held-out firings fall on number words far above the base rate; the words it raises are
+"""Notebook 08's conclusions hold on the same side on a smaller set (issue 38 point 7), each with its control: the
+best number feature's held-out firings fall on number words far above the base rate; the words it raises are
 English number words more often than for other directions of its norm removed in its place (the same contexts and
-activations) or for features that fire as often, though alone it hardly moves any, less than those other
-directions do; removing the number features at a number word costs the English number word more than removing as
-many other features of the same norm; the plural of the noun after it follows the decoder's own number word
-(replaced by *a* it turns singular, by another number word it stays plural), and survives zeroing the whole
-encoder output (the claim an ablation could refute), by the thresholds of `concepts.plural_verdict`; the top-3
-attributed features move the contrast more than three of the same activations; the "woman" feature steers more
-than random features of its norm. The notebook prints the same quantities from the same library calls
-(`notebooks/08_features.py`, `workbench/features/concepts.py`) on its larger sets."""
+activations) or for features that fire as often, though alone it has no measurable output effect (the dashboard's
+rule: its largest fall in probability is under the floor and under those other directions'); removing the number
+features at a number word costs the English number word more than removing as many other features of the same norm;
+the plural of the noun after it follows the decoder's own number word (replaced by *a* it turns singular, by
+another number word it stays plural), and survives zeroing the whole encoder output (the claim an ablation could
+refute), by the thresholds of `concepts.plural_verdict`; the top-3 attributed features move the contrast more than
+three of the same activations; the "woman" feature steers more than random features of its norm. The notebook
+prints the same quantities from the same library calls (`notebooks/08_features.py`,
+`workbench/features/concepts.py`) on its larger sets."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from workbench.features.concepts import (
     top_and_matched,
     word_firing,
 )
-from workbench.features.dashboard import FeatureData
+from workbench.features.dashboard import EFFECT_FLOOR, FeatureData
 from workbench.features.steering import FEMALE, MALE, selective_feature, steering_effect
 
 MULTI30K = SHARED_DATA / "multi30k"
@@ -96,8 +97,9 @@ def test_it_raises_english_number_words_where_features_as_frequent_raise_none_bu
     in_place = raised_words_in_place(fd, best, others, NUMBERS_EN, contexts=4)
     assert [r.own for r in in_place] == [alone.own] * 3  # the same contexts, another direction
     assert alone.share >= 0.3 and alone.share > max(control, sum(r.share for r in in_place) / 3)
-    assert alone.largest < 0.01 and abs(alone.own_change) < 0.01 and alone.own_clean > 0.5
-    assert alone.largest < max(r.largest for r in in_place)  # other directions in its place move a token more
+    # no measurable effect alone (the dashboard's rule): below the floor, and other directions in its place move more
+    assert alone.largest < EFFECT_FLOOR and alone.largest < max(r.largest for r in in_place)
+    assert abs(alone.own_change) < 0.01 and alone.own_clean > 0.5
 
 
 def test_removing_the_number_features_beats_as_many_features_of_the_same_norm(fd, number_features, cases):
