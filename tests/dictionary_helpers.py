@@ -1,5 +1,6 @@
 """Small random dictionaries for a tiny model (the feature-graph and replacement-model tests): an SAE on hook_memory,
-an SAE on a cross-attention block's output and a skip transcoder on a decoder FFN, every bias random and non-zero."""
+an SAE on a cross-attention block's output and a skip transcoder on a decoder FFN, every bias random and non-zero;
+and `site_with_a_dead_feature`, for the export tests that skip dead features of a shipped dictionary."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from workbench.features.dictionary import DictionaryConfig, SparseDictionary
 from workbench.features.sites import ffn_input_hook
+from workbench.features.stats import FeatureStats
 
 
 def random_dictionary(cfg: DictionaryConfig, seed: int) -> SparseDictionary:
@@ -35,3 +37,16 @@ def tiny_dictionaries(model, *, d_sae: int = 24, k: int = 4, architecture: str =
         "dec.0.ffn": random_dictionary(DictionaryConfig(ffn_input_hook(model, "dec", 0), d, d_sae, architecture, k,
                                                         d_out=d, hook_name_out=ffn.hook_out.name, skip=True), 13),
     }
+
+
+def site_with_a_dead_feature(features_dir) -> tuple[str, list[int], int]:
+    """A shipped site (a folder of `features_dir`) whose statistics hold a dead feature: the site, two consecutive
+    live features and the first dead one, picked by count, not by id (dec.1.ffn, trained with --rare-floor, has no
+    dead feature)."""
+    for site in ("dec.1.ffn", "hook_memory"):
+        count = FeatureStats.load(features_dir / site / "stats.safetensors").count
+        dead = (count == 0).nonzero()[:, 0].tolist()
+        pairs = [f for f in range(count.numel() - 1) if int(count[f]) > 0 and int(count[f + 1]) > 0]
+        if dead and pairs:
+            return site, [pairs[0], pairs[0] + 1], dead[0]
+    raise AssertionError("no shipped dictionary has a dead feature: the skipped list is untested")

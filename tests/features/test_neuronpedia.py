@@ -12,6 +12,7 @@ import math
 import jsonschema
 import pytest
 import torch
+from dictionary_helpers import site_with_a_dead_feature
 from model_helpers import ROOT
 
 from workbench.features.dashboard import FeatureData
@@ -40,8 +41,8 @@ def test_shipped_dictionary_exports_the_dashboards_numbers(tm, site, tmp_path):
     s = fd.stats
     # live features with firings enough for all five quantile bands (two examples each)
     live = [f for f in range(fd.n_features) if int(s.count[f]) >= 10][:3]
-    dead = [f for f in range(fd.n_features) if int(s.count[f]) == 0][:1]
-    assert dead, "the shipped dictionaries have dead features: the skip list is tested on one"
+    dead = [f for f in range(fd.n_features) if int(s.count[f]) == 0][:1]  # none in dec.1.ffn (--rare-floor)
+    assert dead or site != "hook_memory", "hook_memory has dead features: the skip list is tested on one"
     paths = export_dashboards(fd, tmp_path, model_id="multi30k-de-en", features=[*live, *dead], batch_size=2)
     assert [p.name for p in paths] == ["batch-0.json", "batch-1.json"]
     batches = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
@@ -167,11 +168,13 @@ def test_the_export_command(tmp_path, capsys):
     assert feature_list("0-2,7") == [0, 1, 2, 7] and feature_list(None) is None
     with pytest.raises(ValueError, match="ranges"):
         feature_list("3-1")
-    assert main(["features", "export-neuronpedia", str(CKPT / "features" / "dec.1.ffn"), "--checkpoint", str(CKPT),
-                 "--out", str(tmp_path), "--features", "0-1,52", "--batch-size", "5", "--layer", "7"]) == 0
+    site, live, dead = site_with_a_dead_feature(CKPT / "features")  # picked by count
+    assert main(["features", "export-neuronpedia", str(CKPT / "features" / site), "--checkpoint", str(CKPT),
+                 "--out", str(tmp_path), "--features", f"{live[0]}-{live[1]},{dead}", "--batch-size", "5",
+                 "--layer", "7"]) == 0
     assert capsys.readouterr().out.split() == [str(tmp_path / "batch-0.json")]
     batch = json.loads((tmp_path / "batch-0.json").read_text(encoding="utf-8"))
     validate_batch(batch)
-    assert [f["feature_index"] for f in batch["features"]] == [0, 1] and batch["model_id"] == "multi30k-de-en"
-    assert (batch["layer"], batch["sae_set"]) == (7, "dec.1.ffn")
-    assert json.loads((tmp_path / "skipped_indexes.json").read_text(encoding="utf-8"))["skipped_indexes"] == [52]
+    assert [f["feature_index"] for f in batch["features"]] == live and batch["model_id"] == "multi30k-de-en"
+    assert (batch["layer"], batch["sae_set"]) == (7, site)
+    assert json.loads((tmp_path / "skipped_indexes.json").read_text(encoding="utf-8"))["skipped_indexes"] == [dead]
