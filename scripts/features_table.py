@@ -71,8 +71,11 @@ def readme_rows(checkpoint: Path) -> list[str]:
         dce = " / ".join(f"{x['delta_ce']:.4f}" if x and "delta_ce" in x else "–" for x in (e, pca, rnd))
         ffn = f" (FFN: {b['ffn_neurons']['l0']:.1f} neurons)" if "ffn_neurons" in b else ""
         mean = f"{e['ce_recovered_mean']:.1%}" if "ce_recovered_mean" in e else "–"
+        spread = (e.get("seeds") or {}).get("spread") or {}
+        seeds = (f"{spread['delta_ce']['mean']:.4f} ± {spread['delta_ce']['sd']:.4f} ({e['seeds']['count']})"
+                 if "delta_ce" in spread else "one seed")
         out.append(f"| [`{e['site']}`]({site.relative_to(ROOT)}/README.md) | {kind} | {e['l0']:.0f}{ffn} | {fvu} | "
-                   f"{dce} | {e['ce_recovered']:.1%} / {mean} |")
+                   f"{dce} | {seeds} | {e['ce_recovered']:.1%} / {mean} |")
     return out
 
 
@@ -81,7 +84,8 @@ def tables(checkpoints: list[Path]) -> dict[Path, str]:
            "CE recovered | test2016 BLEU clean → spliced | activations | training wall / CPU |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     readme = ["| site | dictionary | L0 | FVU: dictionary / PCA / random | ΔCE nats: dictionary / PCA / random | "
-              "CE recovered vs zero / mean ablation |", "|---|---|---|---|---|---|"]
+              "ΔCE over seeds: mean ± s.d. (seeds) | CE recovered vs zero / mean ablation |",
+              "|---|---|---|---|---|---|---|"]
     for c in checkpoints:
         doc += doc_rows(c)
         readme += [r.replace("| [`", f"| `{c.name}`: [`", 1) if len(checkpoints) > 1 else r for r in readme_rows(c)]
