@@ -38,19 +38,22 @@ from pathlib import Path
 
 import torch
 
+from workbench.corpus.data import load_dataset
 from workbench.decoding.translator import load
 from workbench.features import SparseDictionary, splice
+from workbench.features.steering import selective_feature
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("WORKBENCH_DATA", ROOT.parent / "shared" / "data"))
 CKPT = ROOT / "checkpoints" / "multi30k-de-en"
+WOMAN = "{woman}"  # the notebook's "woman" feature, found by the notebook's rule at start (ids change with retraining)
 STEERS = {
     "+0 at hook_memory": {"hook_memory": {100: "+0"}},
     "+0 at dec.1.cross_attn.hook_out": {"dec.1.cross_attn.hook_out": {9: "+0"}},
     "+0 at dec.1.ffn": {"dec.1.ffn": {3: "+0"}},
     "+0 at 3 sites": {"hook_memory": {100: "+0"}, "dec.1.cross_attn.hook_out": {9: "+0"}, "dec.1.ffn": {3: "+0"}},
-    "steer hook_memory": {"hook_memory": {4243: 0.3}},
-    "steer 3 sites": {"hook_memory": {4243: 0.3}, "dec.1.cross_attn.hook_out": {9: "+20"}, "dec.1.ffn": {3: 4.0}},
+    "steer hook_memory": {"hook_memory": {WOMAN: 0.3}},
+    "steer 3 sites": {"hook_memory": {WOMAN: 0.3}, "dec.1.cross_attn.hook_out": {9: "+20"}, "dec.1.ffn": {3: 4.0}},
 }
 
 
@@ -68,6 +71,11 @@ def main() -> None:
     sources = (DATA / "multi30k" / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[: args.sentences]
     dictionaries = [SparseDictionary.load(d, device=args.device) for d in sorted((CKPT / "features").iterdir())
                     if (d / "cfg.json").is_file()]
+    memory = next(d for d in dictionaries if d.cfg.hook_name == "hook_memory")
+    valid_src, _ = load_dataset("multi30k", "valid", "de", "en", limit=300)  # notebook 08's steering cell's rule
+    woman = selective_feature(tm, memory, valid_src, {"frau", "frauen", "mädchen"})
+    steers = {name: {site: {(woman if f == WOMAN else f): v for f, v in edits.items()} for site, edits in s.items()}
+              for name, s in STEERS.items()}
 
     def sync() -> None:
         if tm.device.type == "cuda":
@@ -84,7 +92,7 @@ def main() -> None:
                 return [r.tokens for r in tm.translate(sources, beam=args.beam, steer=steer, return_tokens=True)]
         return run
 
-    variants = {"plain": plain, "spliced": spliced()} | {name: spliced(s) for name, s in STEERS.items()}
+    variants = {"plain": plain, "spliced": spliced()} | {name: spliced(s) for name, s in steers.items()}
     outputs = {name: fn() for name, fn in variants.items()}  # warm-up, and what each variant translates
     for name, out in outputs.items():
         if name == "spliced" or name.startswith("+0"):
@@ -106,7 +114,7 @@ def main() -> None:
     result = {
         "device": str(tm.device), "torch": torch.__version__, "machine": platform.machine(), "threads": args.threads,
         "checkpoint": CKPT.name, "sentences": len(sources), "beam": args.beam, "reps": args.reps,
-        "steers": STEERS, "goal": "steered beam search <= 1.2x unsteered",
+        "steers": steers, "woman_feature": woman, "goal": "steered beam search <= 1.2x unsteered",
         "seconds": {name: [round(t, 4) for t in ts] for name, ts in times.items()},
         "median_s": {name: round(statistics.median(ts), 4) for name, ts in times.items()},
         "ratio_to_plain": {name: round(statistics.median(ts) / base, 3) for name, ts in times.items()},
