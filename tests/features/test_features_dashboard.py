@@ -265,7 +265,7 @@ def test_aligned_positions_count_a_start_token_that_is_the_padding_id():
 def test_the_raised_tokens_chart_draws_the_ranking_it_lists():
     """Bars are the probability each token gains (the dashboard's ranking), not the log-prob drop, which would put
     a tail token with a tiny probability above a likely one."""
-    from workbench.charts.features import output_tokens_figure
+    from workbench.charts.features import output_effect_note, output_tokens_figure
 
     effects = {"contexts": 8, "tokens": [
         {"token": "▁running", "id": 5, "dp": 0.30, "p_clean": 0.43, "drop": 0.9},
@@ -278,7 +278,10 @@ def test_the_raised_tokens_chart_draws_the_ranking_it_lists():
     flat = effects | {"measurable": False, "effect": "no measurable output effect: removing it raises no token's "
                                                       "probability by 0.005 or more (largest 0.0004)"}
     fig = output_tokens_figure(flat)
-    assert not fig.renderers and fig.title.text.startswith("no measurable output effect: removing it raises")
+    assert not fig.renderers and fig.title.text == "no measurable output effect (8 contexts)"  # titles do not wrap
+    note = output_effect_note(flat)
+    assert "no measurable output effect: removing it raises no token&#x27;s probability by 0.005" in note
+    assert output_effect_note(effects) is None
 
 
 def test_a_graph_feature_card_says_when_the_feature_has_no_measurable_output_effect():

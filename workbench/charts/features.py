@@ -42,12 +42,13 @@ def output_tokens_figure(effects: dict[str, Any], *, width: int = 420, height: i
     """The tokens the feature raises most: the probability it adds (clean minus without the feature, mean over its
     top contexts; the order the dashboard ranks them in), the clean probability and the log-prob drop on hover.
     A feature without a measurable output effect (`effects["measurable"]` False) gets no bars, and the title says
-    so: its ranking would be noise."""
+    so: its ranking would be noise (why, in words: `output_effect_note`, which the dashboard shows under it; a
+    figure's title does not wrap, and the reason is longer than the narrowest dashboard)."""
     measurable = effects.get("measurable", True)
     toks = effects.get("tokens", []) if measurable else []
     labels = [f"{t['token']} ({t['id']})" for t in toks]
     title = (f"output tokens it raises ({effects.get('contexts', 0)} contexts)" if measurable else
-             f"{effects.get('effect', 'no measurable output effect')} ({effects.get('contexts', 0)} contexts)")
+             f"no measurable output effect ({effects.get('contexts', 0)} contexts)")
     fig = figure(y_range=list(reversed(labels)) or ["-"], width=width, height=height or max(180, 20 * len(labels) + 80),
                  title=title, tools="save", toolbar_location="above", name="feature_output_tokens")
     if toks:
@@ -60,6 +61,15 @@ def output_tokens_figure(effects: dict[str, Any], *, width: int = 420, height: i
                                           ("log-prob drop without it", "@drop{0.000}")]))
     fig.xaxis.axis_label = "probability it adds (clean − without it)"
     return fig
+
+
+def output_effect_note(effects: dict[str, Any]) -> str | None:
+    """Why a feature has no measurable output effect, as HTML for under its output-token figure (None when it has
+    one)."""
+    if effects.get("measurable", True):
+        return None
+    return (f"<div class='feature-effect-note' style='font-family:sans-serif;font-size:12px'>"
+            f"{html.escape(effects.get('effect', 'no measurable output effect'))}</div>")
 
 
 def head_effects_figure(effects: dict[str, Any], *, width: int = 420, top: int = 8):
@@ -139,6 +149,9 @@ def feature_dashboard(fd: FeatureData, feature: int, *, contexts: int = 12):
         right.append(head_effects_figure(effects))
     for fig in right:
         fig.sizing_mode, fig.min_width = "stretch_width", 360
+    note = output_effect_note(effects)
+    if note is not None:
+        right.insert(2, Div(text=note, **stretch))
     return row(left, column(*right, **stretch), name="feature_dashboard", sizing_mode="stretch_width")
 
 
