@@ -43,6 +43,15 @@ def test_a_term_opens_its_glossary_entry_from_the_header_and_the_tabs(page, app_
         expect(page.locator("dl.glossary .glossary-hit")).to_have_count(1)  # only the clicked term's entry is lit
         assert page.evaluate("() => location.hash") == "", tab  # the click went to the glossary, not to the URL
         page.screenshot(path=str(shots / f"glossary_{tab or 'header'}.png"))
+    # the text the term was read in is drawn again meanwhile (as when a tab's answer arrives): Evidence's Bokeh Div
+    redrawn = page.evaluate("""() => {
+        let n = 0;
+        for (const doc of Bokeh.documents) for (const m of doc.all_models) {
+            if (m.type === "Div" && typeof m.text === "string" && m.text.includes('href="#glossary-alti"')) {
+                m.text = m.text + " "; n++; }
+        }
+        return n; }""")
+    assert redrawn >= 1
     page.locator("dl.glossary .glossary-back").click()  # and back to the text the last term was read in
     expect(link).to_be_in_viewport(timeout=TIMEOUT)
     page.screenshot(path=str(shots / "glossary_back.png"))

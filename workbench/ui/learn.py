@@ -145,6 +145,18 @@ class Glossary(JSComponent):
       const box = document.createElement("div");
       box.innerHTML = model.html;
       model.on("html", () => { box.innerHTML = model.html; });
+      const sameTerm = (from) => {
+        const href = from.getAttribute("href"), words = from.textContent;
+        const found = [];
+        const walk = (root) => {
+          for (const e of root.querySelectorAll("*")) {
+            if (e.matches("a.term") && e.getAttribute("href") === href && e.textContent === words) found.push(e);
+            if (e.shadowRoot) walk(e.shadowRoot);
+          }
+        };
+        walk(document);
+        return found.find((e) => e.getClientRects().length > 0) || null;  // the first one on show
+      };
       const show = (id, from) => {
         const entry = box.querySelector(`dt[id="${CSS.escape(id)}"]`);
         if (!entry) return false;
@@ -162,7 +174,10 @@ class Glossary(JSComponent):
         back.addEventListener("click", (event) => {
           event.preventDefault();
           back.remove();
-          if (from.isConnected) from.scrollIntoView({block: "center"});
+          // the text may have been drawn again since the click (a tab's answer arriving): then the same term, by
+          // its anchor and words, where it is shown now, searched through the page's shadow roots
+          const target = from.isConnected ? from : sameTerm(from);
+          if (target) target.scrollIntoView({block: "center"});
           else window.scrollTo(0, y);
         });
         entry.append(" ", back);
