@@ -4,6 +4,9 @@ and `site_with_a_dead_feature`, for the export tests that skip dead features of 
 
 from __future__ import annotations
 
+import os
+import signal
+
 import torch
 
 from workbench.features.dictionary import DictionaryConfig, SparseDictionary
@@ -50,3 +53,16 @@ def site_with_a_dead_feature(features_dir) -> tuple[str, list[int], int]:
         if dead and pairs:
             return site, [pairs[0], pairs[0] + 1], dead[0]
     raise AssertionError("no shipped dictionary has a dead feature: the skipped list is untested")
+
+
+def fit_interrupted_after(trainer, steps: int) -> None:
+    """Run `trainer.fit()` with a Ctrl-C (SIGINT) arriving during step `steps`: the loop stops after it and saves."""
+    step = trainer.train_step
+
+    def interrupted(*args):
+        out = step(*args)
+        if trainer.step == steps:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    trainer.train_step = interrupted
+    trainer.fit()

@@ -5,12 +5,11 @@ evaluation's numbers hold for dictionaries whose answers are known (exact, zero)
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
+from dictionary_helpers import fit_interrupted_after
 from model_helpers import make_batch, make_model, tiny_model_and_corpus
 
 from workbench.decoding.translator import TranslationModel
@@ -215,15 +214,7 @@ def test_training_resumes_exactly(tmp_path, architecture):
         extra |= {"kl_coef": 1.0, "kl_steps": 8, "kl_tokens": 32}
     whole = FeatureTrainer(_train_cfg(tmp_path / "a", **extra), translation_model=tm, data=data).fit()
     first = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)
-    step = first.train_step
-
-    def interrupted_after_five(*args):  # Ctrl-C arrives during step 5: the loop stops after it and saves
-        out = step(*args)
-        if first.step == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-    first.train_step = interrupted_after_five
-    first.fit()
+    fit_interrupted_after(first, 5)  # Ctrl-C during step 5: the loop stops after it and saves
     assert first.interrupted and first.step == 5 and (tmp_path / "b" / "run" / "state.pt").is_file()
     assert not (tmp_path / "b" / "run" / "dictionary").exists()
     resumed = FeatureTrainer(_train_cfg(tmp_path / "b", **extra), translation_model=tm, data=data)

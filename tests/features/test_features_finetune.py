@@ -5,12 +5,10 @@ settings that would change its meaning, and the card states the whole recipe."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 import torch
-from dictionary_helpers import tiny_dictionaries
+from dictionary_helpers import fit_interrupted_after, tiny_dictionaries
 from model_helpers import tiny_model_and_corpus
 
 from workbench.corpus.data import ParallelData
@@ -131,15 +129,7 @@ def test_finetune_resumes_exactly(tmp_path, spoiled, over):
     tm = TranslationModel(model, None)
     whole = FeatureTrainer(_finetune_cfg(tmp_path / "a", start, **over), translation_model=tm, data=data).fit()
     first = FeatureTrainer(_finetune_cfg(tmp_path / "b", start, **over), translation_model=tm, data=data)
-    step = first.train_step
-
-    def interrupted_after_five(*args):  # Ctrl-C during step 5: the loop stops after it and saves
-        out = step(*args)
-        if first.step == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-    first.train_step = interrupted_after_five
-    first.fit()
+    fit_interrupted_after(first, 5)  # Ctrl-C during step 5: the loop stops after it and saves
     assert first.interrupted and first.step == 5
     resumed = FeatureTrainer(_finetune_cfg(tmp_path / "b", start, **over), translation_model=tm, data=data)
     assert resumed.step == 5

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 
 import pytest
 import torch
+from dictionary_helpers import fit_interrupted_after
 from model_helpers import tiny_model_and_corpus
 
 from workbench.decoding.translator import TranslationModel
@@ -98,15 +97,7 @@ def test_rare_floor_resumes_exactly_and_the_card_states_it(tmp_path, tiny):
     whole = _trainer(tmp_path, tiny, "a", **over)
     whole.fit()
     first = _trainer(tmp_path, tiny, "b", **over)
-    step = first.train_step
-
-    def interrupted_after_five(*args):  # Ctrl-C during step 5: the loop stops after it and saves
-        out = step(*args)
-        if first.step == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-    first.train_step = interrupted_after_five
-    first.fit()
+    fit_interrupted_after(first, 5)  # Ctrl-C during step 5: the loop stops after it and saves
     assert first.interrupted and first.step == 5
     tm, data = tiny
     resumed = FeatureTrainer(_cfg(tmp_path / "b", **over), translation_model=tm, data=data)
