@@ -32,9 +32,11 @@ SELECT_JS = f"""(kind) => {{ const src = ({NODES_JS})();
     src.selected.indices = [i];
     return src.data.label[i]; }}"""
 
-PANEL_JS = """() => { const doc = [...Bokeh.index.all_views()].find(
-    v => v.model.name === 'graph_detail' && v.el.isConnected);
-    const att = [...Bokeh.index.all_views()].find(v => v.model.name === 'graph_node_attention' && v.el.isConnected);
+# The newest drawing's panel, as NODES_JS reads the newest drawing's nodes: a tab drawn again (a link's graph
+# pruned anew) can keep the older drawing's views on the page, hidden, before the new ones, its panel never filled.
+PANEL_JS = """() => { const last = (name) => [...Bokeh.index.all_views()].filter(
+    v => v.model.name === name && v.el.isConnected).pop();
+    const doc = last('graph_detail'), att = last('graph_node_attention');
     if (!doc) return null;
     const bars = att.model.renderers[0].data_source.data;
     return {text: doc.model.text, visible: att.model.visible, bars: bars.w.length, labels: [...bars.text]}; }"""

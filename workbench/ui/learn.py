@@ -157,6 +157,16 @@ class Glossary(JSComponent):
         walk(document);
         return found.find((e) => e.getClientRects().length > 0) || null;  // the first one on show
       };
+      // A scroll done now, after the next frame and again once opened cards or a redrawn text have laid out
+      // (300 ms); a later show or back replaces the earlier one's scrolls still to come (a quick back had been
+      // undone by the show's own late scroll).
+      let turn = 0;
+      const later = (scroll) => {
+        const mine = ++turn, go = () => { if (mine === turn) scroll(); };
+        go();
+        requestAnimationFrame(() => requestAnimationFrame(go));
+        setTimeout(go, 300);
+      };
       const show = (id, from) => {
         const entry = box.querySelector(`dt[id="${CSS.escape(id)}"]`);
         if (!entry) return false;
@@ -174,16 +184,19 @@ class Glossary(JSComponent):
         back.addEventListener("click", (event) => {
           event.preventDefault();
           back.remove();
-          // the text may have been drawn again since the click (a tab's answer arriving): then the same term, by
-          // its anchor and words, where it is shown now, searched through the page's shadow roots
-          const target = from.isConnected ? from : sameTerm(from);
-          if (target) target.scrollIntoView({block: "center"});
-          else window.scrollTo(0, y);
+          // the text may have been drawn again since the click (a tab's answer arriving), or be drawn again in
+          // the next moments: then the same term, by its anchor and words, where it is shown now, searched
+          // through the page's shadow roots, now and again once a redraw under way has laid out
+          let at = from;
+          const home = () => {
+            at = at.isConnected ? at : sameTerm(at) || at;
+            if (at.isConnected) at.scrollIntoView({block: "center"});
+            else window.scrollTo(0, y);
+          };
+          later(home);
         });
         entry.append(" ", back);
-        const scroll = () => entry.scrollIntoView({block: "center"});
-        requestAnimationFrame(() => requestAnimationFrame(scroll));
-        setTimeout(scroll, 300);  // again once the opened cards have laid out
+        later(() => entry.scrollIntoView({block: "center"}));
         return true;
       };
       const glossaries = (window.__workbenchGlossaries ||= new Map());
