@@ -165,3 +165,24 @@ def test_warmup_cosine_over_a_time_budget_ends_at_min_lr_when_the_minutes_do(tmp
     assert all(a >= b for a, b in zip(lrs[peak_at:], lrs[peak_at + 1 :]))  # monotone after the peak
     with pytest.raises(ValueError, match="time budget"):
         TrainConfig(schedule="warmup_cosine", max_steps=0, max_epochs=3, warmup=10)
+
+
+def test_target_bleu_stops_at_the_first_validation_that_reaches_it_and_a_resume_trains_no_further(tmp_path,
+                                                                                                monkeypatch):
+    scores = iter([10.0, 39.9, 40.0, 45.0, 50.0])  # the validations' greedy BLEU, in order (the copy task has none)
+    scored = Trainer.evaluate
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: {**scored(self), "valid_bleu": next(scores)})
+    cfg = copy_cfg(tmp_path, bleu=True, target_bleu=40.0, best_metric="bleu", max_steps=20, eval_every=2)
+    trainer = Trainer(cfg, progress="none").fit()
+    assert trainer.step == 6  # the third validation reached it: no step after it
+    assert trainer.reached_target()["step"] == 6
+    assert read_pointer(tmp_path / "run").name == "step_0000006"
+    again = Trainer(cfg, progress="none").fit()  # the same command again: resumed, and stopped at once
+    assert again.step == 6 and [r["step"] for r in again.log if r["kind"] == "valid"] == [2, 4, 6]
+    # without a target the same scores run to max_steps
+    scores = iter([10.0, 39.9, 40.0, 45.0, 50.0] * 2)
+    plain = Trainer(copy_cfg(tmp_path, bleu=True, best_metric="bleu", max_steps=10, eval_every=2,
+                             out_dir=str(tmp_path / "plain")), progress="none").fit()
+    assert plain.step == 10 and plain.reached_target() is None
+    with pytest.raises(ValueError, match="needs bleu"):
+        copy_cfg(tmp_path, target_bleu=40.0)

@@ -88,6 +88,10 @@ class TrainConfig:
     """Stop after this many epochs (0: no limit)."""
     max_minutes: float = 0.0
     """Stop after this much training time (0: no limit)."""
+    target_bleu: float = 0.0
+    """Stop at the first validation whose greedy BLEU reaches this (0: off), the other limits still in force: time
+    to quality on any machine, where a fixed budget is too long on a fast one and too short on a slow one. Needs
+    `bleu` and validation text; set `eval_every` to how often to look (each look decodes `valid_limit` lines)."""
     seed: int = 1
     # -- runtime
     device: str = "auto"
@@ -129,7 +133,7 @@ class TrainConfig:
                      "save_every", "keep_last", "average_last", "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
-        for name in ("lr", "max_minutes", "clip_norm", "weight_decay", "min_lr"):
+        for name in ("lr", "max_minutes", "clip_norm", "weight_decay", "min_lr", "target_bleu"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
         if self.lr == 0:
@@ -151,6 +155,10 @@ class TrainConfig:
                 self.max_steps == 0 and self.max_minutes):
             raise ValueError(f"schedule 'warmup_cosine' needs max_steps ({self.max_steps}) > warmup ({self.warmup}), "
                              "or max_steps = 0 and max_minutes to decay over the time budget")
+        if self.target_bleu and not self.bleu:
+            raise ValueError(f"target_bleu ({self.target_bleu}) needs bleu = true: the validations score no BLEU")
+        if self.target_bleu > 100:
+            raise ValueError(f"target_bleu ({self.target_bleu}) must be at most 100")
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("set at least one of max_steps, max_epochs, max_minutes: the run would never end")
         if self.dataset == "files" and (not self.train_files or len(self.train_files) != 2):

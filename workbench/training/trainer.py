@@ -89,6 +89,7 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.progress = make_progress(progress, enabled=self.dist.main)
         self.log: list[dict[str, Any]] = []
+        self._target_reached = False  # `target_bleu` reached at a validation (every rank told): the run stops
         self.step = self.epoch = self.batch_pos = 0
         self.train_seconds = 0.0
         self.best: float | None = None
@@ -184,6 +185,7 @@ class Trainer:
         self.last_good, self._saved_step = ckpt.path, self.step
         valid = [r["step"] for r in self.log if r.get("kind") == "valid"]
         self._validated_step = valid[-1] if valid else None
+        self._target_reached = self.reached_target() is not None  # a resumed run that had reached it stops at once
         if skipped:
             self.progress.message(f"skipped {', '.join(p.name for p in skipped)}: non-finite weights")
         self.progress.message(f"resumed from {ckpt.path} at step {self.step} (epoch {self.epoch})")
@@ -272,7 +274,16 @@ class Trainer:
             return True
         if c.max_epochs and self.epoch >= c.max_epochs:
             return True
+        if self._target_reached:
+            return True
         return bool(c.max_minutes) and seconds >= c.max_minutes * 60
+
+    def reached_target(self) -> dict[str, Any] | None:
+        """The first validation record (of the main process's log) whose greedy BLEU reached `target_bleu`; None when
+        none did or there is no target."""
+        target = self.cfg.target_bleu
+        return next((r for r in self.log if target and r.get("kind") == "valid"
+                     and r.get("valid_bleu", -1.0) >= target), None)
 
     def _train_step(self, group: list[list[int]], acc: _Accumulator) -> None:
         c, cfg, d = self.cfg, self.model_cfg, self.dist
@@ -378,9 +389,18 @@ class Trainer:
             if better:
                 self.best = value
             self._write(best=better)
+            target = self.cfg.target_bleu
+            if target and not self._target_reached and metrics.get("valid_bleu", -1.0) >= target:
+                self._target_reached = True
+                self.progress.message(f"validation BLEU {metrics['valid_bleu']} reached the target {target:g} at "
+                                      f"step {self.step}: stopping")
         self._saved_step = self._validated_step = self.step
         if self.dist.world > 1:
             dist.barrier()
+            if self.cfg.target_bleu:  # only the main process validates: its decision for every rank
+                reached = torch.tensor([int(self._target_reached)], device=self.device)
+                dist.broadcast(reached, src=0)
+                self._target_reached = bool(reached.item())
 
     # ------------------------------------------------------------------------------ divergence
     def _check_finite(self) -> None:
