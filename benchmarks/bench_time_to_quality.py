@@ -137,7 +137,8 @@ def run_ours(args) -> dict:
         "final": {"checkpoint": final.name, "val_beam5_by_alpha": alphas, "alpha": best_alpha,
                   "test2016_beam5": test["bleu"], "test2016_detail": test["bleu_detail"],
                   "signature": test["bleu_signature"]},
-        "stop": ({"why": "validation target", "target_valid_bleu_greedy": target, "step": hit["step"],
+        "stop": ({"why": "validation target" + (" (at the schedule's last step)" if hit["step"] == cfg.get("max_steps")
+                                                 else ""), "target_valid_bleu_greedy": target, "step": hit["step"],
                   "valid_bleu_greedy": hit["valid_bleu"]} if hit else
                  {"why": "a limit of the config", "target_valid_bleu_greedy": target or None, "step": steps}),
         "steps_to_stop": steps, "tgt_tokens_to_stop": tokens, "validations": validations,
