@@ -389,11 +389,10 @@ class Trainer:
             if better:
                 self.best = value
             self._write(best=better)
-            target = self.cfg.target_bleu
-            if target and not self._target_reached and metrics.get("valid_bleu", -1.0) >= target:
+            if not self._target_reached and self.reached_target() is record:  # one definition of "reached"
                 self._target_reached = True
-                self.progress.message(f"validation BLEU {metrics['valid_bleu']} reached the target {target:g} at "
-                                      f"step {self.step}: stopping")
+                self.progress.message(f"validation BLEU {metrics['valid_bleu']} reached the target "
+                                      f"{self.cfg.target_bleu:g} at step {self.step}: stopping")
         self._saved_step = self._validated_step = self.step
         if self.dist.world > 1:
             dist.barrier()
