@@ -22,14 +22,22 @@ import vl_convert as vlc
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default="benchmarks/results/time_to_quality_cpu.json")
-    ap.add_argument("--fast", default="benchmarks/results/time_to_quality_batch2048_4400_cpu.json",
-                    help="a run of the fast recipe with its curve (its 'ours'), drawn too when the file exists")
+    ap.add_argument("--fast", default="benchmarks/results/time_to_quality_fast_cpu.json",
+                    help="a run of the fast recipe with its curve (its 'ours', and its 'ref' when the reference ran "
+                         "beside it), drawn too when the file exists")
     ap.add_argument("--out", default="docs/time_to_quality.png")
     args = ap.parse_args()
-    runs = {"ours": "workbench: multi30k_de_en.toml", "ref": "reference: ref_multi30k.py"}
-    sides = [(json.loads(Path(args.json).read_text()), side, name) for side, name in runs.items()]
-    if Path(args.fast).exists():
-        sides.append((json.loads(Path(args.fast).read_text()), "ours", "workbench: fast recipe, 4,400 steps"))
+    def day(res: dict) -> str:
+        return res.get("meta", {}).get("date_utc", "")[:10]
+
+    first = json.loads(Path(args.json).read_text())
+    sides = [(first, "ours", f"workbench: multi30k_de_en.toml ({day(first)})"),
+             (first, "ref", f"reference: ref_multi30k.py ({day(first)})")]
+    if Path(args.fast).exists():  # its own reference, when it has one, replaces the other day's
+        fast = json.loads(Path(args.fast).read_text())
+        sides = [sides[0], (fast, "ours", f"workbench: multi30k_de_en_fast.toml ({day(fast)})")]
+        sides.append((fast, "ref", f"reference: ref_multi30k.py ({day(fast)})") if "ref" in fast else
+                     (first, "ref", f"reference: ref_multi30k.py ({day(first)})"))
     rows, finals = [], []
     for res, side, name in sides:
         if side not in res:
