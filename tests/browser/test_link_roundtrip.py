@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, urlparse
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from test_app import TIMEOUT, Watch, open_app, submit, text, version, wait_version
 from test_features_tab import _ship_dictionary
 from test_graph_tab import DRAWN_JS, NODES_JS, PANEL_JS, click, tap
@@ -294,6 +295,12 @@ GRAPH_WIDGETS = ("graph-tokens", "graph-token-list", "graph-threshold", "graph-c
                  "graph-qk-key", "graph-qk-features")
 
 
+# every graph_detail and graph_dots view on the page: connected or not, the panel's text or the dots' selection
+VIEWS_JS = """() => [...Bokeh.index.all_views()].filter(v => ['graph_detail', 'graph_dots'].includes(v.model.name))
+    .map(v => [v.model.name, v.el.isConnected, v.model.name === 'graph_dots'
+        ? v.model.data_source.selected.indices.join(',') : (v.model.text ?? '').slice(0, 60)])"""
+
+
 def graph_state(page) -> dict:
     """The Graph tab's controls, the drawn nodes, the tapped node's panel and its QK note (minus their timings)."""
     note = re.sub(r" ?(Built in [\d.]+ s \([^()]*\)\.|\([^()]*the graph was kept[^()]*\))", "",
@@ -347,8 +354,17 @@ def test_the_graph_tabs_controls_round_trip(browser, app_server):
     shown = graph_state(page)
     assert shown["qk"] and shown["panel"], shown
     copy, watch_copy = reopen(browser, page.url)
-    copy.wait_for_function(f"() => {{ const p = ({PANEL_JS})(); return p && p.text === {shown['panel']['text']!r}; }}",
-                           timeout=TIMEOUT)
+    try:
+        copy.wait_for_function(
+            f"() => {{ const p = ({PANEL_JS})(); return p && p.text === {shown['panel']['text']!r}; }}",
+            timeout=TIMEOUT)
+    except PlaywrightTimeoutError:  # flaky on fresh clones (stops 47, 49): say what the copy shows instead
+        try:
+            seen = f"{graph_state(copy)}, views {copy.evaluate(VIEWS_JS)}"
+        except Exception as exc:  # noqa: BLE001  (a diagnostic: never hide the failure behind another)
+            seen = f"(could not be read: {exc})"
+        pytest.fail(f"the reopened link's panel never matched: {shown} on the original; on the copy {seen}; "
+                    f"errors {watch_copy.errors}")
     settle(copy)
     assert graph_state(copy) == shown
     # the graph over dictionary features, ticked, and a feature node tapped: its dashboard link comes back too
