@@ -8,7 +8,7 @@ from model_helpers import make_batch, make_model
 
 from workbench import presets
 from workbench.core.embedding import sinusoidal_positions
-from workbench.core.model import Encoded
+from workbench.core.model import DecoderCache, Encoded
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -160,6 +160,52 @@ def test_owed_reorders_equal_copying_the_cache_at_once():
     for a, b in zip(owed.self_kv + owed.cross_kv, now.self_kv + now.cross_kv):  # read while a reorder is owed
         assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
     assert owed.length == now.length == 2 + len(steps)
+
+
+def test_a_beam_cache_equals_copying_the_cache_per_beam_row():
+    """`for_beams`: cross-attention K/V and the source mask kept once per sentence (its beams' queries meet them in
+    one attention) and the self-attention reorders written into two reused buffers per layer. Every step's logits
+    equal those of the cache copied out to one row per beam (padded sources, finished sentences dropped), within
+    the summation-order difference of the two attention shapes; a listener to the cross-attention probabilities
+    sees one row per beam, as without sharing; the arenas never hold more than their two buffers."""
+    cfg = presets.tiny(vocab=50)
+    model = make_model(cfg)
+    src, _ = make_batch(cfg, batch=3, tgt_len=2, pad=True)
+    assert (src == cfg.pad_id).any()
+    K, steps = 4, 6
+    encoded = model.encode(src)
+    beam = model.start_cache(encoded).for_beams(K, steps)
+    rows = torch.arange(3).repeat_interleave(K)
+    per_row = model.start_cache(encoded).index_select(rows)
+    enc_rows = encoded.index_select(rows)
+    tokens = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for t in range(steps):
+            step = torch.randint(4, cfg.tgt_vocab, (rows.numel(), 1), generator=tokens)
+            got, beam = model.decode(step, encoded, beam)
+            want, per_row = model.decode(step, enc_rows, per_row)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            if t == 2:  # sentence 1 finishes: keep the others' sentences and beam rows
+                keep = torch.tensor([0, 2])
+                beam_rows = (keep[:, None] * K + torch.arange(K)).view(-1)
+                encoded = encoded.index_select(keep)
+                beam = DecoderCache(beam.reorder(beam_rows).self_kv, [kv.index_select(keep) for kv in beam.cross_kv],
+                                    beam.arenas)
+                per_row, enc_rows = per_row.index_select(beam_rows), enc_rows.index_select(beam_rows)
+                rows = rows[beam_rows]
+            parents = torch.randint(0, K, (rows.numel(),), generator=tokens) + (torch.arange(rows.numel()) // K) * K
+            beam, per_row = beam.reorder(parents), per_row.reorder(parents)
+        with model.capture("dec.0.cross_attn.hook_probs") as store:
+            step = torch.randint(4, cfg.tgt_vocab, (rows.numel(), 1), generator=tokens)
+            got, _ = model.decode(step, encoded, beam)
+        want, _ = model.decode(step, enc_rows, per_row)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    probs = store["dec.0.cross_attn.hook_probs"][0]
+    assert probs.shape == (rows.numel(), cfg.n_heads, 1, src.size(1))
+    assert torch.allclose(probs.sum(-1), torch.ones(()))
+    assert all(len(arena._buffers) <= 2 for pair in beam.arenas for arena in pair)
+    with pytest.raises(ValueError, match="fresh cache"):
+        beam.for_beams(K, steps)
 
 
 def test_continuing_one_cache_twice_leaves_it_and_both_continuations_intact():

@@ -105,6 +105,29 @@ def test_check_interval_does_not_change_results(trained, check_every):
     assert [h.tokens for h in g_ref.best] == [h.tokens for h in g_got.best]
 
 
+@pytest.mark.parametrize("K,vocab", [(1, 7), (3, 5), (4, 50), (5, 1000)])
+def test_candidates_in_two_rounds_equal_one_top_2k_over_every_beam_and_token(K, vocab):
+    """`_candidates` ranks each beam's 2K best tokens, then a sentence's K·2K: the same candidates (score, beam,
+    token, in order) as one top-2K over all K·V continuations, also with beams not yet alive (-inf, the first
+    step) and a vocabulary smaller than 2K."""
+    from workbench.decoding.search import _Beams, _candidates
+
+    g = torch.Generator().manual_seed(K * vocab)
+    b = 6
+    beams = _Beams.start(torch.full((b,), 9), K, 10, start_id=1, pad=0)
+    beams.alive_score = -torch.rand(b, K, generator=g) * 5
+    beams.alive_score[0, 1:] = float("-inf")
+    logp = torch.randn(b * K, vocab, generator=g).log_softmax(-1)
+    got = _candidates(beams, logp.clone(), K, eos=2)
+    flat = (logp + beams.alive_score.view(-1, 1)).view(b, K * vocab)
+    want_score, want_idx = flat.topk(min(2 * K, K * vocab), dim=-1)
+    finite = want_score > float("-inf")
+    assert torch.equal(got.score, want_score)
+    assert torch.equal(got.beam[finite], (want_idx // vocab)[finite])
+    assert torch.equal(got.token[finite], (want_idx % vocab)[finite])
+    assert torch.equal(got.is_eos, got.token == 2)
+
+
 @pytest.mark.parametrize("kind,alpha", [("average", 1.0), ("gnmt", 0.6), ("none", 1.0), ("average", 0.5)])
 def test_beam_never_scores_worse_than_greedy(trained, kind, alpha):
     model, src = trained
@@ -112,7 +135,9 @@ def test_beam_never_scores_worse_than_greedy(trained, kind, alpha):
     for beam in (2, 5):
         b = beam_search(model, src, beam=beam, length_penalty=kind, alpha=alpha, **LIMITS)
         for hb, hg in zip(b.best, g.best):
-            assert hb.score >= hg.score - 1e-6
+            # beam's cross-attention meets a sentence's K/V once for all its beams' queries, greedy's one query
+            # row at a time: other kernel shapes, other summation orders (the same output scores 1e-6 apart)
+            assert hb.score >= hg.score - 1e-5
 
 
 def test_trained_model_copies(trained):

@@ -69,6 +69,34 @@ class RowOrder:
         return index
 
 
+class KVArena:
+    """Two preallocated buffers (rows × H × capacity × Dh values) that one layer's self-attention keys (or values)
+    alternate between during beam search: each step's gather-and-append (`KVCache.append`) writes into the buffer
+    that the previous step's cache does not live in, so a step allocates nothing. On a CPU a fresh tensor of a few
+    megabytes each step costs page faults (the gather took twice as long as into a reused buffer, tiny 320 beam
+    rows). A cache written into an arena stays valid only until the step after next writes over it: arenas are
+    for a search that keeps nothing but its newest cache (`DecoderCache.for_beams`)."""
+
+    __slots__ = ("capacity", "_buffers")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity  # positions per row to allocate for (grows if a longer cache comes)
+        self._buffers: list[torch.Tensor] = []
+
+    def out(self, stored: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+        """A contiguous (rows, H, length, Dh) tensor in a buffer that does not hold `stored` (being read)."""
+        _, heads, _, d_head = stored.shape
+        size = rows * heads * length * d_head
+        home = stored.untyped_storage().data_ptr()
+        for buf in self._buffers:
+            if (buf.untyped_storage().data_ptr() != home and buf.numel() >= size and buf.dtype == stored.dtype
+                    and buf.device == stored.device):
+                return buf[:size].view(rows, heads, length, d_head)
+        buf = torch.empty(max(size, rows * heads * self.capacity * d_head), dtype=stored.dtype, device=stored.device)
+        self._buffers = [b for b in self._buffers if b.untyped_storage().data_ptr() == home] + [buf]
+        return buf[:size].view(rows, heads, length, d_head)
+
+
 class KVCache:
     """Keys and values of one attention block, (B, H, L, Dh) each.
 
@@ -78,10 +106,14 @@ class KVCache:
     continuations of one cache (decoding twice from it) do not disturb each other.
     """
 
-    __slots__ = ("_k", "_v", "order")
+    __slots__ = ("_k", "_v", "order", "group", "arenas", "_per_row")
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, order: RowOrder | None = None) -> None:
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, order: RowOrder | None = None, group: int = 1,
+                 arenas: tuple[KVArena, KVArena] | None = None) -> None:
         self._k, self._v, self.order = k, v, order
+        self.group = group  # query rows per stored row: a sentence's beams sharing its cross-attention K/V
+        self.arenas = arenas  # where owed reorders are written (beam search), for keys and values; None: fresh
+        self._per_row: KVCache | None = None  # a shared cache's copy per query row, made once when a listener asks
 
     @property
     def k(self) -> torch.Tensor:
@@ -101,32 +133,58 @@ class KVCache:
         return f"KVCache(k={tuple(self._k.shape)}, v={tuple(self._v.shape)}{owed})"
 
     def index_select(self, index: torch.Tensor) -> KVCache:
-        """Rows `index` of the batch, copied now (cross-attention keys, read every step)."""
-        return KVCache(self.k.index_select(0, index), self.v.index_select(0, index))
+        """Rows `index` of the batch, copied now (cross-attention keys, read every step). A shared cache
+        (`group` > 1) keeps its group: `index` then picks stored rows (sentences), each with all its beams."""
+        return KVCache(self.k.index_select(0, index), self.v.index_select(0, index), group=self.group)
+
+    def shared_by(self, group: int) -> KVCache:
+        """These keys and values read by `group` consecutive query rows per stored row: beam search's K beams
+        of a sentence attend to the same memory, so its cross-attention K/V are kept once per sentence (not K
+        copies) and the beams' queries meet them in one (G·Lq)-row attention (`MultiHeadAttention.forward`).
+        The mask passed with a shared cache is per stored row too."""
+        if self.order is not None:
+            raise ValueError("a cache that owes a reorder (self-attention) cannot be shared by query rows")
+        return KVCache(self._k, self._v, group=group)
+
+    def per_query_row(self) -> KVCache:
+        """A shared cache copied out to one row per query row (what a listener to the probabilities reads), copied
+        once and kept with it (a traced search asks every step)."""
+        if self.group == 1:
+            return self
+        if self._per_row is None:
+            self._per_row = KVCache(self._k.repeat_interleave(self.group, 0), self._v.repeat_interleave(self.group, 0))
+        return self._per_row
 
     def reorder(self, index: torch.Tensor) -> KVCache:
         """Rows `index` of the current batch, owed: copied by the next `append` (or read)."""
         return self.read_through(RowOrder(index) if self.order is None else self.order.then(index))
 
-    def read_through(self, order: RowOrder) -> KVCache:
-        """The stored K/V with `order` (rows of the stored batch) owed in place of this cache's own."""
-        return KVCache(self._k, self._v, order)
+    def read_through(self, order: RowOrder, arenas: tuple[KVArena, KVArena] | None = None) -> KVCache:
+        """The stored K/V with `order` (rows of the stored batch) owed in place of this cache's own; `arenas`
+        (keys, values): buffers the next append writes into (else this cache's own, else fresh tensors)."""
+        return KVCache(self._k, self._v, order, arenas=arenas or self.arenas)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
         """The cache followed by new positions `k`, `v` (B, H, Lnew, Dh): owed reorder and new step in one copy."""
         if self.order is None or _needs_autograd(self._k, self._v, k, v) or k.dtype != self._k.dtype:
-            return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
-        return KVCache(self._gather_append(self._k, k), self._gather_append(self._v, v))
+            return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2), arenas=self.arenas)
+        arena_k, arena_v = self.arenas or (None, None)
+        return KVCache(self._gather_append(self._k, k, arena_k), self._gather_append(self._v, v, arena_v),
+                       arenas=self.arenas)
 
-    def _gather_append(self, stored: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """torch.cat([stored[rows], new], 2) written once: the rows' (L, Dh) blocks gathered straight into place."""
+    def _gather_append(self, stored: torch.Tensor, new: torch.Tensor, arena: KVArena | None) -> torch.Tensor:
+        """torch.cat([stored[rows], new], 2) written once: the rows' (L, Dh) blocks gathered straight into place
+        (into `arena`'s free buffer when there is one)."""
         assert self.order is not None
         b0, heads, length, d_head = stored.shape
-        b = self.order.rows.numel()
-        out = torch.empty((b, heads, length + new.size(2), d_head), dtype=stored.dtype, device=stored.device)
+        b, total = self.order.rows.numel(), length + new.size(2)
+        if arena is None:
+            out = torch.empty((b, heads, total, d_head), dtype=stored.dtype, device=stored.device)
+        else:
+            out = arena.out(stored, b, total)
         # as (B·H, L, Dh), each gathered row is one contiguous block in both tensors: index_select's memcpy path
         torch.index_select(stored.reshape(b0 * heads, length, d_head), 0, self.order.flat(heads),
-                           out=out.view(b * heads, -1, d_head)[:, :length])
+                           out=out.reshape(b * heads, total, d_head)[:, :length])
         out[:, :, length:] = new
         return out
 
@@ -228,9 +286,16 @@ class MultiHeadAttention(nn.Module):
         query i sees keys up to its absolute position (cache length + i).
         Returns the block output and the (new) self-attention cache.
         """
+        group = 1
         if static_kv is not None or memory is not None:
             q = self.project_q(x)
             kv = static_kv if static_kv is not None else self.project_kv(memory)  # type: ignore[arg-type]
+            if kv.group > 1:
+                if self._can_share(q, mask):
+                    group = kv.group
+                else:  # a listener reads per-row probabilities: copy the shared rows out (and their mask)
+                    mask = None if mask is None else mask.repeat_interleave(kv.group, 0)
+                    kv = kv.per_query_row()
             k, v, new_cache = kv.k, kv.v, None
         else:
             q, k, v = self.project_qkv(x)
@@ -244,6 +309,9 @@ class MultiHeadAttention(nn.Module):
             causal = False  # a single newest query may see every cached key
         dropout = self.dropout if self.training else 0.0
 
+        if group > 1:
+            context = self._shared_attention(q, k, v, mask, group)
+            return self.hook_out(self._project_out(self.hook_context(context))), new_cache
         # heads whose probabilities a listener reads: None = every head, and the output must follow them
         heads = None if self.hook_scores.is_active() else self.hook_probs.wanted_heads()
         if heads is None:
@@ -259,6 +327,21 @@ class MultiHeadAttention(nn.Module):
         if self.hook_result.is_active():
             return self.hook_out(self._by_head(context)), new_cache
         return self.hook_out(self._project_out(context)), new_cache
+
+    def _can_share(self, q: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        """Whether shared cross-attention K/V can be read as they are: no listener to the probabilities or
+        scores (they are per query row), a per-row mask, eval mode (no dropout)."""
+        return (not self.training and not self.hook_scores.is_active() and self.hook_probs.wanted_heads() == ()
+                and (mask is None or mask.size(-2) == 1) and not self.hook_result.is_active())
+
+    def _shared_attention(self, q, k, v, mask, group: int) -> torch.Tensor:
+        """(B·G, H, Lq, Dh) context of queries whose G consecutive rows share one stored row of k, v, mask:
+        each stored row's G·Lq queries attend in one call (the K/V are read once, not G times)."""
+        rows, heads, q_len, d_head = q.shape
+        b = rows // group
+        grouped = q.view(b, group, heads, q_len, d_head).transpose(1, 2).reshape(b, heads, group * q_len, d_head)
+        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)  # (B, H, G·Lq, Dh)
+        return out.view(b, heads, group, q_len, d_head).transpose(1, 2).reshape(rows, heads, q_len, d_head)
 
     def _project_out(self, context: torch.Tensor) -> torch.Tensor:
         b, _, q_len, _ = context.shape

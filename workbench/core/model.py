@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import KVCache, RowOrder
+from .attention import KVArena, KVCache, RowOrder
 from .config import ModelConfig
 from .embedding import Positions, init_embedding
 from .heads import Head
@@ -47,6 +47,7 @@ class DecoderCache:
 
     self_kv: list[KVCache | None]
     cross_kv: list[KVCache]
+    arenas: list[tuple[KVArena, KVArena]] | None = None  # per layer, where beam reorders are written (for_beams)
 
     @property
     def length(self) -> int:
@@ -55,7 +56,18 @@ class DecoderCache:
 
     def index_select(self, index: torch.Tensor) -> DecoderCache:
         """Reorder or expand along the batch dimension (beam search); see `reorder` for the self-attention K/V."""
-        return DecoderCache(self.reorder(index).self_kv, [kv.index_select(index) for kv in self.cross_kv])
+        return DecoderCache(self.reorder(index).self_kv, [kv.index_select(index) for kv in self.cross_kv], self.arenas)
+
+    def for_beams(self, beam: int, steps: int) -> DecoderCache:
+        """A fresh cache (`start_cache`) for `beam` beams per sentence over up to `steps` decoder steps: the
+        cross-attention K/V stay one row per sentence, shared by its beams' rows (`KVCache.shared_by`; the mask
+        passed with it stays per sentence), and the self-attention K/V's reorders are written into two reused
+        buffers per layer (`KVArena`): a cache it returns is valid until the step after next, so the caller
+        keeps only its newest (as beam search does)."""
+        if self.length:
+            raise ValueError("for_beams expects a fresh cache (start_cache), not one that decoded already")
+        arenas = [(KVArena(steps), KVArena(steps)) for _ in self.self_kv]
+        return DecoderCache(list(self.self_kv), [kv.shared_by(beam) for kv in self.cross_kv], arenas)
 
     def reorder(self, index: torch.Tensor) -> DecoderCache:
         """Self-attention K/V follow rows `index` (beams their parents); cross-attention K/V stay as they are.
@@ -65,15 +77,15 @@ class DecoderCache:
         """
         orders: dict[int, RowOrder] = {}  # layers owing the same reorder keep sharing one
         self_kv: list[KVCache | None] = []
-        for kv in self.self_kv:
+        for i, kv in enumerate(self.self_kv):
             if kv is None:
                 self_kv.append(None)
                 continue
             key = id(kv.order)
             if key not in orders:
                 orders[key] = RowOrder(index) if kv.order is None else kv.order.then(index)
-            self_kv.append(kv.read_through(orders[key]))
-        return DecoderCache(self_kv, self.cross_kv)
+            self_kv.append(kv.read_through(orders[key], None if self.arenas is None else self.arenas[i]))
+        return DecoderCache(self_kv, self.cross_kv, self.arenas)
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,9 +255,9 @@ class Transformer(nn.Module):
             x = self.dec_norm(x)
         x = self.hook_dec_out(x)
         if not project:
-            return x, DecoderCache(new_self, cache.cross_kv)
+            return x, DecoderCache(new_self, cache.cross_kv, cache.arenas)
         logits = self.hook_logits(self.output_proj(x))
-        return logits, DecoderCache(new_self, cache.cross_kv)
+        return logits, DecoderCache(new_self, cache.cross_kv, cache.arenas)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, project: bool = True) -> torch.Tensor:
         """Teacher-forced logits (B, T, V); `project=False`: the decoder output (B, T, D) instead.

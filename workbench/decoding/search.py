@@ -404,13 +404,19 @@ class _Candidates:
 
 
 def _candidates(beams: _Beams, logp: torch.Tensor, K: int, eos: int) -> _Candidates:
+    """The 2K best continuations of each sentence, in two rounds: each beam's own 2K best tokens, then the 2K
+    best of a sentence's K·2K. The same set as one top-2K over all K·V (a continuation among its sentence's 2K
+    best has fewer than 2K better ones in its own beam too), without adding the beam's score to all V entries
+    or ranking K·V of them; only exact ties may come out in another order."""
     b, vocab = beams.sent.size(0), logp.size(-1)
-    # in place: `logp` is this step's own tensor (log_softmax's output), read nowhere after this
-    cand = logp.add_(beams.alive_score.view(-1, 1)).view(b, K * vocab)
-    top_score, top_idx = cand.topk(min(2 * K, K * vocab), dim=-1)  # (b, 2K)
-    token = top_idx % vocab
+    width = min(2 * K, vocab)
+    row_score, row_token = logp.topk(width, dim=-1)  # (b·K, 2K) each beam's best, by log-probability
+    cand = (row_score + beams.alive_score.view(-1, 1)).view(b, K * width)
+    top_score, top_idx = cand.topk(min(2 * K, K * width), dim=-1)  # (b, 2K)
+    beam = top_idx // width
+    token = row_token.view(b, K * width).gather(1, top_idx)
     base = (torch.arange(b, device=logp.device) * K)[:, None]
-    return _Candidates(top_score, top_idx // vocab, token, token == eos, base)
+    return _Candidates(top_score, beam, token, token == eos, base)
 
 
 def _merge_finished(beams: _Beams, cands: _Candidates, step: int, K: int, cfg: DecodeConfig, eos: int, pad: int
@@ -483,10 +489,8 @@ def beam_search(
     recorder = _Recorder(model) if trace else None
     with recorder if recorder is not None else contextlib.nullcontext():
         encoded = model.encode(src) if encoded is None else _check_encoded(encoded, src)
-        cache = model.start_cache(encoded)
-        expand = torch.arange(batch, device=dev).repeat_interleave(K)
-        encoded = encoded.index_select(expand)
-        cache = cache.index_select(expand)
+        # cross-attention K/V (and the source mask) stay one row per sentence, read by its K beams' rows
+        cache = model.start_cache(encoded).for_beams(K, horizon + 1)
         beams = _Beams.start(limits, K, horizon + 1, start_id=model.cfg.start_id, pad=pad)  # width: tokens + EOS
 
         # what hooks see as `hook.decoding`, per beam row; rebuilt only when finished sentences leave the batch
@@ -516,8 +520,8 @@ def beam_search(
                 rows = (keep[:, None] * K + torch.arange(K, device=dev)).view(-1)
                 beams.keep(keep, rows)
                 parent = parent[rows]
-                encoded = encoded.index_select(rows)
-                cache = DecoderCache(cache.self_kv, [kv.index_select(rows) for kv in cache.cross_kv])
+                encoded = encoded.index_select(keep)
+                cache = DecoderCache(cache.self_kv, [kv.index_select(keep) for kv in cache.cross_kv], cache.arenas)
                 row_sent, row_beam = beams.sent.repeat_interleave(K), row_beam[: rows.numel()]
             # the self-attention K/V follow their beams (owed: the next step's append gathers them as it writes);
             # cross K/V are the same within a sentence
