@@ -281,6 +281,56 @@ def _graph_nodes(wb):
     return view, pane.object.select_one({"name": "graph_nodes"})
 
 
+class _HeldLane:
+    """A lane whose jobs wait until `run()`: a served page's graph still being built while other events come."""
+
+    def __init__(self, lane):
+        self.lane, self.jobs = lane, []
+
+    def submit(self, fn, *args, done, **kw):
+        self.jobs.append((fn, args, done))
+
+    def cancel(self):
+        self.jobs.clear()
+
+    def run(self):
+        jobs, self.jobs = self.jobs, []
+        for fn, args, done in jobs:
+            done(fn(*args))
+
+
+def test_a_links_node_waits_for_the_graph_of_its_own_token(ckpt_dir, monkeypatch):
+    """A link's token and node are applied after the first answer, so on a served page the node can arrive while
+    the graph of the default token is still shown and the link's own is being built. The node then waits for its
+    graph (not dropped as "not drawn", no message, its QK key kept), and that graph selects it; an answer of
+    settings the page no longer asks for is not drawn (the copied link whose panel never opened, stops 47, 49)."""
+    a, location = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&tab=graph&gtok=1&gthr=0.5")
+    view, _ = _graph_nodes(a)
+    view.position = 0
+    zero = view._answer
+    kept_at_zero = {int(i) for i in zero["keep"]}
+    view.position = 1
+    view, nodes = _graph_nodes(a)
+    tap = next(i for i, n in enumerate(nodes.data["index"]) if int(n) not in kept_at_zero)
+    nodes.selected.indices = [tap]
+    node = view.node
+    assert parse(location.search)["gnode"] == str(node)
+    b, _ = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&tab=graph&gthr=0.5")  # the default token's graph is shown
+    view_b, _ = _graph_nodes(b)
+    assert view_b.position == 0 and view_b.node == -1
+    held = view_b.lane = _HeldLane(view_b.lane)
+    view_b.position = 1  # the link's late values: its token (a new graph, building) ...
+    view_b._link_node_check(node)
+    view_b.node = node  # ... and its node, not in the shown graph
+    assert view_b.node == node and "could not be used" not in b.session.message
+    view_b._done(zero)  # an answer of the old token, arriving late: not drawn
+    assert view_b._answer["position"] == 0 and view_b.node == node
+    held.run()  # the link's own graph: its node selected, its panel opens
+    view_b, nodes_b = _graph_nodes(b)
+    assert view_b._answer["position"] == 1 and view_b.node == node
+    assert list(nodes_b.selected.indices) == [tap] and "could not be used" not in b.session.message
+
+
 def test_a_tapped_graph_node_round_trips_and_a_missing_one_is_named(ckpt_dir, monkeypatch):
     a, location = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&tab=graph&gtok=1&gthr=0.5")
     view, nodes = _graph_nodes(a)

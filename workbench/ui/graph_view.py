@@ -405,6 +405,35 @@ class GraphView(LazyTab):
                                        contexts=answer["contexts"], corpus=answer["corpus"],
                                        data=answer.get("drawn"))
 
+    def _settings(self) -> tuple | None:
+        """What decides a drawing's nodes, as the page asks now: the sentence, the output token, the pruning and
+        the node kind (`inputs`' reading of them); None before a result."""
+        r = self.session.result
+        if r is None or not r.out_ids:
+            return None
+        return (r.request.translate_key, min(self.position, len(r.out_ids) - 1), float(self.threshold),
+                int(self.max_nodes), bool(self.features))
+
+    @staticmethod
+    def _settings_of(answer: dict) -> tuple:
+        translate_key, _, features = answer["key"]
+        return (translate_key, answer["position"], float(answer["threshold"]), int(answer["max_nodes"]),
+                bool(features))
+
+    def _drawn_current(self) -> bool:
+        """Whether the drawing shown is of the settings the page asks for now. It is not while a newer one is
+        being built: a link's token and node are applied after the first answer (`url_late`), so the node can
+        arrive while the graph of the default token is shown; it then waits for its own graph (the copied link's
+        panel that never opened on fresh clones, stops 47 and 49)."""
+        return self._answer is not None and self._settings_of(self._answer) == self._settings()
+
+    def _done(self, answer) -> None:
+        """As `LazyTab`'s; an answer for settings the page no longer asks for is not drawn (the newer job that
+        the change started brings the page's own; until then the box keeps its state)."""
+        if isinstance(answer, dict) and "key" in answer and self._settings_of(answer) != self._settings():
+            return
+        super()._done(answer)
+
     def render(self, answer) -> list:
         self._keep(answer)
         self._answer = answer
@@ -460,8 +489,8 @@ class GraphView(LazyTab):
         change: set on the next tick, once the figure is on the page). A node the graph does not draw is dropped;
         a link's is also named, like any refused value of a link."""
         source, drawn = self._drawn
-        if source is None:
-            return
+        if source is None or not self._drawn_current():
+            return  # the drawing of the page's settings selects it when it comes (`_select_node`)
         link_node, self._link_node = self._link_node, None
         if self.node < 0:
             return
@@ -488,6 +517,8 @@ class GraphView(LazyTab):
         """A tapped feature node: the link to its dashboard (this page on the Features tab at its site and feature,
         checkpoint and sentence kept) at once, then its top contexts and output effects from the feature's
         dashboard data (`feature_node`); any other node (or none) clears the box."""
+        if self._answer is not None and not self._drawn_current():
+            return  # a newer drawing is coming; its `render` refreshes this for its own nodes
         a, r = self._answer, self._shown[0]
         nodes = [] if a is None else a["graph"].nodes
         n = nodes[self.node] if 0 <= self.node < len(nodes) else None
@@ -517,6 +548,8 @@ class GraphView(LazyTab):
     def _qk_refresh(self) -> None:
         """A tapped head: its score at the key it attends most (or `qk_key`), split into query x key pairs, computed
         in the tab's QK lane; any other node (or none) clears the table."""
+        if self._answer is not None and not self._drawn_current():
+            return  # a newer drawing is coming (a link's node and key wait for it: `_drawn_current`)
         a, r = self._answer, self._shown[0]
         nodes = [] if a is None else a["graph"].nodes
         n = nodes[self.node] if 0 <= self.node < len(nodes) else None
