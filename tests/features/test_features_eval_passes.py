@@ -102,3 +102,22 @@ def test_spliced_figures_equal_whole_forward_passes(hook, hook_out):
     for name in fits:
         assert (r["baselines"][name]["fvu"], r["baselines"][name]["l0"]) == pytest.approx(fvu_l0[name], rel=1e-5)
     assert r["delta_ce"] > 1e-4 and r["ce_zero_ablated"] > r["ce_clean"]  # the splice changes something to compare
+
+
+def test_the_in_place_kl_and_log_softmax_are_bit_for_bit_the_plain_ones():
+    """`_Splice.add` sums the KL in the variant's own log-probabilities (no (N, V) temporaries) and `_logp` takes
+    the log-softmax in the logits' own memory: the same floats as Σ p (log p − log q) and `log_softmax`."""
+    from workbench.features.evaluate import _Clean, _Splice
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 1000, generator=g) * 3
+    clean = _Clean.of(z.log_softmax(-1))
+    q = (z + torch.randn(300, 1000, generator=g) * 0.3)
+    logits = q.clone()
+    assert torch.equal(torch.log_softmax(logits, -1, out=logits), q.log_softmax(-1))
+    logq = q.log_softmax(-1)
+    target = torch.randint(0, 1000, (300,), generator=g)
+    splice = _Splice()
+    splice.add(logq.clone(), target, clean)
+    assert splice.kl == float((clean.p * (clean.logp - logq)).sum()) > 0
+    assert splice.nll == float(-logq.gather(1, target[:, None]).sum())

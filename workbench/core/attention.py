@@ -70,7 +70,7 @@ class RowOrder:
 
 
 class KVArena:
-    """Two preallocated buffers (rows × H × capacity × Dh values) that one layer's self-attention keys (or values)
+    """Two reused buffers (up to rows × H × capacity × Dh values) that one layer's self-attention keys (or values)
     alternate between during beam search: each step's gather-and-append (`KVCache.append`) writes into the buffer
     that the previous step's cache does not live in, so a step allocates nothing. On a CPU a fresh tensor of a few
     megabytes each step costs page faults (the gather took twice as long as into a reused buffer, tiny 320 beam
@@ -80,7 +80,7 @@ class KVArena:
     __slots__ = ("capacity", "_buffers")
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity  # positions per row to allocate for (grows if a longer cache comes)
+        self.capacity = capacity  # the most positions per row a cache will hold (buffers grow by doubling up to it)
         self._buffers: list[torch.Tensor] = []
 
     def out(self, stored: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -92,7 +92,10 @@ class KVArena:
             if (buf.untyped_storage().data_ptr() != home and buf.numel() >= size and buf.dtype == stored.dtype
                     and buf.device == stored.device):
                 return buf[:size].view(rows, heads, length, d_head)
-        buf = torch.empty(max(size, rows * heads * self.capacity * d_head), dtype=stored.dtype, device=stored.device)
+        # room to grow by doubling, up to the search's longest cache: a few allocations per search, and never more
+        # than twice what is used (an accelerator's allocator commits what it hands out)
+        room = min(rows * heads * max(self.capacity, length) * d_head, 2 * size)
+        buf = torch.empty(max(size, room), dtype=stored.dtype, device=stored.device)
         self._buffers = [b for b in self._buffers if b.untyped_storage().data_ptr() == home] + [buf]
         return buf[:size].view(rows, heads, length, d_head)
 
