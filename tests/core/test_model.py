@@ -123,7 +123,6 @@ def _copied_now(cache, index, *, cross: bool):
     """The cache's rows `index` as before reorders were owed: the self-attention K/V (and with `cross` the
     cross-attention K/V) copied at once."""
     from workbench.core.attention import KVCache
-    from workbench.core.model import DecoderCache
 
     copy = lambda kv: KVCache(kv.k.index_select(0, index), kv.v.index_select(0, index))  # noqa: E731
     return DecoderCache([copy(kv) for kv in cache.self_kv], [copy(kv) if cross else kv for kv in cache.cross_kv])
@@ -189,8 +188,7 @@ def test_a_beam_cache_equals_copying_the_cache_per_beam_row():
                 keep = torch.tensor([0, 2])
                 beam_rows = (keep[:, None] * K + torch.arange(K)).view(-1)
                 encoded = encoded.index_select(keep)
-                beam = DecoderCache(beam.reorder(beam_rows).self_kv, [kv.index_select(keep) for kv in beam.cross_kv],
-                                    beam.arenas)
+                beam = beam.keep_sentences(keep).reorder(beam_rows)
                 per_row, enc_rows = per_row.index_select(beam_rows), enc_rows.index_select(beam_rows)
                 rows = rows[beam_rows]
             parents = torch.randint(0, K, (rows.numel(),), generator=tokens) + (torch.arange(rows.numel()) // K) * K
@@ -206,6 +204,8 @@ def test_a_beam_cache_equals_copying_the_cache_per_beam_row():
     assert all(len(arena._buffers) <= 2 for pair in beam.arenas for arena in pair)
     with pytest.raises(ValueError, match="fresh cache"):
         beam.for_beams(K, steps)
+    with pytest.raises(ValueError, match="shared by beams"):
+        beam.index_select(torch.arange(rows.numel()))
 
 
 def test_continuing_one_cache_twice_leaves_it_and_both_continuations_intact():

@@ -55,8 +55,19 @@ class DecoderCache:
         return 0 if first is None else first.length
 
     def index_select(self, index: torch.Tensor) -> DecoderCache:
-        """Reorder or expand along the batch dimension (beam search); see `reorder` for the self-attention K/V."""
+        """Reorder or expand along the batch dimension; see `reorder` for the self-attention K/V. Not for a beam
+        cache (`for_beams`), whose cross-attention rows are sentences, not query rows: there `reorder` moves the
+        beams and `keep_sentences` drops whole sentences."""
+        if any(kv.group > 1 for kv in self.cross_kv):
+            raise ValueError("index_select picks query rows, but this cache's cross-attention K/V are shared by "
+                             "beams (for_beams): use reorder (beams) and keep_sentences (sentences)")
         return DecoderCache(self.reorder(index).self_kv, [kv.index_select(index) for kv in self.cross_kv], self.arenas)
+
+    def keep_sentences(self, sentences: torch.Tensor) -> DecoderCache:
+        """A beam cache (`for_beams`) whose shared cross-attention K/V keep the sentences `sentences` only; the
+        self-attention K/V are left to the caller's next `reorder`, which names the kept beams' parents (beam
+        search drops finished sentences and follows the parents in one reorder)."""
+        return DecoderCache(self.self_kv, [kv.index_select(sentences) for kv in self.cross_kv], self.arenas)
 
     def for_beams(self, beam: int, steps: int) -> DecoderCache:
         """A fresh cache (`start_cache`) for `beam` beams per sentence over up to `steps` decoder steps: the

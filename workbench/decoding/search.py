@@ -36,7 +36,7 @@ import torch
 from ..core.batching import decoder_input, pad_sequences
 from ..core.config import DecodeConfig, LengthPenaltyKind, config_keys
 from ..core.hooks import decoding_step
-from ..core.model import DecoderCache, Encoded, Transformer
+from ..core.model import Encoded, Transformer
 from ..core.trace import Trace
 
 NEG_INF = float("-inf")
@@ -521,7 +521,7 @@ def beam_search(
                 beams.keep(keep, rows)
                 parent = parent[rows]
                 encoded = encoded.index_select(keep)
-                cache = DecoderCache(cache.self_kv, [kv.index_select(keep) for kv in cache.cross_kv], cache.arenas)
+                cache = cache.keep_sentences(keep)
                 row_sent, row_beam = beams.sent.repeat_interleave(K), row_beam[: rows.numel()]
             # the self-attention K/V follow their beams (owed: the next step's append gathers them as it writes);
             # cross K/V are the same within a sentence
