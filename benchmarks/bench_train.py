@@ -18,6 +18,7 @@ what this machine's BLAS reaches on a large square product at that moment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -80,11 +81,83 @@ def time_trainer(peers, args, compiled: bool) -> dict:
     }
 
 
+def _trainer_step(peers, args, max_tokens: int):
+    """(step function, real target tokens) of the workbench trainer on the peers' pairs at a micro-batch budget."""
+    cfg = peers.CONFIGS[args.config]
+    data, _, tgt_lens = pairs_from_peers(peers, cfg, dict(peers.TRAIN_BATCH[args.config]), args.seed + 1)
+    plan = data.batches(max_tokens, seed=args.seed)
+    train_cfg = TrainConfig(dataset="files", train_files=["-", "-"], max_steps=10**9, max_tokens=max_tokens,
+                            accum=len(plan), schedule="constant", lr=1e-4, warmup=0, label_smoothing=0.1,
+                            weight_decay=0.01, device=args.device, out_dir="/tmp/bench_train", bleu=False, amp="auto")
+    torch.manual_seed(args.seed)
+    trainer = Trainer(train_cfg, train_data=data, model=Transformer(workbench_config(peers, cfg)), resume=False,
+                      progress="none")
+    acc = _Accumulator(trainer.device)
+    return (lambda: trainer._train_step(plan, acc)), sum(tgt_lens)
+
+
+def _peer_step(peers, args, name: str):
+    """(step function, real target tokens) of a peers.py peer: its `Runner.train` step, built the same way."""
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    cfg, dev = peers.CONFIGS[args.config], torch.device(args.device)
+    peer = peers.Peer(name, cfg, dev, args.seed)
+    peer.model.train()
+    opt = torch.optim.AdamW(peer.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
+    src, tgt_in, labels, _, tgt_lens = peers.make_train_batch(cfg, dict(peers.TRAIN_BATCH[args.config]), dev,
+                                                              args.seed + 1)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext():
+            logits = peer.train_logits(src, tgt_in)
+        F.cross_entropy(logits.reshape(-1, cfg["vocab"]), labels.reshape(-1), ignore_index=peers.PAD,
+                        label_smoothing=0.1).backward()
+        opt.step()
+
+    return step, sum(tgt_lens)
+
+
+def interleaved(peers, args) -> dict:
+    """Every trainer (ours at each --budgets micro-batch budget, and each peer) timed `args.steps` steps per
+    round, the order rotating between rounds, so a machine's drift reaches all alike; per round tokens/s and our
+    best budget's ratio to the fastest peer of that round, then medians and spreads over rounds."""
+    runs = {f"workbench-trainer@{b}": _trainer_step(peers, args, b) for b in args.budgets}
+    runs |= {name: _peer_step(peers, args, name) for name in args.peers.split(",") if name}
+    names = list(runs)
+    for fn, _ in runs.values():  # warm-up
+        for _ in range(args.warmup):
+            fn()
+    per_round: list[dict] = []
+    for r in range(args.interleave):
+        row = {}
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn, tokens = runs[name]
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                fn()
+            row[name] = tokens * args.steps / (time.perf_counter() - t)
+        per_round.append(row)
+        print(f"round {r + 1}: " + ", ".join(f"{n} {v:.0f}" for n, v in row.items()), flush=True)
+
+    def spread(xs):
+        return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+    peers_named = [n for n in names if not n.startswith("workbench")]
+    out = {"rounds": per_round, "tgt_tokens_per_s": {n: spread([row[n] for row in per_round]) for n in names}}
+    out["ratio_to_fastest_peer_of_round"] = {
+        n: spread([row[n] / max(row[p] for p in peers_named) for row in per_round])
+        for n in names if n.startswith("workbench")} if peers_named else {}
+    for n, s in out["ratio_to_fastest_peer_of_round"].items():
+        print(f"{n} / fastest peer of each round: median x{s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--config", default="tiny", choices=["tiny", "base", "big"])
-    ap.add_argument("--max-tokens", type=int, default=None, help="micro-batch budget (default 16384 cuda, 1024 cpu)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="micro-batch budget (default 16384 cuda, 2048 cpu)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 cuda, 5 cpu)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -93,8 +166,27 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=None, help="default: measured in this run (measure_peak)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="instead: ROUNDS interleaved rounds of --steps steps of every trainer (ours at each of "
+                         "--budgets, and the peers), the order rotating; medians and spreads over rounds")
+    ap.add_argument("--budgets", default="1024,2048,4096",
+                    help="with --interleave: our micro-batch budgets (target tokens) to time")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
+    if args.interleave:
+        args.budgets = [int(b) for b in args.budgets.split(",") if b]
+        args.steps = args.steps or 5
+        peers = load_peers()
+        install(peers)
+        peak_before = measure_peak(torch.device(args.device))
+        out = interleaved(peers, args)
+        out["meta"] = {"command": " ".join(sys.argv), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "peak_gflops_before": peak_before * 1e3,
+                       "peak_gflops_after": measure_peak(torch.device(args.device)) * 1e3,
+                       "steps_per_round": args.steps}
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return
     args.max_tokens = args.max_tokens or (16384 if cuda else 2048)
     args.steps = args.steps or (20 if cuda else 10)
     peak_measured = args.peak_tflops is None
