@@ -294,7 +294,7 @@ class MultiHeadAttention(nn.Module):
             q = self.project_q(x)
             kv = static_kv if static_kv is not None else self.project_kv(memory)  # type: ignore[arg-type]
             if kv.group > 1:
-                if self._can_share(q, mask):
+                if self._can_share(mask):
                     group = kv.group
                 else:  # a listener reads per-row probabilities: copy the shared rows out (and their mask)
                     mask = None if mask is None else mask.repeat_interleave(kv.group, 0)
@@ -331,7 +331,7 @@ class MultiHeadAttention(nn.Module):
             return self.hook_out(self._by_head(context)), new_cache
         return self.hook_out(self._project_out(context)), new_cache
 
-    def _can_share(self, q: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    def _can_share(self, mask: torch.Tensor | None) -> bool:
         """Whether shared cross-attention K/V can be read as they are: no listener to the probabilities or
         scores (they are per query row), a per-row mask, eval mode (no dropout)."""
         return (not self.training and not self.hook_scores.is_active() and self.hook_probs.wanted_heads() == ()
