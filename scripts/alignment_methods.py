@@ -117,6 +117,9 @@ def main() -> None:
                          "layer to it on lines 151-508")
     ap.add_argument("--extraction", default=None, metavar="JSON",
                     help="the extraction of the layer under test (alignment_layer docstring), chosen on lines 1-150")
+    ap.add_argument("--partners", nargs="+", default=[], metavar="DIR",
+                    help="layers (run or checkpoint directories) read with the layer under test (each --dev-only "
+                         "layer, or the --layer-dir one) by geometric mean: `AlignmentLayer.join`")
     ap.add_argument("--extraction-grid", action="store_true",
                     help="with --dev-only: also score each layer under `extraction_grid` (prior head --prior-head)")
     ap.add_argument("--prior-head", default="0:0", help="LAYER:HEAD of the prior in --extraction-grid")
@@ -142,13 +145,13 @@ def main() -> None:
     if args.dev_only:
         head = tuple(int(x) for x in args.prior_head.split(":"))
         for d in args.dev_only:
-            layer = load_any_layer(d)
+            layer = load_any_layer(d).join([load_any_layer(x) for x in args.partners])
             for e in extraction_grid(head) if args.extraction_grid else [layer.extraction]:
                 layer.extraction = check_extraction(e)
                 grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
                 best = min(grid, key=grid.get)
-                print(json.dumps({"layer": d, "extraction": e, "best": f"eos {best[0]} {best[1]}",
-                                  "dev_aer": round(grid[best], 4),
+                print(json.dumps({"layer": d, "partners": args.partners, "extraction": e,
+                                  "best": f"eos {best[0]} {best[1]}", "dev_aer": round(grid[best], 4),
                                   "grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()}}), flush=True)
         return
     out: dict = {"checkpoint": args.checkpoint, "chosen_on": "RWTH de-en lines 1-150", "reported_on":
@@ -196,6 +199,8 @@ def main() -> None:
             continue
         if name == "layer" and args.extraction:
             layer.extraction = check_extraction(json.loads(args.extraction))
+        if name == "layer" and args.partners:
+            layer.join([load_any_layer(x) for x in args.partners])
         layer_objects[name] = layer
         grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
         (eos, sym) = min(grid, key=grid.get)
@@ -239,7 +244,8 @@ def main() -> None:
     winner["shift-att"] = shift_att
     out["default"] = {"winner": "layer" if wins else "shipped", "alignment.json": winner}
     if args.save and winner.get("method"):
-        if wins and (args.extraction or (args.layer_dir and Path(args.layer_dir) != Path(args.checkpoint))):
+        if wins and (args.extraction or args.partners
+                     or (args.layer_dir and Path(args.layer_dir) != Path(args.checkpoint))):
             stored = json.loads((Path(args.layer_dir or args.checkpoint) / "alignment_layer.json").read_text())
             prov = {**stored.get("provenance", {}), "extraction_chosen": "scripts/alignment_methods.py --dev-only "
                     "--extraction-grid on RWTH lines 1-150; held out "

@@ -246,3 +246,49 @@ def test_the_extraction_grid_holds_the_default_and_valid_distinct_extractions():
     layer = AlignmentLayer(8, source_layer=1, n_heads=2, extraction={"target_pieces": "mean", "normalize_rows": True})
     assert {"target_pieces": "mean", "normalize_rows": True} in grid and layer.config()["extraction"] == grid[0]
     assert {"prior": [0, 0, 0.5], "target_pieces": "max", "normalize_rows": False} in grid
+
+
+def test_partners_join_by_geometric_mean_before_the_prior_and_round_trip(tmp_path):
+    """A layer with a partner (another trained layer, its own query stream) gives per piece the exp of the two
+    layers' mean log probability, then the first layer's extraction; stored and loaded as one file pair, refused
+    by training. By hand from each layer alone on "ab c" -> "x yz"."""
+    model = make_model(presets.tiny(vocab=30))
+    src, tgt = _pairs()
+    torch.manual_seed(2)
+    first = AlignmentLayer(model.cfg.d_model, source_layer=1, n_heads=2, dropout=0.0, both_ways=True).eval()
+    second = AlignmentLayer(model.cfg.d_model, source_layer=2, n_heads=2, dropout=0.0).eval()
+    alone = [alignment_maps(model, src, tgt, method="layer", shift="awi", layer=x) for x in (first, second)]
+    joined = AlignmentLayer(model.cfg.d_model, source_layer=1, n_heads=2, dropout=0.0, both_ways=True,
+                            extraction={"target_pieces": "max"}, partners=[second]).eval()
+    joined.load_state_dict({**first.state_dict(), **{f"partners.0.{k}": v for k, v in second.state_dict().items()}})
+    assert hooks_for(model, "layer", joined) == [model.hook_memory.name, model.stream("dec").resid(1).name,
+                                                 model.stream("dec").resid(2).name]
+    for j, (s, t) in enumerate(zip(src, tgt)):
+        _, trace = model.run_with_cache(torch.tensor([[*s.ids, model.cfg.eos_id]]),
+                                        torch.tensor([[model.cfg.start_id, *t.ids]]),
+                                        names=hooks_for(model, "layer", joined))
+        pad = torch.zeros(1, len(t.ids) + 1, dtype=torch.bool), torch.zeros(1, len(s.ids) + 1, dtype=torch.bool)
+        with torch.no_grad():
+            p = [x(trace[model.stream("dec").resid(x.source_layer).name], trace[model.hook_memory.name], *pad)[0]
+                 for x in (first, second)]
+        q = (p[0].double() * p[1].double()).sqrt().numpy()[1:]  # AWI rows: the geometric mean of the two
+        rows = [q[k] for k in range(len(t.ids))]
+        by_word = np.stack([np.max([rows[k] for k, w in enumerate(t.word_of) if w == word], 0)
+                            for word in range(len(t.words))])  # target pieces: max (the extraction)
+        want = np.stack([by_word[:, [k for k, w in enumerate(s.word_of) if w == word]].sum(1)
+                         for word in range(len(s.words))] + [by_word[:, -1]], 1)  # source pieces summed, EOS
+        got = alignment_maps(model, [s], [t], method="layer", shift="awi", layer=joined)[0]
+        np.testing.assert_allclose(got.layers[0], want, atol=1e-6)
+        assert not np.allclose(got.layers, alone[0][j].layers, atol=1e-3)  # the partner changes the map
+    save_alignment_layer(joined, tmp_path)
+    back = load_alignment_layer(tmp_path)
+    assert back.config() == joined.config() and len(back.partners) == 1 and back.partners[0].source_layer == 2
+    for x, y in zip(alignment_maps(model, src, tgt, method="layer", shift="awi", layer=back),
+                    alignment_maps(model, src, tgt, method="layer", shift="awi", layer=joined)):
+        np.testing.assert_allclose(x.layers, y.layers, atol=1e-6)
+    with pytest.raises(ValueError, match="read, not trained"):
+        train_alignment_layer(joined, model, src, tgt, [], directory=tmp_path / "run", steps=1)
+    with pytest.raises(ValueError, match="single layer"):
+        AlignmentLayer(model.cfg.d_model, source_layer=1, partners=[joined])
+    with pytest.raises(ValueError, match="single layer"):
+        second.join([second])

@@ -27,6 +27,10 @@ head, power] multiplies the layer's piece probabilities by that cross-attention 
 before the argmax; "target_pieces" "mean" (default) or "max" turns a target word's pieces into its row;
 "normalize_rows" false takes the argmax both ways on the word map as it is, where true (default) first scales each
 target word's row to sum to 1 (`word_align.WordMaps.combined`).
+
+Partners (`AlignmentLayer.partners`, stored in the same files): other trained layers read with this one as one
+aligner, their probabilities combined by geometric mean (each piece's score the exp of the members' mean log
+probability) before the prior; the extraction is the first layer's. A layer with partners is read, not trained.
 """
 
 from __future__ import annotations
@@ -78,7 +82,8 @@ class AlignmentLayer(nn.Module):
     output. `forward` returns probabilities (B, T, S): row t over the source positions (EOS included)."""
 
     def __init__(self, d_model: int, *, source_layer: int, n_heads: int = 4, d_ff: int | None = None,
-                 dropout: float = 0.1, both_ways: bool = False, extraction: dict | None = None) -> None:
+                 dropout: float = 0.1, both_ways: bool = False, extraction: dict | None = None,
+                 partners: Sequence[AlignmentLayer] = ()) -> None:
         super().__init__()
         self.extraction = check_extraction(extraction)  # how maps become links (module docstring); not trained
         self.d_model, self.source_layer, self.n_heads = d_model, source_layer, n_heads
@@ -90,10 +95,22 @@ class AlignmentLayer(nn.Module):
         self.norm_q = nn.LayerNorm(d_model)
         self.query = nn.Linear(d_model, d_model)
         self.key = nn.Linear(d_model, d_model)
+        self.partners = nn.ModuleList()  # read with this layer by geometric mean (module docstring)
+        self.join(partners)
+
+    def join(self, partners: Sequence[AlignmentLayer]) -> AlignmentLayer:
+        """Read `partners` (trained single layers of this width) with this one from now on; returns self."""
+        for partner in partners:
+            if partner is self or partner.partners or partner.d_model != self.d_model:
+                raise ValueError("a partner is another single layer of the same width")
+            self.partners.append(partner)
+        return self
 
     def config(self) -> dict:
         cfg = {"d_model": self.d_model, "source_layer": self.source_layer, "n_heads": self.n_heads,
                "d_ff": self.d_ff, "dropout": self.dropout, "both_ways": self.both_ways}
+        if self.partners:
+            cfg["partners"] = [p.config() for p in self.partners]
         return {**cfg, "extraction": dict(self.extraction)} if self.extraction else cfg
 
     def logits(self, states: torch.Tensor, memory: torch.Tensor, tgt_pad: torch.Tensor) -> torch.Tensor:
@@ -124,7 +141,8 @@ class AlignmentLayer(nn.Module):
 def hooks_for_layer(model, layer: AlignmentLayer) -> list[str]:
     """The trace entries the layer reads: the encoder output and the decoder stream it takes queries from (and
     the prior head's block, probabilities and values, when its extraction has a prior)."""
-    names = [model.hook_memory.name, model.stream("dec").resid(layer.source_layer).name]
+    names = [model.hook_memory.name, *dict.fromkeys(model.stream("dec").resid(x.source_layer).name
+                                                    for x in (layer, *layer.partners))]
     if "prior" in layer.extraction:
         attn = model.dec[layer.extraction["prior"][0]].cross_attn
         names += [attn.hook_probs.name, attn.hook_v.name]
@@ -134,11 +152,13 @@ def hooks_for_layer(model, layer: AlignmentLayer) -> list[str]:
 def layer_maps(model, layer: AlignmentLayer, trace) -> torch.Tensor:
     """(1, B, T, S) probabilities from a teacher-forced trace holding `hooks_for_layer` (a 'layer' of one)."""
     memory = trace[model.hook_memory.name]
-    states = trace[model.stream("dec").resid(layer.source_layer).name]
-    src_pad = trace.src == model.cfg.pad_id
-    tgt_pad = _tgt_pad(trace.tgt, model.cfg)
+    src_pad = (trace.src == model.cfg.pad_id).to(memory.device)
+    tgt_pad = _tgt_pad(trace.tgt, model.cfg).to(memory.device)
+    members = (layer, *layer.partners)
     with evaluating(layer), torch.no_grad():
-        p = layer(states.to(memory.dtype), memory, tgt_pad.to(memory.device), src_pad.to(memory.device)).float()
+        probs = [x(trace[model.stream("dec").resid(x.source_layer).name].to(memory.dtype), memory, tgt_pad,
+                   src_pad).float() for x in members]
+    p = probs[0] if len(probs) == 1 else torch.stack(probs).log().mean(0).exp()
     if "prior" in layer.extraction:
         block, head, power = layer.extraction["prior"]
         prior = value_norms(model, trace, "cross", block).per_head[:, head].float().to(p.device)  # (B, T, S)
@@ -172,7 +192,8 @@ def layer_from_config(cfg: dict) -> AlignmentLayer:
     """A fresh layer of the shape (and extraction) a stored `config()` gives."""
     return AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
-                          both_ways=bool(cfg.get("both_ways", False)), extraction=cfg.get("extraction"))
+                          both_ways=bool(cfg.get("both_ways", False)), extraction=cfg.get("extraction"),
+                          partners=[layer_from_config(p) for p in cfg.get("partners", [])])
 
 
 def load_alignment_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
@@ -327,6 +348,8 @@ def train_alignment_layer(layer: AlignmentLayer, model, sources: Sequence, targe
     linearly from `lr` to `lr` / 10 over steps 0 .. N (a function of the step, so a run stopped and resumed
     follows the same schedule); the layer's starting weights are whatever `layer` holds (a fresh one, or one
     trained before)."""
+    if layer.partners:
+        raise ValueError("a layer with partners is read, not trained: train each layer alone, then join them")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     device = model.device
