@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--lr-decay", action="store_true", help="learning rate falls linearly to lr / 10")
     ap.add_argument("--source-layer", type=int, default=2, help="decoder stream after this many layers: queries")
     ap.add_argument("--both-ways", action="store_true", help="also train the column direction (source -> target)")
+    ap.add_argument("--seed", type=int, default=0, help="the fresh layer's initial weights and the data order")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--save", action="store_true", help="store the layer in the checkpoint directory")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     run = Path(args.run)
     run.mkdir(parents=True, exist_ok=True)
     tm = load(args.checkpoint, device=args.device)
@@ -139,7 +140,7 @@ def main() -> None:
     else:
         layer = AlignmentLayer(tm.model.cfg.d_model, source_layer=args.source_layer, both_ways=args.both_ways)
     result = train_alignment_layer(layer, tm.model, sources, targets, labels, directory=run, steps=args.steps,
-                                   batch_size=args.batch, lr=args.lr, max_minutes=args.max_minutes,
+                                   batch_size=args.batch, lr=args.lr, max_minutes=args.max_minutes, seed=args.seed,
                                    decay=args.steps if args.lr_decay else None)
     print(json.dumps(result), flush=True)
     if args.save:
