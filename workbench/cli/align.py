@@ -62,8 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights, norms (Kobayashi) or alti (ALTI+); another method than the checkpoint's "
                         "alignment.json starts from the fallback aligner, not from that file's other choices; "
                         "shift-att: Chen et al. 2020's Shift-Att (weights, AWI, grow-diag, its chosen layer); "
-                        "layer: the alignment layer trained on the model's own alignments "
-                        "(alignment_layer.safetensors)")
+                        "layer: the alignment layer(s) trained on the model's own alignments "
+                        "(alignment_layer.safetensors; several are read as one)")
     p.add_argument("--shift", default=None, metavar="|".join(SHIFTS),
                    help="awo: the decoder row that predicts the word; awi: the row that reads it")
     p.add_argument("--units", default=None, metavar="L:H,...",
