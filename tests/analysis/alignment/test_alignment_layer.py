@@ -11,6 +11,7 @@ from workbench import presets
 from workbench.analysis.alignment.alignment_layer import (
     AlignmentLayer,
     check_extraction,
+    layer_from_config,
     load_alignment_layer,
     load_any_layer,
     piece_targets,
@@ -292,3 +293,7 @@ def test_partners_join_by_geometric_mean_before_the_prior_and_round_trip(tmp_pat
         AlignmentLayer(model.cfg.d_model, source_layer=1, partners=[joined])
     with pytest.raises(ValueError, match="single layer"):
         second.join([second])
+    cfg = back.config()
+    for bad in ({**cfg, "partners": [cfg]}, {**cfg, "partners": "layer"}):  # nested, or not a list: one line
+        with pytest.raises(ValueError, match="partners"):
+            layer_from_config(bad)

@@ -190,10 +190,13 @@ def save_alignment_layer(layer: AlignmentLayer, directory: str | Path, provenanc
 
 def layer_from_config(cfg: dict) -> AlignmentLayer:
     """A fresh layer of the shape (and extraction) a stored `config()` gives."""
+    partners = cfg.get("partners", [])
+    if not isinstance(partners, list) or not all(isinstance(x, dict) and "partners" not in x for x in partners):
+        raise ValueError("an alignment layer's partners are a list of single layers' configs")
     return AlignmentLayer(int(cfg["d_model"]), source_layer=int(cfg["source_layer"]), n_heads=int(cfg["n_heads"]),
                           d_ff=int(cfg["d_ff"]), dropout=float(cfg.get("dropout", 0.1)),
                           both_ways=bool(cfg.get("both_ways", False)), extraction=cfg.get("extraction"),
-                          partners=[layer_from_config(p) for p in cfg.get("partners", [])])
+                          partners=[layer_from_config(p) for p in partners])
 
 
 def load_alignment_layer(directory: str | Path, device: str | torch.device = "cpu") -> AlignmentLayer:
