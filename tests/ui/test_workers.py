@@ -57,11 +57,14 @@ def test_a_cancelled_job_stops_at_its_next_batch_and_says_where(pool):
     reports = []
     job = pool.submit(workers.probe, (10_000, 0.01), report=lambda *a: reports.append(a))
     _wait(lambda: len(reports) >= 3, "the first batches")
+    seen = reports[-1][0]  # the last batch the server had heard of when it cancelled
     job.cancel()
     with pytest.raises(Cancelled):
         job.future.result(timeout=WAIT)
     _wait(lambda: job.stopped_at is not None, "the worker's stop report")
-    assert 3 <= job.stopped_at[0] < 10_000 - 1
+    # the worker stops at its next report: at the batch the server last saw (the cancel came before the next
+    # report, as on a busy machine) or later, and long before the end
+    assert 2 <= seen <= job.stopped_at[0] < 10_000 - 1
 
 
 def test_a_job_nobody_wants_any_more_is_cancelled_by_the_poller(pool):
