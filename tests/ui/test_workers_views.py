@@ -99,6 +99,19 @@ def test_evidence_computed_in_a_worker_equals_evidence_computed_here(pool, shipp
     assert len(fig.children) == 6
 
 
+def test_the_checkpoints_own_aligner_in_a_worker_loads_its_alignment_layer_there(pool):
+    """general-en-de's aligner is a trained alignment layer stored beside the model: a worker process, which gets
+    the path and not the model, finds it too and draws the links `workbench align` writes."""
+    general = SHIPPED.parent / "general-en-de"
+    entries = loader.discover([general], default=None)[0]
+    s = Session(entries, checkpoint=entries[0].label, sentence="The committee approved the report yesterday.")
+    snap = Snapshot.of(s.result)
+    here = evidence(snap, None, False)
+    there, _ = _in_worker(pool, evidence, snap, None, False)
+    assert here[0].links == there[0].links and here[0].spec == there[0].spec and there[1] is None
+    assert "3 trained alignment layers read as one" in there[0].spec
+
+
 def test_a_feature_answer_computed_in_a_worker_equals_one_computed_here(pool, shipped):
     args = (shipped, "dec.1.ffn", 1, "Hund", 1, "?site={site}&feature={feature}", "+5")
     here = explore(*args)

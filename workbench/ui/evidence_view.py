@@ -1,5 +1,6 @@
-"""The "Evidence" tab: the current sentence's word alignment (lines whose width is the strength, with a method
-picker), the source share under each output token (ALTI+), and every head's role on a layers × heads grid.
+"""The "Evidence" tab: the current sentence's word alignment (lines whose width is the strength; first by the
+checkpoint's own aligner, the links `workbench align` writes, with a picker for the attention methods), the source
+share under each output token (ALTI+), and every head's role on a layers × heads grid.
 
 The work is `evidence(snapshot, method, roles)` (`analysis.sentence_evidence` and the head roles), heavy work that
 runs in a worker process when the server has a pool (`workers.py`; it gets a `work.Snapshot` of the page's result,
@@ -30,7 +31,9 @@ from .learn import link_terms
 from .views import LazyTab
 from .work import Offloaded, Snapshot
 
-METHOD_LABELS = {"attention weights": "weights", "value-weighted norms": "norms", "ALTI+ contributions": "alti"}
+OWN_ALIGNER = "its own aligner"  # its alignment.json (else fairseq's default): what `workbench align` writes
+METHOD_LABELS = {OWN_ALIGNER: None, "attention weights": "weights", "value-weighted norms": "norms",
+                 "ALTI+ contributions": "alti"}
 ROLE_SENTENCES = 60  # test sentences the roles are measured on (a few seconds on one CPU thread)
 ROLE_GOLD_PAIRS = 100  # RWTH gold pairs for the alignment role
 ROLE_BATCH = 15  # sentences per batch of the role measurement: a closed page stops it within a batch (< 1 s)
@@ -96,17 +99,18 @@ def checkpoint_roles(tm, source: str, output: str, progress=None):
                                                   progress)
 
 
-def evidence_figure(tm, source: str, output: str, *, method: str = "weights", roles=None, roles_from: str = ""):
-    """The tab's figure: alignment lines, source-share bars and (given `roles`) the role grids, one column."""
-    if method not in METHODS:
+def evidence_figure(tm, source: str, output: str, *, method: str | None = None, roles=None, roles_from: str = ""):
+    """The tab's figure: alignment lines (the checkpoint's own aligner, or `method`), source-share bars and (given
+    `roles`) the role grids, one column."""
+    if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     return draw_evidence(sentence_evidence(tm, source, output, method=method), roles, roles_from)
 
 
-def evidence(r, method: str, with_roles: bool, ticket=None) -> tuple:
+def evidence(r, method: str | None, with_roles: bool, ticket=None) -> tuple:
     """The tab's work for result `r` (a `work.Snapshot` in a worker process): (SentenceEvidence, HeadRoles or None,
-    where the roles were measured), for `draw_evidence`."""
-    if method not in METHODS:
+    where the roles were measured), for `draw_evidence`. `method` None: the checkpoint's own aligner."""
+    if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     tm = r.model
     roles, where = None, ""
@@ -146,9 +150,11 @@ def draw_evidence(ev, roles=None, roles_from: str = ""):
 class EvidenceView(LazyTab):
     """Alignment, source shares and head roles of the session's current sentence and model."""
 
-    method = param.Selector(default="attention weights", objects=list(METHOD_LABELS), doc=(
-        "What the word alignment is read from: the cross-attention weights, the weights times the size of what "
-        "each source token sends (value-weighted norms), or ALTI+ contributions."))
+    method = param.Selector(default=OWN_ALIGNER, objects=list(METHOD_LABELS), doc=(
+        "What the word alignment is read from: the checkpoint's own aligner (what `workbench align` writes: its "
+        "alignment.json, e.g. a trained alignment layer, else the last layer's weights), the cross-attention "
+        "weights, the weights times the size of what each source token sends (value-weighted norms), or ALTI+ "
+        "contributions."))
     roles = param.Boolean(default=True, doc=("Also show what each head mostly does (aligns words, attends to the end "
                                              "of the sentence, to the previous word…), measured once per model."))
 

@@ -43,13 +43,39 @@ def aligner_spec(tm, method: str | None = None) -> AlignmentSpec:
                    directory=(getattr(tm, "meta", None) or {}).get("path"))[0]
 
 
+def describe_aligner(spec: AlignmentSpec, *, own: bool) -> str:
+    """One line saying what draws the links: the method, shift and units (a trained alignment layer by name), the
+    EOS rule and symmetrization; for the checkpoint's own aligner (`own`) also its stored held-out AER."""
+    if spec.method == "layer":
+        joined = len(getattr(spec.layer, "partners", ()) or ())
+        text = ("the trained alignment layer" if not joined else f"{joined + 1} trained alignment layers read as one")
+    else:
+        text = f"{spec.method} {spec.shift.upper()} units " + ",".join(
+            f"{lay}" if h is None else f"{lay}:{h}" for lay, h in spec.units)
+    if not own:
+        return text
+    rules = f"EOS {'dropped' if spec.eos == 'drop' else spec.eos}, symmetrized {spec.symmetrize}"
+    aer = spec.provenance.get("held_out_aer")
+    where = spec.provenance.get("chosen_on", "")
+    scored = ""
+    if isinstance(aer, (int, float)):
+        scored = f"; AER {100 * aer:.1f} % on gold lines it was not chosen on"
+        if "test.talp" in str(where):
+            scored += " (RWTH de-en)"
+    if str(spec.provenance.get("chosen", "")).startswith("fallback"):
+        return f"fairseq's default aligner (the checkpoint stores none of its own), {text} ({rules})"
+    return f"the checkpoint's aligner, {text} ({rules}){scored}"
+
+
 def sentence_evidence(tm, source: str, output: str, *, method: str | None = None,
                       thresholds: LowShareThresholds | None = None) -> SentenceEvidence:
-    """Alignment and source shares of one (source, output) pair of a `TranslationModel` (module docstring);
-    `thresholds` flag the tokens with an unusually low source share (else nothing is flagged)."""
+    """Alignment and source shares of one (source, output) pair of a `TranslationModel` (module docstring), by the
+    checkpoint's own aligner (`method` None) or `method` from the fallback's units; `thresholds` flag the tokens
+    with an unusually low source share (else nothing is flagged)."""
     if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     spec = aligner_spec(tm, method)
+    own = method is None
     method = spec.method
     src, out = encode_words(tm.src_tokenizer, source), encode_words(tm.tgt_tokenizer, output)
     if not src.ids or not out.ids:
@@ -63,6 +89,5 @@ def sentence_evidence(tm, source: str, output: str, *, method: str | None = None
     shares = output_source_shares(tm.model, [[*src.ids, eos]], [ids])[0]
     pieces = tm.tgt_tokenizer.pieces(ids)
     flags = thresholds.flag(shares, pieces) if thresholds is not None else [False] * len(ids)
-    label = f"{method} {spec.shift.upper()} units " + ",".join(
-        f"{lay}" if h is None else f"{lay}:{h}" for lay, h in spec.units)
-    return SentenceEvidence(src.words, out.words, weights, links, method, label, list(pieces), shares, flags)
+    return SentenceEvidence(src.words, out.words, weights, links, method, describe_aligner(spec, own=own),
+                            list(pieces), shares, flags)
