@@ -151,10 +151,9 @@ class EvidenceView(LazyTab):
     """Alignment, source shares and head roles of the session's current sentence and model."""
 
     method = param.Selector(default=OWN_ALIGNER, objects=list(METHOD_LABELS), doc=(
-        "What the word alignment is read from: the checkpoint's own aligner (what `workbench align` writes: its "
-        "alignment.json, e.g. a trained alignment layer, else the last layer's weights), the cross-attention "
-        "weights, the weights times the size of what each source token sends (value-weighted norms), or ALTI+ "
-        "contributions."))
+        "What the word alignment is read from: the checkpoint's own aligner (the links the workbench align "
+        "command writes, e.g. a trained alignment layer), the cross-attention weights, the weights times the size "
+        "of what each source token sends (value-weighted norms), or ALTI+ contributions."))
     roles = param.Boolean(default=True, doc=("Also show what each head mostly does (aligns words, attends to the end "
                                              "of the sentence, to the previous word…), measured once per model."))
 

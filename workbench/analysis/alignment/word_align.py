@@ -359,9 +359,16 @@ class AlignmentSpec:
         place a spec becomes links: `workbench align`, the Evidence tab and notebook 07 all come through here."""
         return maps.links(units=self.units, eos=self.eos, symmetrize=self.symmetrize)
 
-    def label(self) -> str:
+    def reads(self) -> str:
+        """What the maps are read from: "weights AWO units 3,0:2", or the trained alignment layer(s) by name."""
+        if self.method == "layer":
+            joined = len(getattr(self.layer, "partners", ()) or ())
+            return "the trained alignment layer" if not joined else f"{joined + 1} trained alignment layers read as one"
         units = ",".join(f"{lay}" if h is None else f"{lay}:{h}" for lay, h in self.units)
-        return f"{self.method} {self.shift.upper()} units {units} (eos {self.eos}, symmetrize {self.symmetrize})"
+        return f"{self.method} {self.shift.upper()} units {units}"
+
+    def label(self) -> str:
+        return f"{self.reads()} (eos {self.eos}, symmetrize {self.symmetrize})"
 
     def to_dict(self) -> dict:
         return {"method": self.method, "shift": self.shift, "eos": self.eos, "symmetrize": self.symmetrize,

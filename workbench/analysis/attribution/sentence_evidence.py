@@ -46,12 +46,7 @@ def aligner_spec(tm, method: str | None = None) -> AlignmentSpec:
 def describe_aligner(spec: AlignmentSpec, *, own: bool) -> str:
     """One line saying what draws the links: the method, shift and units (a trained alignment layer by name), the
     EOS rule and symmetrization; for the checkpoint's own aligner (`own`) also its stored held-out AER."""
-    if spec.method == "layer":
-        joined = len(getattr(spec.layer, "partners", ()) or ())
-        text = ("the trained alignment layer" if not joined else f"{joined + 1} trained alignment layers read as one")
-    else:
-        text = f"{spec.method} {spec.shift.upper()} units " + ",".join(
-            f"{lay}" if h is None else f"{lay}:{h}" for lay, h in spec.units)
+    text = spec.reads()
     if not own:
         return text
     rules = f"EOS {'dropped' if spec.eos == 'drop' else spec.eos}, symmetrized {spec.symmetrize}"
