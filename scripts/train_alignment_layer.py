@@ -11,7 +11,10 @@ Teacher: the aligner `--teacher` (METHOD:SHIFT:UNITS:EOS:SYMMETRIZE, heads as LA
 general-en-de shipped before the layer), default the checkpoint's alignment.json, or with `--teacher-run` a layer
 trained before (self-training: a run directory or a checkpoint directory holding alignment_layer.*; its EOS rule
 and symmetrization `--teacher-eos` / `--teacher-symmetrize`, "intersect" keeps only the links both directions agree
-on). `--init-from` starts the layer from one trained before (a run or checkpoint directory) instead of from random
+on). `--teacher-links FILE` teaches from alignments made elsewhere instead: Pharaoh lines (source-target, 0-based),
+one per line of `--src`/`--tgt` and over their punctuation-split words (as `tokenize` writes them; e.g. another
+translation direction's links, swapped, combined with this model's by `scripts/combine_alignments.py`).
+`--init-from` starts the layer from one trained before (a run or checkpoint directory) instead of from random
 weights; a run that already holds state resumes from it whatever `--init-from` says. It runs on `--pairs`
 training pairs (never the gold sets); the text is split into words at whitespace and punctuation first, as the
 gold sets are tokenized. The teacher's links are cached in RUN/teacher.jsonl; training checkpoints into RUN and
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.analysis.alignment.alignment import read_alignments
 from workbench.analysis.alignment.alignment_layer import (
     AlignmentLayer,
     load_any_layer,
@@ -94,6 +98,8 @@ def main() -> None:
     ap.add_argument("--teacher-run", default=None, metavar="DIR",
                     help="teacher: the layer trained in this run directory, or stored in this checkpoint directory "
                          "(awi, --teacher-eos, --teacher-symmetrize): a further round of self-training")
+    ap.add_argument("--teacher-links", default=None, metavar="FILE",
+                    help="Pharaoh links for each --src/--tgt line over its punctuation-split words: the teacher")
     ap.add_argument("--teacher-eos", default="drop", choices=EOS_RULES)
     ap.add_argument("--teacher-symmetrize", default="grow-diag", choices=SYMMETRIZE)
     ap.add_argument("--init-from", default=None, metavar="DIR",
@@ -116,24 +122,36 @@ def main() -> None:
     run = Path(args.run)
     run.mkdir(parents=True, exist_ok=True)
     tm = load(args.checkpoint, device=args.device)
-    if args.teacher_run:
+    given = read_alignments(args.teacher_links) if args.teacher_links else None
+    if args.teacher_links:
+        spec = None
+    elif args.teacher_run:
         spec = AlignmentSpec("layer", "awi", args.teacher_eos, ((0, None),), {}, args.teacher_symmetrize,
                              load_any_layer(args.teacher_run, device=args.device))
     else:
         spec = teacher_spec(args.teacher, tm).check(tm.model)
     src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
     tgt_lines = Path(args.tgt).read_text(encoding="utf-8").splitlines()
-    sources, targets = [], []
-    for s, t in zip(src_lines, tgt_lines):
+    if given is not None and len(given) != len(src_lines):
+        raise SystemExit(f"--teacher-links has {len(given)} lines, --src {len(src_lines)}: one per line")
+    sources, targets, kept = [], [], []
+    for k, (s, t) in enumerate(zip(src_lines, tgt_lines)):
         sw, tw = encode_words(tm.src_tokenizer, tokenize(s)), encode_words(tm.tgt_tokenizer, tokenize(t))
         if sw.ids and tw.ids and len(sw.ids) <= args.max_pieces and len(tw.ids) <= args.max_pieces:
             sources.append(sw)
             targets.append(tw)
+            kept.append(k)
         if len(sources) == args.pairs:
             break
     t0 = time.perf_counter()
-    links = teacher_links(tm, sources, targets, spec, run / "teacher.jsonl", args.batch)
-    print(f"teacher {spec.label()}: {len(links)} pairs in {time.perf_counter() - t0:.0f} s", flush=True)
+    if given is not None:
+        links = [{(i, j) for i, j in given[k][0] if i < len(s.words) and j < len(t.words)}
+                 for k, s, t in zip(kept, sources, targets)]
+        teacher = f"the links in {args.teacher_links}"
+    else:
+        links = teacher_links(tm, sources, targets, spec, run / "teacher.jsonl", args.batch)
+        teacher = spec.label()
+    print(f"teacher {teacher}: {len(links)} pairs in {time.perf_counter() - t0:.0f} s", flush=True)
     labels = [piece_targets(s, t, x) for s, t, x in zip(sources, targets, links)]
     if args.init_from:
         layer = load_any_layer(args.init_from, device=args.device)
@@ -144,7 +162,7 @@ def main() -> None:
                                    decay=args.steps if args.lr_decay else None)
     print(json.dumps(result), flush=True)
     if args.save:
-        prov = {"teacher": spec.label(), "trained_on": f"{Path(args.src).name}/{Path(args.tgt).name}, first "
+        prov = {"teacher": teacher, "trained_on": f"{Path(args.src).name}/{Path(args.tgt).name}, first "
                 f"{len(sources)} pairs of <= {args.max_pieces} pieces a side, punctuation split",
                 "steps": result["step"], "batch": args.batch, "lr": args.lr, "lr_decay": args.lr_decay,
                 "init_from": args.init_from, "final_loss": result["loss"],

@@ -297,3 +297,49 @@ def test_partners_join_by_geometric_mean_before_the_prior_and_round_trip(tmp_pat
     for bad in ({**cfg, "partners": [cfg]}, {**cfg, "partners": "layer"}):  # nested, or not a list: one line
         with pytest.raises(ValueError, match="partners"):
             layer_from_config(bad)
+
+
+def test_two_directions_combine_and_teach_a_layer_from_a_links_file(tmp_path, capsys):
+    """`scripts/combine_alignments.py` reads the other direction's links swapped and grow-diags them with this
+    direction's (by hand on one line); `scripts/train_alignment_layer.py --teacher-links` teaches from that file,
+    line for line, on a real checkpoint (a few steps, nothing stored)."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    from workbench.analysis.alignment.alignment import read_alignments
+
+    root = Path(__file__).resolve().parents[3]
+    (tmp_path / "ab.links").write_text("0-0 1-2\n0-0\n", encoding="utf-8")
+    (tmp_path / "ba.links").write_text("0-0 1-1 2-1\n0-0 1-1\n", encoding="utf-8")  # target-source
+    combine = runpy.run_path(str(root / "scripts" / "combine_alignments.py"))["main"]
+    assert combine([str(tmp_path / "ab.links"), str(tmp_path / "ba.links"), "--swap-b", "-o",
+                    str(tmp_path / "gd.links")]) == 0
+    # swapped, b is {(0,0), (1,1), (1,2)} on line 1: the intersection {(0,0), (1,2)}, then (1,1) grows next to
+    # (0,0) and (1,2) and aligns target word 1, not yet aligned; line 2: (1,1) is (0,0)'s diagonal neighbour and
+    # aligns two unaligned words
+    assert [sure for sure, _ in read_alignments(tmp_path / "gd.links")] == [{(0, 0), (1, 1), (1, 2)},
+                                                                            {(0, 0), (1, 1)}]
+    assert combine([str(tmp_path / "ab.links"), str(tmp_path / "missing"), "-o", str(tmp_path / "x")]) == 2
+    assert "error:" in capsys.readouterr().err
+    (tmp_path / "two.links").write_text("0-0\n0-0\n", encoding="utf-8")
+    (tmp_path / "de.txt").write_text("Ein Hund läuft .\nEine Katze schläft .\nZwei Männer .\n", encoding="utf-8")
+    (tmp_path / "en.txt").write_text("A dog runs .\nA cat sleeps .\nTwo men .\n", encoding="utf-8")
+    (tmp_path / "t.links").write_text("0-0 1-1 2-2 3-3\n0-0 1-1 2-2 3-3\n0-0 1-1 9-9\n", encoding="utf-8")
+    script = str(root / "scripts" / "train_alignment_layer.py")
+    args = ["--checkpoint", str(root / "checkpoints" / "multi30k-de-en"), "--src", str(tmp_path / "de.txt"),
+            "--tgt", str(tmp_path / "en.txt"), "--steps", "2", "--batch", "2", "--run", str(tmp_path / "run")]
+    for links, fine in (("two.links", False), ("t.links", True)):
+        sys_argv = sys.argv
+        sys.argv = [script, *args, "--teacher-links", str(tmp_path / links)]
+        try:
+            if fine:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                with pytest.raises(SystemExit, match="has 2 lines, --src 3"):
+                    runpy.run_path(script, run_name="__main__")
+        finally:
+            sys.argv = sys_argv
+    out = capsys.readouterr().out
+    assert f"teacher the links in {tmp_path / 't.links'}: 3 pairs" in out and '"step": 2' in out
+    assert not (tmp_path / "run" / "teacher.jsonl").exists()  # nothing asked of the model's own aligner
