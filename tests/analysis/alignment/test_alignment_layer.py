@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -99,6 +101,42 @@ def test_save_load_round_trip_and_the_aligner_loads_it(tmp_path):
         aligner(model, stored, directory=tmp_path / "missing")
     with pytest.raises(ValueError, match="method must be one of"):
         aligner(model, stored, "gradients")
+
+
+def test_a_broken_or_foreign_stored_layer_is_a_one_line_error(tmp_path):
+    """What the CLI and the Evidence tab say when alignment_layer.* beside a checkpoint cannot serve its model: a
+    truncated or non-safetensors file, a config that is not one, tensors of other shapes than the config says, a
+    layer of another width or reading a decoder stream the model lacks (a partner's too) — each a ValueError
+    naming the problem, never a traceback from deep inside the forward pass."""
+    model = make_model(presets.tiny(vocab=30))  # d_model 32, 2 decoder layers
+    stored = {"method": "layer", "shift": "awi", "eos": "drop", "symmetrize": "grow-diag", "units": [[0, None]]}
+    d = model.cfg.d_model
+
+    def refused(layer=None, tensors: bytes | None = None, config: str | None = None) -> str:
+        if layer is not None:
+            save_alignment_layer(layer, tmp_path, {})
+        if tensors is not None:
+            (tmp_path / "alignment_layer.safetensors").write_bytes(tensors)
+        if config is not None:
+            (tmp_path / "alignment_layer.json").write_text(config, encoding="utf-8")
+        with pytest.raises(ValueError) as caught:
+            aligner(model, stored, directory=tmp_path)
+        assert "\n" not in str(caught.value)
+        return str(caught.value)
+
+    good = AlignmentLayer(d, source_layer=1, n_heads=2)
+    save_alignment_layer(good, tmp_path, {})
+    assert aligner(model, stored, directory=tmp_path)[0].layer is not None
+    whole = (tmp_path / "alignment_layer.safetensors").read_bytes()
+    assert "not a readable safetensors file" in refused(tensors=whole[:200])
+    assert "not a readable safetensors file" in refused(tensors=b"\x80\x04pickle")
+    assert "not a stored alignment layer's config" in refused(tensors=whole, config="{not json")
+    assert "not a stored alignment layer's config" in refused(config='{"d_model": 32}')
+    assert "does not match" in refused(config=json.dumps({**good.config(), "d_ff": 4 * d}))
+    assert "is 16 wide, the model 32" in refused(AlignmentLayer(16, source_layer=1, n_heads=2))
+    assert "after 3 layers; the model has 2" in refused(AlignmentLayer(d, source_layer=3, n_heads=2))
+    joined = AlignmentLayer(d, source_layer=1, n_heads=2).join([AlignmentLayer(d, source_layer=5, n_heads=2)])
+    assert "after 5 layers" in refused(joined)
 
 
 def test_shift_att_preset_uses_the_stored_choice_else_the_middle_layer():

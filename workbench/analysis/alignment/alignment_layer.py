@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -104,6 +105,18 @@ class AlignmentLayer(nn.Module):
             if partner is self or partner.partners or partner.d_model != self.d_model:
                 raise ValueError("a partner is another single layer of the same width")
             self.partners.append(partner)
+        return self
+
+    def check_fits(self, model) -> AlignmentLayer:
+        """A one-line error unless this layer (and each partner) reads a stream this model has: its width, and a
+        decoder stream after 0 .. len(model.dec) layers. Returns self."""
+        for member in (self, *self.partners):
+            if member.d_model != model.cfg.d_model:
+                raise ValueError(f"the alignment layer is {member.d_model} wide, the model {model.cfg.d_model}: it "
+                                 "was trained on another model")
+            if not 0 <= member.source_layer <= len(model.dec):
+                raise ValueError(f"the alignment layer reads the decoder stream after {member.source_layer} layers; "
+                                 f"the model has {len(model.dec)}")
         return self
 
     def config(self) -> dict:
@@ -205,13 +218,24 @@ def load_alignment_layer(directory: str | Path, device: str | torch.device = "cp
     if not (d / LAYER_FILE).exists() or not (d / LAYER_CONFIG).exists():
         raise FileNotFoundError(f"{d} has no trained alignment layer ({LAYER_FILE} + {LAYER_CONFIG}); train one "
                                 f"with scripts/train_alignment_layer.py")
-    cfg = json.loads((d / LAYER_CONFIG).read_text(encoding="utf-8"))
-    layer = layer_from_config(cfg)
-    state = load_file(str(d / LAYER_FILE))
+    try:
+        cfg = json.loads((d / LAYER_CONFIG).read_text(encoding="utf-8"))
+        layer = layer_from_config(cfg)
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{d / LAYER_CONFIG} is not a stored alignment layer's config: "
+                         f"{exc if isinstance(exc, ValueError) else repr(exc)}") from None
+    try:
+        state = load_file(str(d / LAYER_FILE))
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{d / LAYER_FILE} is not a readable safetensors file ({exc})") from None
     missing, extra = set(layer.state_dict()) - set(state), set(state) - set(layer.state_dict())
     if missing or extra:
         raise ValueError(f"{d / LAYER_FILE}: missing {sorted(missing)}, unexpected {sorted(extra)}")
-    layer.load_state_dict(state)
+    try:
+        layer.load_state_dict(state)
+    except RuntimeError as exc:  # a tensor of another shape than its config says
+        raise ValueError(f"{d / LAYER_FILE} does not match {LAYER_CONFIG}: {str(exc).splitlines()[-1].strip()}") \
+            from None
     return layer.to(device).eval()
 
 

@@ -459,7 +459,7 @@ def aligner(model, stored: AlignmentSpec | dict | None, method: str | None = Non
         if directory is None:
             raise ValueError('a "layer" aligner needs the checkpoint directory its alignment layer is stored in')
         base = AlignmentSpec(base.method, base.shift, base.eos, base.units, base.provenance, base.symmetrize,
-                             load_alignment_layer(directory, device=model.device))
+                             load_alignment_layer(directory, device=model.device).check_fits(model))
     return base, origin
 
 
