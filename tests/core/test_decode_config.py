@@ -40,3 +40,11 @@ def test_unknown_search_options_are_named(tiny_config):
     src, _ = make_batch(tiny_config)
     with pytest.raises(TypeError, match=r"unknown decoding options \['beam_size'\]"):
         beam_search(model, src, beam_size=4)
+
+
+@pytest.mark.parametrize("beam", [0, -3, 1025, 99999])
+def test_a_beam_outside_1_to_1024_is_refused_before_any_search(beam):
+    """Beam 99999 on one word ran for minutes (memory and time grow with beam x vocabulary): refused at once."""
+    with pytest.raises(ValueError, match=r"beam \(-?\d+\) must be between 1 and 1024"):
+        DecodeConfig(beam=beam)
+    assert DecodeConfig(beam=1024).beam == 1024

@@ -303,6 +303,9 @@ def _show(tp: Any) -> str:
 # ---------------------------------------------------------------------------- decoding
 
 LengthPenaltyKind = Literal["gnmt", "average", "none"]
+MAX_BEAM = 1024
+"""The widest beam a DecodeConfig takes: its memory and time grow with beam × vocabulary per step (beam 99999 ran
+for minutes on one word before this bound), and quality falls long before (Koehn & Knowles 2017: past ~50)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,8 +339,8 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.beam < 1:
-            raise ValueError(f"beam ({self.beam}) must be at least 1")
+        if not 1 <= self.beam <= MAX_BEAM:
+            raise ValueError(f"beam ({self.beam}) must be between 1 and {MAX_BEAM}")
         if not 1 <= self.n_best <= self.beam:
             raise ValueError(f"n_best ({self.n_best}) must be between 1 and beam ({self.beam})")
         if not math.isfinite(self.alpha) or self.alpha < 0:
