@@ -21,6 +21,12 @@ def test_info_on_a_missing_path_is_one_clear_line(capsys, tmp_path):
     assert "neither a preset" in err and "Traceback" not in err
 
 
+def test_info_on_a_directory_without_a_config_says_so(capsys, tmp_path):
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a checkpoint directory: it has no config.json" in err and "Errno" not in err
+
+
 def test_console_script_runs_as_module():
     out = subprocess.run([sys.executable, "-m", "workbench.cli", "--help"], capture_output=True, text=True, check=True)
     assert "info" in out.stdout

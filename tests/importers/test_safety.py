@@ -48,6 +48,21 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path, container, importe
     assert not marker.exists(), "the pickled command ran"
 
 
+def test_a_newer_protocol_pickle_is_refused_with_one_message_and_no_torch_warning(tmp_path):
+    """Python's default pickle protocol (4+) is one torch's restricted unpickler does not read: refused with the
+    reason, and torch's "Detected pickle protocol" warning, which only repeated it, is not printed beside it."""
+    import warnings
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "model.pt"
+    path.write_bytes(pickle.dumps({"model": {}, "x": Exploit(marker)}, protocol=4))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(UnsafeCheckpointError, match="nothing from it was executed"):
+            torch_load(path)
+    assert not [w for w in seen if "pickle protocol" in str(w.message)] and not marker.exists()
+
+
 def test_the_refusal_names_the_offending_global(tmp_path):
     torch.save({"model": {}, "x": Exploit(tmp_path / "m")}, tmp_path / "model.pt")
     with pytest.raises(UnsafeCheckpointError, match=r"(posix|os|nt)\.system"):

@@ -20,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
     if args.what in PRESETS:
         cfg = preset(args.what)
     elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{args.what} is not a checkpoint directory: it has no config.json")
         cfg = ModelConfig.load(path / "config.json")
     elif path.is_file():
         cfg = ModelConfig.load(path)

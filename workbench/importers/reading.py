@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,10 @@ def torch_load(
         else:
             globals_.append(stand_in(name))
     try:
-        with torch.serialization.safe_globals(globals_):
+        with torch.serialization.safe_globals(globals_), warnings.catch_warnings():
+            # torch warns that its restricted unpickler may not know every instruction of a newer pickle protocol;
+            # what it cannot read is refused below with the reason, so the warning only repeats it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = _unpickler_reason(str(exc))
