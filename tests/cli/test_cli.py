@@ -58,3 +58,18 @@ def test_unknown_subcommand_is_a_usage_error(capsys):
         main(["trian", "x.toml"])
     assert exc.value.code == 2
     assert "invalid choice: 'trian'" in capsys.readouterr().err
+
+
+def test_a_warning_is_one_line_named_by_the_command(tmp_path):
+    """A line too long for the model is translated truncated, and said so in one stderr line like the errors, not
+    as a Python warning with its source line."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
+    run = subprocess.run([sys.executable, "-m", "workbench.cli", "translate", "--checkpoint", str(shipped),
+                          "--beam", "1", "--max-len", "5"], input="Hund " * 400 + "\nEin Hund .\n",
+                         capture_output=True, text=True, check=True)
+    assert len(run.stdout.splitlines()) == 2
+    assert run.stderr.splitlines() == [
+        "workbench translate: warning: line 1 has 400 source tokens; truncated to 255 to fit the model's "
+        "max_positions (256)"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
@@ -49,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     module = importlib.import_module(args._module)
+
+    def one_line(message, category, filename, lineno, file=None, line=None) -> None:
+        # a warning is news for the user (a line truncated, skipped...), said as the errors are: one line, no source
+        print(f"workbench {args.command}: warning: {message}", file=sys.stderr)
+
+    shown, warnings.showwarning = warnings.showwarning, one_line
     try:
         return int(module.run(args) or 0)
     except (FileNotFoundError, ValueError, KeyError) as exc:
@@ -57,3 +64,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"workbench {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
