@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     module = importlib.import_module(args._module)
 
-    def one_line(message, category, filename, lineno, file=None, line=None) -> None:
-        # a warning is news for the user (a line truncated, skipped...), said as the errors are: one line, no source
-        print(f"workbench {args.command}: warning: {message}", file=sys.stderr)
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        # a warning is news for the user (a line truncated, skipped...), said as the errors are: one line, no source.
+        # The format, not `showwarning`: a caller recording warnings (catch_warnings(record=True)) still gets them
+        return f"workbench {args.command}: warning: {message}\n"
 
-    shown, warnings.showwarning = warnings.showwarning, one_line
+    shown, warnings.formatwarning = warnings.formatwarning, one_line
     try:
         return int(module.run(args) or 0)
     except (FileNotFoundError, ValueError, KeyError) as exc:
@@ -65,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workbench {args.command}: interrupted", file=sys.stderr)
         return 130
     finally:
-        warnings.showwarning = shown
+        warnings.formatwarning = shown
