@@ -368,7 +368,8 @@ def test_two_directions_combine_and_teach_a_layer_from_a_links_file(tmp_path, ca
     args = ["--checkpoint", str(root / "checkpoints" / "multi30k-de-en"), "--src", str(tmp_path / "de.txt"),
             "--tgt", str(tmp_path / "en.txt"), "--steps", "2", "--batch", "2", "--run", str(tmp_path / "run")]
     for links, fine in (("two.links", False), ("t.links", True)):
-        sys_argv = sys.argv
+        # the script sets the process's torch threads and seed: both put back for the tests after this one
+        sys_argv, threads, rng = sys.argv, torch.get_num_threads(), torch.random.get_rng_state()
         sys.argv = [script, *args, "--teacher-links", str(tmp_path / links)]
         try:
             if fine:
@@ -378,6 +379,8 @@ def test_two_directions_combine_and_teach_a_layer_from_a_links_file(tmp_path, ca
                     runpy.run_path(script, run_name="__main__")
         finally:
             sys.argv = sys_argv
+            torch.set_num_threads(threads)
+            torch.random.set_rng_state(rng)
     out = capsys.readouterr().out
     assert f"teacher the links in {tmp_path / 't.links'}: 3 pairs" in out and '"step": 2' in out
     assert not (tmp_path / "run" / "teacher.jsonl").exists()  # nothing asked of the model's own aligner
