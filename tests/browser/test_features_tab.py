@@ -6,8 +6,9 @@ $FEATURES_SHOTS when set."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, parse_qsl, urlparse
 
 import torch
 from test_app import TIMEOUT, open_app, submit
@@ -97,3 +98,26 @@ def test_features_tab_dashboard_and_link(page, app_server):
     _shot(page, "features_tab_link.png")
     assert page.locator(".view-error").count() == 0
     assert watch.errors == [] and watch.external == []
+
+
+def test_a_checkpoint_without_dictionaries_points_to_one_that_ships_them(page, app_server):
+    """The default checkpoint ships no dictionaries: the tab says so and offers the listed checkpoints that ship
+    some; the button switches as the picker does, the Features tab and the link following."""
+    watch = open_app(page, app_server + "?ckpt=demo_early")
+    page.locator(".main-tabs").get_by_text("Features", exact=True).click()
+    page.locator(".features-note").get_by_text("No dictionaries ship with").wait_for(timeout=TIMEOUT)
+    button = page.locator(".features-open-other button").first  # the same pair (de-en), the most dictionaries
+    assert re.fullmatch(r"Open multi30k-de-en \(\d+ dictionaries\)", button.inner_text(timeout=TIMEOUT).strip())
+    button.wait_for(timeout=TIMEOUT)
+    button.click()
+    page.wait_for_function("() => new URLSearchParams(location.search).get('ckpt') === 'multi30k-de-en'",
+                           timeout=TIMEOUT)
+    page.locator(".features-sentence").wait_for(timeout=TIMEOUT)  # its dictionary's features of the sentence
+    assert new_query(page)["tab"] == "features" and page.locator(".features-note").count() == 0
+    _shot(page, "features_tab_elsewhere.png")
+    assert page.locator(".view-error").count() == 0
+    assert watch.errors == [] and watch.external == []
+
+
+def new_query(page) -> dict:
+    return dict(parse_qsl(urlparse(page.url).query))

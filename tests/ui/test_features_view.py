@@ -204,9 +204,15 @@ def test_another_checkpoints_dictionary_gives_way_and_the_picker_follows(entries
     view.show()
     assert view.site == "" and view._site_picker.options == {}
     assert "No dictionaries ship with this checkpoint" in " ".join(str(getattr(o, "object", "")) for o in view.content)
-    session.checkpoint = "alpha"
+    # and it points to the listed checkpoint that ships some: one button, which switches as the picker does
+    buttons = [b for row in view.content if isinstance(row, pn.Row) for b in row if isinstance(b, pn.widgets.Button)]
+    assert [b.name for b in buttons] == ["Open alpha (1 dictionary)"]
+    buttons[0].clicks += 1
+    assert session.checkpoint == "alpha"
     view.show()
     assert view.site == "" and view._site_picker.value == "hook_memory"  # the first: what '' means
+    assert not [b for row in view.content if isinstance(row, pn.Row) for b in row
+                if isinstance(b, pn.widgets.Button) and b.name.startswith("Open ")]
 
 
 def test_the_tab_shows_the_dictionarys_card_beside_its_baselines_and_seeds(session, entries):

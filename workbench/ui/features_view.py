@@ -54,12 +54,17 @@ DASHBOARD_CONTEXTS = 12  # top contexts a dashboard lists (`feature_dashboard`'s
 STEER_PATTERN = r"^(|[+-]?\d+(\.\d+)?|=-?\d+(\.\d+)?)$"  # "", "5", "+5", "-2.5", "=-2": FeatureEdit.parse's
 
 
-def sites_of(tm) -> list[Path]:
-    """The dictionary directories shipped with a checkpoint (cfg.json + weights under features/)."""
-    root = Path(tm.meta.get("path", "")) / "features"
+def dictionaries_in(checkpoint: str | Path) -> list[Path]:
+    """The dictionary directories shipped in a checkpoint directory (cfg.json + weights under features/)."""
+    root = Path(checkpoint) / "features"
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if (p / "cfg.json").is_file() and (p / "sae_weights.safetensors").is_file())
+
+
+def sites_of(tm) -> list[Path]:
+    """The dictionary directories shipped with a loaded checkpoint (`dictionaries_in` its directory)."""
+    return dictionaries_in(tm.meta.get("path", ""))
 
 
 def site_label(directory: Path) -> str:
@@ -434,6 +439,23 @@ class FeaturesView(LazyTab):
         return pn.Column(self._picker, pn.pane.Markdown(head, sizing_mode="stretch_width"), per_position, *rows,
                          css_classes=["features-why"], sizing_mode="stretch_width")
 
+    def _elsewhere(self) -> list:
+        """For a checkpoint without dictionaries: a button for each listed checkpoint that ships some (at most
+        three: those of this checkpoint's language pair first, then the most dictionaries), which switches to it
+        as the picker does, this tab kept."""
+        pair = self.session.languages(self.session.checkpoint)
+        shipping = [(e.label, len(dictionaries_in(e.path))) for e in self.session.entries
+                    if e.label != self.session.checkpoint]
+        shipping = sorted(((label, n) for label, n in shipping if n),
+                          key=lambda item: (self.session.languages(item[0]) != pair, -item[1]))
+        buttons = []
+        for label, n in shipping[:3]:
+            button = pn.widgets.Button(name=f"Open {label} ({n} dictionar{'y' if n == 1 else 'ies'})",
+                                       css_classes=["features-open-other"], button_type="light")
+            button.on_click(lambda _event, label=label: setattr(self.session, "checkpoint", label))
+            buttons.append(button)
+        return [pn.Row(*buttons)] if buttons else []
+
     def render(self, answer) -> list:
         link_feature, self._link_feature = self._link_feature, None
         if "feature" in answer and link_feature is not None and answer["feature"] != link_feature:
@@ -464,7 +486,8 @@ class FeaturesView(LazyTab):
         finally:
             self._syncing = False
         if "message" in answer:
-            return [self._controls, pn.pane.Markdown(_md_escape(answer["message"]), css_classes=["features-note"])]
+            return [self._controls, pn.pane.Markdown(_md_escape(answer["message"]), css_classes=["features-note"]),
+                    *self._elsewhere()]
         objs = [self._controls,
                 pn.pane.Markdown(DICTIONARY_TERMS, css_classes=["features-terms"], sizing_mode="stretch_width"),
                 pn.pane.Markdown(f"**{answer['site']}** ({answer['n']} features; dictionaries here: "
