@@ -503,10 +503,14 @@ class GraphView(LazyTab):
         if list(source.selected.indices) == indices:
             return
         doc = pn.state.curdoc
-        if doc is not None and doc.session_context is not None:
-            doc.add_next_tick_callback(lambda: setattr(source.selected, "indices", indices))
-        else:
+        if source.document is None or doc is None or doc.session_context is None:
+            # A drawing not on the page yet (from `render`): its first state carries the selection, and the
+            # figure's own JavaScript opens the panel once it is laid out (`charts.graph`, on `inner_width`). A
+            # change event instead could reach the browser before the figure did ("reference … isn't known" there,
+            # and the panel of a copied link's node never opened).
             source.selected.indices = indices
+            return
+        doc.add_next_tick_callback(lambda: setattr(source.selected, "indices", indices))
 
     def _tapped(self, drawn: list[int], indices) -> None:
         self.node = drawn[indices[0]] if len(indices) else -1
