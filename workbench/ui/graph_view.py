@@ -486,8 +486,8 @@ class GraphView(LazyTab):
     @param.depends("node", watch=True)
     def _show_node(self) -> None:
         """Select `node` in the drawn graph (the side panel is the figure's own JavaScript, run on a selection
-        change: set on the next tick, once the figure is on the page). A node the graph does not draw is dropped;
-        a link's is also named, like any refused value of a link."""
+        change and once the figure is laid out): in a new drawing's first state, in a shown one on the next tick.
+        A node the graph does not draw is dropped; a link's is also named, like any refused value of a link."""
         source, drawn = self._drawn
         if source is None or not self._drawn_current():
             return  # the drawing of the page's settings selects it when it comes (`_select_node`)
