@@ -12,8 +12,9 @@ general-en-de shipped before the layer), default the checkpoint's alignment.json
 trained before (self-training: a run directory or a checkpoint directory holding alignment_layer.*; its EOS rule
 and symmetrization `--teacher-eos` / `--teacher-symmetrize`, "intersect" keeps only the links both directions agree
 on). `--teacher-links FILE` teaches from alignments made elsewhere instead: Pharaoh lines (source-target, 0-based),
-one per line of `--src`/`--tgt` and over their punctuation-split words (as `tokenize` writes them; e.g. another
-translation direction's links, swapped, combined with this model's by `scripts/combine_alignments.py`).
+one per line of `--src`/`--tgt` and over their punctuation-split words (as `word_align.split_punctuation` writes
+them; e.g. another translation direction's links, swapped, combined with this model's by
+`scripts/combine_alignments.py` or `scripts/two_direction_teacher.py`).
 `--init-from` starts the layer from one trained before (a run or checkpoint directory) instead of from random
 weights; a run that already holds state resumes from it whatever `--init-from` says. It runs on `--pairs`
 training pairs (never the gold sets); the text is split into words at whitespace and punctuation first, as the
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -49,15 +49,9 @@ from workbench.analysis.alignment.word_align import (
     alignment_maps,
     encode_words,
     parse_units,
+    split_punctuation,
 )
 from workbench.decoding.translator import load
-
-WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
-
-
-def tokenize(line: str) -> str:
-    """Split punctuation from words ("period." -> "period ."), keeping hyphenated words and abbreviations."""
-    return " ".join(WORD.findall(line))
 
 
 def teacher_spec(text: str | None, tm) -> AlignmentSpec:
@@ -136,7 +130,8 @@ def main() -> None:
         raise SystemExit(f"--teacher-links has {len(given)} lines, --src {len(src_lines)}: one per line")
     sources, targets, kept = [], [], []
     for k, (s, t) in enumerate(zip(src_lines, tgt_lines)):
-        sw, tw = encode_words(tm.src_tokenizer, tokenize(s)), encode_words(tm.tgt_tokenizer, tokenize(t))
+        sw = encode_words(tm.src_tokenizer, split_punctuation(s))
+        tw = encode_words(tm.tgt_tokenizer, split_punctuation(t))
         if sw.ids and tw.ids and len(sw.ids) <= args.max_pieces and len(tw.ids) <= args.max_pieces:
             sources.append(sw)
             targets.append(tw)

@@ -384,3 +384,58 @@ def test_two_directions_combine_and_teach_a_layer_from_a_links_file(tmp_path, ca
     out = capsys.readouterr().out
     assert f"teacher the links in {tmp_path / 't.links'}: 3 pairs" in out and '"step": 2' in out
     assert not (tmp_path / "run" / "teacher.jsonl").exists()  # nothing asked of the model's own aligner
+
+
+def test_combine_directions_by_hand_and_the_two_direction_teacher_script(tmp_path, capsys):
+    """`combine_directions` is forward^a * backward^T^(1 - a) over words, each first scaled over its own source side
+    (by hand on a 2 x 2 pair); `scripts/two_direction_teacher.py` scores alphas against gold and writes a teacher
+    from two shipped checkpoints of opposite directions, resuming a cut file to the same lines."""
+    import runpy
+    from pathlib import Path
+
+    from workbench.analysis.alignment.word_align import argmax_links, combine_directions
+
+    forward = np.array([[3.0, 1.0, 9.0], [1.0, 1.0, 0.0]])  # 2 target words x (2 source words + EOS)
+    backward = np.array([[0.2, 0.6, 0.2], [0.5, 0.5, 5.0]])  # 2 source words x (2 target words + EOS)
+    f = np.array([[0.75, 0.25], [0.5, 0.5]])  # rows scaled without EOS
+    b = np.array([[0.25, 0.75], [0.5, 0.5]]).T
+    for alpha in (0.0, 0.3, 1.0):
+        got = combine_directions(forward, backward, alpha=alpha)
+        np.testing.assert_allclose(got[:, :2], f ** alpha * b ** (1 - alpha), rtol=1e-9, atol=1e-11)
+        assert got.shape == (2, 3) and not got[:, 2].any()
+    assert argmax_links(combine_directions(forward, backward, alpha=1.0), symmetrize="intersect") == {(0, 0)}
+    assert argmax_links(combine_directions(forward, backward, alpha=0.0), symmetrize="intersect") == {(0, 1), (1, 0)}
+    np.testing.assert_allclose(combine_directions(forward, backward, alpha=1.0, normalize=False)[:, :2],
+                               forward[:, :2], rtol=1e-9)
+    with pytest.raises(ValueError, match="shapes"):
+        combine_directions(forward, backward[:, :2])
+    with pytest.raises(ValueError, match="alpha"):
+        combine_directions(forward, backward, alpha=1.5)
+
+    root = Path(__file__).resolve().parents[3]
+    (tmp_path / "de.txt").write_text("Ein Hund läuft .\nEine Katze schläft .\nZwei Männer lachen .\n", encoding="utf-8")
+    (tmp_path / "en.txt").write_text("A dog runs .\nA cat sleeps .\nTwo men laugh .\n", encoding="utf-8")
+    (tmp_path / "gold").write_text("1-1 2-2 3-3 4-4\n1-1 2-2 3-3 4-4\n1-1 2-2 3-3 4-4\n", encoding="utf-8")
+    main = runpy.run_path(str(root / "scripts" / "two_direction_teacher.py"))["main"]
+    common = ["--checkpoint", str(root / "checkpoints" / "multi30k-de-en"), "--other",
+              str(root / "checkpoints" / "general-en-de"), "--src", str(tmp_path / "de.txt"), "--tgt",
+              str(tmp_path / "en.txt")]
+    threads = torch.get_num_threads()
+    try:
+        assert main([*common, "--gold", str(tmp_path / "gold"), "--lines", "1-2"]) == 0
+        out = capsys.readouterr().out
+        assert "lines 1-2:" in out and all(f"alpha {a}:" in out for a in (0.3, 0.5, 0.8))
+        assert main([*common, "--alpha", "0.6", "--chunk", "2", "-o", str(tmp_path / "t.links")]) == 0
+        whole = (tmp_path / "t.links").read_text(encoding="utf-8")
+        rows = whole.splitlines()
+        assert len(rows) == 3 and all(rows)
+        for row in rows:  # links inside the four words of each side
+            assert all(0 <= int(x) < 4 for pair in row.split() for x in pair.split("-"))
+        (tmp_path / "t.links").write_text("\n".join(rows[:2]) + "\n", encoding="utf-8")  # cut after one chunk
+        assert main([*common, "--alpha", "0.6", "--chunk", "2", "-o", str(tmp_path / "t.links")]) == 0
+        assert (tmp_path / "t.links").read_text(encoding="utf-8") == whole
+        with pytest.raises(SystemExit):
+            main([*common, "-o", str(tmp_path / "x.links")])  # no alpha: refused, nothing written
+        assert not (tmp_path / "x.links").exists()
+    finally:
+        torch.set_num_threads(threads)

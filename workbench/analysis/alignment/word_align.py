@@ -27,6 +27,7 @@ directions as GIZA++'s are (intersect, grow-diag, grow-diag-final, union; `symme
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,13 @@ PRESETS = ("shift-att",)  # named aligners: Chen et al. 2020's Shift-Att (see `s
 SHIFTS = ("awo", "awi")
 EOS_RULES = ("drop", "null")
 SYMMETRIZE = ("none", "intersect", "grow-diag", "grow-diag-final", "union")
+PUNCTUATION_WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
+
+
+def split_punctuation(line: str) -> str:
+    """Punctuation split from words ("period." -> "period ."), hyphenated words and abbreviations kept whole: how
+    the alignment layers' training text is split, as the gold sets' text is."""
+    return " ".join(PUNCTUATION_WORD.findall(line))
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,28 @@ def argmax_links(matrix: np.ndarray, *, eos: str = "drop", symmetrize: str = "no
     col_has = m[:, :n_src].sum(0) > 0
     cols = {(s, int(t)) for s, t in enumerate(m[:, :n_src].argmax(0)) if col_has[s]}
     return symmetrize_links(rows, cols, symmetrize)
+
+
+def combine_directions(forward: np.ndarray, backward: np.ndarray, *, alpha: float = 0.5,
+                       normalize: bool = True) -> np.ndarray:
+    """One (target words, source words + EOS) map of a pair from two translation directions' word maps of it:
+    `forward` (Tw, Sw + 1) from the model that translates source -> target, `backward` (Sw, Tw + 1) from the one
+    that translates target -> source. Their weighted geometric mean over words, forward^alpha * backward^T^(1 -
+    alpha), each first scaled over its own source side (its rows without EOS) unless `normalize` is false; the
+    EOS column is zero, so read it with eos="drop" (`argmax_links`). A map-level symmetrization of two models, the
+    alternative to combining their links (`symmetrize_links`); docs/analysis.md §10 measures both."""
+    f, b = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
+    if f.ndim != 2 or b.ndim != 2 or f.shape[0] != b.shape[1] - 1 or b.shape[0] != f.shape[1] - 1:
+        raise ValueError(f"maps of one pair need shapes (Tw, Sw + 1) and (Sw, Tw + 1); got {f.shape} and {b.shape}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    a, c = f[:, :-1], b[:, :-1]
+    if normalize:
+        a = a / np.maximum(a.sum(1, keepdims=True), 1e-30)
+        c = c / np.maximum(c.sum(1, keepdims=True), 1e-30)
+    tiny = 1e-12  # a zero score stays (nearly) zero, and log never sees 0
+    out = np.exp(alpha * np.log(a + tiny) + (1.0 - alpha) * np.log(c.T + tiny))
+    return np.concatenate([out, np.zeros((out.shape[0], 1))], axis=1)
 
 
 def symmetrize_links(a: set[Link], b: set[Link], how: str) -> set[Link]:
