@@ -54,6 +54,30 @@ EFFECT_CONTROLS = 3
 no larger than theirs is what removing any vector of that size does, not what the feature does."""
 
 
+_EFFECTS_NOTE = (
+    "mean change in probability at the aligned position when the feature's part is removed (dp = p_clean - "
+    "p_without; drop: the mean log-probability drop; total_variation: the mean total variation distance between the "
+    "two distributions); heads: the values of that head alone (on_top_tokens: mean log-prob drop on the top tokens, "
+    "dp_on_top_tokens: their summed probability change); measurable: top_dp at least floor and above control_top_dp, "
+    "the largest top dp of `controls` random directions of the feature's norm removed the same way")
+
+
+def _effect_verdict(dp: torch.Tensor, n_heads: int, controls: int, floor: float) -> dict[str, Any]:
+    """Whether a feature's removal has a measurable output effect: the top change in probability of the whole
+    removal (`dp` row 0) is at least `floor` and above the largest of the control rows (after the `n_heads` head
+    rows)."""
+    top_dp = float(dp[0].max())
+    control_dp = float(dp[1 + n_heads:].max()) if controls else 0.0
+    measurable = top_dp >= floor and top_dp > control_dp
+    effect = ("measurable" if measurable else
+              f"no measurable output effect: removing it raises no token's probability by {floor:g} or more "
+              f"(largest {top_dp:.4f})" if top_dp < floor else
+              f"no measurable output effect: its top change in probability ({top_dp:.4f}) is no larger than "
+              f"that of a random direction of its size removed the same way ({control_dp:.4f})")
+    return {"top_dp": top_dp, "control_top_dp": control_dp, "controls": controls, "floor": floor,
+            "measurable": measurable, "effect": effect}
+
+
 @dataclass
 class Context:
     value: float
@@ -226,56 +250,44 @@ class FeatureData:
         if not ctx:
             return {"feature": f, "contexts": 0, "tokens": [], "lowers": [], "heads": [], "edited": edited,
                     "measurable": False, "effect": "no contexts: it never fired on the statistics corpus"}
-        model, s = self.tm.model, self._need_stats()
-        found = s.contexts(f)[:contexts]
-        pairs = [(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found]
-        batch = self._batch(pairs)
-        src, tgt_in = batch.src, batch.tgt_in
-        n = len(ctx)
-        direction = self.d.W_dec[f]  # (d_out,)
-        amounts = torch.tensor([c.value for c in ctx])
-        rows = torch.arange(n)
-        pos = torch.tensor([c.position for c in ctx])
-        at = torch.tensor([c.aligned_position for c in ctx])
+        model = self.tm.model
         head_list: list[tuple[int, int]] = []
         if self._memory_site and heads:
             head_list = [(layer, h) for layer in range(len(model.dec))
                          for h in range(model.dec[layer].cross_attn.n_heads)]
-        variants = 2 + len(head_list) + controls  # clean, the whole edit, each head, each control
-        src_v, tgt_v = src.repeat(variants, 1), tgt_in.repeat(variants, 1)
-        delta = amounts[:, None] * direction[None]  # (n, d)
-        g = torch.Generator().manual_seed(f)
-        randoms = torch.randn(controls, direction.numel(), generator=g).to(direction)
-        randoms = randoms / randoms.norm(dim=1, keepdim=True) * direction.norm()
-        hooks = self._removal_hooks(delta, pos, head_list, edit, [amounts[:, None] * r[None] for r in randoms])
-        with model.hooks(hooks):
-            out = model(src_v, tgt_v, project=False)  # (variants * n, T, D): project the aligned rows only
-        logp = model.output_proj(out.view(variants, n, *out.shape[1:])[:, rows, at]).float().log_softmax(-1)
+        logp = self._removal_logprobs(f, ctx, contexts, head_list, edit, controls)
         prob = logp.exp()  # (variants, n, V)
         dp = (prob[:1] - prob[1:]).mean(1)  # (variants-1, V): mean probability it adds
         drop = (logp[:1] - logp[1:]).mean(1)  # mean log-prob drop without it
         p_clean, p_without = prob[0].mean(0), prob[1].mean(0)
         tv = float(0.5 * (prob[0] - prob[1]).abs().sum(-1).mean())  # mean total variation: how much it moves at all
         tokens, lowers, head_rows = self._effect_rows(dp, drop, p_clean, p_without, head_list, top)
-        top_dp = float(dp[0].max())
-        control_dp = float(dp[1 + len(head_list):].max()) if controls else 0.0
-        measurable = top_dp >= floor and top_dp > control_dp
-        effect = ("measurable" if measurable else
-                  f"no measurable output effect: removing it raises no token's probability by {floor:g} or more "
-                  f"(largest {top_dp:.4f})" if top_dp < floor else
-                  f"no measurable output effect: its top change in probability ({top_dp:.4f}) is no larger than "
-                  f"that of a random direction of its size removed the same way ({control_dp:.4f})")
-        return {"feature": f, "contexts": n, "tokens": tokens, "lowers": lowers, "heads": head_rows,
+        return {"feature": f, "contexts": len(ctx), "tokens": tokens, "lowers": lowers, "heads": head_rows,
                 "edited": edited, "edit": edit if self._memory_site else "site", "total_variation": tv,
-                "top_dp": top_dp, "control_top_dp": control_dp, "controls": controls, "floor": floor,
-                "measurable": measurable, "effect": effect,
-                "note": "mean change in probability at the aligned position when the feature's part is removed "
-                        "(dp = p_clean - p_without; drop: the mean log-probability drop; total_variation: the mean "
-                        "total variation distance between the two distributions); heads: the values of that "
-                        "head alone (on_top_tokens: mean log-prob drop on the top tokens, dp_on_top_tokens: their "
-                        "summed probability change); measurable: top_dp at least floor and above control_top_dp, "
-                        "the largest top dp of `controls` random directions of the feature's norm removed the same "
-                        "way"}
+                **_effect_verdict(dp, len(head_list), controls, floor), "note": _EFFECTS_NOTE}
+
+    def _removal_logprobs(self, f: int, ctx: list, contexts: int, head_list: list[tuple[int, int]], edit: str,
+                          controls: int) -> torch.Tensor:
+        """Log-probabilities (variants, n, V) at the aligned positions of the feature's `ctx` (its top contexts)
+        for the variants clean, the whole removal, each head of `head_list`, each of `controls` random directions
+        of the feature's norm (seeded by the feature id), all in one batched forward."""
+        model, s = self.tm.model, self._need_stats()
+        found = s.contexts(f)[:contexts]
+        batch = self._batch([(s.sentences_src[j], s.sentences_tgt[j]) for _, j, _ in found])
+        n = len(ctx)
+        direction = self.d.W_dec[f]  # (d_out,)
+        amounts = torch.tensor([c.value for c in ctx])
+        pos = torch.tensor([c.position for c in ctx])
+        at = torch.tensor([c.aligned_position for c in ctx])
+        variants = 2 + len(head_list) + controls  # clean, the whole edit, each head, each control
+        g = torch.Generator().manual_seed(f)
+        randoms = torch.randn(controls, direction.numel(), generator=g).to(direction)
+        randoms = randoms / randoms.norm(dim=1, keepdim=True) * direction.norm()
+        hooks = self._removal_hooks(amounts[:, None] * direction[None], pos, head_list, edit,
+                                    [amounts[:, None] * r[None] for r in randoms])
+        with model.hooks(hooks):  # (variants * n, T, D): project the aligned rows only
+            out = model(batch.src.repeat(variants, 1), batch.tgt_in.repeat(variants, 1), project=False)
+        return model.output_proj(out.view(variants, n, *out.shape[1:])[:, torch.arange(n), at]).float().log_softmax(-1)
 
     def _removal_hooks(self, delta: torch.Tensor, pos: torch.Tensor, head_list: list[tuple[int, int]], edit: str,
                        controls: list[torch.Tensor] | tuple = ()) -> list:
