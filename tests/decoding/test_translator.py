@@ -173,6 +173,24 @@ def test_cli_translate_invalid_utf8(tm, tmp_path, capsys):
     assert len(lines) == 4 and lines[1] == ""
 
 
+def test_cli_translate_warns_on_lines_without_words(tm, tmp_path):
+    """Emoji or punctuation alone: one warning each (one stderr line under the CLI), output kept line for line;
+    numbers alone are no warning (a test file's "2 : 1" translates by copying), nor are words or an empty line."""
+    from workbench.checkpoint.format import save_checkpoint
+
+    save_checkpoint(tmp_path / "ck", tm.model, src_tokenizer=tm.src_tokenizer)
+    src = tmp_path / "in.txt"
+    src.write_text("gut\n😀😀😀\n123 456\n\n!!! ?\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["translate", "--checkpoint", str(tmp_path / "ck"), "--input", str(src), "--output",
+                     str(out)]) == 0
+    assert [str(w.message) for w in caught if "no words" in str(w.message)] == [
+        f"line {n} has no words (no letters or digits): its translation means nothing" for n in (2, 5)]
+    assert len(out.read_text(encoding="utf-8").split("\n")[:-1]) == 5
+
+
 def test_stream_holds_chunks(tm):
     consumed = []
 

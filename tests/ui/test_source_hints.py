@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.analysis.training_dynamics.confidence import Familiarity, familiarity, source_hints
+from workbench.analysis.training_dynamics.confidence import Familiarity, familiarity, lacks, source_hints
 from workbench.ui import loader
 from workbench.ui.work import Request, translate
 
@@ -26,6 +26,8 @@ def test_hints_by_rule():
     assert "no words" in source_hints("🙂🙂 !!", -0.2, known)[0]
     assert "no words" in source_hints("123 456", None, None)[0]  # said even before any calibration
     assert source_hints("Ein Hund.", -0.3, known) == []
+    assert [lacks(t) for t in ("🙂🙂 !!", "123 456", "Ein Hund.", "2 Hunde", "", "  ")] == [
+        "letters or digits", "letters", None, None, None, None]
     assert source_hints("Ein Hund.", None, known) == []  # a given (teacher-forced) output: nothing to judge
     assert source_hints("Ein Hund.", -2.0, None) == []  # not calibrated yet
     (hint,) = source_hints("Un chien.", -1.5, known)

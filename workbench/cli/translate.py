@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..analysis.alignment.alignment import format_pharaoh
 from ..analysis.alignment.word_align import align_pairs, aligner
+from ..analysis.training_dynamics.confidence import lacks
 from ..decoding.evaluate import read_lines
 from ..decoding.translator import TranslationModel, load
 from ..features.dictionary import SparseDictionary
@@ -119,7 +122,8 @@ def _run(tm: TranslationModel, args: argparse.Namespace, steer: dict | None) -> 
     source = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
     sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
     try:
-        lines = read_lines(source, errors=args.errors, name=args.input if args.input != "-" else "stdin")
+        name = args.input if args.input != "-" else "stdin"
+        lines = _warn_wordless(read_lines(source, errors=args.errors, name=name))
         if args.alignments:
             _translate_aligned(tm, lines, sink, args.chunk, steer)
         else:
@@ -132,6 +136,16 @@ def _run(tm: TranslationModel, args: argparse.Namespace, steer: dict | None) -> 
         if sink is not sys.stdout:
             sink.close()
     return 0
+
+
+def _warn_wordless(lines: Iterable[str]) -> Iterator[str]:
+    """The lines unchanged, with a one-line warning for each that has neither letters nor digits (emoji,
+    punctuation): the model has nothing to translate there, and its output means nothing."""
+    for number, line in enumerate(lines, 1):
+        if lacks(line) == "letters or digits":
+            warnings.warn(f"line {number} has no words (no letters or digits): its translation means nothing",
+                          stacklevel=2)
+        yield line
 
 
 def _translate_aligned(tm, lines, sink, chunk: int, steer: dict | None = None) -> None:

@@ -153,11 +153,21 @@ def familiarity(tm, *, limit: int = 40) -> Familiarity:
                        config.get("src_lang"), config.get("tgt_lang"))
 
 
+def lacks(text: str) -> str | None:
+    """What a non-empty source lacks for a model to translate it: "letters or digits" (emoji, punctuation, symbols
+    only), "letters" (numbers only), or None (it has words, or it is empty). The one home of this rule: the app
+    hints at both (`source_hints`), `workbench translate` warns at the first only, since a test file's numbers-only
+    lines ("2 : 1") translate fine by copying."""
+    if not text.strip() or any(ch.isalpha() for ch in text):
+        return None
+    return "letters" if any(ch.isdigit() for ch in text) else "letters or digits"
+
+
 def source_hints(text: str, mean_log_prob: float | None, known: Familiarity | None) -> list[str]:
     """One-line hints about a source the model is likely to mistranslate: no words at all, or an output the model
     is less sure of than of 95 % of its own validation outputs (`mean_log_prob`: per output piece; None when
     the output was given, not decoded)."""
-    if text.strip() and not any(ch.isalpha() for ch in text):
+    if lacks(text):
         return ["The source has no words (no letters), so the model has nothing to translate: the output below "
                 "is what it makes of the pieces, and means nothing."]
     if known is None or mean_log_prob is None or mean_log_prob >= known.low:
