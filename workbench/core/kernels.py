@@ -26,26 +26,23 @@ precision; only summation orders differ. fp32 probabilities agree to 1e-6, bf16 
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
+
+from . import triton_attention
 
 # Rows longer than this fall back to the plain path (a row lives in one program's registers).
 MAX_FUSED_KEYS = 8192
 
 
-@functools.cache
 def _triton():
     """(triton, the softmax kernel, whether it uses libdevice, the probabilities kernel, the context kernel), or
-    None where Triton cannot be imported (optional: PyTorch's CUDA wheels carry it, its CPU wheels do not). The
-    kernels live in `core.triton_attention`, imported here on first use only."""
-    try:
-        from workbench.core import triton_attention as kernels
-    except ImportError:
+    None where Triton cannot be imported (`core.triton_attention`, where the kernels live)."""
+    if triton_attention.triton is None:
         return None
-    return (kernels.triton, kernels.masked_softmax_rows, kernels.USE_LIBDEVICE, kernels.attention_probs_tiles,
-            kernels.probs_values_tiles)
+    return (triton_attention.triton, triton_attention.masked_softmax_rows, triton_attention.USE_LIBDEVICE,
+            triton_attention.attention_probs_tiles, triton_attention.probs_values_tiles)
 
 
 def fused_softmax_usable(scores: torch.Tensor) -> bool:

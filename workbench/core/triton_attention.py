@@ -1,26 +1,39 @@
-"""The Triton kernels behind `core.kernels`, in a module of their own: importing it imports Triton, so
-`kernels._triton()` imports it on first use only (importing Triton takes a while, and a CPU machine has none).
-Triton resolves a kernel's names among its module's globals, which is why the kernels live at module level here
-and not in a closure. Read `core.kernels` for what each computes and how it equals the plain path.
+"""The Triton kernels behind `core.kernels`, at module level because Triton resolves a kernel's names among its
+module's globals (a closure is not visible to its compiler). Read `core.kernels` for what each computes and how it
+equals the plain path.
+
+Triton is optional: PyTorch's CUDA wheels carry it, its CPU wheels do not. Without it `triton` is None and the
+functions below are plain, never-called Python (`kernels._triton()` says None). With it, importing this module
+imports Triton: 0.2–0.4 s after torch on this project's CPU machine (measured with Triton 3.9).
 """
 
 from __future__ import annotations
 
 import os
 
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
 
 try:  # libdevice's expf is the exp PyTorch's CUDA softmax calls
     from triton.language.extra import libdevice
-except ImportError:  # an older Triton: its tl.exp
+except ImportError:  # an older Triton (its tl.exp), or none
     libdevice = None
 
 # the interpreter (TRITON_INTERPRET=1: the kernel run by numpy on a CPU) has no libdevice
 USE_LIBDEVICE = libdevice is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-@triton.jit
+def _plain(fn):
+    return fn
+
+
+jit = triton.jit if triton is not None else _plain
+
+
+@jit
 def masked_softmax_rows(x_ptr, mask_ptr, n_rows, n_cols, q_len, heads, m_sb, m_sh, m_sq, m_sk, fill,
                         HAS_MASK: tl.constexpr, LIBDEVICE: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK: tl.constexpr):
@@ -47,7 +60,7 @@ def masked_softmax_rows(x_ptr, mask_ptr, n_rows, n_cols, q_len, heads, m_sb, m_s
         e = tl.exp(shifted)
     tl.store(ptrs, (e / tl.sum(e, axis=1)[:, None]).to(x_ptr.dtype.element_ty), mask=inside)
 
-@triton.jit
+@jit
 def _scores_tile(q, k_ptr, mask_ptr, b, h, rows, start, q_len, k_len, k_sb, k_sh, k_sl, k_sd,
                  m_sb, m_sh, m_sq, m_sk, fill, HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
                  BLOCK_N: tl.constexpr):
@@ -68,7 +81,7 @@ def _scores_tile(q, k_ptr, mask_ptr, b, h, rows, start, q_len, k_len, k_sb, k_sh
         s = tl.where(visible != 0, s, fill)
     return tl.where(cols[None, :] < k_len, s, float("-inf")), cols
 
-@triton.jit
+@jit
 def attention_probs_tiles(q_ptr, k_ptr, p_ptr, mask_ptr, heads, q_len, k_len, scale, fill,
                           q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, m_sb, m_sh, m_sq, m_sk,
                           HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, LIBDEVICE: tl.constexpr,
@@ -107,7 +120,7 @@ def attention_probs_tiles(q_ptr, k_ptr, p_ptr, mask_ptr, heads, q_len, k_len, sc
         tl.store(out + cols[None, :], (e / row_sum[:, None]).to(p_ptr.dtype.element_ty),
                  mask=(rows[:, None] < q_len) & (cols[None, :] < k_len))
 
-@triton.jit
+@jit
 def probs_values_tiles(p_ptr, v_ptr, o_ptr, heads, q_len, k_len, p_sb, p_sh, p_sq, p_sk,
                        v_sb, v_sh, v_sl, v_sd, o_sb, o_sh, o_sl, o_sd, HEAD_DIM: tl.constexpr,
                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
