@@ -45,6 +45,38 @@ def test_compare_never_defaults_to_the_opposite_direction(page, app_server):
     assert label not in ("demo", "demo_early", "other")
 
 
+# The Compare tab's figures: position, width, title lines, and the room a title line has (from the frame's left
+# edge, where Bokeh starts it, to the canvas' right edge, where it would be cut).
+COMPARE_FIGURES_JS = """() => [...Bokeh.index.all_views()].filter(v => v.model.type === 'Figure' && v.el.isConnected
+    && v.el.getBoundingClientRect().width > 0).map(v => { const r = v.el.getBoundingClientRect();
+    return {x: r.x, y: r.y, w: r.width, lines: v.model.title.text.split('\\n'), room: r.width - v.frame.bbox.left,
+            font: v.model.title.text_font_style + ' ' + v.model.title.text_font_size + ' helvetica'}; })"""
+
+
+@pytest.mark.parametrize("width", [1000, 1500])
+def test_compare_of_shipped_checkpoints_fits_the_page(page, app_server, width):
+    """The shipped de->en checkpoint (listed from the default directory) and its early snapshot on a real sentence (the
+    audit's case: the third figure and the titles were cut, and the page scrolled sideways by 85 px at 1000 px): three
+    figures side by side, every title line inside its figure, no sideways scroll."""
+    page.set_viewport_size({"width": width, "height": 900})
+    watch = open_app(page, app_server + "?ckpt=multi30k-de-en&tab=compare"
+                     "&src=Ein+Mann+mit+einem+orangefarbenen+Hut+starrt+auf+etwas.")
+    page.get_by_text("B reads A's output").wait_for(timeout=TIMEOUT * 2)
+    page.wait_for_function(f"({COMPARE_FIGURES_JS})().length === 3", timeout=TIMEOUT)
+    page.wait_for_timeout(500)  # the layout settled
+    figs = page.evaluate(COMPARE_FIGURES_JS)
+    assert [f["lines"][0] for f in figs] == ["A = multi30k-de-en", "B = multi30k-de-en-early", "B − A"], figs
+    assert len({round(f["y"]) for f in figs}) == 1 and sum(f["w"] for f in figs) >= 0.9 * width, figs
+    for f in figs:
+        for line in f["lines"]:
+            assert page.evaluate(TEXT_WIDTH_JS, [line, f["font"]]) <= f["room"], (line, f)
+    scroll = page.evaluate("() => [document.scrollingElement.scrollWidth, document.scrollingElement.clientWidth]")
+    assert scroll[0] <= scroll[1], scroll
+    edge = page.evaluate(OVERFLOW_JS)
+    assert edge["right"] <= edge["page"], edge
+    assert watch.errors == []
+
+
 def _overlap(a: dict, b: dict) -> bool:
     return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
                 or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])

@@ -486,7 +486,7 @@ def test_the_features_tabs_controls_round_trip(browser, app_server):
 
 def _model_analysis_controls(page) -> dict:
     page.locator(".analysis-picker select").select_option(label="beam search replay")
-    page.locator(".analysis-method select").select_option(label="input_x_gradient")
+    page.locator(".analysis-method select").select_option(label="input × gradient")
     for css, value in ((".analysis-beam input", "3"), (".analysis-step input", "1")):
         page.locator(css).fill(value)
         page.locator(css).press("Enter")

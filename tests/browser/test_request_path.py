@@ -235,7 +235,9 @@ def test_closing_a_page_stops_its_sweep_in_the_worker_processes(browser, app_ser
         time.sleep(1.0)
         if _cpu_seconds(workers) - before < 0.1:
             break
-        assert time.monotonic() - closed < max(remaining / 2, 30), (
+        # against the sweep's own rate, not the clock: still computing when the sweep would have ended anyway is
+        # a job that was never cancelled (plus the two 1-second windows this loop measures with)
+        assert time.monotonic() - closed < remaining + 2.0, (
             f"the workers kept computing after the page closed (the sweep had {remaining:.0f} s of work left)")
     assert time.monotonic() - closed < remaining / 2 or remaining < 60
 

@@ -320,8 +320,10 @@ def test_time_spent_stopped_does_not_count_against_the_time_budget(tmp_path):
     assert proc.returncode == 0, err
     log = load_checkpoint(run).train_log
     train = [r for r in log if r["kind"] == "train"]
-    # The budget, not the budget plus the 8-second stop (counted, the run would stop at its first step after
-    # SIGCONT with a time of 14 s or more); how many steps fit after the stop depends on the machine's load, so
-    # the test asks only that training went on.
-    assert 6.0 <= train[-1]["time"] < 8.0, train[-1]
+    # The budget, not the budget plus the 8-second stop: every step is logged, and had the stop counted, the step
+    # after SIGCONT would be logged 8 s or more after the one before it. Measured against the stop, not the clock's
+    # speed: how many steps fit, and how long each takes, depends on the machine's load.
+    gaps = [b["time"] - a["time"] for a, b in zip(train, train[1:], strict=False)]
+    assert max(gaps) < 8.0, max(gaps)
+    assert train[-1]["time"] >= 6.0, train[-1]  # and it used its whole budget
     assert train[-1]["step"] > int(stopped_at.name[5:])  # it trained on after the stop

@@ -204,7 +204,7 @@ def test_a_superseded_graph_is_never_applied(entries, monkeypatch):
         original = view.render
         view.render = lambda answer: rendered.append(answer["position"]) or original(answer)
         shown = view.progress
-        view.progress = lambda done, total: reports.append((done, total)) or shown(done, total)
+        view.progress = lambda done, total, what="": (what or reports.append((done, total))) or shown(done, total, what)
         view.position = 1
         view.show()
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 60)

@@ -3,7 +3,9 @@ Transformer's order; every term of art has a definition a student can read, reac
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,101 @@ def test_every_views_text_links_its_terms(app):
     intro = graph_view.GraphView(session=app.session).__panel__().objects[0].object
     assert 'href="#glossary-attribution-graph"' in intro and 'href="#glossary-logit"' in intro
     assert 'href="#glossary-teacher-forcing"' in link_terms(views._md_escape("B reads A's output (teacher forcing)"))
+
+
+def test_other_spellings_of_a_term_link_to_its_entry():
+    from workbench.ui.learn import ALIASES, link_terms
+
+    for spelling, name in ALIASES.items():
+        assert name in GLOSSARY and f'href="#{anchor(name)}"' in link_terms(spelling), spelling
+    out = link_terms("topk, then TopK: symmetrized")
+    assert out.count('href="#glossary-topk"') == 1  # one link per entry, whichever spelling comes first
+    assert '>symmetrized</a>' in out  # the text's own spelling shown
+
+
+def _linked(text: str, *names: str) -> list[str]:
+    """The names among `names` that `text` does not link to their glossary entry."""
+    return [name for name in names if f'class="term" href="#{anchor(name)}"' not in text]
+
+
+def test_the_tabs_terms_of_art_link_to_the_glossary(app):
+    """The jargon each tab shows (issue 37 point 5), drawn as the tab draws it: the Evidence caption (its aligner's
+    rules), the Why tab's patching note (the estimate against the sweep), the Features tab's dictionary names and
+    card, the Model analysis tab's attribution methods, the Analysis tab's statistics."""
+    import panel as pn
+    from bokeh.models import Div
+
+    from workbench.analysis.alignment.word_align import AlignmentSpec
+    from workbench.analysis.attribution.sentence_evidence import describe_aligner, sentence_evidence
+    from workbench.ui import analysis_views, features_view
+    from workbench.ui.evidence_view import EvidenceView, draw_evidence
+    from workbench.ui.views import AnalysisView
+    from workbench.ui.why_view import WhyView
+
+    session = app.session
+    evidence = EvidenceView(session=session, roles=False)
+    evidence.show()
+    (caption,) = [d.text for d in evidence.content[0].object.select({"type": Div})
+                  if "evidence-method-label" in d.css_classes]
+    assert "EOS dropped, symmetrized none" in re.sub(r"<[^>]+>", "", caption)  # the words a reader sees
+    assert _linked(caption, "symmetrization", "EOS", "argmax") == [], caption
+    stored = AlignmentSpec("weights", "awi", "drop", ((0, None),), {"held_out_aer": 0.25}, "grow-diag")  # as shipped
+    ev = replace(sentence_evidence(session.translation_model(), session.result.request.sentence,
+                                   session.result.text), spec=describe_aligner(stored, own=True))
+    (caption,) = [d.text for d in draw_evidence(ev).select({"type": Div}) if "evidence-method-label" in d.css_classes]
+    assert "symmetrized grow-diag" in re.sub(r"<[^>]+>", "", caption)
+    assert _linked(caption, "symmetrization", "grow-diag", "EOS", "argmax", "AER") == [], caption
+
+    why = WhyView(session=session)
+    why.show()
+    tm, r = session.model, session.result
+    ids = list(r.src_ids)
+    swapped = tm.src_tokenizer.decode([ids[1], ids[0], *ids[2:-1]])
+    if tm.encode_source(swapped)[0] == ids or len(tm.encode_source(swapped)[0]) != len(ids):
+        pytest.skip("this tokenizer re-splits the swapped text")
+    why.corrupted = swapped  # small: the exact sweep, with the estimate's agreement with it
+    (note,) = [o.object for o in why.content if "why-patching-note" in o.css_classes]
+    assert "Spearman" in note and _linked(note, "Spearman", "nats", "scale ratio") == [], note
+
+    assert _linked(features_view.DICTIONARY_TERMS, "TopK", "skip transcoder") == []
+    view = features_view.FeaturesView(session=session)
+    shown = view.render({"site_labels": {}, "site": "hook_memory", "n": 4, "sites": ["hook_memory"], "sentence": "",
+                         "card": "| | FVU |\n|---|---|\n| PCA, L0 components | 0.5 |"})
+    (card,) = [o for o in shown if isinstance(o, pn.Card)]
+    assert _linked(" ".join(str(o.object) for o in card.objects), "PCA", "L0", "nats") == []
+
+    analysis = analysis_views.ModelAnalysisView(session=session, analysis="attribution vs attention")
+    page = analysis.__panel__()
+    (terms,) = [o for o in page.objects if "analysis-method-terms" in o.css_classes]
+    assert terms.visible and _linked(terms.object, "saliency", "input × gradient", "Spearman") == []
+    picker = page.objects[0].objects[1]  # the method picker shows words; the link keeps the identifier
+    assert picker.options == {"saliency": "saliency", "input × gradient": "input_x_gradient"}
+    analysis.method = "input_x_gradient"
+    assert picker.value == "input_x_gradient" and analysis.analysis == "attribution vs attention"
+    analysis.analysis = "logit lens"
+    assert not terms.visible  # the methods' words only beside the analysis they belong to
+
+    stats = AnalysisView(session=session)
+    stats.show()
+    assert _linked(stats.content[0].object, "entropy", "rollout") == []
+
+
+def test_controls_without_a_label_of_their_own_get_a_question_mark(app):
+    """Every control shows its tooltip's "?" (issue 37 point 5): widgets that draw none (a button group, a checkbox)
+    sit beside a tooltip icon with their parameter's sentence; the Features pickers built by hand carry it too."""
+    import panel as pn
+
+    from workbench.ui.evidence_view import EvidenceView
+    from workbench.ui.features_view import FeaturesView
+    from workbench.ui.views import AttentionView
+
+    def icons(layout) -> set[str]:
+        return {o.value for o in layout.select(pn.widgets.TooltipIcon)}
+
+    session = app.session
+    evidence = EvidenceView(session=session, roles=False)
+    assert {EvidenceView.param.method.doc, EvidenceView.param.roles.doc} <= icons(evidence.__panel__())
+    assert session.param.words.doc in icons(AttentionView(session=session).__panel__())
+    features = FeaturesView(session=session)
+    assert features._site_picker.description == FeaturesView.param.site.doc
+    assert features._feature_box.description == FeaturesView.param.feature.doc

@@ -119,12 +119,12 @@ def test_progress_from_an_old_request_is_ignored():
     stopped_at = []
 
     def reporting(tag, ticket):
-        ticket.report(tag, 1)
+        ticket.report(1, 2, tag)
         reported.set()
         if tag == "old":
             assert release.wait(WAIT)
             try:
-                ticket.report(tag, 2)  # superseded meanwhile: raises, and nothing reaches the page
+                ticket.report(2, 2, tag)  # superseded meanwhile: raises, and nothing reaches the page
             except Cancelled:
                 stopped_at.append(2)
                 raise
@@ -137,11 +137,11 @@ def test_progress_from_an_old_request_is_ignored():
         await until(lambda: shown, "the first report")
         lane.submit(reporting, "new", done=lambda _a: None, progress=lambda *a: shown.append(a))
         release.set()
-        await until(lambda: ("new", 1) in shown and stopped_at, "the new report")
+        await until(lambda: (1, 2, "new") in shown and stopped_at, "the new report")
         await asyncio.sleep(0.2)
 
     on_loop(main)
-    assert shown == [("old", 1), ("new", 1)] and stopped_at == [2]
+    assert shown == [(1, 2, "old"), (1, 2, "new")] and stopped_at == [2]
 
 
 def test_progress_and_answers_are_applied_on_the_loop_with_the_callers_context():
@@ -150,7 +150,7 @@ def test_progress_and_answers_are_applied_on_the_loop_with_the_callers_context()
 
     def work(ticket):
         seen["worker"] = (var.get(), threading.current_thread().name)
-        ticket.report(1)
+        ticket.report(1, 1)
         return 2
 
     async def main():

@@ -231,16 +231,15 @@ def test_an_exact_answer_shows_the_estimate_first(session, monkeypatch):
 
 def test_sweep_progress_is_shown_at_most_every_quarter_second_and_its_last_report_always(session):
     """Each shown report is a message to the page on the shared event loop: reports closer together than
-    `PROGRESS_EVERY` are skipped, except the sweep's last (and the first, which carries the estimate)."""
+    `PROGRESS_EVERY` are skipped, except the sweep's last (and its first, which follows the estimate)."""
     view = WhyView(session=session)
-    r = session.result
     view._progress_at = time.monotonic() + 3600  # as if a report had just been shown
-    view._report(("k", None), r, 5, 100)
+    view._report(5, 100)
     assert not view._progress_text.visible and view._bar.value == 0  # skipped
-    view._report(("k", None), r, 100, 100)
+    view._report(100, 100)
     assert "patched 100 of 100 sites" in view._progress_text.object and view._bar.value == 100  # the last: shown
     view._progress_at = 0.0  # long ago
-    view._report(("k", None), r, 50, 100)
+    view._report(50, 100)
     assert "patched 50 of 100 sites" in view._progress_text.object and view._bar.value == 50
 
 

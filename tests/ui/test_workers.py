@@ -50,7 +50,7 @@ def test_a_job_runs_in_another_process_at_a_lower_priority(pool):
     pid, nice = job.future.result(timeout=WAIT)
     assert pid != os.getpid() and nice >= HEAVY_NICE
     _wait(lambda: len(reports) == 3, "the progress reports")
-    assert reports == [(0, 3), (1, 3), (2, 3)]  # in order, through the queue
+    assert reports == [(0, 3, ""), (1, 3, ""), (2, 3, "")]  # in order, through the queue: `Progress` calls
 
 
 def test_a_cancelled_job_stops_at_its_next_batch_and_says_where(pool):
@@ -114,14 +114,16 @@ def test_patching_in_a_worker_equals_patching_here_and_the_estimate_comes_first(
     r = s.result
     changed = _swapped(s)
     here = why_view.patch(r, changed, exact=True)
-    reports = []
-    job = pool.submit(why_view.patch, (why_view.PatchInput.of(r), changed, True), report=lambda *a: reports.append(a))
+    reports, partial = [], []
+    job = pool.submit(why_view.patch, (why_view.PatchInput.of(r), changed, True), report=lambda *a: reports.append(a),
+                      partial=lambda p: partial.append((len(reports), p)))
     there = job.future.result(timeout=WAIT)
     assert there.exact and there.corrupted == here.corrupted
     for a, b in zip(here.maps, there.maps, strict=True):
         assert np.allclose(a[1], b[1], equal_nan=True, atol=1e-6)
     _wait(lambda: len(reports) >= 2, "the progress")
-    assert len(reports[0]) == 3 and not reports[0][2].exact  # the estimate, before any site is patched
+    assert len(partial) == 1 and partial[0][0] == 0 and not partial[0][1].exact  # the estimate, before any report
+    assert reports[0][0] == 0 and reports[0][2] == ""  # then the sweep, from its first site
     assert [d for d, *_ in reports] == sorted(d for d, *_ in reports)
     assert there.agreement is not None and there.agreement.cells == here.agreement.cells
 
@@ -147,11 +149,19 @@ def test_without_a_pool_the_job_runs_in_the_servers_threads_and_the_log_says_so(
     assert "heavy work runs in the server's threads" in caplog.text
 
 
-def test_the_same_jobs_run_on_a_dask_cluster(entries):
+def test_the_same_jobs_run_on_a_dask_cluster(entries, monkeypatch):
     distributed = pytest.importorskip("distributed", reason="the optional Dask placement needs `distributed`")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+    for name in ("MALLOC_TRIM_THRESHOLD_", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                 "PYTHONHASHSEED", "__DASK_PARENT_PID"):  # Dask's nanny sets these in this process: restored after
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+    # a worker process, as a real cluster has: the job, its arguments and its answer cross by pickling
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
             distributed.Client(c, set_as_default=False) as client:
         p = workers.DaskPlacement(client, HEAVY_NICE)
+        pid, nice = p.submit(workers.probe, (1, 0.0)).future.result(timeout=WAIT)
+        assert pid != os.getpid() and nice >= HEAVY_NICE  # another process, at the heavy work's lower priority
         reports = []
         job = p.submit(workers.probe, (10_000, 0.01), report=lambda *a: reports.append(a))
         _wait(lambda: len(reports) >= 3, "progress from the Dask worker")

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from app_fixtures import build_checkpoint  # noqa: E402
 from test_requests import on_loop, until  # noqa: E402
 
+from workbench.charts.compare import compare_attention  # noqa: E402
 from workbench.charts.features import feature_dashboard  # noqa: E402
 from workbench.charts.graph import graph_data  # noqa: E402
 from workbench.ui import loader, workers  # noqa: E402
@@ -25,7 +26,8 @@ from workbench.ui.evidence_view import EvidenceView, draw_evidence, evidence  # 
 from workbench.ui.features_view import FeaturesView, explore  # noqa: E402
 from workbench.ui.graph_view import GraphView, graph_answer  # noqa: E402
 from workbench.ui.session import Session  # noqa: E402
-from workbench.ui.work import Offloaded, Snapshot  # noqa: E402
+from workbench.ui.views import CompareView  # noqa: E402
+from workbench.ui.work import Offloaded, Snapshot, compare_reading  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
 SENTENCE = "Ein Hund läuft durch den Park."
@@ -73,7 +75,7 @@ def test_a_graph_built_in_a_worker_equals_one_built_here_and_a_reprune_builds_no
     assert _close(here["trust"].real, there["trust"].real) and _close(here["trust"].predicted, there["trust"].predicted)
     assert abs(here["token_prob"] - there["token_prob"]) < 1e-6 and here["contexts"] == there["contexts"]
     assert here["corpus"] == there["corpus"] and here["piece"] == there["piece"]
-    built = [r for r in reports if len(r) == 2]
+    built = [r for r in reports if not r[2]]  # sub-layer counts, not the stage lines
     assert built and built[-1][0] == built[-1][1]  # its progress per sub-layer reached the server, to the last
     # the drawing's columns come with the answer (computed off the server's loop), as the chart computes them
     assert here["drawn"] == graph_data(here["graph"], here["keep"], src_tokens=here["src_tokens"],
@@ -83,7 +85,7 @@ def test_a_graph_built_in_a_worker_equals_one_built_here_and_a_reprune_builds_no
     # the page's graph travels with a job that only changes the threshold: pruned again, not rebuilt
     pruned, reports = _in_worker(pool, graph_answer, shipped, key, 2, 0.5, 100, False, False,
                                  (there["graph"], there["trust"]))
-    assert pruned["seconds"] == 0.0 and not [r for r in reports if len(r) == 2]
+    assert pruned["seconds"] == 0.0 and not [r for r in reports if not r[2]]
     assert pruned["keep"].tolist() == there["graph"].prune(0.5, 100).tolist()
 
 
@@ -94,7 +96,7 @@ def test_evidence_computed_in_a_worker_equals_evidence_computed_here(pool, shipp
     assert ev_h.spec == ev_t.spec and ev_h.pieces == ev_t.pieces and ev_h.links == ev_t.links
     assert _close(ev_h.weights, ev_t.weights) and _close(ev_h.shares, ev_t.shares)
     assert where_h == where_t and str(roles_h) == str(roles_t)
-    assert reports and "roles" in reports[0][0]
+    assert reports and "roles" in reports[0][2]
     fig = draw_evidence(*there)  # the page draws the worker's answer
     assert len(fig.children) == 6
 
@@ -162,8 +164,8 @@ def test_served_each_tab_sends_its_work_to_the_pool_and_a_closed_page_cancels_it
     sent = []
     real_submit = pool.submit
 
-    def recording(fn, args, report=None, wanted=lambda: True):
-        job = real_submit(fn, args, report, wanted)
+    def recording(fn, args, report=None, wanted=lambda: True, partial=None):
+        job = real_submit(fn, args, report, wanted, partial)
         sent.append((fn.__name__, job))
         return job
 
@@ -202,9 +204,67 @@ def test_a_cancelled_role_measurement_stops_within_a_batch_and_caches_nothing(sh
     ticket = workers.WorkerTicket(lambda: len(sent) >= 3, sent.append)  # closed after its third report
     with pytest.raises(Cancelled):
         evidence(shipped, "weights", True, ticket)
-    assert len(sent) == 3 and sent[-1][1][0].endswith("15 of 60 sentences")  # stopped after the first batch
+    assert len(sent) == 3 and sent[-1][1][:2] == (15, 60)  # stopped after the first batch
     assert not [k for k in loader.CACHE.keys() if "roles" in k]
     reports = []
     finished = workers.WorkerTicket(lambda: False, reports.append)
     ev, roles, where = evidence(shipped, "weights", True, finished)
-    assert roles is not None and "test2016" in where and reports[-1][1][0].endswith("60 of 60 sentences")
+    assert roles is not None and "test2016" in where and reports[-1][1][:2] == (60, 60)
+
+
+@pytest.mark.parametrize("kind, layer, head, words", [("cross", 1, -1, False), ("enc_self", 2, 3, True)])
+def test_a_comparison_read_in_a_worker_equals_one_read_here(pool, shipped, shipped_result, kind, layer, head, words):
+    """The Compare tab's work: the shipped early snapshot (B) reads A's output; in a worker as in this process."""
+    early = str(SHIPPED.parent / "multi30k-de-en-early")
+    args = (shipped, shipped_result.trace, early, kind, layer, head, words)
+    here = compare_reading(*args)
+    there, _ = _in_worker(pool, compare_reading, *args)
+    for side in ("a", "b"):
+        h, t = here[side], there[side]
+        assert (h.kind, h.layer, h.heads, h.queries, h.keys) == (t.kind, t.layer, t.heads, t.queries, t.keys), side
+        assert _close(h.values, t.values) and np.array_equal(h.masked, t.masked), side
+    assert here["a"].queries == here["b"].queries and here["a"].keys == here["b"].keys  # one grid: B − A exists
+    assert abs(here["log_prob_b"] - there["log_prob_b"]) < 1e-5
+    layout = compare_attention(there["a"], there["b"], names=("multi30k-de-en", "multi30k-de-en-early"), wrap=30)
+    titles = [f.title.text for f in layout.children]  # the page draws the worker's answer, titles wrapped
+    assert titles[2].startswith("B − A") and max(len(line) for t in titles for line in t.split("\n")) <= 30
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    build_checkpoint(root / "alpha", seed=0, steps=0)
+    build_checkpoint(root / "beta", seed=1, steps=0)
+    return loader.discover([root], default=None)[0]
+
+
+def test_served_the_compare_tab_loads_and_runs_b_in_a_worker_never_here(pool, pair, monkeypatch):
+    monkeypatch.setattr(workers, "_PLACEMENT", pool)
+    sent, loaded = [], []
+    real_submit, real_load = pool.submit, loader.load_model
+
+    def recording(fn, args, *rest, **kw):
+        sent.append(fn.__name__)
+        return real_submit(fn, args, *rest, **kw)
+
+    def load_here(path):
+        loaded.append(Path(path).name)
+        return real_load(path)
+
+    monkeypatch.setattr(pool, "submit", recording)
+    monkeypatch.setattr(loader, "load_model", load_here)
+
+    async def main():
+        s = Session(pair, checkpoint="alpha", sentence=SENTENCE, background=True)
+        await until(lambda: s.result is not None and not s.busy, "the translation")
+        view = CompareView(session=s)
+        assert view.other == "beta"  # the default partner
+        view.show()
+        await until(lambda: not view.lane.busy and len(view.content) > 1, "the Compare tab's answer")
+        return view
+
+    view = on_loop(main)
+    assert sent == ["compare_reading"] and "beta" not in loaded  # B: loaded and run in the worker process only
+    assert "B = beta" in view.content[0].object
+    figures = [o for o in view.content[-1] for o in o.objects]
+    assert [f.object.title.text.split("\n")[0] for f in figures] == ["A = alpha", "B = beta", "B − A"]

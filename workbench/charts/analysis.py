@@ -243,12 +243,13 @@ def attribution_view(attribution, *, attention=None, src_tokens=None, tgt_tokens
     q = _labels(values.shape[0], tgt_tokens)
     k = _labels(values.shape[1], src_tokens)
     shown = np.abs(values) if method == "input_x_gradient" else values
-    left = relevance_heatmap(shown, q, k, title=f"{method} (|·|) of log p(y_t)", value_label=method)
+    name = "input × gradient" if method == "input_x_gradient" else method  # as the pickers show it
+    left = relevance_heatmap(shown, q, k, title=f"{name} (|·|) of log p(y_t)", value_label=name)
     if attention is None:
         return left
     att = np.asarray(attention, dtype=np.float64)
     rho = step_agreement(shown, att)
-    right = relevance_heatmap(att, q, k, title=f"attention; Spearman with {method}: mean {np.nanmean(rho):.2f}",
+    right = relevance_heatmap(att, q, k, title=f"attention; Spearman with {name}: mean {np.nanmean(rho):.2f}",
                               value_label="weight")
     return row(left, right)
 

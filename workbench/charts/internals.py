@@ -50,21 +50,30 @@ def position_similarity(table: np.ndarray) -> np.ndarray:
     return (norm @ norm.T).astype(np.float32)
 
 
+def spread_dims(d_model: int) -> tuple[int, ...]:
+    """Four sine dimensions from low to high (4, d/16, d/8, d/4, even), each oscillating several times slower than
+    the one before, all in the sine half of every layout. The Annotated Transformer plots dims 4-7 of a 20-dim
+    table, where they already differ this much; of a 512-dim one, dims 4-7 are four near-identical fast waves."""
+    return tuple(sorted({max(0, x - x % 2) for x in (4, d_model // 16, d_model // 8, d_model // 4)
+                         if x < d_model // 2}))
+
+
 def positional_encoding_view(
     cfg: ModelConfig | None = None,
     *,
     kinds: Sequence[str] | None = None,
     length: int = 100,
     d_model: int | None = None,
-    dims: Sequence[int] = (4, 5, 6, 7),
+    dims: Sequence[int] | None = None,
     model=None,
 ):
     """Per kind: the (position x dimension) matrix, chosen dimensions as curves over positions (the
-    Annotated Transformer's figure) and position-to-position cosine similarity.
+    Annotated Transformer's figure; default `spread_dims`, fast to slow) and position-to-position cosine similarity.
 
     kinds default: the config's own kind first, then the other sinusoidal layouts for comparison.
     """
     d_model = d_model or (cfg.d_model if cfg is not None else 512)
+    dims = spread_dims(d_model) if dims is None else dims
     offset = cfg.position_offset if cfg is not None else 0
     if kinds is None:
         own = [cfg.positions] if cfg is not None and cfg.positions not in ("none",) else []
@@ -87,7 +96,10 @@ def positional_encoding_view(
         for c, d in enumerate(dims):
             curves.line(np.arange(offset, offset + length), table[:, d], legend_label=f"dim {d}",
                         color=Category10_10[c % 10], line_width=2)
-        curves.legend.click_policy = "hide"
+        legend = curves.legend[0]  # above the plot, in one row: inside, it covered the curves
+        legend.click_policy, legend.orientation, legend.location = "hide", "horizontal", "center"
+        legend.margin, legend.padding, legend.spacing = 0, 2, 8
+        curves.add_layout(legend, "above")
         curves.add_tools(HoverTool(tooltips=[("position", "$x{0}"), ("value", "$y{0.000}")]))
         sim = matrix_figure(position_similarity(table), pos, pos, low=-1.0, high=1.0, palette=DIVERGING,
                             title=f"{kind}: cosine similarity of positions", value_label="cosine", width=420,
@@ -126,9 +138,13 @@ def label_smoothing_chart(vocab: int = 10, smoothing: float = 0.1, target: int =
         x=alt.X("token:O"), y=alt.Y("probability:Q"), color=alt.Color("kind:N", legend=None),
         tooltip=["token", alt.Tooltip("probability:Q", format=".4f")])
     right = alt.Chart(curve, title="loss vs confidence in the gold token").mark_line().encode(
-        x="confidence:Q", y="loss:Q", color="target:N",
+        x="confidence:Q", y="loss:Q",
+        color=alt.Color("target:N", title=None, sort=["smoothed", "one-hot"],
+                        legend=alt.Legend(orient="top", labelExpr="datum.label + ' target'")),
         tooltip=[alt.Tooltip("confidence:Q", format=".3f"), alt.Tooltip("loss:Q", format=".3f"), "target:N"])
-    return alt.hconcat(left, right.interactive())
+    # each its own colours: a shared scale had merged the bars' two kinds with the lines' two targets and, as the
+    # bars ask for no legend, left the lines without one
+    return alt.hconcat(left, right.interactive()).resolve_scale(color="independent")
 
 
 def confidence_data(gold: np.ndarray, top: np.ndarray, bins: int = 40) -> pd.DataFrame:

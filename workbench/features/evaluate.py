@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..core.model import Encoded
+from ..core.model import Encoded, evaluating
 from ..core.protocols import Progress
 from ..corpus.data import ParallelData, load_dataset
 from ..decoding.evaluate import score
@@ -178,38 +178,40 @@ def evaluate_dictionary(tm: TranslationModel, dictionary: SparseDictionary, *, d
     """The card's figures (see the module docstring), in four steps: the density pass (dead/dense counts, the
     baselines' fit, the site's mean), the evaluation pass, the table of figures, BLEU. `progress(done, total,
     what)` gets a line of figures after each step that has some."""
-    model, d = tm.model.eval(), dictionary.eval()
-    site = site_of(d)
-    clock = _Clock()
-    hidden = (model.stream(site.name.split(".")[0]).layers[int(site.name.split(".")[1])].ffn.hook_hidden.name,) \
-        if site.transcoder else ()
-    n_neurons = model.cfg.ffn_dim(site.name.split(".")[0]) if site.transcoder else 0
-    steps = 2 if bleu_split else 1
+    model, d = tm.model, dictionary
+    with evaluating(model), evaluating(d):
+        site = site_of(d)
+        clock = _Clock()
+        hidden = (model.stream(site.name.split(".")[0]).layers[int(site.name.split(".")[1])].ffn.hook_hidden.name,) \
+            if site.transcoder else ()
+        n_neurons = model.cfg.ffn_dim(site.name.split(".")[0]) if site.transcoder else 0
+        steps = 2 if bleu_split else 1
 
-    dens_data, dens_name = _density_data(tm, dataset, density_split, density_tokens, site.side, data_root)
-    dens = _density_pass(model, d, site, dens_data, max_tokens, hidden, n_neurons, baselines, clock)
-    fits = _fit_baselines(dens, d, site, seed, model.device, clock) if baselines else {}
+        dens_data, dens_name = _density_data(tm, dataset, density_split, density_tokens, site.side, data_root)
+        dens = _density_pass(model, d, site, dens_data, max_tokens, hidden, n_neurons, baselines, clock)
+        fits = _fit_baselines(dens, d, site, seed, model.device, clock) if baselines else {}
 
-    src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
-    src, tgt = load_dataset(dataset, split, src_lang, tgt_lang, data_root, limit=limit)
-    data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=model.cfg.max_positions - 1)
-    ev = _evaluation_pass(model, d, site, data, max_tokens, hidden, dens.mean(model.device), fits, clock)
-    result = _result_table(site, f"{dataset}:{split}", len(data), d, dens, dens_name, ev, fits, seed, n_neurons)
-    result["seconds"] = round(clock.seconds.get("card", 0.0), 1)
-    if progress:
-        lines = [f"{site.name}: FVU {result['fvu']:.4f}, L0 {result['l0']:.1f}, dead {result['dead_frac']:.1%} "
-                 f"and dense {result['dense_frac']:.1%} of {dens.rows:,} tokens, ΔCE {result['delta_ce']:.4f} nats, "
-                 f"CE recovered {result['ce_recovered']:.3f} (zero) {result['ce_recovered_mean']:.3f} (mean)"]
-        lines += [f"  {name}: FVU {b['fvu']:.4f}, L0 {b['l0']:.1f}, ΔCE {b['delta_ce']:.4f} nats"
-                  for name, b in result.get("baselines", {}).items()]
-        progress(1, steps, "\n".join(lines))
-    if bleu_split:
-        result |= _bleu(tm, site, d, dataset, bleu_split, src_lang, tgt_lang, data_root, limit, clock)
+        src_lang, tgt_lang = tm.meta.get("src_lang", "de"), tm.meta.get("tgt_lang", "en")
+        src, tgt = load_dataset(dataset, split, src_lang, tgt_lang, data_root, limit=limit)
+        data = ParallelData.encode(src, tgt, tm.src_tokenizer, tm.tgt_tokenizer, max_len=model.cfg.max_positions - 1)
+        ev = _evaluation_pass(model, d, site, data, max_tokens, hidden, dens.mean(model.device), fits, clock)
+        result = _result_table(site, f"{dataset}:{split}", len(data), d, dens, dens_name, ev, fits, seed, n_neurons)
+        result["seconds"] = round(clock.seconds.get("card", 0.0), 1)
         if progress:
-            progress(2, steps, f"{site.name}: {bleu_split} BLEU {result['bleu_clean']:.2f} clean, "
-                     f"{result['bleu_spliced']:.2f} spliced")
-    result["timing"] = _timing(clock, result["seconds"])
-    return result
+            lines = [f"{site.name}: FVU {result['fvu']:.4f}, L0 {result['l0']:.1f}, dead {result['dead_frac']:.1%} "
+                     f"and dense {result['dense_frac']:.1%} of {dens.rows:,} tokens, "
+                     f"ΔCE {result['delta_ce']:.4f} nats, "
+                     f"CE recovered {result['ce_recovered']:.3f} (zero) {result['ce_recovered_mean']:.3f} (mean)"]
+            lines += [f"  {name}: FVU {b['fvu']:.4f}, L0 {b['l0']:.1f}, ΔCE {b['delta_ce']:.4f} nats"
+                      for name, b in result.get("baselines", {}).items()]
+            progress(1, steps, "\n".join(lines))
+        if bleu_split:
+            result |= _bleu(tm, site, d, dataset, bleu_split, src_lang, tgt_lang, data_root, limit, clock)
+            if progress:
+                progress(2, steps, f"{site.name}: {bleu_split} BLEU {result['bleu_clean']:.2f} clean, "
+                         f"{result['bleu_spliced']:.2f} spliced")
+        result["timing"] = _timing(clock, result["seconds"])
+        return result
 
 
 @dataclass

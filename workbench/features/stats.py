@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..core.model import evaluating
 from ..corpus.data import ParallelData, load_dataset
 from ..decoding.translator import TranslationModel, load
 from ..training.distributed import Dist, init_distributed
@@ -165,24 +166,25 @@ def corpus_feature_stats(tm: TranslationModel, dictionary: SparseDictionary, dat
                          chunk: int = 4096, sample: int = 32) -> FeatureStats:
     """Every feature's statistics over `data` (this rank's share of its batches; torchrun ranks are merged): one pass
     accumulating (`_Accumulator`), the merge across ranks, then the kept contexts resolved to sentences."""
-    model, d = tm.model.eval(), dictionary.eval()
-    site = site_of(d)
-    di = dist_info or Dist()
-    acc = _Accumulator.empty(d.cfg.d_sae, top, sample)
-    for idx in data.batches(max_tokens, shuffle=False)[di.rank :: di.world]:
-        batch = data.collate(idx, model.cfg)
-        x, _ = site_rows(model, batch, site)
-        mask = site_mask(batch, site, model.cfg.pad_id)
-        sent = torch.tensor(idx)[:, None].expand_as(mask)[mask]
-        pos = torch.arange(mask.size(1))[None].expand_as(mask)[mask]
-        keys = sent * 4096 + pos
-        acc.tokens += x.size(0)
-        for i in range(0, x.size(0), chunk):
-            acc.add(d.encode(x[i : i + chunk]).cpu(), keys[i : i + chunk])
-    if di.world > 1:
-        acc.merge_ranks(di.world)
-    return acc.finish(data, {"site": site.name, "side": site.side, "top": top, "sample": sample, "world": di.world,
-                             **(meta or {})})
+    model, d = tm.model, dictionary
+    with evaluating(model), evaluating(d):
+        site = site_of(d)
+        di = dist_info or Dist()
+        acc = _Accumulator.empty(d.cfg.d_sae, top, sample)
+        for idx in data.batches(max_tokens, shuffle=False)[di.rank :: di.world]:
+            batch = data.collate(idx, model.cfg)
+            x, _ = site_rows(model, batch, site)
+            mask = site_mask(batch, site, model.cfg.pad_id)
+            sent = torch.tensor(idx)[:, None].expand_as(mask)[mask]
+            pos = torch.arange(mask.size(1))[None].expand_as(mask)[mask]
+            keys = sent * 4096 + pos
+            acc.tokens += x.size(0)
+            for i in range(0, x.size(0), chunk):
+                acc.add(d.encode(x[i : i + chunk]).cpu(), keys[i : i + chunk])
+        if di.world > 1:
+            acc.merge_ranks(di.world)
+        return acc.finish(data, {"site": site.name, "side": site.side, "top": top, "sample": sample, "world": di.world,
+                                 **(meta or {})})
 
 
 @dataclass

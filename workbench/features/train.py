@@ -176,7 +176,7 @@ class FeatureTrainer:
             raise ValueError(f"batch ({cfg.batch}) must divide among {self.dist.world} ranks")
         self.local_batch = cfg.batch // self.dist.world
         self.tm = translation_model or load(cfg.checkpoint)
-        self.model = self.tm.model.eval()
+        self.model = self.tm.model.eval()  # frozen for the trainer's life (read, never trained): no mode to restore
         self.site: Site = resolve_site(self.model, cfg.site)
         if data is None:
             src, tgt = load_dataset(cfg.dataset, cfg.split, self.tm.meta.get("src_lang", "de"),

@@ -30,11 +30,17 @@ from ..core.heads import hook_name
 from ..core.trace import Trace
 from ..decoding.search import beam_search
 from . import loader
+from .learn import link_terms
 from .views import LazyTab
 from .work import Offloaded, Snapshot
 
 ANALYSES = ["(pick one)", "logit lens", "attribution vs attention", "beam search replay", "encoder rollout",
             "attention flow", "value norms (cross, last layer)"]
+METHODS = {"saliency": "saliency", "input × gradient": "input_x_gradient"}  # label: value (the URL's `mam=`)
+ATTRIBUTION_TERMS = link_terms(
+    "*Attribution vs attention*: how much each source token matters to each output token, by saliency (the size of "
+    "the gradient) or input × gradient, beside the last cross-attention layer's weights averaged over heads; the "
+    "title gives their per-step Spearman correlation.")
 FLOW_MAX_TOKENS = 24  # attention flow is S² max-flows: ~3 s at 20 tokens on one CPU thread
 
 
@@ -123,7 +129,7 @@ class ModelAnalysisView(LazyTab):
     analysis = param.Selector(default=ANALYSES[0], objects=ANALYSES, doc=(
         "Which analysis of this sentence to run: the logit lens, attribution against attention, a replay of beam "
         "search, attention rollout or flow, or the value norms of the last cross-attention."))
-    method = param.Selector(default="saliency", objects=["saliency", "input_x_gradient"], doc=(
+    method = param.Selector(default="saliency", objects=METHODS, doc=(
         "How 'attribution vs attention' scores each source token: the gradient's size (saliency) or the gradient "
         "times the token's embedding (input × gradient)."))
     beam = param.Integer(default=4, bounds=(2, 8), doc=(
@@ -171,7 +177,9 @@ class ModelAnalysisView(LazyTab):
             pn.widgets.IntInput.from_param(self.param.beam, name="Beam", width=80, css_classes=["analysis-beam"]),
             pn.widgets.IntInput.from_param(self.param.step, name="Beam step", width=100, css_classes=["analysis-step"]),
         )
-        return pn.Column(controls, self._box, sizing_mode="stretch_width")
+        terms = pn.pane.Markdown(ATTRIBUTION_TERMS, css_classes=["analysis-method-terms"], sizing_mode="stretch_width",
+                                 visible=self.param.analysis.rx() == "attribution vs attention")
+        return pn.Column(controls, terms, self._box, sizing_mode="stretch_width")
 
 
 TAB = ("Model analysis", lambda session: ModelAnalysisView(session=session))

@@ -107,6 +107,9 @@ def evidence_figure(tm, source: str, output: str, *, method: str | None = None, 
     return draw_evidence(sentence_evidence(tm, source, output, method=method), roles, roles_from)
 
 
+ROLES_STAGE = "measuring the heads' roles (once per checkpoint)"
+
+
 def evidence(r, method: str | None, with_roles: bool, ticket=None) -> tuple:
     """The tab's work for result `r` (a `work.Snapshot` in a worker process): (SentenceEvidence, HeadRoles or None,
     where the roles were measured), for `draw_evidence`. `method` None: the checkpoint's own aligner."""
@@ -117,10 +120,8 @@ def evidence(r, method: str | None, with_roles: bool, ticket=None) -> tuple:
     if with_roles:
         progress = None
         if ticket is not None:
-            ticket.report("measuring the heads' roles (once per checkpoint)")
-
-            def progress(done: int, total: int) -> None:  # each batch: a closed page or a newer request stops it
-                ticket.report(f"measuring the heads' roles (once per checkpoint): {done} of {total} sentences")
+            progress = ticket.report  # each batch: a closed page or a newer request stops it
+            progress(0, 0, ROLES_STAGE)
         roles, where = checkpoint_roles(tm, r.request.sentence, r.text, progress)
         if ticket is not None:
             ticket.check()  # a newer sentence or method supersedes this one: stop before the evidence
@@ -133,8 +134,8 @@ def draw_evidence(ev, roles=None, roles_from: str = ""):
     bars = source_share_bars(ev.pieces, ev.shares, title="source share")
     for fig in (lines, bars):  # as wide as the page, however long the sentence (no sideways scrolling)
         fig.sizing_mode, fig.min_width = "stretch_width", 300
-    parts = [Div(text=f"<b>Word alignment</b>: {ev.spec}; line width = strength, dashed = the argmax links",
-                 css_classes=["evidence-method-label"], sizing_mode="stretch_width"),
+    parts = [Div(text=link_terms(f"<b>Word alignment</b>: {ev.spec}; line width = strength, dashed = the argmax "
+                                 "links"), css_classes=["evidence-method-label"], sizing_mode="stretch_width"),
              lines,
              Div(text=link_terms("<b>Source share</b> of each output token (ALTI+): the rest comes from the target "
                                  "prefix"), sizing_mode="stretch_width"),
@@ -151,9 +152,8 @@ class EvidenceView(LazyTab):
     """Alignment, source shares and head roles of the session's current sentence and model."""
 
     method = param.Selector(default=OWN_ALIGNER, objects=list(METHOD_LABELS), doc=(
-        "What the word alignment is read from: the checkpoint's own aligner (the links the workbench align "
-        "command writes, e.g. a trained alignment layer), the cross-attention weights, the weights times the size "
-        "of what each source token sends (value-weighted norms), or ALTI+ contributions."))
+        "Where the word links come from: the checkpoint's own aligner, the cross-attention weights, those weights "
+        "times the size of what each source word sends (value-weighted norms), or ALTI+ contributions."))
     roles = param.Boolean(default=True, doc=("Also show what each head mostly does (aligns words, attends to the end "
                                              "of the sentence, to the previous word…), measured once per model."))
 
@@ -177,14 +177,19 @@ class EvidenceView(LazyTab):
     def render(self, answer):
         return [pn.pane.Bokeh(draw_evidence(*answer), sizing_mode="stretch_width")]
 
-    def progress(self, message: str) -> None:
-        self._box.objects = [pn.pane.Markdown(f"*{message}…*")]
+    def progress(self, done: int, total: int, what: str = "") -> None:
+        counted = f": {done} of {total} sentences" if total else ""
+        self._box.objects = [pn.pane.Markdown(f"*{what or ROLES_STAGE}{counted}…*")]
 
     def __panel__(self):
+        # A button group and a checkbox draw no "?" of their own (their description is at most a hover title):
+        # each gets a tooltip icon with its parameter's sentence, as labelled widgets show theirs.
         controls = pn.Row(
             pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Alignment method",
                                                    css_classes=["evidence-method"]),
+            pn.widgets.TooltipIcon(value=self.param.method.doc, css_classes=["evidence-method-help"]),
             pn.widgets.Checkbox.from_param(self.param.roles, name="Head roles", css_classes=["evidence-roles"]),
+            pn.widgets.TooltipIcon(value=self.param.roles.doc, css_classes=["evidence-roles-help"]),
         )
         return pn.Column(controls, self._box, sizing_mode="stretch_width")
 

@@ -47,8 +47,13 @@ from .views import LazyTab, _md_escape
 from .work import Offloaded, Snapshot
 
 DICTIONARY_TERMS = link_terms(
-    "Each dictionary (an SAE, or a transcoder for a feed-forward layer) is named by its site, architecture and width, "
-    "and by its card's L0 (features active per token) and FVU (what it fails to reconstruct).")
+    "Each dictionary (an SAE, or a transcoder for a feed-forward layer) is named by its site, architecture (topk: "
+    "exactly k features active per token; skip transcoder: a transcoder with a linear bypass) and width, and by its "
+    "card's L0 (features active per token) and FVU (what it fails to reconstruct).")
+CARD_TERMS = link_terms(
+    "Read its row against the baselines at the same L0: PCA (as many principal components) and a random dictionary. "
+    "A dictionary worth its features reconstructs better (lower FVU) and keeps more of the loss (CE recovered); ΔCE "
+    "and KL are in nats.")
 WHY_TOP = 8  # features listed under "Why this word"
 DASHBOARD_CONTEXTS = 12  # top contexts a dashboard lists (`feature_dashboard`'s default)
 STEER_PATTERN = r"^(|[+-]?\d+(\.\d+)?|=-?\d+(\.\d+)?)$"  # "", "5", "+5", "-2.5", "=-2": FeatureEdit.parse's
@@ -289,13 +294,13 @@ class FeaturesView(LazyTab):
         super().__init__(**params)
         self._link = None  # the page's link (`bind_link`): a feature's link is this page on that feature
         self._link_feature: int | None = None  # a link's feature, checked when the tab first shows a dashboard
-        self._site_picker = pn.widgets.Select(name="Dictionary", options={}, width=380,
-                                              css_classes=["features-site"])
+        self._site_picker = pn.widgets.Select(name="Dictionary", options={}, width=380, css_classes=["features-site"],
+                                              description=self.param.site.doc)  # its "?", as from_param gives
         self._syncing = False  # the picker is being set from an answer, not by the user
         # No bounds on the box: a negative id is refused aloud here (`_typed_feature`; a bounded box had kept its
         # last value without a word), and the end is checked when the dictionary is known (`render`)
         self._feature_box = pn.widgets.IntInput(name="Feature", value=self.feature, width=120,
-                                                css_classes=["features-id"])
+                                                css_classes=["features-id"], description=self.param.feature.doc)
         self._feature_box.param.watch(self._typed_feature, "value")
         self.param.watch(lambda _e: self._show_feature(self.feature), "feature")  # the current one: an answer may
         # have replaced the value this event carries (an id past the end) before this watcher runs
@@ -425,11 +430,12 @@ class FeaturesView(LazyTab):
         if not rows:
             rows.append(pn.pane.Markdown("*No feature is active on this sentence.*"))
         head = (f"**Why this word: {_md_escape(_shown(why['piece']))}** (output token {why['position']}, log p = "
-                f"{why['value']:.3f}). Each active feature's attribution is its activation times the gradient of "
-                f"log p along its decoder direction (first order, at the clean point). All {why['active']} active "
-                f"features give {why['features']:+.4f}, the dictionary's error {why['error']:+.4f} and bias "
-                f"{why['bias']:+.4f}: together {why['total']:+.4f}, the site's input × gradient. The top ones "
-                "(a button opens the feature's dashboard):")
+                f"{why['value']:.3f}). " + link_terms(  # its terms linked, never the word's own text
+                    "Each active feature's attribution is its activation times the gradient of log p along its decoder "
+                    f"direction (first order, at the clean point). All {why['active']} active features give "
+                    f"{why['features']:+.4f}, the dictionary's error {why['error']:+.4f} and bias {why['bias']:+.4f}: "
+                    f"together {why['total']:+.4f}, the site's input × gradient. The top ones (a button opens the "
+                    "feature's dashboard):"))
         cells = " ".join(f"<span title='{v:+.4f}' style='background:{_shade(v, why['per_position'])};"
                          f"padding:0 3px;margin:0 1px'>{html.escape(_shown(piece))}</span>"
                          for piece, v in why["per_position"])
@@ -496,6 +502,8 @@ class FeaturesView(LazyTab):
                 self._linked(answer["sentence"], "features-sentence")]
         if "card" in answer:
             objs.append(pn.Card(pn.pane.Markdown(answer["card"], sizing_mode="stretch_width"),
+                                pn.pane.Markdown(CARD_TERMS, css_classes=["features-card-terms"],
+                                                 sizing_mode="stretch_width"),
                                 title="Its card: beside PCA and a random dictionary at its L0, over seeds",
                                 collapsed=True, css_classes=["features-card"], sizing_mode="stretch_width"))
         if "steer" in answer:

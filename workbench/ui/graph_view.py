@@ -155,7 +155,7 @@ def graph_answer(r, key: tuple, position: int, threshold: float, max_nodes: int,
     tm, src_ids, out_ids = r.model, r.src_ids, r.out_ids
     seconds, (graph, trust) = 0.0, kept or (None, None)
     if graph is None:
-        def progress(done, total):
+        def progress(done: int, total: int, what: str = "") -> None:
             if ticket is not None:
                 ticket.check()  # a newer token or sentence supersedes this graph: stop between sub-layers
                 ticket.report(done, total)

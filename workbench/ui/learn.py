@@ -75,11 +75,45 @@ GLOSSARY: dict[str, str] = {
     "transcoder": "A dictionary trained to imitate a feed-forward layer: sparse features in, the layer's output "
                   "out.",
     "warm-up": "The first training steps, in which the learning rate rises from 0 to its peak before it decays.",
+    "argmax": "The position of the largest value: for an alignment, the one word on the other side that a word "
+              "attends to most.",
+    "EOS": "End of sentence: the token the model writes to stop. Heads with nothing to do often park their "
+           "attention on it, so aligners usually leave it out.",
+    "entropy": "How spread out a distribution is: 0 when all of a head's attention is on one token, ln n nats when "
+               "it is spread evenly over n tokens.",
+    "grow-diag": "A symmetrization rule (Koehn et al. 2003): start from the links both directions agree on, then add "
+                 "links of either direction next to one already there (diagonals too) that align a word not yet "
+                 "aligned.",
+    "input × gradient": "An attribution: a token's embedding times the gradient of the output's log-probability "
+                        "with respect to it, summed; a first-order guess of what removing the token would change.",
+    "nats": "The unit of log-probabilities taken with the natural log: a change of 1 nat multiplies a probability "
+            "by e (about 2.7), and 0.69 nats doubles it.",
+    "PCA": "Principal component analysis: the directions along which an activation varies most. Kept to as many "
+           "components as a dictionary has active features (its L0), it is the baseline a dictionary should beat.",
+    "saliency": "An attribution: how much the output's log-probability reacts to each input token, read as the "
+                "size of its gradient with respect to the token's embedding.",
+    "scale ratio": "How the estimate's size compares with the exact measurement: the largest exact effect divided "
+                   "by the largest estimated one (1 = the same scale, 10 = the estimate is 10 times too small).",
+    "skip transcoder": "A transcoder with an extra linear path straight from the layer's input to its output, so its "
+                       "sparse features only explain what that linear path misses.",
+    "Spearman": "Spearman rank correlation: how alike two orderings are, from 1 (same order) through 0 (unrelated) "
+                "to -1 (reversed), whatever the sizes of the values.",
+    "symmetrization": "Combining the alignments read in the two directions (source to output and output to source) "
+                      "into one set of links: intersect keeps the links both find, union those either finds.",
+    "TopK": "A sparse autoencoder that keeps the k largest features on each token and sets the rest to 0, so "
+            "exactly k are active (its L0 is k).",
 }
+
+ALIASES: dict[str, str] = {
+    "symmetrized": "symmetrization",
+    "topk": "TopK",
+}
+"""Other spellings of an entry that the views' texts use (a verb form, a library's lower-case name): linked to
+that entry, showing the text's own spelling."""
 
 
 def anchor(name: str) -> str:
-    return "glossary-" + "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
+    return "glossary-" + re.sub("-+", "-", "".join(ch if ch.isalnum() else "-" for ch in name.lower())).strip("-")
 
 
 def term(name: str, shown: str | None = None) -> str:
@@ -97,20 +131,26 @@ def _pattern(name: str) -> re.Pattern:
     return re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w])", flags)
 
 
-_PATTERNS = sorted(((name, _pattern(name)) for name in GLOSSARY), key=lambda kv: -len(kv[0]))
+# (entry, spelling, its pattern), the longest spelling first
+_PATTERNS = sorted(((ALIASES.get(spelling, spelling), spelling, _pattern(spelling))
+                    for spelling in (*GLOSSARY, *ALIASES)), key=lambda t: -len(t[1]))
 
 
 def link_terms(text: str) -> str:
     """A view's text (Markdown or HTML) with the first mention of each term of art linked to its glossary entry
-    (`term`, keeping the text's own spelling), outside code spans, links and tags; longer terms first, so
-    "attribution patching" is one link, not "patching" inside it."""
-    for name, pattern in _PATTERNS:
+    (`term`, keeping the text's own spelling, an `ALIASES` one too), outside code spans, links and tags; longer
+    terms first, so "attribution patching" is one link, not "patching" inside it."""
+    linked = set()
+    for name, _spelling, pattern in _PATTERNS:
+        if name in linked:  # by another of its spellings
+            continue
         parts = _SPANS.split(text)  # again after each link: a shorter term must not match inside one
         for i in range(0, len(parts), 2):  # the even parts are plain text
             match = pattern.search(parts[i])
             if match is not None:
                 parts[i] = parts[i][: match.start()] + term(name, match.group(0)) + parts[i][match.end():]
                 text = "".join(parts)
+                linked.add(name)
                 break
     return text
 

@@ -278,10 +278,11 @@ def familiarity_of(path: str, tm: TranslationModel) -> Familiarity | None:
     """The checkpoint's `Familiarity` (the yardstick of the wrong-language hint) once measured, else None.
 
     The first call starts measuring it on a background thread (about 40 greedy translations of its validation
-    text: 0.4 s for the shipped Multi30k model, 2.6 s for general-en-de on one core) and returns None, so no
-    answer waits for it; the page adds the first answer's hint when it arrives (`on_familiarity`,
-    `work.pending_hints`). The measured value (or the error of a checkpoint without local validation text, kept,
-    not retried) lives in the one cache (`CACHE`) with the checkpoint's other derived entries."""
+    text: 0.4 s for the shipped Multi30k model, 2.6 s for general-en-de on one core; and the character profiles of
+    its two languages from that text, 0.3 s) and returns None, so no answer waits for it; the page adds the first
+    answer's hint when it arrives (`on_familiarity`, `work.pending_hints`). The measured value (or the error of a
+    checkpoint without local validation text, kept, not retried) lives in the one cache (`CACHE`) with the
+    checkpoint's other derived entries."""
     with _MEASURING_LOCK:
         if CACHE.peek("familiarity", path) is not None:
             return _measured(path)

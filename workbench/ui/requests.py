@@ -7,7 +7,9 @@
 
 `work(request, ticket=...)` runs off the event loop (inline in notebooks and tests); a work function that
 takes a `ticket` parameter gets the job's `Ticket`: `ticket.check()` between batches stops a job that is no
-longer wanted, `ticket.report(...)` sends progress to the page. The rules, each tested in
+longer wanted, `ticket.report(done, total, what)` sends progress to the page (the project's one progress shape,
+`core.protocols.Progress`), and `ticket.partial(answer)` an answer to show before the final one (the Why tab's
+estimate while its exact sweep runs). The rules, each tested in
 tests/ui/test_requests.py:
 
 - **Generations.** A submit supersedes the lane's previous job: its answer, its error and its progress are
@@ -48,6 +50,7 @@ from typing import Any
 import panel as pn
 from panel.io.state import set_curdoc
 
+from ..core.protocols import Progress
 from . import work, workers
 from .workers import (  # Cancelled: the job is no longer wanted (`Ticket.check`, here or in a worker)
     HEAVY_NICE,
@@ -81,12 +84,15 @@ HEAVY = ThreadPoolExecutor(max_workers=int(os.environ.get("WORKBENCH_APP_HEAVY_W
 
 
 class Ticket:
-    """What a running job sees of its request: whether it is still wanted, and where its progress goes."""
+    """What a running job sees of its request: whether it is still wanted, and where its progress and interim
+    answers go."""
 
-    def __init__(self, lane: Lane, generation: int, report: Callable[..., None] | None):
+    def __init__(self, lane: Lane, generation: int, report: Progress | None,
+                 partial: Callable[[Any], None] | None = None):
         self._lane = lane
         self.generation = generation
         self._report = report
+        self._partial = partial
         self.stopped = False  # set by another heavy job of the page, or the Stop button
 
     @property
@@ -102,11 +108,19 @@ class Ticket:
         if self.cancelled:
             raise Cancelled(f"{self._lane.name} job {self.generation} is no longer wanted")
 
-    def report(self, *args: Any) -> None:
-        """Progress for the page (applied on the event loop while this job is current); also a check."""
+    def report(self, done: int, total: int, what: str = "") -> None:
+        """Progress for the page, a `Progress` call (applied on the event loop while this job is current); also a
+        check."""
         self.check()
         if self._report is not None:
-            self._lane.requests._deliver(self, self._report, args)
+            self._lane.requests._deliver(self, self._report, (done, total, what))
+
+    def partial(self, answer: Any) -> None:
+        """An answer to show while the job goes on (applied on the event loop while this job is current); also a
+        check."""
+        self.check()
+        if self._partial is not None:
+            self._lane.requests._deliver(self, self._partial, (answer,))
 
 
 class Lane:
@@ -127,19 +141,21 @@ class Lane:
         return self._ticket is not None
 
     def submit(self, fn: Callable[..., Any], *args: Any, done: Callable[[Any], None],
-               failed: Callable[[Exception], None] | None = None, progress: Callable[..., None] | None = None,
-               stopped: Callable[[], None] | None = None, offload: bool = False) -> Ticket:
+               failed: Callable[[Exception], None] | None = None, progress: Progress | None = None,
+               stopped: Callable[[], None] | None = None, offload: bool = False,
+               interim: Callable[[Any], None] | None = None) -> Ticket:
         """Run `fn(*args)` (with `ticket=` if it takes one) for this lane, superseding its previous job.
 
         `done(answer)` or `failed(exc)` follow on the event loop if the job is still current; `stopped()` when
         another heavy job of the page stopped this one (not when this lane superseded or cancelled it).
+        `progress(done, total, what)` and `interim(answer)` get the job's reports and interim answers there too.
         `offload` (heavy lanes): `fn` is a module-level function and `args` pickle, so when served the job runs in
         a worker process (`workers.py`), its ticket's checks and reports crossing over; without a pool, in HEAVY."""
         if isinstance(fn, work.Offloaded):  # a tab's `compute = Offloaded(fn)`: fn is a module-level function
             fn, offload = fn.fn, True
         self.cancel()
         self.generation += 1
-        ticket = Ticket(self, self.generation, progress)
+        ticket = Ticket(self, self.generation, progress, interim)
         self._ticket, self._stopped = ticket, stopped
         if self.heavy:
             self.requests._take_heavy(self, ticket)
@@ -160,7 +176,8 @@ class Lane:
         ctx = contextvars.copy_context()
         self.requests._remember(loop, ctx)
         if offload and self.heavy:
-            job = workers.submit(fn, args, report=lambda *a: ticket.report(*a), wanted=lambda: not ticket.cancelled)
+            job = workers.submit(fn, args, report=ticket.report, wanted=lambda: not ticket.cancelled,
+                                 partial=ticket.partial)
             if job is not None:
                 self._job, self._future = job, job.future
                 job.future.add_done_callback(partial(self._landed, ticket, done, failed, call, ctx))

@@ -27,7 +27,7 @@ from ..analysis.attention.head_stats import head_stats
 from ..analysis.attention.rollout import decoder_rollout
 from ..charts import (
     attention_heatmap,
-    compare_traces,
+    compare_attention,
     head_view,
     mask_view,
     model_view,
@@ -45,7 +45,7 @@ from ..training.setup import lr_at, lr_schedule
 from . import loader
 from .learn import link_terms, term
 from .session import Session, fmt_logp
-from .work import confidence, read_by
+from .work import Offloaded, Snapshot, compare_reading, confidence
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,10 @@ class AttentionView(pn.viewable.Viewer):
             pn.widgets.Select.from_param(s.param.token, name="Highlight token", width=190,
                                          css_classes=["token-picker"]),
             pn.widgets.Checkbox.from_param(s.param.words, name="words (merge sub-words)",
-                                           css_classes=["words-toggle"], align="end", margin=(5, 10, 12, 10)),
+                                           css_classes=["words-toggle"], align="end", margin=(5, 0, 12, 10)),
+            # a checkbox draws no "?" of its own: its parameter's sentence in a tooltip icon beside it
+            pn.widgets.TooltipIcon(value=s.param.words.doc, css_classes=["words-help"], align="end",
+                                   margin=(5, 10, 12, 0)),
             align_items="end", sizing_mode="stretch_width")
         export = pn.widgets.FileDownload(callback=self.export_html, filename=self.export_name(),
                                          label="Export view (offline HTML)", color="light",
@@ -409,8 +412,8 @@ class LazyTab(pn.viewable.Viewer):
         except Exception as exc:
             self._box.objects = [_fail(self.title, exc)]
 
-    def progress(self, *report) -> None:
-        """A progress report of the current job (on the event loop); tabs that report override it."""
+    def progress(self, done: int, total: int, what: str = "") -> None:
+        """A `Progress` report of the current job (on the event loop); tabs that report override it."""
 
     def stopped(self) -> None:
         """Another heavy job of the page stopped this tab's job: say so (it runs again when asked)."""
@@ -593,12 +596,34 @@ def _wrapped(grid, what: str):
     return pn.FlexBox(*[pn.pane.Bokeh(f) for f in figs], flex_wrap="wrap", sizing_mode="stretch_width")
 
 
+class _NoneSelect(pn.widgets.Select):
+    """A Select whose first drawing shows the option of value None when that is its value (Panel leaves None values
+    out of a widget's first model, so the browser showed no option at all until the value changed)."""
+
+    def _init_params(self) -> dict[str, Any]:
+        params = super()._init_params()
+        if self.value is None and any(v is None for v in self.values):
+            params["value"] = None  # mapped to that option's key by `_process_param_change`
+        return params
+
+
 class CompareView(LazyTab):
     """Two checkpoints on the same sentence: B is teacher-forced on A's output, so the rows line up.
 
     B starts as a compatible checkpoint (same source and target languages; another snapshot of the same
-    run when there is one, see `loader.partner`), and the tab says why it was chosen, or that none fits.
+    run when there is one, see `loader.partner`), and the tab says why it was chosen, or that none fits. Then
+    the picker offers an empty first choice, `CHOOSE`, so that any checkpoint picked from it, A's own included,
+    is a change.
+
+    The work (loading B, teacher-forcing it, selecting both blocks) is `work.compare_reading`, run in a worker
+    process when served; the page draws its answer.
     """
+
+    CHOOSE: ClassVar[str] = "(choose B)"
+    TITLE_CHARS: ClassVar[int] = 30
+    """Characters per title line: three figures share a 1000 px page, about 220 px of title each at 12 px."""
+    PANE_MIN_WIDTH: ClassVar[int] = 300
+    """The narrowest a figure gets (token axes, a matrix, a colour bar); narrower, the row wraps."""
 
     other = param.Selector(default=None, objects=[], allow_None=True, doc=("The model to compare with: it reads the "
                                                                            "same output, so both attention maps line "
@@ -607,17 +632,31 @@ class CompareView(LazyTab):
     title = "Comparison"
     follows = ("version", "kind", "layer", "head", "words")
     redraws = ("other",)
+    heavy = True  # loads a second model and runs it: off the interactive threads, in a worker process when served
     url = {"other": "cmp"}
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.param.other.objects = list(self.session.param.checkpoint.objects)
         self.param.other.check_on_set = True  # off by default when the class declares no objects
+        self._offer()
         self._why = ""
+        self._shown: tuple = ()  # what the page says beside the current job's figures (set with its inputs)
         self._chosen_by_user = False
         self._picking = False  # the tab itself is setting `other` (the partner of a new A)
+        self.param.watch(self._offer, ["other"], precedence=1)  # after the picker's own watcher: value, then choices
         self._pick_partner()
         self.session.param.watch(lambda e: self._pick_partner(), ["checkpoint"])
+
+    def _offer(self, *_, choose: bool | None = None) -> None:
+        """The picker's choices: every listed checkpoint, after `CHOOSE` while there is no B (else the picker showed
+        its first name, A's, and choosing that name changed nothing).
+
+        Order matters to the picker (Panel's Select shows its first option for a value it does not offer, and that
+        becomes the value): a chosen B is set first and `CHOOSE` goes after (this method watches `other` after the
+        picker does); `CHOOSE` comes back before B is set to None (`choose=True`)."""
+        labels = list(self.session.param.checkpoint.objects)
+        choose = self.other is None if choose is None else choose
+        self.param.other.objects = {self.CHOOSE: None, **{x: x for x in labels}} if choose else labels
 
     def _pick_partner(self) -> None:
         """B follows A until someone picks B. Set with its event, so the picker shows B (set inside
@@ -628,6 +667,8 @@ class CompareView(LazyTab):
         entry, self._why = loader.partner(s.entries, s.checkpoint)
         self._picking = True
         try:
+            if entry is None:
+                self._offer(choose=True)
             self.other = entry.label if entry is not None else None
         finally:
             self._picking = False
@@ -656,38 +697,37 @@ class CompareView(LazyTab):
             return "*Nothing to compare yet.*"
         if self.other is None:
             return f"*No checkpoint to compare with by default: {self._why}. Pick one above to compare anyway.*"
-        return (r, str(s.entries_by_label(self.other)), s.kind, s.layer, s.head, s.words,
-                (f"A = {s.checkpoint}", f"B = {self.other}"), self._why, self.direction_note())
+        self._shown = ((s.checkpoint, self.other), r.log_prob, self._why, self.direction_note())
+        return Snapshot.of(r), r.trace, str(s.entries_by_label(self.other)), s.kind, s.layer, s.head, s.words
 
-    def compute(self, r, path_b, kind, layer, head, words, labels, why, direction):
-        b = read_by(r, path_b)  # the model work (loading B, teacher forcing) is work.py's; the figure is this tab's
-        layer_b = min(layer, b.depth(kind) - 1)
-        heads = None if head < 0 else head
-        fig = compare_traces(r.trace, b.trace, kind, layer, heads, layer_b=layer_b,
-                             heads_b=None if heads is None or heads >= b.n_heads(kind) else heads, words=words,
-                             select_a=_select(r, kind), select_b=_select(b, kind), labels=labels,
-                             height=matrix_height(len(r.queries(kind))), width=420)
-        note = (f"B reads A's output (teacher forcing): log p(A's output | B) = {fmt_logp(b.log_prob)} vs "
-                f"{fmt_logp(r.log_prob)} under A. {labels[1]}: {why}.")
-        return note, direction, fig
+    # Heavy: in a worker process when the server has a pool (`workers.py`), which loads B there; the worker sends
+    # the two blocks back and the figures are drawn here (Bokeh models do not pickle).
+    compute = Offloaded(compare_reading)
 
     def render(self, answer):
-        note, direction, fig = answer
+        names, log_prob_a, why, direction = self._shown
+        a, b = answer["a"], answer["b"]
+        fig = compare_attention(a, b, names=names, wrap=self.TITLE_CHARS, height=matrix_height(len(a.queries)))
         panes = []
-        for child in fig.children:  # one pane each, side by side in a row (their ranges stay linked)
+        for child in fig.children:  # one pane each, side by side while they fit, else wrapped (ranges stay linked)
             child.title.text_font_size = "12px"
-            panes.append(pn.pane.Bokeh(_stretch(child), min_width=0, sizing_mode="stretch_width"))
+            # the column is the flex item (Panel draws a Bokeh pane as the figure itself, whose width is 100 %)
+            panes.append(pn.Column(pn.pane.Bokeh(_stretch(child), min_width=0, sizing_mode="stretch_width"),
+                                   sizing_mode="stretch_width", min_width=0,
+                                   styles={"flex": f"1 1 {self.PANE_MIN_WIDTH}px", "min-width": "0"}))
+        note = (f"B reads A's output (teacher forcing): log p(A's output | B) = {fmt_logp(answer['log_prob_b'])} vs "
+                f"{fmt_logp(log_prob_a)} under A. B = {names[1]}: {why}.")
         out = [pn.pane.Markdown(link_terms(_md_escape(note)), css_classes=["compare-note"],
                                 sizing_mode="stretch_width")]
         if direction:
             out.append(pn.pane.Alert(_md_escape(direction), alert_type="warning", css_classes=["compare-direction"],
                                      sizing_mode="stretch_width"))
-        return [*out, pn.Row(*panes, sizing_mode="stretch_width")]
+        return [*out, pn.FlexBox(*panes, flex_wrap="wrap", sizing_mode="stretch_width", css_classes=["compare-row"])]
 
     def __panel__(self):
-        picker = pn.widgets.Select.from_param(self.param.other, name="Compare with (B)", css_classes=["compare-picker"],
-                                              width=min(520, max(220, 8 * max(map(len, self.param.other.objects),
-                                                                              default=10) + 60)))
+        labels = list(self.session.param.checkpoint.objects)
+        picker = _NoneSelect.from_param(self.param.other, name="Compare with (B)", css_classes=["compare-picker"],
+                                        width=min(520, max(220, 8 * max(map(len, [*labels, self.CHOOSE])) + 60)))
         return pn.Column(picker, self._box, sizing_mode="stretch_width")
 
 

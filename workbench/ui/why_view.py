@@ -149,8 +149,8 @@ def patch(r, corrupted: str | None, exact: bool | None = None, estimate: Patchin
     """Patching of the output's log p against `corrupted` (None: prefill it with a noun swap).
 
     `exact=False`: attribution patching only (one forward and backward pass). `exact=True`: the estimate first
-    (`estimate`, if the caller has it, else computed and sent to the page as progress, `ticket.report(0,
-    sites, estimate)`), then the sweep (progress per batch through `ticket`, which also stops it), whose answer
+    (`estimate`, if the caller has it, else computed and sent to the page as an interim answer,
+    `ticket.partial(estimate)`), then the sweep (progress per batch through `ticket`, which also stops it), whose answer
     carries its `Agreement` with the estimate. None: exact when small (EXACT_AT_ONCE sites). `r`: the page's
     `Result` or its `PatchInput` (what a worker process gets)."""
     r = r if isinstance(r, PatchInput) else PatchInput.of(r)
@@ -187,14 +187,15 @@ def patch(r, corrupted: str | None, exact: bool | None = None, estimate: Patchin
         if not exact:
             return estimate
         if ticket is not None:
-            ticket.report(0, n_sites, estimate)
+            ticket.partial(estimate)
+            ticket.report(0, n_sites)
     results = {}
     done_before = 0
     for sites in ("resid_enc", "head"):
         if ticket is not None:
             ticket.check()
 
-        def progress(done, total, before=done_before):
+        def progress(done: int, total: int, what: str = "", before: int = done_before) -> None:
             if ticket is not None:
                 ticket.report(before + done, n_sites)
         results[sites] = patching_sweep(tm.model, src, tgt, corrupted_src=c_src, sites=sites, metric=metric,
@@ -456,7 +457,8 @@ class WhyView(LazyTab):
         # raised 8 others' translation p95 2.0x. The estimate the page has travels with an exact request.
         self._patch_lane.submit(patch, PatchInput.of(r), corrupted, exact, cached,
                                 done=lambda p: self._patched(key, r, p), failed=self._patch_failed,
-                                progress=lambda *a: self._report(key, r, *a), stopped=self._stopped, offload=True)
+                                progress=self._report, interim=lambda p: self._estimated(key, r, p),
+                                stopped=self._stopped, offload=True)
 
     def _patched(self, key: tuple, r, p: Patching) -> None:
         self._remember(key, p)
@@ -500,15 +502,18 @@ class WhyView(LazyTab):
         self._stop.visible = False
         self._patch_box.objects = [_fail("Patching", exc)]
 
-    def _report(self, key: tuple, r, done: int, total: int, estimate: Patching | None = None) -> None:
-        """Sweep progress; its first report carries the estimate, shown (in nats) while the sweep runs. The line
-        and bar change at most every `PROGRESS_EVERY` seconds (each change is a message to the page, written on
-        the event loop that every page shares), the first and the last report always."""
+    def _estimated(self, key: tuple, r, estimate: Patching) -> None:
+        """The sweep's interim answer: the estimate, shown (in nats) while the sweep runs."""
+        self._patched(key, r, estimate)
+        self._stop.visible, self._exact.visible = True, False
+        self._progress_at = 0.0  # the sweep's first report follows at once
+
+    def _report(self, done: int, total: int, what: str = "") -> None:
+        """Sweep progress (a `Progress` call). The line and bar change at most every `PROGRESS_EVERY` seconds
+        (each change is a message to the page, written on the event loop that every page shares), the first and
+        the last report always."""
         now = time.monotonic()
-        if estimate is not None:
-            self._patched(key, r, estimate)
-            self._stop.visible, self._exact.visible = True, False
-        elif done < total and now - self._progress_at < PROGRESS_EVERY:
+        if 0 < done < total and now - self._progress_at < PROGRESS_EVERY:
             return
         self._progress_at = now
         self._progress((done, total))

@@ -23,6 +23,7 @@ import torch
 
 from ..analysis.circuits.ablation import AblationEffect, ablation_effect
 from ..analysis.training_dynamics.confidence import Familiarity, checkpoint_confidence, source_hints
+from ..charts.compare import compare_blocks
 from ..core.heads import Head
 from ..core.trace import Trace
 from ..decoding.translator import Translation, TranslationModel
@@ -214,9 +215,10 @@ def confidence(tm: TranslationModel, sentences: int):
     return loader.load_derived("confidence", tm, measure, sentences)
 
 
-def read_by(r: Result, path: str) -> Result:
-    """A's output (result `r`) as checkpoint `path` reads it, teacher-forced: the Compare tab's B. B reads A's exact
-    pieces when both share a target vocabulary (so the rows line up one to one), else A's text in its own pieces."""
+def read_by(r: Result | Snapshot, path: str) -> Result:
+    """A's output (result `r`, or its `Snapshot`) as checkpoint `path` reads it, teacher-forced: the Compare tab's B.
+    B reads A's exact pieces when both share a target vocabulary (so the rows line up one to one), else A's text in
+    its own pieces. B comes from this process's checkpoint cache (`loader.load_model`)."""
     tm = loader.load_model(path)
     try:
         same_vocab = tm.tgt_tokenizer.pieces(list(r.out_ids)) == list(r.out_pieces)
@@ -227,6 +229,22 @@ def read_by(r: Result, path: str) -> Result:
     if b is None:
         raise ValueError("checkpoint B produced no result for this sentence")
     return b
+
+
+def compare_reading(a: Snapshot, trace_a: Trace, path_b: str, kind: str, layer: int, head: int, words: bool) -> dict:
+    """The Compare tab's numbers: checkpoint `path_b` reads A's output (`read_by`), and the block of A's `trace_a`
+    and of B's trace that the tab draws (B's deepest layer if it has fewer; all heads if it lacks A's head), on one
+    token grid. A module-level function of picklable arguments, answering in numbers and tokens (`Attention`s and
+    B's log-probability), so the tab runs it as `Offloaded` work in a worker process and draws it on the page."""
+    b = read_by(a, path_b)
+    heads = None if head < 0 else head
+    att_a, att_b = compare_blocks(
+        trace_a, b.trace, kind, layer, heads, layer_b=min(layer, b.depth(kind) - 1),
+        heads_b=None if heads is None or heads >= b.n_heads(kind) else heads, words=words,
+        # cross-attention rows are named by the token each step produced (the alignment reading)
+        select_a={"tgt_tokens": list(a.out_pieces)} if kind == "cross" else {},
+        select_b={"tgt_tokens": list(b.out_pieces)} if kind == "cross" else {})
+    return {"a": att_a, "b": att_b, "log_prob_b": b.log_prob}
 
 
 @dataclass(frozen=True)

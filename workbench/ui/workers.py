@@ -94,10 +94,16 @@ class WorkerTicket:
             raise Cancelled(f"stopped after {self.checks} checks, last report {self.last[:2]}")
         self.checks += 1
 
-    def report(self, *args: Any) -> None:
+    def report(self, done: int, total: int, what: str = "") -> None:
+        """A `Progress` call, sent to the server's ticket; also a check."""
         self.check()
-        self.last = args
-        self._send(("progress", args))
+        self.last = (done, total, what)
+        self._send(("progress", self.last))
+
+    def partial(self, answer: Any) -> None:
+        """An interim answer (it must pickle), sent to the server's ticket; also a check."""
+        self.check()
+        self._send(("partial", answer))
 
 
 def _call(fn: Callable, args: tuple, ticket: WorkerTicket, send: Callable[[tuple], None]) -> Any:
@@ -178,6 +184,7 @@ class Job:
     report: Callable[..., None] | None
     cancel_fn: Callable[[], None]
     wanted: Callable[[], bool] = lambda: True
+    partial: Callable[[Any], None] | None = None
     future: Future = field(default_factory=Future)
     stopped_at: tuple | None = None  # set when the worker reported that it stopped (and its last report)
     cancelled: bool = False
@@ -229,7 +236,7 @@ class Placement:
         self.closed = False
 
     def submit(self, fn: Callable, args: tuple, report: Callable[..., None] | None = None,
-               wanted: Callable[[], bool] = lambda: True) -> Job:
+               wanted: Callable[[], bool] = lambda: True, partial: Callable[[Any], None] | None = None) -> Job:
         raise NotImplementedError
 
     def _track(self, job: Job) -> Job:
@@ -283,6 +290,11 @@ class Placement:
                 job.report(*payload)
             except Exception as exc:  # a cancelled ticket refuses progress: the worker hears at its next check
                 log.debug("progress of job %d dropped: %s", job_id, exc)
+        elif kind == "partial" and job.partial is not None and not job.cancelled:
+            try:
+                job.partial(payload)
+            except Exception as exc:  # as progress
+                log.debug("interim answer of job %d dropped: %s", job_id, exc)
 
     def _get(self, timeout: float) -> list:
         raise NotImplementedError
@@ -313,7 +325,7 @@ class LocalPlacement(Placement):
         # still under way, so a server stopped meanwhile shuts the pool down only once its processes exist.
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-pool-calls")
 
-    def submit(self, fn, args, report=None, wanted=lambda: True) -> Job:
+    def submit(self, fn, args, report=None, wanted=lambda: True, partial=None) -> Job:
         job_id = next(self._ids)
         slot = job_id % SLOTS
         self._flags[slot] = 0
@@ -321,7 +333,8 @@ class LocalPlacement(Placement):
         def cancel() -> None:
             self._flags[slot] = 1
 
-        return self._track(Job(job_id, self.pool_submit(_run_local, job_id, fn, args), report, cancel, wanted))
+        return self._track(Job(job_id, self.pool_submit(_run_local, job_id, fn, args), report, cancel, wanted,
+                               partial))
 
     def pool_submit(self, fn: Callable, *args: Any) -> Future:
         """`self.pool.submit(fn, *args)` without waiting for it: a future that follows the pool's once the call
@@ -377,7 +390,7 @@ class DaskPlacement(Placement):
         self._queue_name = f"workbench-progress-{uuid.uuid4().hex}"
         self._queue = Queue(self._queue_name, client=self.client)
 
-    def submit(self, fn, args, report=None, wanted=lambda: True) -> Job:
+    def submit(self, fn, args, report=None, wanted=lambda: True, partial=None) -> Job:
         from distributed import Event  # optional dependency: only with a Dask scheduler
 
         job_id = next(self._ids)
@@ -401,7 +414,7 @@ class DaskPlacement(Placement):
 
         remote.add_done_callback(landed)
         # Dask's own cancel does not stop a running task: the Event does, at the job's next check
-        return self._track(Job(job_id, inner, report, event.set, wanted))
+        return self._track(Job(job_id, inner, report, event.set, wanted, partial))
 
     def _get(self, timeout: float) -> list:
         # No blocking get with a timeout: the scheduler logs every expired one as an error. All that is waiting, or
@@ -463,10 +476,11 @@ def broken(exc: BaseException) -> None:
 
 
 def submit(fn: Callable, args: tuple, report: Callable[..., None] | None = None,
-           wanted: Callable[[], bool] = lambda: True) -> Job | None:
-    """`fn(*args)` in a worker; None when there is no pool (run it in the server's threads instead)."""
+           wanted: Callable[[], bool] = lambda: True, partial: Callable[[Any], None] | None = None) -> Job | None:
+    """`fn(*args)` in a worker; None when there is no pool (run it in the server's threads instead). `report`
+    gets the job's `Progress` calls, `partial` its interim answers."""
     p = placement()
-    return None if p is None else p.submit(fn, args, report, wanted)
+    return None if p is None else p.submit(fn, args, report, wanted, partial)
 
 
 def warm(path: str) -> list[Future]:
