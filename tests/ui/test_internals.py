@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,5 +91,39 @@ def test_the_confidence_is_measured_once_per_checkpoint_for_every_page(tmp_path,
     assert answers[0] is answers[1] and isinstance(answers[0], FileNotFoundError)
     tab = views.InternalsView(session=pages[1])
     tab.show()
-    text = " ".join(str(getattr(o, "object", "")) for o in tab.content)
-    assert "could not be measured: no validation text" in text
+    assert "could not be measured: no validation text" in _text(tab.content)
+
+
+def _text(objects) -> str:
+    return " ".join(_text(o.objects) if hasattr(o, "objects") else str(getattr(o, "object", "")) for o in objects)
+
+
+def test_the_confidence_is_measured_by_a_heavy_job_off_the_pages_thread(tmp_path, monkeypatch):
+    """Model work of the tab (issue 37 point 6): not in `compute` (the page's interactive thread) but a heavy job
+    through `work.measured_confidence` (a worker process when served), shown when it lands and then kept for every
+    page of the process."""
+    from workbench.analysis.training_dynamics.confidence import Confidence
+    from workbench.ui import loader, views, work
+    from workbench.ui.session import Session
+
+    build_checkpoint(tmp_path / "alpha", seed=0, steps=0)
+    entries, _ = loader.discover([tmp_path], default=None)
+    loader.CACHE.clear()
+    jobs = []
+    fake = Confidence(gold=np.array([0.5, 0.25]), top=np.array([0.5, 0.75]), smoothing=0.1, vocab=40, sentences=2)
+
+    def measured(snapshot, sentences):
+        jobs.append((type(snapshot).__name__, sentences))
+        return fake, "test text"
+
+    monkeypatch.setattr(views, "measured_confidence", measured)
+    monkeypatch.setattr(work, "checkpoint_confidence", lambda *a, **k: pytest.fail("measured on the page's thread"))
+    page = Session(entries, checkpoint="alpha", sentence="Ein Hund läuft.")
+    tab = views.InternalsView(session=page)
+    tab.show()
+    assert jobs == [("Snapshot", views.InternalsView.CONFIDENCE_SENTENCES)]
+    shown = _text(tab.content)
+    assert "Measuring" not in shown and "Measured on test text" in shown
+    again = views.InternalsView(session=Session(entries, checkpoint="alpha", sentence="Ein Hund läuft."))
+    again.show()
+    assert len(jobs) == 1 and "Measured on test text" in _text(again.content)  # kept for the next page

@@ -110,7 +110,7 @@ def test_the_views_texts_carry_their_terms():
 
     assert 'href="#glossary-causal-mask"' in link_terms(views.MASKS_HOW_TO_READ)
     assert 'href="#glossary-positional-encoding"' in link_terms(views.POSITIONS_HOW_TO_READ)
-    note = views.InternalsView._smoothing(0.1, RuntimeError("not measured here"))[0]
+    note = views.InternalsView._smoothing(0.1)[0]
     assert 'href="#glossary-label-smoothing"' in note.object
 
 

@@ -45,7 +45,7 @@ from ..training.setup import lr_at, lr_schedule
 from . import loader
 from .learn import link_terms, term
 from .session import Session, fmt_logp
-from .work import Offloaded, Snapshot, compare_reading, confidence
+from .work import Offloaded, Snapshot, compare_reading, measured_confidence
 
 log = logging.getLogger(__name__)
 
@@ -501,7 +501,9 @@ class InternalsView(LazyTab):
         except Exception as exc:
             parts["schedule"] = exc
         parts["smoothing"] = float((tm.meta.get("train_config") or {}).get("label_smoothing", 0.0))
-        parts["confidence"] = confidence(tm, self.CONFIDENCE_SENTENCES)  # model work: work.py's, cached there
+        # model work (200 sentences teacher-forced): measured by `_measure` off this thread, once per checkpoint
+        parts["confidence"] = loader.CACHE.peek("confidence", r.request.path, self.CONFIDENCE_SENTENCES)
+        parts["snapshot"] = Snapshot.of(r)
         return parts
 
     def render(self, parts):
@@ -517,14 +519,47 @@ class InternalsView(LazyTab):
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
                 pn.pane.Markdown(link_terms(MASKS_HOW_TO_READ)), _wrapped(parts["masks"], "Masks"),
                 pn.pane.Markdown("### Learning-rate schedule"), *lr,
-                pn.pane.Markdown("### Label smoothing"), *self._smoothing(parts["smoothing"], parts["confidence"]),
+                pn.pane.Markdown("### Label smoothing"), *self._smoothing(parts["smoothing"]),
+                self._measured(parts["snapshot"], parts["confidence"]),
                 pn.pane.Markdown("### Training and validation curves stored in the checkpoint"),
                 self._curves(parts["log"])]
 
+    def _measured(self, snapshot: Snapshot, measured) -> pn.Column:
+        """Where the trained model really puts its probability on held-out text: shown at once when this
+        checkpoint's was measured, else measured by a heavy job (a worker process when the server has a pool; the
+        page's one heavy job, as the other analyses) and shown when it lands."""
+        box = pn.Column(sizing_mode="stretch_width", css_classes=["confidence-box"])
+        if measured is not None:
+            box.objects = self._confidence(measured)
+            return box
+        box.objects = [pn.pane.Markdown("*Measuring the model's confidence on its validation text…*")]
+
+        def landed(value) -> None:
+            if not isinstance(value, Exception | tuple):
+                value = ValueError(f"unexpected answer {type(value).__name__}")
+            if isinstance(value, tuple):  # the page's process keeps it for every page, as a worker keeps its own
+                loader.CACHE.put("confidence", snapshot.request.path, value, self.CONFIDENCE_SENTENCES)
+            box.objects = self._confidence(value)
+
+        if not hasattr(self, "_confidence_lane"):
+            self._confidence_lane = self.session.lane(f"InternalsConfidence-{id(self)}", heavy=True)
+        self._confidence_lane.submit(Offloaded(measured_confidence), snapshot, self.CONFIDENCE_SENTENCES,
+                                     done=landed, failed=landed)
+        return box
+
     @staticmethod
-    def _smoothing(smoothing: float, measured) -> list:
-        """The smoothed target and loss for this checkpoint's ε (on a 10-word vocabulary, to be readable), then
-        where the trained model really puts its probability on held-out text."""
+    def _confidence(measured) -> list:
+        if isinstance(measured, Exception):
+            return [pn.pane.Markdown(f"*The model's confidence could not be measured: {measured}*")]
+        confidence, name = measured
+        return [pn.pane.Markdown(f"Measured on {name}: {confidence.summary()}.", css_classes=["confidence-note"],
+                                 sizing_mode="stretch_width"),
+                pn.pane.Vega(confidence_chart(confidence), sizing_mode="stretch_width")]
+
+    @staticmethod
+    def _smoothing(smoothing: float) -> list:
+        """The smoothed target and loss for this checkpoint's ε (on a 10-word vocabulary, to be readable); below
+        it (`_measured`), where the trained model really puts its probability on held-out text."""
         words = (f"This model was trained with label smoothing ε = {smoothing:g}: instead of asking for probability 1 "
                  f"on the reference word, the target keeps 1 − ε and spreads ε over the whole vocabulary (left, on "
                  f"a 10-word vocabulary). The loss (right) is then lowest at that mass, not at 1, so the model is "
@@ -539,13 +574,6 @@ class InternalsView(LazyTab):
             out.append(pn.pane.Vega(label_smoothing_chart(vocab=10, smoothing=smoothing), sizing_mode="stretch_width"))
         except Exception as exc:
             out.append(_fail("Label smoothing", exc))
-        if isinstance(measured, Exception):
-            out.append(pn.pane.Markdown(f"*The model's confidence could not be measured: {measured}*"))
-        else:
-            confidence, name = measured
-            out += [pn.pane.Markdown(f"Measured on {name}: {confidence.summary()}.", css_classes=["confidence-note"],
-                                     sizing_mode="stretch_width"),
-                    pn.pane.Vega(confidence_chart(confidence), sizing_mode="stretch_width")]
         return out
 
     def _curves(self, log_rows):

@@ -215,6 +215,12 @@ def confidence(tm: TranslationModel, sentences: int):
     return loader.load_derived("confidence", tm, measure, sentences)
 
 
+def measured_confidence(r: Snapshot, sentences: int):
+    """The Internals tab's heavy work: `confidence` of the page's checkpoint (its model loaded where this runs: a
+    worker process when the server has a pool), cached there as everywhere."""
+    return confidence(r.model, sentences)
+
+
 def read_by(r: Result | Snapshot, path: str) -> Result:
     """A's output (result `r`, or its `Snapshot`) as checkpoint `path` reads it, teacher-forced: the Compare tab's B.
     B reads A's exact pieces when both share a target vocabulary (so the rows line up one to one), else A's text in
