@@ -160,6 +160,7 @@ def test_a_typed_feature_past_the_end_is_said_and_shown_as_the_last(session):
     view._feature_box.value = -5  # typed in the box: refused aloud, the box shows the feature shown
     assert view.feature == 47 and view._feature_box.value == 47
     assert "Feature -5 does not exist: feature numbers start at 0; showing 47." in session.message
+    assert "Feature 99999" not in session.message  # the newest refusal replaces the last one: no pile of them
 
 
 def test_steering_shows_the_steered_translation_beside_the_plain_one(session):

@@ -246,14 +246,23 @@ def test_the_issue_37_link_opens_with_its_ablation(ckpt_dir, monkeypatch):
 
 
 def test_a_link_names_each_refused_head_of_an_otherwise_good_ablation(ckpt_dir, monkeypatch):
-    b, location = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&ablate=cross:0:1,cross:9:9,bogus&tab=nowhere&gtok=999")
+    b, location = _page(ckpt_dir, monkeypatch,
+                        "?ckpt=alpha&ablate=cross:0:1,cross:9:9,bogus,cross:0:1&tab=nowhere&gtok=999")
     assert b.session.ablate == ["cross:0:1"] and b.session.ablation is not None
     message = b.session.message
     assert message.count("could not be used") == 1
-    for named in ("ablate=cross:9:9", "ablate=bogus", "tab=nowhere", "gtok=999"):
+    for named in ("ablate=cross:9:9", "ablate=bogus", "ablate=cross:0:1 (given twice)", "tab=nowhere", "gtok=999"):
         assert named in message
     query = parse(location.search)
     assert query["ablate"] == "cross:0:1" and query["tab"] == "attention" and query["gtok"] == "0"
+
+
+def test_a_repeated_key_uses_its_last_value_and_names_the_others(ckpt_dir, monkeypatch):
+    b, location = _page(ckpt_dir, monkeypatch, "?ckpt=alpha&head=1&head=2&layer=1")
+    assert b.session.head == 2 and b.session.layer == 1
+    assert "head=1 (the key is repeated: its last value is used)" in b.session.message
+    query = parse(location.search)
+    assert query["head"] == "2" and location.search.count("head=") == 1
 
 
 def test_tab_in_a_link_opens_that_tab(ckpt_dir, monkeypatch):

@@ -270,6 +270,11 @@ class FeatureLinks(JSComponent):
     """
 
 
+def _without_feature_notes(notes: list[str]) -> list[str]:
+    """The page's notes less an earlier refused feature id's: the newest refusal replaces it, never piles up."""
+    return [n for n in notes if not (n.startswith("Feature ") and " does not exist" in n)]
+
+
 class FeaturesView(LazyTab):
     site = param.String(default="", doc=("The sparse dictionary to read: which activation of the model it splits into "
                                          "features."))
@@ -364,8 +369,9 @@ class FeaturesView(LazyTab):
         if self._syncing or event.new is None or event.new == self.feature:
             return
         if event.new < 0:  # said, like an id past the end, and the box shows the feature shown
-            self.session.notes = [*self.session.notes, f"Feature {event.new} does not exist: feature numbers start "
-                                                       f"at 0; showing {self.feature}."]
+            self.session.notes = [*_without_feature_notes(self.session.notes),
+                                  f"Feature {event.new} does not exist: feature numbers start at 0; showing "
+                                  f"{self.feature}."]
             self._show_feature(self.feature)
             return
         self.feature = event.new
@@ -475,8 +481,9 @@ class FeaturesView(LazyTab):
                 self._link.write()
         elif "feature" in answer and answer["feature"] != self.feature:
             # a feature typed past the dictionary's end: said, and the box and the URL show the one shown
-            self.session.notes = [*self.session.notes, f"Feature {self.feature} does not exist: this dictionary has "
-                                                       f"features 0–{answer['n'] - 1}; showing {answer['feature']}."]
+            self.session.notes = [*_without_feature_notes(self.session.notes),
+                                  f"Feature {self.feature} does not exist: this dictionary has features "
+                                  f"0–{answer['n'] - 1}; showing {answer['feature']}."]
             with param.parameterized.discard_events(self):
                 self.feature = answer["feature"]
             self._show_feature(answer["feature"])

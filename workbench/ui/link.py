@@ -28,7 +28,8 @@ model and the sentence), so the link's values wait, and a write would lose them.
 URL once its page is built (Panel's `LocationView.initialize`); a report that differs from what was written is
 answered with the state again (`_reported`).
 
-Refused values (a head the model lacks, `beam=1e20`, an unknown key, a refused entry of `ablate`) are collected
+Refused values (a head the model lacks, `beam=1e20`, an unknown key, a refused or repeated entry of `ablate`, the
+earlier values of a repeated key) are collected
 and named in one message (`finish` returns it), and leave the URL with the next write.
 """
 
@@ -133,8 +134,15 @@ def decode_list(raw: str) -> list[str]:
 
 
 def parse(query: str) -> dict[str, str]:
-    """The query's values by key (`?` optional; the last of a repeated key wins)."""
+    """The query's values by key (`?` optional; the last of a repeated key wins: `repeated` names the others)."""
     return dict(parse_qsl(query.lstrip("?"), keep_blank_values=True))
+
+
+def repeated(query: str) -> list[str]:
+    """`key=value` for each value of a repeated key that `parse` drops (all but its last)."""
+    pairs = parse_qsl(query.lstrip("?"), keep_blank_values=True)
+    last = {k: i for i, (k, _) in enumerate(pairs)}
+    return [f"{k}={v[:SHOWN]}" for i, (k, v) in enumerate(pairs) if last[k] != i]
 
 
 @dataclass
@@ -161,7 +169,7 @@ class Link:
         self.values = parse(query)
         self.location = location
         self.fields: list[Field] = []
-        self.refused: list[str] = []
+        self.refused: list[str] = [f"{r} (the key is repeated: its last value is used)" for r in repeated(query)]
         self.ready = False  # the first answer came: late values applied, writes on
         self._written: str | None = None
         if location is not None:

@@ -234,8 +234,17 @@ def _open_first_loadable(session: Session) -> None:
 
 
 def _ablation_check(session: Session):
-    """The link's ablated heads that the first result's model has; the others are refused one by one."""
+    """The link's ablated heads that the first result's model has, each once; the others are refused one by one
+    (a head given twice is kept once and its repeat named, so the URL written back is the page's state)."""
     def check(heads: list[str]) -> tuple[list[str], list[str]]:
-        kept = [h for h in heads if session.head_exists(h)]
-        return kept, [h for h in heads if h not in kept]
+        kept: list[str] = []
+        refused: list[str] = []
+        for h in heads:
+            if h in kept:
+                refused.append(f"{h} (given twice)")
+            elif session.head_exists(h):
+                kept.append(h)
+            else:
+                refused.append(h)
+        return kept, refused
     return check
