@@ -32,7 +32,7 @@ OTHER = ["Un homme fait du vélo dans la rue.", "A man is riding a bicycle down 
 def test_hints_by_rule():
     known = Familiarity(low=-0.7, median=-0.36, sentences=40, src_lang="de", tgt_lang="en")
     assert "no words" in source_hints("🙂🙂 !!", -0.2, known)[0]
-    assert "no words" in source_hints("123 456", None, None)[0]  # said even before any calibration
+    assert "no words, only numbers" in source_hints("123 456", None, None)[0]  # said even before any calibration
     assert source_hints("Ein Hund.", -0.3, known) == []
     assert [lacks(t) for t in ("🙂🙂 !!", "123 456", "Ein Hund.", "2 Hunde", "", "  ")] == [
         "letters or digits", "letters", None, None, None, None]

@@ -269,7 +269,11 @@ def source_hints(text: str, mean_log_prob: float | None, known: Familiarity | No
     target language (`LanguageCheck.looks_like_target`, said whether or not the model is sure of its output); or an
     output the model is less sure of than of 95 % of its own validation outputs (`mean_log_prob`: per output piece;
     None when the output was given, not decoded)."""
-    if lacks(text):
+    missing = lacks(text)
+    if missing == "letters":
+        return ["The source has no words, only numbers: there is nothing to translate, and the output below is "
+                "at best the numbers copied."]
+    if missing:
         return ["The source has no words (no letters), so the model has nothing to translate: the output below "
                 "is what it makes of the pieces, and means nothing."]
     if known is None:
