@@ -127,3 +127,39 @@ def test_the_confidence_is_measured_by_a_heavy_job_off_the_pages_thread(tmp_path
     again = views.InternalsView(session=Session(entries, checkpoint="alpha", sentence="Ein Hund läuft."))
     again.show()
     assert len(jobs) == 1 and "Measured on test text" in _text(again.content)  # kept for the next page
+
+
+def test_the_sentences_embeddings_are_the_encoders_input_by_hand(tmp_path):
+    """Internals' embedding view (the tour's first stop): token embedding × √d, positional encoding and their sum,
+    read at the model's hook points, equal the model's own modules applied by hand; the tab draws all three for the
+    page's sentence, one row per source piece, and the two vectors' lengths."""
+    from bokeh.models import Plot
+
+    from workbench.ui import loader, views
+    from workbench.ui.session import Session
+    from workbench.ui.work import encoder_input
+
+    build_checkpoint(tmp_path / "alpha", seed=0, steps=0)
+    entries, _ = loader.discover([tmp_path], default=None)
+    page = Session(entries, checkpoint="alpha", sentence="Ein Hund läuft.")
+    r, model = page.result, page.result.model.model
+    e = encoder_input(page.result.model, r.src_ids)
+    ids = torch.tensor([list(r.src_ids)])
+    with torch.no_grad():
+        tok = (model.src_embed(ids) * model.embed_scale)[0].numpy()
+        pos = model.positions(ids.size(1))[-ids.size(1):].reshape(ids.size(1), -1).numpy()
+    np.testing.assert_allclose(e["tok"], tok, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(e["pos"], pos, rtol=1e-6, atol=1e-6)
+    assert not e["normed"]
+    np.testing.assert_allclose(e["embed"], tok + pos, rtol=1e-6, atol=1e-5)
+    assert e["tok"].shape[0] == len(r.src_pieces)
+
+    tab = views.InternalsView(session=page)
+    tab.show()
+    assert "Embeddings of this sentence" in _text(tab.content)
+    plots = [p for o in tab.content for p in getattr(o, "objects", []) if isinstance(getattr(p, "object", None), Plot)]
+    titles = [p.object.title.text for p in plots]
+    assert any(t.startswith("token embedding × ") for t in titles) and "positional encoding" in titles
+    assert "length of each vector" in titles
+    rows = [p.object for p in plots if p.object.title.text == "length of each vector"][0].x_range.factors
+    assert len(rows) == len(r.src_pieces) and rows[0] == f"0:{r.src_pieces[0]}"

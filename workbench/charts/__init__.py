@@ -17,6 +17,7 @@ from .head_view import head_view, head_view_figure, line_data
 from .heatmap import altair_heatmap, attention_heatmap, heatmap, matrix_figure
 from .internals import (
     confidence_chart,
+    embedding_view,
     label_smoothing_chart,
     lr_schedule_chart,
     mask_view,
@@ -31,7 +32,7 @@ from .tokens import WordGroups, merge_attention, word_groups
 __all__ = [
     "Attention", "WordGroups", "align", "attribution_graph_view", "graph_data", "altair_heatmap", "attention_heatmap",
     "combined_attention", "compare_attention", "compare_traces", "confidence_chart", "difference",
-    "external_references", "head_view", "head_view_figure",
+    "embedding_view", "external_references", "head_view", "head_view_figure",
     "heatmap", "label_smoothing_chart", "line_data", "lr_schedule_chart", "mask_view", "matrix_figure",
     "merge_attention", "model_view", "model_view_figure", "position_table", "positional_encoding_view", "save_html",
     "save_image", "select_attention", "to_html", "to_words", "training_curves_chart", "word_groups",

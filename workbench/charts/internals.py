@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 import torch
 from bokeh.layouts import column, row
-from bokeh.models import Div, HoverTool
+from bokeh.models import ColumnDataSource, Div, HoverTool
 from bokeh.plotting import figure
+from bokeh.transform import dodge
 
 from ..core.config import ModelConfig
 from ..core.embedding import sinusoidal_positions
@@ -107,6 +108,42 @@ def positional_encoding_view(
         sim.xaxis.axis_label, sim.yaxis.axis_label = "position", "position"
         rows.append(row(mat, curves, sim))
     return column(*rows)
+
+
+# -- the encoder's input -------------------------------------------------------------------------------
+def embedding_view(tok: np.ndarray, pos: np.ndarray, embed: np.ndarray, pieces: Sequence[str], *,
+                   scale: float = 1.0, normed: bool = False):
+    """One sentence's encoder input, as the Annotated Transformer builds it: each token's embedding (times
+    `scale`, √d_model there), its position's encoding, and their sum (`embed`; after the embedding norm when
+    `normed`), each (tokens x dimensions) on one colour scale, then each token's two vector lengths side by side:
+    how loud the word is against its position."""
+    tok, pos, embed = (np.asarray(a, dtype=np.float32) for a in (tok, pos, embed))
+    if not tok.shape == pos.shape == embed.shape or tok.ndim != 2 or tok.shape[0] != len(pieces):
+        raise ValueError(f"shapes {tok.shape}, {pos.shape}, {embed.shape} do not fit {len(pieces)} pieces")
+    rows = [f"{i}:{p}" for i, p in enumerate(pieces)]
+    dims = [f"d{i}" for i in range(tok.shape[1])]
+    high = float(max(np.abs(tok).max(), np.abs(pos).max(), np.abs(embed).max(), 1e-6))
+    summed = "token + position, then the embedding norm" if normed else "token + position: the encoder's input"
+    titles = (f"token embedding × {scale:.3g}", "positional encoding", summed)
+    figs = []
+    for values, title in zip((tok, pos, embed), titles, strict=True):
+        fig = matrix_figure(values, rows, dims, low=-high, high=high, palette=DIVERGING, title=title,
+                            value_label="value", width=420, height=max(200, 40 + 22 * len(rows)))
+        fig.xaxis.axis_label, fig.yaxis.axis_label = "dimension", "source token"
+        figs.append(fig)
+    norms = figure(title="length of each vector", x_range=rows, width=420, height=300, tools="save",
+                   x_axis_label="source token", y_axis_label="length (L2 norm)")
+    for offset, values, name, colour in ((-0.18, tok, "token embedding", "#1f77b4"),
+                                         (0.18, pos, "positional encoding", "#ff7f0e")):
+        source = ColumnDataSource({"token": rows, "top": np.linalg.norm(values, axis=1)})
+        norms.vbar(x=dodge("token", offset, range=norms.x_range), top="top", source=source, width=0.34,
+                   color=colour, legend_label=name)
+    norms.xaxis.major_label_orientation = 0.8
+    legend = norms.legend[0]  # above the bars, in one row: inside, it covered the first tokens' bars
+    legend.orientation, legend.location, legend.margin, legend.padding = "horizontal", "center", 0, 2
+    norms.add_layout(legend, "above")
+    norms.add_tools(HoverTool(tooltips=[("length", "@top{0.0}")]))
+    return column(row(*figs[:2]), row(figs[2], norms))
 
 
 # -- label smoothing ------------------------------------------------------------------------------

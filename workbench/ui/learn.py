@@ -277,8 +277,9 @@ class Step:
 
 TOUR: tuple[Step, ...] = (
     Step("1. Embeddings and positions",
-         "Each source word becomes a vector; a positional encoding is added so the model knows word order. See the "
-         "sinusoids and how alike nearby positions are.", "internals"),
+         "Each source word becomes a vector; a positional encoding is added so the model knows word order. See "
+         "your sentence's embeddings, their positions and the sum the encoder reads, then the sinusoids and how "
+         "alike nearby positions are.", "internals"),
     Step("2. Masks", "Padding is never attended to, and the decoder may not look ahead (the causal mask).",
          "internals"),
     Step("3a. Encoder self-attention", "Every source word looks at every other source word, layer by layer.",

@@ -37,7 +37,7 @@ from ..charts import (
 )
 from ..charts.analysis import decoder_rollout_view, head_stats_view
 from ..charts.heatmap import attention_heatmap_values, show_matrix_values
-from ..charts.internals import confidence_chart, label_smoothing_chart, schedule_vs_log_chart
+from ..charts.internals import confidence_chart, embedding_view, label_smoothing_chart, schedule_vs_log_chart
 from ..core.batching import decoder_input, pad_sequences
 from ..core.heads import KINDS, Head
 from ..training.config import TrainConfig
@@ -45,7 +45,7 @@ from ..training.setup import lr_at, lr_schedule
 from . import loader
 from .learn import link_terms, term
 from .session import Session, fmt_logp
-from .work import Offloaded, Snapshot, compare_reading, measured_confidence
+from .work import Offloaded, Snapshot, compare_reading, encoder_input, measured_confidence
 
 log = logging.getLogger(__name__)
 
@@ -437,6 +437,12 @@ class LazyTab(pn.viewable.Viewer):
         return self._box
 
 
+EMBEDDINGS_HOW_TO_READ = (
+    "What the encoder receives for this sentence, as the Annotated Transformer builds it: each source token's "
+    "embedding, multiplied by √d_model, plus the positional encoding of where it stands. One row per token, one "
+    "column per dimension, one colour scale for all three (blue negative, red positive). The bars compare the two "
+    "vectors' lengths: scaled by √d_model, the word is louder than its position, so the position nudges the word "
+    "rather than drowning it.")
 POSITIONS_HOW_TO_READ = (
     "Attention alone does not know word order, so each position adds a fixed vector, its positional encoding, to "
     "its word's embedding. "
@@ -480,6 +486,12 @@ class InternalsView(LazyTab):
         cfg = tm.model.cfg
         log_rows = self.session.train_log(label)
         parts = {"log": log_rows}
+        try:  # the encoder's input for this sentence, read at the model's hook points
+            e = encoder_input(tm, r.src_ids)
+            parts["embeddings"] = embedding_view(e["tok"], e["pos"], e["embed"], list(r.src_pieces),
+                                                 scale=e["scale"], normed=e["normed"])
+        except Exception as exc:
+            parts["embeddings"] = exc
         try:
             length = min(cfg.max_positions, max(50, len(r.src_ids)))
             parts["positions"] = positional_encoding_view(cfg, length=length, model=tm.model)
@@ -514,7 +526,9 @@ class InternalsView(LazyTab):
             frame, words = schedule
             lr = [pn.pane.Markdown(link_terms(words), css_classes=["lr-schedule-note"], sizing_mode="stretch_width"),
                   pn.pane.Vega(schedule_vs_log_chart(frame), sizing_mode="stretch_width")]
-        return [pn.pane.Markdown("### Positional encodings"), pn.pane.Markdown(link_terms(POSITIONS_HOW_TO_READ)),
+        return [pn.pane.Markdown("### Embeddings of this sentence"),
+                pn.pane.Markdown(link_terms(EMBEDDINGS_HOW_TO_READ)), _wrapped(parts["embeddings"], "Embeddings"),
+                pn.pane.Markdown("### Positional encodings"), pn.pane.Markdown(link_terms(POSITIONS_HOW_TO_READ)),
                 _wrapped(parts["positions"], "Positional encodings"),
                 pn.pane.Markdown("### Masks of a padded batch (this sentence + two shorter ones)"),
                 pn.pane.Markdown(link_terms(MASKS_HOW_TO_READ)), _wrapped(parts["masks"], "Masks"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..analysis.circuits.ablation import AblationEffect, ablation_effect
 from ..analysis.training_dynamics.confidence import Familiarity, checkpoint_confidence, source_hints
 from ..charts.compare import compare_blocks
 from ..core.heads import Head
+from ..core.model import evaluating
 from ..core.trace import Trace
 from ..decoding.translator import Translation, TranslationModel
 from . import loader
@@ -213,6 +214,27 @@ def confidence(tm: TranslationModel, sentences: int):
             return exc
 
     return loader.load_derived("confidence", tm, measure, sentences)
+
+
+def encoder_input(tm: TranslationModel, src_ids: Sequence[int]) -> dict[str, Any]:
+    """The source as the encoder receives it, read at the model's own hook points (`enc` stream): each token's
+    embedding times its scale (`hook_tok`), its position's encoding (`hook_pos`) and the encoder's input
+    (`hook_embed`: their sum, after the embedding norm where the model has one), each (S, d) float32 numpy, with
+    the scale and whether a norm follows the sum. An encoder pass of one sentence: the size of a translation."""
+    model = tm.model
+    enc = model.stream("enc")
+    names = {"tok": enc.hook_tok.name, "pos": enc.hook_pos.name, "embed": enc.hook_embed.name}
+    src = torch.tensor([list(src_ids)], device=tm.device)
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(x: torch.Tensor, hook) -> None:
+        got[hook.name] = x.detach()
+
+    with torch.no_grad(), evaluating(model), model.hooks({name: keep for name in names.values()}):
+        model.encode(src)
+    n, d = src.size(1), model.cfg.d_model
+    out = {k: got[name].float().reshape(-1, d)[-n:].cpu().numpy() for k, name in names.items()}
+    return {**out, "scale": float(model.embed_scale), "normed": enc.emb_norm is not None}
 
 
 def measured_confidence(r: Snapshot, sentences: int):
