@@ -163,3 +163,29 @@ def test_the_sentences_embeddings_are_the_encoders_input_by_hand(tmp_path):
     assert "length of each vector" in titles
     rows = [p.object for p in plots if p.object.title.text == "length of each vector"][0].x_range.factors
     assert len(rows) == len(r.src_pieces) and rows[0] == f"0:{r.src_pieces[0]}"
+
+
+def test_a_stopped_confidence_measurement_says_so_and_runs_again_when_the_tab_is_reopened(tmp_path, monkeypatch):
+    from workbench.ui import loader, views
+    from workbench.ui.session import Session
+
+    build_checkpoint(tmp_path / "alpha", seed=0, steps=0)
+    entries, _ = loader.discover([tmp_path], default=None)
+    loader.CACHE.clear()
+    page = Session(entries, checkpoint="alpha", sentence="Ein Hund läuft.")
+    tab = views.InternalsView(session=page)
+    calls = []
+    real_submit = tab.session.lane
+
+    def lane(name, heavy=False):  # the confidence lane's job is stopped by another heavy job of the page
+        made = real_submit(name, heavy=heavy)
+        if name.startswith("InternalsConfidence"):
+            made.submit = lambda *a, stopped=None, **k: calls.append(a) or stopped()
+        return made
+
+    monkeypatch.setattr(tab.session, "lane", lane)
+    tab.show()
+    assert len(calls) == 1 and "measurement stopped" in _text(tab.content)
+    tab.active = False
+    tab.show()  # reopened: measured again
+    assert len(calls) == 2

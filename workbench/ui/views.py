@@ -513,7 +513,7 @@ class InternalsView(LazyTab):
         except Exception as exc:
             parts["schedule"] = exc
         parts["smoothing"] = float((tm.meta.get("train_config") or {}).get("label_smoothing", 0.0))
-        # model work (200 sentences teacher-forced): measured by `_measure` off this thread, once per checkpoint
+        # model work (200 sentences teacher-forced): measured by `_measured`'s heavy job, once per checkpoint
         parts["confidence"] = loader.CACHE.peek("confidence", r.request.path, self.CONFIDENCE_SENTENCES)
         parts["snapshot"] = Snapshot.of(r)
         return parts
@@ -557,8 +557,13 @@ class InternalsView(LazyTab):
 
         if not hasattr(self, "_confidence_lane"):
             self._confidence_lane = self.session.lane(f"InternalsConfidence-{id(self)}", heavy=True)
+        def stopped() -> None:  # another analysis of the page took its one heavy slot: measured when reopened
+            self._stale = True
+            box.objects = [pn.pane.Markdown("*The confidence measurement stopped: another analysis of this page "
+                                            "started. Open the tab again to measure it.*")]
+
         self._confidence_lane.submit(Offloaded(measured_confidence), snapshot, self.CONFIDENCE_SENTENCES,
-                                     done=landed, failed=landed)
+                                     done=landed, failed=landed, stopped=stopped)
         return box
 
     @staticmethod

@@ -220,7 +220,7 @@ def encoder_input(tm: TranslationModel, src_ids: Sequence[int]) -> dict[str, Any
     """The source as the encoder receives it, read at the model's own hook points (`enc` stream): each token's
     embedding times its scale (`hook_tok`), its position's encoding (`hook_pos`) and the encoder's input
     (`hook_embed`: their sum, after the embedding norm where the model has one), each (S, d) float32 numpy, with
-    the scale and whether a norm follows the sum. An encoder pass of one sentence: the size of a translation."""
+    the scale and whether a norm follows the sum. The embedding step alone (`embed_source`), no encoder layer."""
     model = tm.model
     enc = model.stream("enc")
     names = {"tok": enc.hook_tok.name, "pos": enc.hook_pos.name, "embed": enc.hook_embed.name}
@@ -231,7 +231,7 @@ def encoder_input(tm: TranslationModel, src_ids: Sequence[int]) -> dict[str, Any
         got[hook.name] = x.detach()
 
     with torch.no_grad(), evaluating(model), model.hooks({name: keep for name in names.values()}):
-        model.encode(src)
+        model.embed_source(src)
     n, d = src.size(1), model.cfg.d_model
     out = {k: got[name].float().reshape(-1, d)[-n:].cpu().numpy() for k, name in names.items()}
     return {**out, "scale": float(model.embed_scale), "normed": enc.emb_norm is not None}
