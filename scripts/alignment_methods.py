@@ -13,9 +13,10 @@ RWTH are then run unchanged on Hansards en-fr (447 lines). Rows:
   the word (AWI), one argmax per target word; the layer and the symmetrization of the two argmax directions
   (none / intersect / grow-diag, the paper's bidirectional grow-diag) chosen on lines 1-150;
 - "layer": the alignment layer stored beside the checkpoint (`alignment_layer`), trained on the model's own
-  symmetrized shift-attention links of WMT14 Europarl pairs (never on the gold set); EOS rule and symmetrization
-  chosen on lines 1-150. `--extraction JSON` gives it an extraction (a prior head, target pieces, row
-  normalisation: `alignment_layer` docstring), chosen on lines 1-150 with `--dev-only DIR --extraction-grid`.
+  symmetrized shift-attention links of WMT14 Europarl pairs (never on the gold set); EOS rule, symmetrization
+  and punctuation rule (`word_align.punctuation_apart`) chosen on lines 1-150. `--extraction JSON` gives it an
+  extraction (a prior head, target pieces, row normalisation: `alignment_layer` docstring), chosen on lines 1-150
+  with `--dev-only DIR --extraction-grid`.
 
     python scripts/alignment_methods.py ... --dev-only checkpoints/general-en-de --extraction-grid   # choose
     python scripts/alignment_methods.py ... --extraction '{"prior": [0, 0, 0.5], "target_pieces": "max",
@@ -39,7 +40,13 @@ from workbench.analysis.alignment.alignment_layer import (
     load_any_layer,
     save_alignment_layer,
 )
-from workbench.analysis.alignment.word_align import EOS_RULES, AlignmentSpec, alignment_maps, encode_words
+from workbench.analysis.alignment.word_align import (
+    EOS_RULES,
+    PUNCTUATION_RULES,
+    AlignmentSpec,
+    alignment_maps,
+    encode_words,
+)
 from workbench.checkpoint.format import save_alignment
 from workbench.decoding.translator import load
 
@@ -96,10 +103,16 @@ def extraction_grid(prior_head: tuple[int, int]) -> list[dict]:
 
 
 def _layer_dev_grid(model, layer, sources, targets, gold) -> dict:
-    """{(EOS rule, symmetrization): AER} of an alignment layer on the given (choice) lines."""
+    """{(EOS rule, symmetrization, punctuation rule): AER} of an alignment layer on the given (choice) lines."""
     maps = alignment_maps(model, sources, targets, method="layer", shift="awi", layer=layer)
-    return {(eos, sym): score_alignments([m.links(0, None, eos=eos, symmetrize=sym) for m in maps], gold).aer
-            for eos in EOS_RULES for sym in LAYER_SYM}
+    return {(eos, sym, punct): score_alignments([m.links(0, None, eos=eos, symmetrize=sym, punctuation=punct)
+                                                 for m in maps], gold).aer
+            for eos in EOS_RULES for sym in LAYER_SYM for punct in PUNCTUATION_RULES}
+
+
+def _grid_key(key: tuple) -> str:
+    eos, sym, punct = key
+    return f"eos {eos} {sym}" + (" punctuation apart" if punct == "apart" else "")
 
 
 def main() -> None:
@@ -151,8 +164,8 @@ def main() -> None:
                 grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
                 best = min(grid, key=grid.get)
                 print(json.dumps({"layer": d, "partners": args.partners, "extraction": e,
-                                  "best": f"eos {best[0]} {best[1]}", "dev_aer": round(grid[best], 4),
-                                  "grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()}}), flush=True)
+                                  "best": _grid_key(best), "dev_aer": round(grid[best], 4),
+                                  "grid": {_grid_key(k): round(v, 4) for k, v in grid.items()}}), flush=True)
         return
     out: dict = {"checkpoint": args.checkpoint, "chosen_on": "RWTH de-en lines 1-150", "reported_on":
                  "RWTH lines 151-508 and all 508; Hansards en-fr all 447 with the RWTH choice",
@@ -177,7 +190,8 @@ def main() -> None:
 
     shipped = json.loads(Path(args.shipped_spec).read_text()) if args.shipped_spec else tm.alignment
     if shipped:
-        run("shipped", AlignmentSpec.from_dict(shipped))
+        spec = AlignmentSpec.from_dict(shipped)
+        run("shipped", spec, layer=load_alignment_layer(args.checkpoint) if spec.method == "layer" else None)
 
     # Shift-Att: layer and symmetrization chosen on lines 1-150
     maps = alignment_maps(tm.model, S[DEV], T[DEV], method="weights", shift="awi", heads=False)
@@ -203,12 +217,11 @@ def main() -> None:
             layer.join([load_any_layer(x) for x in args.partners])
         layer_objects[name] = layer
         grid = _layer_dev_grid(tm.model, layer, S[DEV], T[DEV], G[DEV])
-        (eos, sym) = min(grid, key=grid.get)
+        (eos, sym, punct) = min(grid, key=grid.get)
         cfg = {**json.loads((Path(layer_dir) / "alignment_layer.json").read_text(encoding="utf-8")),
                **layer.config()}
-        run(name, AlignmentSpec("layer", "awi", eos, ((0, None),), {}, sym), layer=layer,
-            extra={"dev_grid": {f"eos {a} {b}": round(v, 4) for (a, b), v in grid.items()},
-                   "layer_config": cfg})
+        run(name, AlignmentSpec("layer", "awi", eos, ((0, None),), {}, sym, punctuation=punct), layer=layer,
+            extra={"dev_grid": {_grid_key(k): round(v, 4) for k, v in grid.items()}, "layer_config": cfg})
     if "previous layer" in test_links and "layer" in test_links:
         out["paired_vs_previous_layer_151_508"] = paired_difference(test_links["layer"], test_links["previous layer"],
                                                                     G[TEST], draws=args.draws)
@@ -228,12 +241,14 @@ def main() -> None:
     if wins:
         r = rows["layer"]["rwth-deen"]
         winner["provenance"] = {
-            "chosen_on": "test.talp lines 1-150 (columns swapped): EOS rule and symmetrization",
+            "chosen_on": "test.talp lines 1-150 (columns swapped): EOS rule, symmetrization and punctuation rule",
             "dev_aer": r["dev_1_150"]["aer"], "held_out_aer": r["test_151_508"]["aer"],
             "held_out": "the other 358 lines", "all_508_aer": r["all_508"]["aer"],
             "replaces": f"{AlignmentSpec.from_dict(shipped).label()}, "
                         f"{100 * rows['shipped']['rwth-deen']['test_151_508']['aer']:.1f} % held out",
-            "layer": "alignment_layer.safetensors + alignment_layer.json (scripts/train_alignment_layer.py)",
+            "layer": "alignment_layer.safetensors + alignment_layer.json (scripts/train_alignment_layer.py)"
+                     + (f": {len(layer_objects['layer'].partners) + 1} alignment layers read as one "
+                        "(AlignmentLayer.join; docs/analysis.md)" if layer_objects["layer"].partners else ""),
             "created_by": "scripts/alignment_methods.py"}
         if "previous layer" in rows:
             winner["provenance"]["replaces"] = (f"the alignment layer of {args.previous_layer}, "

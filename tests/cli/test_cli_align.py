@@ -71,8 +71,10 @@ def test_choose_saves_the_checkpoints_aligner_and_align_uses_it(checkpoint, tmp_
     assert "chosen:" in out and "saved" in out
     data = json.loads(report.read_text())
     assert len(data["configs"]) == 3 * 2 * 2 * 5 and data["held_out_lines"] == 1
+    assert {c["punctuation"] for c in data["configs"]} <= {"any", "apart"}
     best = min(data["configs"], key=lambda c: c["dev_aer"])
     assert data["chosen"]["method"] == best["method"] and data["chosen"]["units"] == best["units"]
+    assert data["chosen"]["punctuation"] == best["punctuation"]
     assert data["chosen"]["provenance"]["chosen_on"] == "gold.talp lines 1-2"
     loaded = load_checkpoint(checkpoint)
     assert loaded.alignment == data["chosen"]
@@ -118,6 +120,13 @@ def test_aligner_options_do_what_they_say_and_unknown_values_name_the_valid_ones
     lines, err = label("--symmetrize", "none")
     assert "norms AWI units 0:0 (eos null, symmetrize none): the checkpoint's alignment.json with the command" in err
     assert all(len({j for _, j in parse_pharaoh(x)[0]}) == len(parse_pharaoh(x)[0]) for x in lines)
+    lines, err = label("--punctuation", "apart")  # the file's aligner, then links between a mark and a word dropped
+    assert "norms AWI units 0:0 (eos null, symmetrize grow-diag, punctuation apart)" in err
+    every, _ = label()
+    for kept, all_links, src, tgt in zip(lines, every, SRC, TGT):
+        kept, all_links = parse_pharaoh(kept)[0], parse_pharaoh(all_links)[0]
+        mark = [w == "." for w in src.split()], [w == "." for w in tgt.split()]
+        assert kept == {(i, j) for i, j in all_links if mark[0][i] == mark[1][j]}
     lines, err = label("--method", "shift-att")
     assert "weights AWI units 0 (eos drop, symmetrize grow-diag): Shift-Att (Chen et al. 2020)" in err
     assert main(["align", "--checkpoint", str(ck), s, t, "--method", "layer"]) != 0
@@ -125,7 +134,8 @@ def test_aligner_options_do_what_they_say_and_unknown_values_name_the_valid_ones
     for flag, bad, valid in [("--method", "attention", "weights, norms, alti, layer, shift-att"),
                              ("--shift", "AWI", "awo, awi"),
                              ("--eos", "keep", "drop, null"),
-                             ("--symmetrize", "grow", "none, intersect, grow-diag, grow-diag-final, union")]:
+                             ("--symmetrize", "grow", "none, intersect, grow-diag, grow-diag-final, union"),
+                             ("--punctuation", "words", "any, apart")]:
         assert main(["align", "--checkpoint", str(ck), s, t, flag, bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"workbench align: error: {flag} must be one of {valid}; got {bad!r}"]

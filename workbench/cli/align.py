@@ -9,15 +9,16 @@ whitespace tokens of the given lines (each word encoded on its own: a source wor
 its pieces, a target word's the mean over its pieces; see `workbench.analysis.alignment.word_align`). The pair is
 teacher-forced: TGT is read as the output the model would give.
 
-Default aligner: the checkpoint's `alignment.json` (method, AWO/AWI, heads or layers averaged), else
-fairseq's default (last layer, heads averaged, AWO). `--method`, `--shift`, `--units`, `--eos` and
-`--symmetrize` replace their part of it; a `--method` other than alignment.json's starts from fairseq's default
-instead (the file's other parts were chosen for its own method). The aligner used and where it came from is
-the last stderr line. A line pair longer than the model's positions (255 pieces a side for 256 positions)
-gets an empty output line and one stderr warning naming the line. `--choose GOLD` scores every method, shift, EOS rule,
-symmetrization, head and layer against gold on `--lines` only, averages the best heads when that helps, prints the best
-and with `--save` stores it as the checkpoint's alignment.json; `--report` writes every unit's AER on the
-chosen lines and on the other lines as JSON.
+Default aligner: the checkpoint's `alignment.json` (method, AWO/AWI, heads or layers averaged), else fairseq's
+default (last layer, heads averaged, AWO). `--method`, `--shift`, `--units`, `--eos`, `--symmetrize` and
+`--punctuation` replace their part of it; a `--method` other than alignment.json's starts from fairseq's default
+instead (the file's other parts were chosen for its own method). The aligner used and where it came from is the last
+stderr line. A line pair longer than the model's positions (255 pieces a side for 256 positions) gets an empty
+output line and one stderr warning naming the line. `--choose GOLD` scores every method, shift, EOS rule,
+symmetrization, head and layer against gold on `--lines` only, averages the best heads when that helps, keeps
+punctuation apart when that helps (`word_align.punctuation_apart`), prints the best and with `--save` stores it as
+the checkpoint's alignment.json; `--report` writes every unit's AER on the chosen lines and on the other lines as
+JSON.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..analysis.alignment.word_align import (
     EOS_RULES,
     METHODS,
     PRESETS,
+    PUNCTUATION_RULES,
     SHIFTS,
     SYMMETRIZE,
     AlignmentSpec,
@@ -73,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--symmetrize", default=None, metavar="|".join(SYMMETRIZE),
                    help="none: one link per target word; otherwise also link each source word to its best target "
                         "word and combine both directions")
+    p.add_argument("--punctuation", default=None, metavar="|".join(PUNCTUATION_RULES),
+                   help="any: links as the argmax gives them; apart: no link between a punctuation mark and a word "
+                        "with no punctuation in it")
     p.add_argument("--batch", type=int, default=32, help="sentence pairs per forward pass")
     p.add_argument("--device", default="cpu")
     p.add_argument("--errors", choices=["strict", "replace"], default="strict", help="invalid UTF-8 input")
@@ -90,13 +95,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--choose: store the choice as DIR/alignment.json")
 
 
-OPTIONS = {"method": (*METHODS, *PRESETS), "shift": SHIFTS, "eos": EOS_RULES, "symmetrize": SYMMETRIZE}
+OPTIONS = {"method": (*METHODS, *PRESETS), "shift": SHIFTS, "eos": EOS_RULES, "symmetrize": SYMMETRIZE,
+           "punctuation": PUNCTUATION_RULES}
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """An unknown --method/--shift/--eos/--symmetrize value is an error naming the valid ones."""
+    """An unknown --method/--shift/--eos/--symmetrize/--punctuation value is an error naming the valid ones."""
     for name, valid in OPTIONS.items():
-        value = getattr(args, name)
+        value = getattr(args, name, None)
         if value is not None and value not in valid:
             raise ValueError(f"--{name} must be one of {', '.join(valid)}; got {value!r}")
 
@@ -105,14 +111,16 @@ def spec_of(tm: TranslationModel, args: argparse.Namespace) -> tuple[AlignmentSp
     """The aligner the command line asks for, and where it comes from. No aligner option: the checkpoint's
     alignment.json (else the fallback), whole. Options replace their own parts of it; a --method other than
     the stored one starts from the fallback (last layer, AWO, EOS dropped, no symmetrization) instead, because
-    the stored units, shift, EOS rule and symmetrization were chosen together with the stored method."""
+    the stored units, shift, EOS rule, symmetrization and punctuation rule were chosen together with the stored
+    method."""
     base, origin = aligner(tm.model, tm.alignment or None, args.method, directory=tm.meta.get("path"))
-    changed = args.shift or args.units or args.eos or args.symmetrize
+    punctuation = getattr(args, "punctuation", None)
+    changed = args.shift or args.units or args.eos or args.symmetrize or punctuation
     if not changed:
         return base, origin
     spec = AlignmentSpec(base.method, args.shift or base.shift, args.eos or base.eos,
                          parse_units(args.units) if args.units else base.units, {},
-                         args.symmetrize or base.symmetrize, base.layer)
+                         args.symmetrize or base.symmetrize, base.layer, punctuation or base.punctuation)
     return spec, origin + " with the command line's options"
 
 
@@ -123,9 +131,9 @@ def _read(path: str, errors: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     check_options(args)
-    if args.choose and (args.method or args.shift or args.units or args.eos or args.symmetrize):
+    if args.choose and (args.method or args.shift or args.units or args.eos or args.symmetrize or args.punctuation):
         raise ValueError("--choose searches every shift, EOS rule, symmetrization and unit of --methods; "
-                         "--method, --shift, --units, --eos and --symmetrize go without it")
+                         "--method, --shift, --units, --eos, --symmetrize and --punctuation go without it")
     src, tgt = _read(args.src, args.errors), _read(args.tgt, args.errors)
     if len(src) != len(tgt):
         raise ValueError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
@@ -161,13 +169,18 @@ def _score_config(maps: list, gold: list, rows: slice, held: list[int], method: 
     dev_maps, dev_gold = maps[rows], gold[rows]
     held_maps, held_gold = [maps[k] for k in held], [gold[k] for k in held]
     units, dev_aer, single = choose_units(dev_maps, dev_gold, eos=eos, symmetrize=sym, max_units=max_units)
-    held_aer = (score_alignments([m.links(units=units, eos=eos, symmetrize=sym) for m in held_maps],
-                                 held_gold).aer if held else None)
+    # then the punctuation rule, for the chosen units: "apart" where it scores lower on the chosen lines
+    apart = score_alignments([m.links(units=units, eos=eos, symmetrize=sym, punctuation="apart") for m in dev_maps],
+                             dev_gold).aer
+    punctuation = "apart" if apart < dev_aer else "any"
+    dev_aer = min(dev_aer, apart)
+    held_aer = (score_alignments([m.links(units=units, eos=eos, symmetrize=sym, punctuation=punctuation)
+                                  for m in held_maps], held_gold).aer if held else None)
     tabled = eos == "drop" and sym in ("none", "grow-diag")  # the held-out tables in docs/analysis.md
     held_single = ({f"{u[0]}:{'' if u[1] is None else u[1]}": score_alignments(
                     [m.links(*u, eos=eos, symmetrize=sym) for m in held_maps], held_gold).aer
                     for u in single} if held and tabled else {})
-    return {"method": method, "shift": shift, "eos": eos, "symmetrize": sym,
+    return {"method": method, "shift": shift, "eos": eos, "symmetrize": sym, "punctuation": punctuation,
             "units": [list(u) for u in units],
             "dev_aer": dev_aer, "held_out_aer": held_aer,
             "single_dev": {f"{u[0]}:{'' if u[1] is None else u[1]}": a for u, a in single.items()},
@@ -184,9 +197,9 @@ def _chosen_spec(best: dict, args: argparse.Namespace, rows: slice, n_held: int,
         "held_out": f"the other {n_held} lines",
         "searched": f"methods {'/'.join(methods)} x AWO/AWI x eos drop/null x symmetrize none/intersect/grow-diag/"
                     f"grow-diag-final/union; every head (ALTI+: every layer) and layer, then the best "
-                    f"2..{args.max_units} heads averaged",
+                    f"2..{args.max_units} heads averaged, then punctuation any/apart for those units",
         "created_by": f"attention-workbench {__version__}",
-    }, best["symmetrize"])
+    }, best["symmetrize"], punctuation=best["punctuation"])
 
 
 def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse.Namespace) -> int:
@@ -218,7 +231,8 @@ def _choose(tm: TranslationModel, src: list[str], tgt: list[str], args: argparse
                 entry = _score_config(maps, gold, rows, held, method, shift, eos, sym, args.max_units)
                 units, dev_aer, held_aer = entry["units"], entry["dev_aer"], entry["held_out_aer"]
                 report["configs"].append(entry)
-                print(f"{method:8s} {shift} eos={eos:4s} {sym:15s} dev AER {100 * dev_aer:5.1f} %"
+                print(f"{method:8s} {shift} eos={eos:4s} {sym:15s} punctuation {entry['punctuation']:5s} "
+                      f"dev AER {100 * dev_aer:5.1f} %"
                       + (f"  held-out {100 * held_aer:5.1f} %" if held_aer is not None else "")
                       + f"  units {','.join(f'{a}' if b is None else f'{a}:{b}' for a, b in units)}", file=sys.stderr)
                 if best is None or dev_aer < best["dev_aer"]:

@@ -222,6 +222,37 @@ def test_symmetrize_by_hand():
     assert argmax_links(m, symmetrize="grow-diag") == {(0, 0), (0, 1), (1, 1)}  # each adds an unaligned word
 
 
+def test_punctuation_apart_by_hand_and_through_maps_and_specs():
+    """Rule "apart" (issue 38 point 6's default): a link joining a punctuation mark and a word is dropped, links
+    between two marks or two words stay; maps made by hand without their words refuse the rule; an alignment.json
+    without the key reads as "any" and the key round-trips."""
+    from workbench.analysis.alignment.word_align import AlignmentSpec, WordMaps, punctuation_apart
+    from workbench.analysis.attention.head_stats import is_punctuation
+
+    assert [is_punctuation(w) for w in [".", ",", "--", "?!", "\u201e", "%", "'s", "3.", "\u20ac", "+", "Haus", ""]] \
+        == [True] * 6 + [False] * 6
+    links = {(0, 0), (1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (3, 3), (3, 1)}
+    src, tgt = ("dog", ",", "runs", "."), ("Hund", ",", "läuft", "angenommen.")
+    # "runs"-"," and ","-"läuft" go (a mark and a plain word); two marks stay; a mark keeps a word that carries one
+    assert punctuation_apart(links, src, tgt) == {(0, 0), (1, 1), (2, 2), (1, 3), (3, 3), (3, 1)}
+    # source 0 "Hello" and 1 ","; target 0 "Hallo", 1 "," and 2 "Welt": the argmax links the comma to "Welt"
+    m = np.array([[0.9, 0.1, 0.0], [0.2, 0.8, 0.0], [0.3, 0.7, 0.0]])
+    maps = WordMaps(None, m[None], "weights", "awi", True, ("Hello", ","), ("Hallo", ",", "Welt"))
+    assert maps.links(0, symmetrize="none") == {(0, 0), (1, 1), (1, 2)}
+    assert maps.links(0, symmetrize="none", punctuation="apart") == {(0, 0), (1, 1)}
+    with pytest.raises(ValueError, match="know their words"):
+        WordMaps(None, m[None], "weights", "awi").links(0, punctuation="apart")
+    with pytest.raises(ValueError, match="punctuation must be one of"):
+        maps.links(0, punctuation="none")
+    spec = AlignmentSpec("weights", "awi", "drop", ((0, None),), {}, "none", punctuation="apart")
+    assert spec.links_of(maps) == {(0, 0), (1, 1)} and spec.label().endswith("punctuation apart)")
+    assert AlignmentSpec.from_dict(spec.to_dict()) == spec
+    old = {k: v for k, v in spec.to_dict().items() if k != "punctuation"}  # an alignment.json from before the rule
+    assert AlignmentSpec.from_dict(old).punctuation == "any"
+    with pytest.raises(ValueError, match="punctuation must be one of"):
+        AlignmentSpec("weights", "awi", "drop", ((0, None),), punctuation="words")
+
+
 def test_the_evidence_view_draws_what_workbench_align_writes():
     """One aligner for the CLI, the Evidence tab and notebook 07 (issue 38 point 6): the shipped checkpoint's
     alignment.json symmetrizes (grow-diag), and `sentence_evidence` draws exactly the links `workbench align`'s

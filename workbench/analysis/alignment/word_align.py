@@ -30,13 +30,14 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from ...core.batching import corpus_batches
 from ...core.model import evaluating
+from ..attention.head_stats import has_punctuation, is_punctuation
 from ..attention.norms import value_norms
 from ..attribution.alti import alti_hooks, block_terms, cross_contributions
 from .alignment import AERScore, Link, bootstrap_aer, score_alignments
@@ -48,6 +49,7 @@ PRESETS = ("shift-att",)  # named aligners: Chen et al. 2020's Shift-Att (see `s
 SHIFTS = ("awo", "awi")
 EOS_RULES = ("drop", "null")
 SYMMETRIZE = ("none", "intersect", "grow-diag", "grow-diag-final", "union")
+PUNCTUATION_RULES = ("any", "apart")  # "apart": no link between a punctuation mark and a word (`punctuation_apart`)
 PUNCTUATION_WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
 
 
@@ -76,6 +78,17 @@ def encode_words(tokenizer, line: str) -> Words:
         ids += pieces
         word_of += [w] * len(pieces)
     return Words(words, ids, word_of)
+
+
+def punctuation_apart(links: set[Link], src_words: Sequence[str], tgt_words: Sequence[str]) -> set[Link]:
+    """`links` less those that join a punctuation mark (`is_punctuation`) to a word with no punctuation in it: marks
+    link to marks, and to words that carry one ("angenommen." in untokenized output keeps its link to "."). Gold
+    alignments link a mark to a word almost never (RWTH de-en lines 1-150: 39 of 3,092 gold links; a German comma
+    before a clause has no English counterpart), while an argmax gives every row and column a partner. Chosen as
+    the shipped aligner's rule on RWTH lines 1-150 only (docs/analysis.md §10)."""
+    mark_s, mark_t = [is_punctuation(w) for w in src_words], [is_punctuation(w) for w in tgt_words]
+    some_s, some_t = [has_punctuation(w) for w in src_words], [has_punctuation(w) for w in tgt_words]
+    return {(s, t) for s, t in links if not (mark_s[s] and not some_t[t]) and not (mark_t[t] and not some_s[s])}
 
 
 def _sum_matrix(word_of: Sequence[int], n_words: int) -> np.ndarray:
@@ -119,6 +132,8 @@ class WordMaps:
     method: str
     shift: str
     normalize: bool = True  # `combined` scales each unit's rows to sum to 1 first (an alignment layer may say not)
+    src_words: tuple[str, ...] | None = None  # the pair's words, for the punctuation rule "apart"
+    tgt_words: tuple[str, ...] | None = None
 
     def matrix(self, layer: int, head: int | None = None) -> np.ndarray:
         """One unit's (Tw, Sw + 1) map: a head, or the whole layer (head None)."""
@@ -141,13 +156,22 @@ class WordMaps:
 
     def links(self, layer: int | None = None, head: int | None = None, *,
               units: Sequence[tuple[int, int | None]] | None = None, eos: str = "drop",
-              symmetrize: str = "none") -> set[Link]:
-        """Argmax links (source word, target word) of one unit or the combination of `units`."""
+              symmetrize: str = "none", punctuation: str = "any") -> set[Link]:
+        """Argmax links (source word, target word) of one unit or the combination of `units`; `punctuation`
+        "apart" then drops links between a punctuation mark and a word without one (`punctuation_apart`)."""
+        if punctuation not in PUNCTUATION_RULES:
+            raise ValueError(f"punctuation must be one of {PUNCTUATION_RULES}, got {punctuation!r}")
         if units is None:
             if layer is None:
                 raise ValueError("give a layer (and head) or units")
             units = [(layer, head)]
-        return argmax_links(self.combined(units), eos=eos, symmetrize=symmetrize)
+        links = argmax_links(self.combined(units), eos=eos, symmetrize=symmetrize)
+        if punctuation == "any":
+            return links
+        if self.src_words is None or self.tgt_words is None:
+            raise ValueError('punctuation "apart" needs maps that know their words (made by alignment_maps or '
+                             'maps_from_trace)')
+        return punctuation_apart(links, self.src_words, self.tgt_words)
 
 
 def argmax_links(matrix: np.ndarray, *, eos: str = "drop", symmetrize: str = "none") -> set[Link]:
@@ -305,7 +329,8 @@ def _word_maps(heads, layers, src: Words, tgt: Words, method: str, shift: str, l
                          f"positions; {shift} needs {rows.stop} and {m + 1}")
     lay = to_words(layers[..., rows, : m + 1].cpu().numpy(), src, tgt, target=target)
     h = None if heads is None else to_words(heads[..., rows, : m + 1].cpu().numpy(), src, tgt)
-    return WordMaps(h, lay, method, shift, bool(extraction.get("normalize_rows", True)))
+    return WordMaps(h, lay, method, shift, bool(extraction.get("normalize_rows", True)),
+                    tuple(src.words), tuple(tgt.words))
 
 
 def alignment_maps(model, sources: Sequence[Words], targets: Sequence[Words], *, method: str = "weights",
@@ -347,7 +372,9 @@ Unit = tuple[int, "int | None"]  # (decoder layer, head); head None = the whole 
 @dataclass(frozen=True)
 class AlignmentSpec:
     """How a checkpoint aligns by default (its `alignment.json`): a method, a shift, an EOS rule and the units
-    (heads or whole layers) whose row-normalised maps are averaged. `provenance` says how it was chosen."""
+    (heads or whole layers) whose row-normalised maps are averaged, a symmetrization and a punctuation rule
+    ("any", or "apart": `punctuation_apart`; an alignment.json without the key means "any"). `provenance` says how
+    it was chosen."""
 
     method: str = "weights"
     shift: str = "awo"
@@ -356,6 +383,7 @@ class AlignmentSpec:
     provenance: dict = field(default_factory=dict)
     symmetrize: str = "none"
     layer: object = field(default=None, compare=False, repr=False)  # the trained AlignmentLayer, method "layer"
+    punctuation: str = "any"
 
     def __post_init__(self) -> None:
         _check(self.method, self.shift)
@@ -366,6 +394,8 @@ class AlignmentSpec:
             raise ValueError(f"eos must be one of {EOS_RULES}, got {self.eos!r}")
         if self.symmetrize not in SYMMETRIZE:
             raise ValueError(f"symmetrize must be one of {SYMMETRIZE}, got {self.symmetrize!r}")
+        if self.punctuation not in PUNCTUATION_RULES:
+            raise ValueError(f"punctuation must be one of {PUNCTUATION_RULES}, got {self.punctuation!r}")
         if not self.units:
             raise ValueError("an alignment needs at least one unit (layer, head)")
 
@@ -385,9 +415,10 @@ class AlignmentSpec:
         return self
 
     def links_of(self, maps: WordMaps) -> set[Link]:
-        """This aligner's links from one pair's maps: its units combined, its EOS rule, its symmetrization. The one
-        place a spec becomes links: `workbench align`, the Evidence tab and notebook 07 all come through here."""
-        return maps.links(units=self.units, eos=self.eos, symmetrize=self.symmetrize)
+        """This aligner's links from one pair's maps: its units combined, its EOS rule, its symmetrization, its
+        punctuation rule. The one place a spec becomes links: `workbench align`, the Evidence tab and notebook 07
+        all come through here."""
+        return maps.links(units=self.units, eos=self.eos, symmetrize=self.symmetrize, punctuation=self.punctuation)
 
     def reads(self) -> str:
         """What the maps are read from: "weights AWO units 3,0:2", or the trained alignment layer(s) by name."""
@@ -398,18 +429,21 @@ class AlignmentSpec:
         return f"{self.method} {self.shift.upper()} units {units}"
 
     def label(self) -> str:
-        return f"{self.reads()} (eos {self.eos}, symmetrize {self.symmetrize})"
+        rule = ", punctuation apart" if self.punctuation == "apart" else ""
+        return f"{self.reads()} (eos {self.eos}, symmetrize {self.symmetrize}{rule})"
 
     def to_dict(self) -> dict:
         return {"method": self.method, "shift": self.shift, "eos": self.eos, "symmetrize": self.symmetrize,
-                "units": [[lay, h] for lay, h in self.units], "provenance": dict(self.provenance)}
+                "punctuation": self.punctuation, "units": [[lay, h] for lay, h in self.units],
+                "provenance": dict(self.provenance)}
 
     @classmethod
     def from_dict(cls, d: dict) -> AlignmentSpec:
         try:
             units = tuple((int(u[0]), None if u[1] is None else int(u[1])) for u in d["units"])
             return cls(str(d["method"]), str(d["shift"]), str(d.get("eos", "drop")), units,
-                       dict(d.get("provenance") or {}), str(d.get("symmetrize", "none")))
+                       dict(d.get("provenance") or {}), str(d.get("symmetrize", "none")),
+                       punctuation=str(d.get("punctuation", "any")))
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"alignment spec needs method, shift and units [[layer, head or null], ...]: {exc!r}")\
                 from None
@@ -453,7 +487,8 @@ def layer_spec(stored: dict | None = None, layer=None) -> AlignmentSpec:
     and symmetrization were chosen with it), else EOS dropped and grow-diag."""
     if isinstance(stored, dict) and stored.get("method") == "layer":
         base = AlignmentSpec.from_dict(stored)
-        return AlignmentSpec("layer", "awi", base.eos, ((0, None),), base.provenance, base.symmetrize, layer)
+        return AlignmentSpec("layer", "awi", base.eos, ((0, None),), base.provenance, base.symmetrize, layer,
+                             base.punctuation)
     return AlignmentSpec("layer", "awi", "drop", ((0, None),), {}, "grow-diag", layer)
 
 
@@ -488,8 +523,7 @@ def aligner(model, stored: AlignmentSpec | dict | None, method: str | None = Non
     if base.method == "layer" and base.layer is None:
         if directory is None:
             raise ValueError('a "layer" aligner needs the checkpoint directory its alignment layer is stored in')
-        base = AlignmentSpec(base.method, base.shift, base.eos, base.units, base.provenance, base.symmetrize,
-                             load_alignment_layer(directory, device=model.device).check_fits(model))
+        base = replace(base, layer=load_alignment_layer(directory, device=model.device).check_fits(model))
     return base, origin
 
 

@@ -360,15 +360,22 @@ def head_stats(
                      block_heads=heads if min(heads) < widest else ())
 
 
+def is_punctuation(text: str) -> bool:
+    """Punctuation marks only: every character of Unicode category P* (".", ",", "--", "?!", and "%", which Unicode
+    files as punctuation); "'s", "3.", "€" or "+" are not. The one rule for pieces (`punctuation_ids`) and words
+    (`word_align.punctuation_apart`)."""
+    return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
+
+
+def has_punctuation(text: str) -> bool:
+    """Whether any character of `text` is a punctuation mark (Unicode category P*): "angenommen.", "'s", "."."""
+    return any(unicodedata.category(ch).startswith("P") for ch in text)
+
+
 def punctuation_ids(pieces: Sequence[str]) -> list[int]:
     """Ids of vocabulary pieces that are only punctuation once the word marker (▁, Ġ, @@) is removed."""
-
-    out = []
-    for i, piece in enumerate(pieces):
-        core = piece.replace("\u2581", "").replace("\u0120", "").removesuffix("@@")
-        if core and all(unicodedata.category(ch).startswith("P") for ch in core):
-            out.append(i)
-    return out
+    return [i for i, piece in enumerate(pieces)
+            if is_punctuation(piece.replace("\u2581", "").replace("\u0120", "").removesuffix("@@"))]
 
 
 def token_counts(rows: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:

@@ -45,11 +45,14 @@ def aligner_spec(tm, method: str | None = None) -> AlignmentSpec:
 
 def describe_aligner(spec: AlignmentSpec, *, own: bool) -> str:
     """One line saying what draws the links: the method, shift and units (a trained alignment layer by name), the
-    EOS rule and symmetrization; for the checkpoint's own aligner (`own`) also its stored held-out AER."""
+    EOS rule, symmetrization and punctuation rule; for the checkpoint's own aligner (`own`) also its stored
+    held-out AER."""
     text = spec.reads()
     if not own:
         return text
     rules = f"EOS {'dropped' if spec.eos == 'drop' else spec.eos}, symmetrized {spec.symmetrize}"
+    if spec.punctuation == "apart":
+        rules += ", no link between a punctuation mark and a word"
     aer = spec.provenance.get("held_out_aer")
     where = spec.provenance.get("chosen_on", "")
     scored = ""
