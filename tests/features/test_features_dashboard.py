@@ -17,7 +17,7 @@ from workbench.core.batching import teacher_forced
 from workbench.corpus.data import ParallelData, load_dataset
 from workbench.decoding.translator import load
 from workbench.features import DictionaryConfig, SparseDictionary, capture_site
-from workbench.features.dashboard import FeatureData
+from workbench.features.dashboard import EFFECT_CONTROLS, EFFECT_FLOOR, FeatureData
 from workbench.features.stats import FeatureStats, corpus_feature_stats
 
 CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-de-en"
@@ -95,6 +95,9 @@ def test_contexts_output_effects_and_search(fd):
         assert top["p_clean"] == pytest.approx(float(clean[top["id"]].exp()), abs=1e-5)
         assert top["drop"] == pytest.approx(float(clean[top["id"]] - ablated[top["id"]]), abs=1e-4)
     assert fd.output_effects(f, contexts=1, heads=False)["heads"] == []
+    one = effects["tokens"][0]  # one context: where it moves is that context
+    assert one["p_clean_where"] == pytest.approx(one["p_clean"], abs=1e-6)
+    assert one["contexts_where"] == int(abs(one["dp"]) >= EFFECT_FLOOR)
     with pytest.raises(ValueError, match="edit must be"):
         fd.output_effects(f, edit="keys")
     # search finds the feature from the piece it fires on
@@ -114,7 +117,7 @@ def test_output_effects_are_measurable_only_above_the_floor_and_the_random_contr
     src = torch.tensor([s.sentences_src[j] + [tm.model.cfg.eos_id]])
     tgt_in = torch.tensor([[tm.model.cfg.start_id, *s.sentences_tgt[j]]])
     direction = fd.d.W_dec[f].detach()
-    randoms = torch.randn(3, direction.numel(), generator=torch.Generator().manual_seed(f))
+    randoms = torch.randn(EFFECT_CONTROLS, direction.numel(), generator=torch.Generator().manual_seed(f))
     randoms = randoms / randoms.norm(dim=1, keepdim=True) * direction.norm()
 
     def removed(delta):
@@ -130,7 +133,7 @@ def test_output_effects_are_measurable_only_above_the_floor_and_the_random_contr
         control = max(float((clean - removed(c.value * r)).max()) for r in randoms)
     e = fd.output_effects(f, contexts=1, edit="memory", heads=False)
     assert e["top_dp"] == pytest.approx(own, abs=1e-5) and e["top_dp"] == pytest.approx(e["tokens"][0]["dp"])
-    assert e["control_top_dp"] == pytest.approx(control, abs=1e-5) and e["controls"] == 3
+    assert e["control_top_dp"] == pytest.approx(control, abs=1e-5) and e["controls"] == EFFECT_CONTROLS == 19
     assert e["measurable"] == (own >= e["floor"] and own > control)
     assert (e["effect"] == "measurable") == e["measurable"]
     high = fd.output_effects(f, contexts=1, edit="memory", heads=False, floor=own + 0.01)
@@ -197,6 +200,21 @@ def test_direct_effect_is_the_forward_pass_with_frozen_norms():
     assert len(mem["heads"]) == 16 and mem["raises"] and "OV" in mem["path"]
 
 
+def test_where_a_token_moves_weights_its_clean_probability_by_how_far_it_moves():
+    """`_where` by hand: a token raised in one of three contexts (p 0.29 -> 0.10 there, 0 elsewhere: the mean over
+    the three is 0.097) has its clean probability where it moves, 0.29, in 1 context; one moved in two contexts by
+    0.1 and 0.3 is weighted 1:3; a token nothing moves counts no context."""
+    from workbench.features.dashboard import _where
+
+    clean = torch.tensor([[0.0, 0.5, 0.2], [0.29, 0.2, 0.2], [0.0, 0.6, 0.2]])  # (3 contexts, 3 tokens)
+    without = torch.tensor([[0.0, 0.4, 0.2], [0.10, 0.2, 0.2], [0.0, 0.3, 0.2]])
+    p, n = _where(clean, without, 0.005)
+    assert p[0] == pytest.approx(0.29) and int(n[0]) == 1
+    assert float(clean[:, 0].mean()) == pytest.approx(0.0967, abs=1e-4)  # the plain mean dilutes it
+    assert p[1] == pytest.approx((0.5 * 0.1 + 0.6 * 0.3) / 0.4) and int(n[1]) == 2
+    assert int(n[2]) == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("site", sorted(p.name for p in (CKPT / "features").glob("*") if (p / "cfg.json").is_file()))
 def test_shipped_features_raise_tokens_the_model_gives_real_probability(site):
@@ -206,7 +224,8 @@ def test_shipped_features_raise_tokens_the_model_gives_real_probability(site):
     most sampled features of the L0-16 SAEs have no measurable output effect at their top contexts, which
     `output_effects` now flags and the check counts apart), so this asserts what holds: the ranking by change in
     probability passes it more often than the old ranking by mean log-prob drop, which picks tail tokens (0 of 30
-    on dec.2)."""
+    on dec.2). And issue 38's own check where it is measurable: every sampled feature with a measurable effect
+    raises a token with clean probability at least 0.05 where its removal moves it (`p_clean_where`)."""
     tm = load(CKPT)
     fd = FeatureData.load(tm, CKPT / "features" / site)
     live = (fd.stats.count > 0).nonzero().flatten()
@@ -216,6 +235,7 @@ def test_shipped_features_raise_tokens_the_model_gives_real_probability(site):
         e = fd.output_effects(f, contexts=8, heads=False, top=tm.model.cfg.tgt_vocab)
         new += e["tokens"][0]["p_clean"] >= 0.05
         old += max(e["tokens"] + e["lowers"], key=lambda t: t["drop"])["p_clean"] >= 0.05
+        assert not e["measurable"] or e["tokens"][0]["p_clean_where"] >= 0.05, (site, f, e["tokens"][0])
     assert new > old, (site, new, old)
 
 

@@ -40,7 +40,8 @@ def activation_histogram(left: Sequence[float], right: Sequence[float], counts: 
 
 def output_tokens_figure(effects: dict[str, Any], *, width: int = 420, height: int | None = None):
     """The tokens the feature raises most: the probability it adds (clean minus without the feature, mean over its
-    top contexts; the order the dashboard ranks them in), the clean probability and the log-prob drop on hover.
+    top contexts; the order the dashboard ranks them in), on hover the clean probability (the mean, and where the
+    removal moves the token, with the number of such contexts) and the log-prob drop.
     A feature without a measurable output effect (`effects["measurable"]` False) gets no bars, and the title says
     so: its ranking would be noise (why, in words: `output_effect_note`, which the dashboard shows under it; a
     figure's title does not wrap, and the reason is longer than the narrowest dashboard)."""
@@ -54,10 +55,14 @@ def output_tokens_figure(effects: dict[str, Any], *, width: int = 420, height: i
     if toks:
         src = ColumnDataSource({"y": labels, "dp": [t.get("dp", t["drop"]) for t in toks],
                                 "p_clean": [t.get("p_clean", float("nan")) for t in toks],
+                                "p_where": [t.get("p_clean_where", float("nan")) for t in toks],
+                                "where": [t.get("contexts_where", -1) for t in toks],
                                 "drop": [t["drop"] for t in toks]})
         fig.hbar(y="y", right="dp", height=0.8, color=RAISE, source=src)
         fig.add_tools(HoverTool(tooltips=[("token", "@y"), ("probability it adds", "@dp{0.0000}"),
-                                          ("clean probability", "@p_clean{0.000}"),
+                                          ("clean probability, mean", "@p_clean{0.000}"),
+                                          ("clean probability where it moves", "@p_where{0.000}"),
+                                          ("contexts where it moves", "@where"),
                                           ("log-prob drop without it", "@drop{0.000}")]))
     fig.xaxis.axis_label = "probability it adds (clean − without it)"
     return fig

@@ -371,7 +371,7 @@ def raised_words(fd, feature: int, vocabulary: Iterable[str], *, contexts: int =
     its top contexts, the share of them in `vocabulary`, and the same measurement for its own aligned word (0 when
     it is not among the `top` tokens that fall or rise most: a smaller change than theirs)."""
     vocabulary = {w.lower() for w in vocabulary}
-    effects = fd.output_effects(feature, contexts=contexts, top=top, heads=False)
+    effects = fd.output_effects(feature, contexts=contexts, top=top, heads=False, controls=0)  # the ranking only
     ranked = effects["tokens"]
     found = distinct(t["token"] for t in ranked)[:n]
     kept = [t for t in ranked if words([t["token"]])[0] in found]
