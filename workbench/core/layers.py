@@ -11,6 +11,7 @@ from torch import nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
+from .dropout import dropout
 from .hooks import HookPoint
 
 ACTIVATIONS = {
@@ -23,25 +24,11 @@ ACTIVATIONS = {
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU training mask costs a fifth: 16 random bits per element, not a Bernoulli draw.
-
-    `torch.bernoulli_` draws one double per element on CPU (7.3 ms for 0.5M floats on 2 cores, 14 % of
-    a Multi30k training step); here one 64-bit draw gives four 16-bit uniforms (1.4 ms, mask and scale
-    included), so p is rounded to a multiple of 1/65536. Same RNG (torch's generator, so seeds and the
-    trainer's RNG-state resume hold), same expectation (kept values scaled by 1/(1-p')). Elsewhere
-    (eval, CUDA, p = 0 or 1, and under torch.compile, which cannot trace `random_` and draws its own masks) it is
-    nn.Dropout.
-    """
+    """nn.Dropout whose CPU training mask costs a fifth (`core.dropout.dropout`: 16 random bits per element, not a
+    Bernoulli draw); elsewhere nn.Dropout."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        threshold = round(self.p * 65536)
-        if (not self.training or x.device.type != "cpu" or not 0 < threshold < 65536 or self.inplace
-                or torch.compiler.is_compiling()):
-            return super().forward(x)
-        n = x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= threshold - 32768
-        return x * keep * (65536 / (65536 - threshold))
+        return dropout(x, self.p, self.training, self.inplace)
 
 
 class LayerNorm(nn.LayerNorm):

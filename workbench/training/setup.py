@@ -56,14 +56,17 @@ def lr_at(cfg: TrainConfig, schedule: Callable[[int], float], step: int, train_s
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """Adam (AdamW when weight_decay is set); fused on CUDA, torch's multi-tensor (foreach) default on CPU.
+    """Adam (AdamW when weight_decay is set); fused on CUDA, multi-tensor (foreach) on CPU.
 
     The fused CPU kernel was 2x slower than foreach for the Multi30k model on this machine (torch 2.13),
-    which made the whole step ~25 % slower.
+    which made the whole step ~25 % slower. Torch's own default on CPU is the per-tensor loop (foreach is its
+    default on CUDA only): 3.1 ms against foreach's 2.6 ms for the tiny model's 85 tensors.
     """
     kw: dict[str, Any] = dict(lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     if device.type == "cuda":
         kw["fused"] = True
+    else:
+        kw["foreach"] = True
     opt_cls = torch.optim.AdamW if cfg.weight_decay else torch.optim.Adam
     return opt_cls(model.parameters(), **kw)
 
