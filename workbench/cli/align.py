@@ -102,7 +102,7 @@ OPTIONS = {"method": (*METHODS, *PRESETS), "shift": SHIFTS, "eos": EOS_RULES, "s
 def check_options(args: argparse.Namespace) -> None:
     """An unknown --method/--shift/--eos/--symmetrize/--punctuation value is an error naming the valid ones."""
     for name, valid in OPTIONS.items():
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None and value not in valid:
             raise ValueError(f"--{name} must be one of {', '.join(valid)}; got {value!r}")
 
@@ -114,13 +114,12 @@ def spec_of(tm: TranslationModel, args: argparse.Namespace) -> tuple[AlignmentSp
     the stored units, shift, EOS rule, symmetrization and punctuation rule were chosen together with the stored
     method."""
     base, origin = aligner(tm.model, tm.alignment or None, args.method, directory=tm.meta.get("path"))
-    punctuation = getattr(args, "punctuation", None)
-    changed = args.shift or args.units or args.eos or args.symmetrize or punctuation
+    changed = args.shift or args.units or args.eos or args.symmetrize or args.punctuation
     if not changed:
         return base, origin
     spec = AlignmentSpec(base.method, args.shift or base.shift, args.eos or base.eos,
                          parse_units(args.units) if args.units else base.units, {},
-                         args.symmetrize or base.symmetrize, base.layer, punctuation or base.punctuation)
+                         args.symmetrize or base.symmetrize, base.layer, args.punctuation or base.punctuation)
     return spec, origin + " with the command line's options"
 
 

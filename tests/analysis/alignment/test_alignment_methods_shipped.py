@@ -65,7 +65,8 @@ def test_the_default_aligner_is_one_aligner_and_aer_two_ways_agrees(tmp_path, ca
                  "-o", str(out)]) == 0
     capsys.readouterr()
     written = [parse_pharaoh(x)[0] for x in out.read_text(encoding="utf-8").splitlines()]
-    spec, _ = spec_of(tm, argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None))
+    spec, _ = spec_of(tm, argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None,
+                                             punctuation=None))
     assert written == align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, src, tgt, spec)
     assert written[:4] == [sentence_evidence(tm, s, t).links for s, t in zip(src[:4], tgt[:4])]
     gold = read_alignments(RWTH / "test.talp", base=1, swap=True)[LINES]
@@ -90,7 +91,8 @@ def test_the_default_aligner_scores_what_its_alignment_json_and_the_docs_say_on_
     tm = load(ROOT / "checkpoints" / "general-en-de")
     src = (RWTH / "test.en").read_text(encoding="utf-8").splitlines()[150:]
     tgt = (RWTH / "test.de").read_text(encoding="utf-8").splitlines()[150:]
-    spec, _ = spec_of(tm, argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None))
+    spec, _ = spec_of(tm, argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None,
+                                             punctuation=None))
     assert spec.method == "layer" and len(spec.layer.partners) == 2  # three layers read as one
     links = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, src, tgt, spec)
     aer = score_alignments(links, read_alignments(RWTH / "test.talp", base=1, swap=True)[150:]).aer

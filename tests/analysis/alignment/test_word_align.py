@@ -268,13 +268,15 @@ def test_the_evidence_view_draws_what_workbench_align_writes():
     tm = load(shipped("multi30k-de-en"))
     sources = ["Ein Mann fährt mit dem Fahrrad durch die Stadt .", "Zwei Hunde spielen im Schnee ."]
     outputs = tm.translate(sources)
-    no_options = argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None)
+    no_options = argparse.Namespace(method=None, shift=None, units=None, eos=None, symmetrize=None,
+                                    punctuation=None)
     spec, _ = spec_of(tm, no_options)
     assert spec.symmetrize == "grow-diag", "the point of the test: the stored aligner symmetrizes"
     written = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, sources, outputs, spec)
     drawn = [sentence_evidence(tm, s, o).links for s, o in zip(sources, outputs)]
     assert drawn == written
-    other = argparse.Namespace(method="weights", shift=None, units=None, eos=None, symmetrize=None)
+    other = argparse.Namespace(method="weights", shift=None, units=None, eos=None, symmetrize=None,
+                               punctuation=None)
     spec_w, origin = spec_of(tm, other)
     assert "fallback" in origin and spec_w.method == "weights"
     written_w = align_pairs(tm.model, tm.src_tokenizer, tm.tgt_tokenizer, sources, outputs, spec_w)
